@@ -1,0 +1,1 @@
+"""CPU code generation through llvmlite."""

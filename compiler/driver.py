@@ -1,0 +1,56 @@
+"""``compile()``: frontend -> passes -> lowering -> codegen -> runtime.Module."""
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir as lir
+
+from compiler.errors import CompileError
+from compiler.frontend.onnx import import_onnx
+from compiler.lower import lower_graph
+from compiler.target import Target
+
+
+def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
+            input_shapes: dict[str, Any] | None = None):
+    """Compile an ONNX model into an executable :class:`runtime.Module`.
+
+    model: a path, bytes or ``onnx.ModelProto``. target: "llvm" (host CPU). opt_level: 0..3
+    (DESIGN.md "Optimisation levels"). input_shapes: {input name: shape} for inputs with
+    dynamic dimensions.
+
+    Raises ModelLoadError (not a valid ONNX model), UnsupportedModelError (unsupported ops, all
+    listed with node names; dynamic shapes), CompileError (an internal failure, naming the pass
+    or node).
+    """
+    tgt = Target.parse(target)
+    if tgt.kind != "llvm":
+        raise CompileError(f"target {tgt.kind!r} is not available yet")
+    if opt_level not in (0, 1, 2, 3):
+        raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+    graph = import_onnx(model, input_shapes=input_shapes)
+    output_names = list(graph.output_names or [v.name for v in graph.outputs])
+    input_names = [v.name for v in graph.inputs]
+    lowered = lower_graph(graph)
+    return build_module(lowered, graph, input_names, output_names)
+
+
+def build_module(lowered, graph, input_names, output_names):
+    from codegen.llvm.emit import emit_entry, emit_kernel
+    from codegen.llvm.jit import compile_ir
+    from runtime.module import Module
+
+    mod = lir.Module(name=graph.name)
+    seen = set()
+    for k in lowered.kernels:
+        if k.name not in seen:
+            seen.add(k.name)
+            emit_kernel(mod, k)
+    emit_entry(mod, "tf_run", [(c.kernel, c.slots) for c in lowered.calls])
+    try:
+        lib, obj, opt_ir = compile_ir(str(mod), graph.name)
+    except Exception as e:
+        raise CompileError(f"LLVM code generation failed: {e}") from e
+    m = Module(lowered, lib, "tf_run", input_names, output_names, graph=graph, llvm_ir=str(mod))
+    m._object_code = obj
+    return m

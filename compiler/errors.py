@@ -1,0 +1,25 @@
+"""Errors users see. Each says what is wrong with *their* input, never an internal traceback."""
+from __future__ import annotations
+
+
+class TensorfuseError(Exception):
+    """Base of every error tensorfuse raises on purpose."""
+
+
+class ModelLoadError(TensorfuseError, ValueError):
+    """The file or bytes are not a valid ONNX model (missing, corrupt, fails onnx.checker)."""
+
+
+class UnsupportedModelError(TensorfuseError, ValueError):
+    """The model uses ops, opsets, types or dynamic shapes tensorfuse cannot compile.
+
+    ``unsupported`` maps each unsupported op type to the names of its nodes.
+    """
+
+    def __init__(self, message: str, unsupported: dict[str, list[str]] | None = None):
+        super().__init__(message)
+        self.unsupported = unsupported or {}
+
+
+class CompileError(TensorfuseError, RuntimeError):
+    """A pass, the lowering or the code generator failed; names the pass and the node."""

@@ -1,0 +1,1 @@
+"""Frontends: models in other formats -> ir.Graph."""

@@ -1,0 +1,265 @@
+"""ONNX -> ir.Graph.
+
+Accepts a path, bytes or ``onnx.ModelProto``; validates with ``onnx.checker``; accepts
+default-domain opsets 7 up to ``onnx.defs.onnx_opset_version()``. Each node is imported through
+the op registry: ops whose semantics changed between versions provide ``OpDef.importer`` to
+convert the node's version into the newest semantics, which is what IR ops mean. Initializers
+(also those that are graph inputs) become constants; Constant nodes become constants too.
+
+Every shape must be static: a symbolic or missing dimension of a graph input is taken from
+``input_shapes={name: shape}``; otherwise :class:`UnsupportedModelError` names the input and the
+dimension.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx.defs
+from onnx import helper, numpy_helper
+
+from compiler.errors import ModelLoadError, UnsupportedModelError
+from ir.builder import Builder, propagate_known
+from ir.graph import Graph, Node, Value
+from ir.registry import ShapeError, find_op, infer_types
+from ir.types import DType, TensorType
+
+MIN_OPSET = 7
+MAX_OPSET = onnx.defs.onnx_opset_version()
+SUPPORTED_DOMAINS = ("", "ai.onnx")
+
+
+def load_model(model: Any) -> onnx.ModelProto:
+    """Read a model from a path, bytes or ModelProto. Raises ModelLoadError if it is not ONNX."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        try:
+            proto = onnx.load_from_string(bytes(model))
+        except Exception as e:
+            raise ModelLoadError(f"the given bytes are not a valid ONNX model ({type(e).__name__}: {e})") from None
+        src = "the given bytes"
+    elif isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.exists(path):
+            raise ModelLoadError(f"model file not found: {path}")
+        try:
+            proto = onnx.load(path)
+        except Exception as e:
+            raise ModelLoadError(f"{path} is not a valid ONNX model: it could not be parsed "
+                                 f"({type(e).__name__}: {str(e)[:200]})") from None
+        src = path
+    else:
+        raise TypeError(f"model must be a path, bytes or onnx.ModelProto, got {type(model).__name__}")
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelLoadError(f"{src} is not a valid ONNX model: it has no graph")
+    return proto
+
+
+def _check(proto: onnx.ModelProto) -> None:
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        raise ModelLoadError(f"the model fails onnx.checker: {str(e).strip().splitlines()[0]}") from None
+    except ValueError as e:  # models over 2 GB: checked by path only; we accept them unchecked
+        if "2GB" not in str(e):
+            raise ModelLoadError(f"the model fails onnx.checker: {e}") from None
+
+
+def opset_of(proto: onnx.ModelProto) -> int:
+    for imp in proto.opset_import:
+        if imp.domain in SUPPORTED_DOMAINS:
+            return imp.version
+    return 1
+
+
+def attr_value(a: onnx.AttributeProto) -> Any:
+    """An ONNX attribute as a Python value: strings decoded, tensors as numpy arrays."""
+    if a.type == onnx.AttributeProto.GRAPH or a.type == onnx.AttributeProto.GRAPHS:
+        raise UnsupportedModelError(f"attribute {a.name}: subgraph attributes are not supported")
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, list):
+        return [x.decode("utf-8", "replace") if isinstance(x, bytes) else
+                numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x for x in v]
+    return v
+
+
+def _tensor_type(vi: onnx.ValueInfoProto, input_shapes: dict) -> TensorType:
+    tt = vi.type.tensor_type
+    if not vi.type.HasField("tensor_type"):
+        raise UnsupportedModelError(f"input '{vi.name}' is not a tensor (sequences, maps and optionals are not supported)")
+    try:
+        dtype = DType.from_onnx(tt.elem_type)
+    except TypeError as e:
+        raise UnsupportedModelError(f"input '{vi.name}': {e}") from None
+    if vi.name in input_shapes:
+        shape = tuple(int(d) for d in input_shapes[vi.name])
+        if tt.HasField("shape") and len(tt.shape.dim) != len(shape):
+            raise UnsupportedModelError(f"input_shapes['{vi.name}'] has rank {len(shape)}, the model says {len(tt.shape.dim)}")
+        for i, d in enumerate(tt.shape.dim if tt.HasField("shape") else []):
+            if d.HasField("dim_value") and d.dim_value != shape[i]:
+                raise UnsupportedModelError(f"input_shapes['{vi.name}'][{i}] = {shape[i]} but the model fixes it to {d.dim_value}")
+        return TensorType(dtype, shape)
+    if not tt.HasField("shape"):
+        raise UnsupportedModelError(f"input '{vi.name}' has no shape; give it with input_shapes={{'{vi.name}': [...]}}")
+    shape = []
+    for i, d in enumerate(tt.shape.dim):
+        if not d.HasField("dim_value"):
+            sym = f" ('{d.dim_param}')" if d.dim_param else ""
+            raise UnsupportedModelError(
+                f"input '{vi.name}' has a dynamic dimension {i}{sym}; tensorfuse compiles static shapes: "
+                f"give it with input_shapes={{'{vi.name}': [...]}}")
+        shape.append(d.dim_value)
+    return TensorType(dtype, tuple(shape))
+
+
+class ImportCtx:
+    """What an ``OpDef.importer`` gets: the graph builder and the mapping from ONNX names."""
+
+    def __init__(self, graph: Graph, opset: int):
+        self.graph = graph
+        self.builder = Builder(graph)
+        self.opset = opset
+        self.env: dict[str, Value] = {}
+        self._node_names: set[str] = set()
+
+    def value(self, name: str) -> Value | None:
+        if name == "":
+            return None
+        try:
+            return self.env[name]
+        except KeyError:
+            raise UnsupportedModelError(f"value '{name}' is used but never defined") from None
+
+    def attrs(self, proto: onnx.NodeProto) -> dict[str, Any]:
+        return {a.name: attr_value(a) for a in proto.attribute}
+
+    def default_import(self, proto: onnx.NodeProto, op: str | None = None, inputs=None, attrs=None):
+        """Import as the same op with the node's attributes; returns the output Values."""
+        ins = [self.value(n) for n in proto.input] if inputs is None else inputs
+        while ins and ins[-1] is None:
+            ins.pop()
+        names = [o if o else self.graph.fresh_name(f"{proto.name or proto.op_type}_unused{i}")
+                 for i, o in enumerate(proto.output)]
+        outs = self.builder.op(op or proto.op_type, *ins, name=self.node_name(proto), out_names=names,
+                               exact_names=True, **(self.attrs(proto) if attrs is None else attrs))
+        return outs
+
+    def node_name(self, proto: onnx.NodeProto) -> str:
+        """The ONNX node name, made unique among node names (ONNX does not require it)."""
+        base = proto.name or f"{proto.op_type}_{len(self.graph.nodes)}"
+        name, k = base, 0
+        while name in self._node_names:
+            k += 1
+            name = f"{base}_{k}"
+        self._node_names.add(name)
+        return name
+
+
+def unsupported_ops(proto: onnx.ModelProto) -> dict[str, list[str]]:
+    """Every op type the registry lacks, with the names of its nodes."""
+    missing: dict[str, list[str]] = {}
+    for i, n in enumerate(proto.graph.node):
+        if n.op_type == "Constant" and n.domain in SUPPORTED_DOMAINS:
+            continue
+        if n.domain not in SUPPORTED_DOMAINS or find_op(n.op_type, "") is None:
+            key = f"{n.domain}::{n.op_type}" if n.domain not in SUPPORTED_DOMAINS else n.op_type
+            missing.setdefault(key, []).append(n.name or f"#{i}")
+    return missing
+
+
+def _constant_node_value(proto: onnx.NodeProto) -> np.ndarray:
+    a = proto.attribute[0]
+    v = attr_value(a)
+    if a.name == "value":
+        return np.asarray(v)
+    if a.name in ("value_float", "value_int", "value_string"):
+        return np.asarray(v, dtype={"value_float": np.float32, "value_int": np.int64}.get(a.name))
+    if a.name in ("value_floats", "value_ints"):
+        return np.asarray(v, dtype=np.float32 if a.name == "value_floats" else np.int64)
+    raise UnsupportedModelError(f"Constant node '{proto.name}': attribute {a.name} is not supported")
+
+
+def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: bool = True) -> Graph:
+    """Import an ONNX model as an ir.Graph with static shapes.
+
+    Raises ModelLoadError (not ONNX, fails the checker), UnsupportedModelError (ops the registry
+    lacks, listed all at once with node names; opset out of range; dynamic input dimensions).
+    """
+    proto = load_model(model)
+    if check:
+        _check(proto)
+    opset = opset_of(proto)
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise UnsupportedModelError(f"default-domain opset {opset} is outside the supported range "
+                                    f"{MIN_OPSET}..{MAX_OPSET}")
+    missing = unsupported_ops(proto)
+    if missing:
+        lines = [f"  {op}: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
+                 for op, names in sorted(missing.items())]
+        raise UnsupportedModelError("the model uses ops tensorfuse does not support:\n" + "\n".join(lines), missing)
+    input_shapes = dict(input_shapes or {})
+    g = Graph(proto.graph.name or "main")
+    g.opset = opset
+    ctx = ImportCtx(g, opset)
+    inits = {t.name: t for t in proto.graph.initializer}
+    for t in proto.graph.initializer:
+        try:
+            arr = numpy_helper.to_array(t)
+            DType.from_numpy(arr.dtype)
+        except Exception as e:
+            raise UnsupportedModelError(f"initializer '{t.name}': {e}") from None
+        v = Value(t.name, TensorType.of(arr), data=arr)
+        g.reserve(t.name)
+        g.constants[t.name] = v
+        ctx.env[t.name] = v
+    for vi in proto.graph.input:
+        if vi.name in inits:
+            continue
+        v = Value(vi.name, _tensor_type(vi, input_shapes))
+        g.reserve(vi.name)
+        g.inputs.append(v)
+        ctx.env[vi.name] = v
+    unknown = set(input_shapes) - {vi.name for vi in proto.graph.input}
+    if unknown:
+        raise UnsupportedModelError(f"input_shapes names inputs the model lacks: {sorted(unknown)}")
+    for n in proto.graph.node:
+        for o in n.output:
+            if o:
+                g.reserve(o)
+    for n in proto.graph.node:
+        if n.op_type == "Constant" and n.domain in SUPPORTED_DOMAINS:
+            arr = _constant_node_value(n)
+            v = Value(n.output[0], TensorType.of(arr), data=arr)
+            g.constants[v.name] = v
+            ctx.env[n.output[0]] = v
+            continue
+        od = find_op(n.op_type, "")
+        version = onnx.defs.get_schema(n.op_type, opset, "").since_version
+        try:
+            if od.importer is not None:
+                outs = od.importer(ctx, n, version)
+            else:
+                outs = ctx.default_import(n)
+        except ShapeError as e:
+            raise UnsupportedModelError(f"node '{n.name}' ({n.op_type}): {e}") from None
+        if isinstance(outs, Value):
+            outs = [outs]
+        for name, v in zip(n.output, outs):
+            if name and v is not None:
+                if v.name != name and name not in ctx.env:
+                    # importer produced a differently-named value (a decomposition): alias it
+                    pass
+                ctx.env[name] = v
+    for vi in proto.graph.output:
+        if vi.name not in ctx.env:
+            raise UnsupportedModelError(f"graph output '{vi.name}' is never defined")
+        g.outputs.append(ctx.env[vi.name])
+    g.output_names = [vi.name for vi in proto.graph.output]
+    return g

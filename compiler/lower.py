@@ -1,0 +1,131 @@
+"""Lowering: graph IR -> kernel IR plus the slot table the runtime fills.
+
+Every tensor the kernels touch gets a *slot*: graph inputs, graph outputs, constants and
+intermediates ("temp"). Kernels take buffer parameters; a :class:`KernelCall` says which slots
+feed them. The runtime's memory plan decides where temp slots live; codegen never sees slots
+except through the entry function that runs the calls in order.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.errors import CompileError, UnsupportedModelError
+from ir.graph import Graph, Node, Value
+from ir.kernel import Buffer, Kernel, KernelBuilder
+from ir.lowering import LowerCtx
+from ir.registry import get_op
+from ir.types import DType, TensorType
+
+
+@dataclass
+class Slot:
+    index: int
+    name: str                 # the IR value's name
+    kind: str                 # input | output | const | temp
+    type: TensorType
+
+    @property
+    def nbytes(self) -> int:
+        return self.type.nbytes
+
+
+@dataclass
+class KernelCall:
+    kernel: str               # kernel (function) name
+    slots: list[int]          # slot of each kernel parameter, in order
+    nodes: list[str]          # IR node names this call covers
+    ops: list[str]            # their op types
+    flops: float | None = None
+
+
+@dataclass
+class LoweredGraph:
+    kernels: list[Kernel] = field(default_factory=list)
+    calls: list[KernelCall] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)     # slot per graph input
+    outputs: list[int] = field(default_factory=list)    # slot per graph output
+    consts: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def _ident(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    return s if s and not s[0].isdigit() else "v" + s
+
+
+def lower_graph(graph: Graph) -> LoweredGraph:
+    """Lower every node through its registry entry. Raises CompileError naming the node."""
+    lg = LoweredGraph()
+    slot_of: dict[int, int] = {}
+    buf_of: dict[int, Buffer] = {}
+
+    def new_slot(v: Value, kind: str) -> int:
+        s = Slot(len(lg.slots), v.name, kind, v.type)
+        lg.slots.append(s)
+        return s.index
+
+    for v in graph.inputs:
+        slot_of[id(v)] = new_slot(v, "input")
+        lg.inputs.append(slot_of[id(v)])
+    for v in graph.constants.values():
+        slot_of[id(v)] = new_slot(v, "const")
+        lg.consts[slot_of[id(v)]] = np.ascontiguousarray(v.data)
+    out_ids = set()
+    copies: list[tuple[Value, int]] = []
+    for v in graph.outputs:
+        if id(v) in slot_of or id(v) in out_ids:   # an input, a constant or a repeated output
+            s = Slot(len(lg.slots), v.name, "output", v.type)
+            lg.slots.append(s)
+            copies.append((v, s.index))
+            lg.outputs.append(s.index)
+        else:
+            out_ids.add(id(v))
+            lg.outputs.append(-1)
+    for n in graph.nodes:
+        for v in n.outputs:
+            if id(v) not in slot_of:
+                slot_of[id(v)] = new_slot(v, "output" if id(v) in out_ids else "temp")
+    lg.outputs = [slot_of[id(v)] if s == -1 else s for v, s in zip(graph.outputs, lg.outputs)]
+
+    def buf(v: Value) -> Buffer:
+        b = buf_of.get(id(v))
+        if b is None:
+            b = Buffer(_ident(v.name), v.dtype, v.shape)
+            buf_of[id(v)] = b
+        return b
+
+    slot_by_buf: dict[int, int] = {}
+    for i, n in enumerate(graph.nodes):
+        od = get_op(n.op, n.domain)
+        if od.lower is None:
+            raise CompileError(f"{n.qualified_op} node '{n.name}' has no lowering (it should have been "
+                               f"rewritten before lowering)")
+        ins = [None if v is None else buf(v) for v in n.inputs]
+        outs = [buf(v) for v in n.outputs]
+        for v in list(n.inputs) + list(n.outputs):
+            if v is not None:
+                slot_by_buf[id(buf(v))] = slot_of[id(v)]
+        ctx = LowerCtx(n, ins, outs, f"{_ident(n.op).lower()}_{i}")
+        try:
+            od.lower(ctx)
+        except (UnsupportedModelError, CompileError):
+            raise
+        except Exception as e:
+            raise CompileError(f"lowering {n.qualified_op} node '{n.name}' failed: {type(e).__name__}: {e}") from e
+        flops = od.flops(n) if od.flops is not None else None
+        for j, k in enumerate(ctx.kernels):
+            lg.kernels.append(k)
+            lg.calls.append(KernelCall(k.name, [slot_by_buf[id(b)] for b in k.params], [n.name], [n.op],
+                                       flops if j == 0 else None))
+    for v, out_slot in copies:
+        src = Buffer(_ident(v.name), v.dtype, v.shape)
+        dst = Buffer(_ident(v.name) + "_out", v.dtype, v.shape)
+        kb = KernelBuilder(f"copy_output_{out_slot}", [src, dst], comment="copy to graph output")
+        with kb.loop(src.numel) as j:
+            kb.store(dst, j, src.flat(j))
+        lg.kernels.append(kb.kernel)
+        lg.calls.append(KernelCall(kb.kernel.name, [slot_of[id(v)], out_slot], [], ["copy"]))
+    return lg

@@ -1,0 +1,24 @@
+"""tensorfuse IR: types, the typed graph IR, the op registry and kernel IR."""
+from .types import DType, TensorType
+from .graph import Graph, Node, Value
+from .builder import Builder
+from .registry import OpDef, OpPatternKind, ShapeError, get_op, find_op, all_ops, register, op
+
+__all__ = ["DType", "TensorType", "Graph", "Node", "Value", "Builder", "OpDef", "OpPatternKind",
+           "ShapeError", "get_op", "find_op", "all_ops", "register", "op", "parse", "print_graph",
+           "verify"]
+
+
+def parse(text: str, constants=None) -> Graph:
+    from .text import parse_graph
+    return parse_graph(text, constants)
+
+
+def print_graph(g: Graph) -> str:
+    from .text import print_graph as _p
+    return _p(g)
+
+
+def verify(g: Graph) -> None:
+    from .verify import verify_graph
+    verify_graph(g)

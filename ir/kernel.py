@@ -1,0 +1,360 @@
+"""Kernel IR: loop nests over buffers with schedule annotations (DESIGN.md, IR level 3).
+
+A :class:`Kernel` has buffer parameters and a body of statements: :class:`For` (with a kind:
+``serial``, ``parallel``, ``vectorize`` or ``unroll``), :class:`Store`, :class:`If`, and
+local scratch buffers (:class:`Buffer` with ``scope="local"``). Expressions are typed
+(:class:`Expr.dtype`); arithmetic operators build :class:`Bin` nodes, and Python numbers are
+promoted to the other operand's dtype. Indices are int64 and buffers are row-major: ``buf[i, j]``
+builds a :class:`Load` at the flat offset ``i*shape[1] + j``.
+
+Codegen (``codegen/llvm``) turns a kernel into one function; kernels know nothing of ONNX.
+
+Example: a ReLU kernel::
+
+    kb = KernelBuilder("relu", [x, y])
+    with kb.grid(y.shape) as idx:
+        kb.store(y, idx, kb.max(x[idx], 0.0))
+    print(kb.kernel)
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Sequence, Union
+
+from .types import DType
+
+I64 = DType.i64
+
+
+# ----------------------------------------------------------------------------- expressions
+class Expr:
+    dtype: DType
+
+    # arithmetic (Python numbers adopt the other operand's dtype)
+    def __add__(self, o): return binop("add", self, o)
+    def __radd__(self, o): return binop("add", o, self)
+    def __sub__(self, o): return binop("sub", self, o)
+    def __rsub__(self, o): return binop("sub", o, self)
+    def __mul__(self, o): return binop("mul", self, o)
+    def __rmul__(self, o): return binop("mul", o, self)
+    def __truediv__(self, o): return binop("div", self, o)
+    def __rtruediv__(self, o): return binop("div", o, self)
+    def __floordiv__(self, o): return binop("div", self, o)   # integer division truncates (C)
+    def __mod__(self, o): return binop("rem", self, o)        # remainder takes the dividend's sign (C)
+    def __neg__(self): return unop("neg", self)
+    def __and__(self, o): return binop("and", self, o)
+    def __or__(self, o): return binop("or", self, o)
+    def __xor__(self, o): return binop("xor", self, o)
+    def __invert__(self): return unop("not", self)
+    def __lt__(self, o): return binop("lt", self, o)
+    def __le__(self, o): return binop("le", self, o)
+    def __gt__(self, o): return binop("gt", self, o)
+    def __ge__(self, o): return binop("ge", self, o)
+    # == and != stay Python identity so Exprs can live in dicts; use eq()/ne()
+    def eq(self, o): return binop("eq", self, o)
+    def ne(self, o): return binop("ne", self, o)
+    __hash__ = object.__hash__
+
+    def cast(self, dtype: DType) -> "Expr":
+        return self if dtype == self.dtype else Cast(dtype, self)
+
+
+@dataclass(eq=False)
+class Const(Expr):
+    value: Union[int, float, bool]
+    dtype: DType = I64
+
+
+@dataclass(eq=False)
+class Var(Expr):
+    name: str
+    dtype: DType = I64
+
+
+@dataclass(eq=False)
+class Load(Expr):
+    buf: "Buffer"
+    index: Expr   # flat element offset
+
+    @property
+    def dtype(self):
+        return self.buf.dtype
+
+
+BINOPS_ARITH = ("add", "sub", "mul", "div", "rem", "min", "max", "pow", "and", "or", "xor",
+                "shl", "shr", "atan2")
+BINOPS_CMP = ("lt", "le", "gt", "ge", "eq", "ne")
+UNOPS = ("neg", "not", "abs", "sqrt", "exp", "log", "sin", "cos", "tan", "asin", "acos", "atan",
+         "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "floor", "ceil", "round",
+         "trunc", "isnan", "isinf", "exp2", "log2", "log1p", "expm1")
+
+
+@dataclass(eq=False)
+class Bin(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self):
+        return DType.bool if self.op in BINOPS_CMP else self.a.dtype
+
+
+@dataclass(eq=False)
+class Un(Expr):
+    op: str
+    a: Expr
+
+    @property
+    def dtype(self):
+        return DType.bool if self.op in ("isnan", "isinf") else self.a.dtype
+
+
+@dataclass(eq=False)
+class Cast(Expr):
+    dtype: DType
+    a: Expr
+
+
+@dataclass(eq=False)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self):
+        return self.a.dtype
+
+
+def as_expr(x, like: DType | None = None) -> Expr:
+    """Wrap Python numbers as Const (of dtype ``like``, else i64/f32/bool by Python type)."""
+    if isinstance(x, Expr):
+        return x
+    if like is None:
+        like = DType.bool if isinstance(x, bool) else I64 if isinstance(x, int) else DType.f32
+    if like.is_float:
+        return Const(float(x), like)
+    if like == DType.bool:
+        return Const(bool(x), like)
+    return Const(int(x), like)
+
+
+def binop(op: str, a, b) -> Expr:
+    if not isinstance(a, Expr) and not isinstance(b, Expr):
+        raise TypeError("binop needs at least one Expr")
+    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
+    b = as_expr(b, a.dtype)
+    if a.dtype != b.dtype:
+        raise TypeError(f"{op}: operand dtypes differ ({a.dtype} vs {b.dtype}); cast first")
+    # fold the integer index arithmetic that lowering produces in bulk
+    if isinstance(a, Const) and isinstance(b, Const) and a.dtype == I64:
+        fold = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y}
+        if op in fold:
+            return Const(fold[op](a.value, b.value), I64)
+    if op == "add":
+        if isinstance(b, Const) and b.value == 0 and not a.dtype.is_float:
+            return a
+        if isinstance(a, Const) and a.value == 0 and not a.dtype.is_float:
+            return b
+    if op == "mul" and not a.dtype.is_float:
+        if isinstance(b, Const) and b.value == 1:
+            return a
+        if isinstance(a, Const) and a.value == 1:
+            return b
+        if (isinstance(a, Const) and a.value == 0) or (isinstance(b, Const) and b.value == 0):
+            return Const(0, a.dtype)
+    return Bin(op, a, b)
+
+
+def unop(op: str, a: Expr) -> Expr:
+    assert op in UNOPS, op
+    return Un(op, a)
+
+
+def select(cond, a, b) -> Expr:
+    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
+    b = as_expr(b, a.dtype)
+    if a.dtype != b.dtype:
+        raise TypeError(f"select: branch dtypes differ ({a.dtype} vs {b.dtype})")
+    return Select(as_expr(cond, DType.bool), a, b)
+
+
+def minimum(a, b) -> Expr:
+    """NaN-propagating minimum (as numpy.minimum)."""
+    return binop("min", a, b)
+
+
+def maximum(a, b) -> Expr:
+    """NaN-propagating maximum (as numpy.maximum)."""
+    return binop("max", a, b)
+
+
+# ----------------------------------------------------------------------------- buffers
+@dataclass(eq=False)
+class Buffer:
+    """A dense row-major buffer. ``scope``: "global" (kernel parameter) or "local" (scratch)."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    scope: str = "global"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        s, out = 1, []
+        for d in reversed(self.shape):
+            out.append(s)
+            s *= d
+        return tuple(reversed(out))
+
+    def offset(self, idx: Sequence) -> Expr:
+        idx = list(idx) if isinstance(idx, (list, tuple)) else [idx]
+        if len(idx) != len(self.shape):
+            raise IndexError(f"buffer {self.name} of rank {len(self.shape)} indexed with {len(idx)} indices")
+        off: Expr = Const(0, I64)
+        for i, s in zip(idx, self.strides):
+            off = off + as_expr(i, I64) * s
+        return off
+
+    def __getitem__(self, idx) -> Load:
+        return Load(self, self.offset(idx if isinstance(idx, (list, tuple)) else [idx]))
+
+    def flat(self, i) -> Load:
+        return Load(self, as_expr(i, I64))
+
+    def bcast(self, out_idx: Sequence) -> Load:
+        """Load with numpy broadcasting against an output indexed by ``out_idx``."""
+        r = len(self.shape)
+        idx = list(out_idx)[len(out_idx) - r:] if r else []
+        idx = [Const(0, I64) if d == 1 else i for d, i in zip(self.shape, idx)]
+        return self[idx] if r else Load(self, Const(0, I64))
+
+    def __repr__(self) -> str:
+        return f"{self.name}: {self.dtype.value}[{','.join(map(str, self.shape))}]"
+
+
+# ----------------------------------------------------------------------------- statements
+class Stmt:
+    pass
+
+
+@dataclass(eq=False)
+class For(Stmt):
+    var: Var
+    extent: Expr
+    body: list = field(default_factory=list)
+    kind: str = "serial"        # serial | parallel | vectorize | unroll
+    start: Expr = field(default_factory=lambda: Const(0, I64))
+    comment: str = ""
+
+
+@dataclass(eq=False)
+class Store(Stmt):
+    buf: Buffer
+    index: Expr
+    value: Expr
+
+
+@dataclass(eq=False)
+class If(Stmt):
+    cond: Expr
+    then: list = field(default_factory=list)
+    orelse: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Kernel:
+    """A compiled unit: ``params`` are global buffers in call order; ``locals`` are scratch."""
+
+    name: str
+    params: list[Buffer]
+    body: list[Stmt] = field(default_factory=list)
+    locals: list[Buffer] = field(default_factory=list)
+    comment: str = ""
+
+    def __str__(self) -> str:
+        from .kernel_text import print_kernel
+        return print_kernel(self)
+
+
+class KernelBuilder:
+    """Imperative construction of a kernel body with nested ``with`` blocks."""
+
+    def __init__(self, name: str, params: Sequence[Buffer], comment: str = ""):
+        self.kernel = Kernel(name, list(params), comment=comment)
+        self._stack: list[list[Stmt]] = [self.kernel.body]
+        self._n = 0
+
+    def _emit(self, s: Stmt) -> None:
+        self._stack[-1].append(s)
+
+    def var(self, hint: str = "i") -> Var:
+        self._n += 1
+        return Var(f"{hint}{self._n}")
+
+    @contextlib.contextmanager
+    def loop(self, extent, kind: str = "serial", start=0, hint: str = "i", comment: str = ""):
+        """``for v in start..extent`` (extent is the exclusive end). Yields the loop Var."""
+        v = self.var(hint)
+        f = For(v, as_expr(extent, I64), [], kind, as_expr(start, I64), comment)
+        self._emit(f)
+        self._stack.append(f.body)
+        try:
+            yield v
+        finally:
+            self._stack.pop()
+
+    @contextlib.contextmanager
+    def grid(self, shape: Sequence[int], kind: str = "serial"):
+        """Nested loops over ``shape``; yields the list of index Vars (empty for a scalar)."""
+        with contextlib.ExitStack() as st:
+            idx = []
+            for d, n in enumerate(shape):
+                idx.append(st.enter_context(self.loop(n, kind if d == 0 else "serial", hint=f"i{d}_")))
+            yield idx
+
+    @contextlib.contextmanager
+    def if_(self, cond: Expr):
+        s = If(as_expr(cond, DType.bool))
+        self._emit(s)
+        self._stack.append(s.then)
+        try:
+            yield s
+        finally:
+            self._stack.pop()
+
+    @contextlib.contextmanager
+    def else_(self, s: If):
+        self._stack.append(s.orelse)
+        try:
+            yield
+        finally:
+            self._stack.pop()
+
+    def local(self, dtype: DType, shape: Sequence[int] = (1,), hint: str = "acc") -> Buffer:
+        """A scratch buffer private to one kernel invocation (stack memory: keep it small)."""
+        self._n += 1
+        b = Buffer(f"{hint}{self._n}", dtype, tuple(shape), "local")
+        self.kernel.locals.append(b)
+        return b
+
+    def store(self, buf: Buffer, idx, value) -> None:
+        off = buf.offset(idx) if isinstance(idx, (list, tuple)) else as_expr(idx, I64)
+        value = as_expr(value, buf.dtype)
+        if value.dtype != buf.dtype:
+            raise TypeError(f"store of {value.dtype} into {buf.dtype} buffer {buf.name}")
+        self._emit(Store(buf, off, value))
+
+    # convenience re-exports
+    max = staticmethod(maximum)
+    min = staticmethod(minimum)
+    select = staticmethod(select)

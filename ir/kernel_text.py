@@ -1,0 +1,62 @@
+"""Printing kernel IR as a small Python-like script (DESIGN.md, IR level 3)."""
+from __future__ import annotations
+
+from .kernel import Bin, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+
+_SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "lt": "<", "le": "<=",
+        "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^",
+        "shl": "<<", "shr": ">>"}
+
+
+def print_expr(e) -> str:
+    if isinstance(e, Const):
+        return repr(e.value) if e.dtype.value in ("i64", "f32", "bool") else f"{e.dtype.value}({e.value!r})"
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Load):
+        return f"{e.buf.name}[{print_expr(e.index)}]"
+    if isinstance(e, Bin):
+        if e.op in _SYM:
+            return f"({print_expr(e.a)} {_SYM[e.op]} {print_expr(e.b)})"
+        return f"{e.op}({print_expr(e.a)}, {print_expr(e.b)})"
+    if isinstance(e, Un):
+        return f"{e.op}({print_expr(e.a)})"
+    if isinstance(e, Cast):
+        return f"{e.dtype.value}({print_expr(e.a)})"
+    if isinstance(e, Select):
+        return f"select({print_expr(e.cond)}, {print_expr(e.a)}, {print_expr(e.b)})"
+    raise TypeError(f"not an expression: {e!r}")
+
+
+def _print_body(stmts, depth, out):
+    pad = "  " * depth
+    for s in stmts:
+        if isinstance(s, For):
+            kind = "" if s.kind == "serial" else s.kind + " "
+            start = print_expr(s.start)
+            cm = f"    # {s.comment}" if s.comment else ""
+            out.append(f"{pad}{kind}for {s.var.name} in {start}..{print_expr(s.extent)}:{cm}")
+            _print_body(s.body, depth + 1, out)
+        elif isinstance(s, Store):
+            out.append(f"{pad}{s.buf.name}[{print_expr(s.index)}] = {print_expr(s.value)}")
+        elif isinstance(s, If):
+            out.append(f"{pad}if {print_expr(s.cond)}:")
+            _print_body(s.then, depth + 1, out)
+            if s.orelse:
+                out.append(f"{pad}else:")
+                _print_body(s.orelse, depth + 1, out)
+        else:
+            raise TypeError(f"not a statement: {s!r}")
+
+
+def _buf(b: Buffer) -> str:
+    return f"{b.name}: {b.dtype.value}[{','.join(map(str, b.shape))}]"
+
+
+def print_kernel(k: Kernel) -> str:
+    head = f"kernel {k.name}({', '.join(_buf(b) for b in k.params)}):"
+    out = [head + (f"    # {k.comment}" if k.comment else "")]
+    for b in k.locals:
+        out.append(f"  local {_buf(b)}")
+    _print_body(k.body, 1, out)
+    return "\n".join(out) + "\n"

@@ -1,0 +1,93 @@
+"""Helpers shared by op definitions: inference, references and lowering building blocks."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr
+from ir.lowering import LowerCtx
+from ir.registry import ShapeError
+from ir.types import DType, TensorType
+
+
+# ----------------------------------------------------------------------------- inference
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """Numpy (multidirectional) broadcasting; raises ShapeError when shapes do not broadcast."""
+    try:
+        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        raise ShapeError(f"shapes {' and '.join(str(list(s)) for s in shapes)} do not broadcast") from None
+
+
+def present(node):
+    return [v for v in node.inputs if v is not None]
+
+
+def infer_same(node) -> list[TensorType]:
+    """Output 0 has input 0's type."""
+    return [node.inputs[0].type]
+
+
+def infer_broadcast(node, out_dtype: DType | None = None) -> list[TensorType]:
+    """Output shape broadcasts all present inputs; dtype is input 0's (or ``out_dtype``)."""
+    ins = present(node)
+    dts = {v.dtype for v in ins}
+    if len(dts) > 1:
+        raise ShapeError(f"inputs have different dtypes: {sorted(d.value for d in dts)}")
+    return [TensorType(out_dtype or ins[0].dtype, broadcast_shapes(*[v.shape for v in ins]))]
+
+
+def norm_axis(axis: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ShapeError(f"{what} {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def const_input(node, i: int, what: str) -> np.ndarray | None:
+    """The compile-time value of input i; ShapeError if the input is given but not known."""
+    v = node.input(i)
+    if v is None:
+        return None
+    a = v.const_value()
+    if a is None:
+        raise ShapeError(f"input {i} ({what}) must be known at compile time (a constant or computed "
+                         f"from static shapes), but '{v.name}' is computed at run time")
+    return a
+
+
+# ----------------------------------------------------------------------------- lowering
+def lower_elementwise(ctx: LowerCtx, fn: Callable[..., Expr], inputs: Sequence[int] | None = None) -> None:
+    """One kernel: out[idx] = fn(*loads) with numpy broadcasting of every present input.
+
+    ``fn`` gets one Expr per input (None inputs skipped unless listed in ``inputs``).
+    When no input broadcasts, the loop is flat over all elements (vectorisable).
+    """
+    out = ctx.outputs[0]
+    bufs = [b for b in ctx.inputs if b is not None] if inputs is None else [ctx.inputs[i] for i in inputs]
+    kb = ctx.kernel()
+    if all(b is None or b.shape == out.shape for b in bufs):
+        with kb.loop(out.numel, kind="vectorize") as i:
+            kb.store(out, i, as_expr(fn(*[None if b is None else b.flat(i) for b in bufs]), out.dtype))
+        return
+    with kb.grid(out.shape) as idx:
+        kb.store(out, idx, as_expr(fn(*[None if b is None else b.bcast(idx) for b in bufs]), out.dtype))
+
+
+def lower_copy(ctx: LowerCtx, src: int = 0, dst: int = 0) -> None:
+    """Flat element copy (Reshape, Flatten, Squeeze, Identity ...: same row-major data)."""
+    a, y = ctx.inputs[src], ctx.outputs[dst]
+    kb = ctx.kernel(params=[a, y])
+    with kb.loop(y.numel, kind="vectorize") as i:
+        kb.store(y, i, a.flat(i))
+
+
+def lower_known(ctx: LowerCtx) -> None:
+    """Write outputs whose values are known at compile time (Shape, Size ...) as constants."""
+    for v, b in zip(ctx.node.outputs, ctx.outputs):
+        data = v.const_value()
+        if data is None:
+            raise ShapeError(f"output {v.name} is not known at compile time")
+        kb = ctx.kernel(params=[b])
+        for i, x in enumerate(np.asarray(data).ravel().tolist()):
+            kb.store(b, i, as_expr(x, b.dtype))

@@ -1,0 +1,174 @@
+"""The op registry: one home for every fact about an op (DESIGN.md).
+
+Each :class:`OpDef` declares, once: the op name (ONNX's, verbatim) and domain, the attribute
+schema with defaults (taken from ``onnx.defs`` for the default domain, so they are the ONNX
+spec's), type and shape inference, a numpy reference implementation (the op's meaning, used
+by constant folding, the interpreter and tests), the op pattern kind, and the lowering to
+kernel IR. Passes ask the registry; they keep no lists of op names of their own.
+
+IR semantics of a default-domain op are those of the newest opset that the installed onnx
+defines; the frontend converts older versions (``OpDef.importer``).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .types import TensorType
+
+
+class OpPatternKind(enum.IntEnum):
+    """TVM's op pattern kinds, ordered: a pass may ask ``kind <= INJECTIVE``."""
+
+    ELEMWISE = 0
+    BROADCAST = 1
+    INJECTIVE = 2
+    COMM_REDUCE = 3
+    OUT_ELEMWISE_FUSABLE = 4
+    OPAQUE = 8
+
+
+@dataclass
+class AttrSpec:
+    type: str               # "int", "float", "string", "ints", "floats", "strings", "tensor", "graph"
+    default: Any = None
+    required: bool = False
+
+
+class ShapeError(ValueError):
+    """Type or shape inference failed: the message names the op and what is wrong."""
+
+
+@dataclass
+class OpDef:
+    """Everything about one op. See module docstring.
+
+    infer(node) -> list[TensorType]; reference(node, inputs) -> list[np.ndarray];
+    lower(ctx) emits kernel IR (see ``ir.kernel.LowerCtx``), or None when the op must be
+    removed or decomposed before lowering; importer(ctx, proto, version) -> list[Value|None]
+    converts an ONNX node of an older opset version (None: the default import).
+    """
+
+    name: str
+    kind: OpPatternKind
+    infer: Callable
+    reference: Callable
+    lower: Callable | None = None
+    domain: str = ""
+    attrs: dict[str, AttrSpec] = field(default_factory=dict)
+    importer: Callable | None = None
+    const_inputs: tuple[int, ...] = ()   # inputs whose values must be known at compile time
+    flops: Callable | None = None        # node -> float FLOP count, for the profiler
+    doc: str = ""
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.domain}::{self.name}" if self.domain else self.name
+
+
+_REGISTRY: dict[tuple[str, str], OpDef] = {}
+
+_ONNX_ATTR_TYPES = {1: "float", 2: "int", 3: "string", 4: "tensor", 5: "graph", 6: "floats", 7: "ints",
+                    8: "strings", 9: "tensors", 10: "graphs", 11: "sparse_tensor", 13: "type_proto"}
+
+
+def onnx_attr_specs(name: str, domain: str = "") -> dict[str, AttrSpec]:
+    """Attribute schema of the newest version of an ONNX op, from ``onnx.defs``."""
+    import onnx.defs
+    from onnx import helper
+    try:
+        schema = onnx.defs.get_schema(name, onnx.defs.onnx_opset_version(), domain)
+    except Exception:
+        return {}
+    out = {}
+    for aname, a in schema.attributes.items():
+        default = None
+        if a.default_value is not None and a.default_value.name:
+            default = helper.get_attribute_value(a.default_value)
+            if isinstance(default, bytes):
+                default = default.decode()
+            if isinstance(default, list):
+                default = [x.decode() if isinstance(x, bytes) else x for x in default]
+        out[aname] = AttrSpec(_ONNX_ATTR_TYPES.get(int(a.type), "?"), default, bool(a.required))
+    return out
+
+
+def register(opdef: OpDef) -> OpDef:
+    """Add an op to the registry (default-domain attrs come from onnx.defs unless given)."""
+    key = (opdef.domain, opdef.name)
+    if key in _REGISTRY:
+        raise ValueError(f"op {opdef.qualified_name} registered twice")
+    if not opdef.attrs and opdef.domain == "":
+        opdef.attrs = onnx_attr_specs(opdef.name)
+    _REGISTRY[key] = opdef
+    return opdef
+
+
+def op(name: str, kind: OpPatternKind, *, domain: str = "", **kw) -> Callable:
+    """Decorator form: the decorated class provides ``infer``, ``reference``, ``lower`` ...
+
+    Example::
+
+        @op("Relu", OpPatternKind.ELEMWISE)
+        class Relu:
+            infer = same_as_input
+            def reference(node, x): ...
+    """
+    def deco(cls):
+        fields = {k: v for k, v in vars(cls).items() if not k.startswith("__")}
+        fields.update(kw)
+        doc = (cls.__doc__ or "").strip()
+        register(OpDef(name=name, kind=kind, domain=domain, doc=doc, **fields))
+        return cls
+    return deco
+
+
+def _ensure_loaded() -> None:
+    from . import ops  # noqa: F401  (registers every op)
+
+
+def find_op(name: str, domain: str = "") -> OpDef | None:
+    _ensure_loaded()
+    return _REGISTRY.get((domain if domain != "ai.onnx" else "", name))
+
+
+def get_op(name: str, domain: str = "") -> OpDef:
+    od = find_op(name, domain)
+    if od is None:
+        raise KeyError(f"op {domain + '::' if domain else ''}{name} is not in the registry")
+    return od
+
+
+def all_ops() -> list[OpDef]:
+    _ensure_loaded()
+    return sorted(_REGISTRY.values(), key=lambda o: (o.domain, o.name))
+
+
+def infer_types(node) -> list[TensorType]:
+    """Run the op's inference, wrapping failures in ShapeError naming node and op."""
+    od = get_op(node.op, node.domain)
+    try:
+        types = od.infer(node)
+    except ShapeError as e:
+        raise ShapeError(f"{node.qualified_op} node '{node.name}': {e}") from None
+    except (ValueError, IndexError, TypeError, KeyError) as e:
+        raise ShapeError(f"{node.qualified_op} node '{node.name}': {type(e).__name__}: {e}") from e
+    return list(types)
+
+
+def run_reference(node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:
+    """Evaluate a node with its numpy reference; outputs are cast to the inferred dtypes."""
+    od = get_op(node.op, node.domain)
+    outs = od.reference(node, inputs)
+    if isinstance(outs, np.ndarray) or np.isscalar(outs):
+        outs = [outs]
+    res = []
+    for o, v in zip(outs, node.outputs):
+        a = np.asarray(o)
+        if v is not None and a.dtype != v.type.dtype.numpy:
+            a = a.astype(v.type.dtype.numpy)
+        res.append(a)
+    return res
