@@ -24,6 +24,15 @@ class LowerCtx:
         self.outputs = outputs
         self.name = name
         self.kernels: list[Kernel] = []
+        #: set by fusion: (value Expr, output index list) -> Expr, applied by anchor ops
+        #: (Conv, Gemm, MatMul, pools ...) to each output element before its single store;
+        #: ``epilogue_inputs`` are extra Buffers it reads (add them to the kernel params).
+        self.epilogue = None
+        self.epilogue_inputs: list[Buffer] = []
+
+    def apply_epilogue(self, value, out_idx):
+        """The value to store at ``out_idx`` of output 0 after the fused epilogue (if any)."""
+        return value if self.epilogue is None else self.epilogue(value, list(out_idx))
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.node.attr(name, default)
@@ -36,6 +45,7 @@ class LowerCtx:
         """Open a new kernel; its parameters default to every present input, then the outputs."""
         if params is None:
             params = [b for b in self.inputs if b is not None]
+            params += list(self.epilogue_inputs)
             params += [b for b in self.outputs if b is not None]
             # a buffer passed twice (Add(x, x)) is one parameter
             uniq: list[Buffer] = []

@@ -47,9 +47,12 @@ class OpDef:
     """Everything about one op. See module docstring.
 
     infer(node) -> list[TensorType]; reference(node, inputs) -> list[np.ndarray];
-    lower(ctx) emits kernel IR (see ``ir.kernel.LowerCtx``), or None when the op must be
+    lower(ctx) emits kernel IR (see ``ir.lowering.LowerCtx``), or None when the op must be
     removed or decomposed before lowering; importer(ctx, proto, version) -> list[Value|None]
     converts an ONNX node of an older opset version (None: the default import).
+    scalar(node, *xs) -> Expr: for elementwise/broadcast ops, the per-element function on
+    kernel-IR expressions (one per present input); it gives the op its lowering (a broadcast
+    loop) and lets fusion compose elementwise chains and anchor epilogues into one kernel.
     """
 
     name: str
@@ -62,7 +65,14 @@ class OpDef:
     importer: Callable | None = None
     const_inputs: tuple[int, ...] = ()   # inputs whose values must be known at compile time
     flops: Callable | None = None        # node -> float FLOP count, for the profiler
+    scalar: Callable | None = None       # elementwise ops: (node, *Exprs) -> Expr, for fusion
     doc: str = ""
+
+    def __post_init__(self):
+        if self.lower is None and self.scalar is not None:
+            from .ops._common import lower_elementwise
+            scalar = self.scalar
+            self.lower = lambda ctx: lower_elementwise(ctx, lambda *xs: scalar(ctx.node, *xs))
 
     @property
     def qualified_name(self) -> str:

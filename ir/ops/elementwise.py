@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ir.kernel import maximum
-from ir.ops._common import infer_broadcast, infer_same, lower_elementwise
+from ir.ops._common import infer_broadcast, infer_same
 from ir.registry import OpPatternKind, op
 
 EW = OpPatternKind.ELEMWISE
@@ -19,8 +19,8 @@ class Relu:
     def reference(node, ins):
         return [np.maximum(ins[0], 0).astype(ins[0].dtype)]
 
-    def lower(ctx):
-        lower_elementwise(ctx, lambda x: maximum(x, 0))
+    def scalar(node, x):
+        return maximum(x, 0)
 
 
 @op("Add", BC)
@@ -31,5 +31,5 @@ class Add:
     def reference(node, ins):
         return [ins[0] + ins[1]]
 
-    def lower(ctx):
-        lower_elementwise(ctx, lambda a, b: a + b)
+    def scalar(node, a, b):
+        return a + b
