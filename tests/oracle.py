@@ -83,3 +83,17 @@ def rand(*shape, dtype=np.float32, seed: int = 0, low: float = -2.0, high: float
     if np.dtype(dtype) == np.bool_:
         return rng.random(shape) < 0.5
     return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+def model_inputs(entry: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """Fixed-seed inputs for a models.json entry: floats in [-1, 1), ints in the stated range."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for spec in entry["inputs"]:
+        dt = np.dtype(spec["dtype"])
+        if np.issubdtype(dt, np.integer):
+            lo, hi = spec.get("range", [0, 2])
+            out[spec["name"]] = rng.integers(lo, hi, size=spec["shape"]).astype(dt)
+        else:
+            out[spec["name"]] = rng.uniform(-1, 1, size=spec["shape"]).astype(dt)
+    return out
