@@ -18,6 +18,12 @@ def propagate_known(node: Node) -> None:
     od = find_op(node.op, node.domain)
     if od is None or any(v.type.numel > KNOWN_LIMIT for v in node.outputs):
         return
+    if od.known is not None:   # outputs determined by the input types (Shape, Size)
+        vals = od.known(node)
+        if vals is not None:
+            for v, a in zip(node.outputs, vals):
+                v.known = np.asarray(a, dtype=v.type.dtype.numpy).reshape(v.shape)
+        return
     ins = [None if v is None else v.const_value() for v in node.inputs]
     if any(a is None for v, a in zip(node.inputs, ins) if v is not None):
         return

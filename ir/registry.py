@@ -66,6 +66,8 @@ class OpDef:
     const_inputs: tuple[int, ...] = ()   # inputs whose values must be known at compile time
     flops: Callable | None = None        # node -> float FLOP count, for the profiler
     scalar: Callable | None = None       # elementwise ops: (node, *Exprs) -> Expr, for fusion
+    known: Callable | None = None        # node -> list[np.ndarray] | None: outputs that follow from
+                                         # input types alone (Shape, Size), for data propagation
     doc: str = ""
 
     def __post_init__(self):
