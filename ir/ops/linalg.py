@@ -1,0 +1,303 @@
+"""Linear algebra: Gemm, MatMul (ONNX operator spec, sections "Gemm" and "MatMul").
+
+The kernel builders here (:func:`emit_matmul`, :func:`emit_gemm`, :func:`emit_matmul_core`)
+are shared with fused variants: they apply ``ctx.apply_epilogue`` to each output element right
+before its single store.
+
+Loop order (why): for a block of ``ROWS`` output rows and up to ``COLS`` output columns, the
+accumulators live in a local buffer and the innermost loop runs over the output column ``j``,
+which is contiguous in B and in Y (i-k-j order). Each element of A is loaded once per k and
+reused across the columns; each row of B is reused across the ``ROWS`` rows. LLVM vectorises
+the j loop without needing to reassociate a floating-point sum.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, minimum
+from ir.lowering import LowerCtx
+from ir.ops._common import broadcast_shapes
+from ir.registry import OpPatternKind, ShapeError, op
+from ir.types import DType, TensorType
+
+ROWS = 4      # output rows per register block
+COLS = 512    # output columns per accumulator block (bounds the local buffer)
+
+_MATMUL_TYPES = (DType.f16, DType.f32, DType.f64, DType.i32, DType.i64, DType.u32, DType.u64)
+
+
+def acc_dtype(dt: DType) -> DType:
+    """Accumulation dtype: f16 accumulates in f32; every other type in itself."""
+    return DType.f32 if dt in (DType.f16, DType.bf16) else dt
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    s, out = 1, []
+    for d in reversed(shape):
+        out.append(s)
+        s *= d
+    return out[::-1]
+
+
+def bcast_offset(shape: Sequence[int], idx: Sequence[Expr]) -> Expr:
+    """Flat offset into a row-major tensor of ``shape`` indexed by the trailing ``len(shape)``
+    entries of ``idx`` with numpy broadcasting (size-1 dims read index 0)."""
+    idx = list(idx)[len(idx) - len(shape):] if shape else []
+    off: Expr = Const(0, DType.i64)
+    for d, st, i in zip(shape, _strides(shape), idx):
+        if d != 1:
+            off = off + as_expr(i, DType.i64) * st
+    return off
+
+
+# ----------------------------------------------------------------------------- kernel core
+def emit_matmul_core(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, *, M: int, N: int, K: int,
+                     batch: Sequence[int], load_a: Callable, load_b: Callable,
+                     out_index: Callable, finish: Callable, acc: DType,
+                     b_contiguous_in_j: bool = True) -> None:
+    """Emit ``Y[b, i, j] = finish(sum_k A[b, i, k] * B[b, k, j], b, i, j)`` into ``kb``.
+
+    ``load_a(bidx, i, k)`` / ``load_b(bidx, k, j)`` return Exprs of dtype ``acc``;
+    ``out_index(bidx, i, j)`` the index list into ``y``; ``finish`` maps the accumulated
+    Expr to ``y``'s dtype. The epilogue (``ctx.apply_epilogue``) is applied before the one
+    store per element. With ``b_contiguous_in_j`` False (B read transposed) the loop order
+    is i-j-k (a dot product over contiguous k in both operands) instead of i-k-j.
+    """
+    def store(bidx, i, j, value):
+        oi = out_index(bidx, i, j)
+        kb.store(y, oi, ctx.apply_epilogue(finish(value, bidx, i, j), oi))
+
+    with kb.grid(batch) as bidx:
+        if K == 0 or not b_contiguous_in_j:
+            with kb.loop(M, hint="i") as i:
+                with kb.loop(N, hint="j") as j:
+                    s = kb.local(acc, (1,), hint="dot")
+                    kb.store(s, 0, as_expr(0, acc))
+                    with kb.loop(K, hint="k") as k:
+                        kb.store(s, 0, s[0] + load_a(bidx, i, k) * load_b(bidx, k, j))
+                    store(bidx, i, j, s[0])
+            return
+        cols = min(N, COLS)
+        nblk = -(-N // cols) if N else 0
+
+        def rows_block(i0: Expr, nrows: int, accbuf: Buffer):
+            def body(j0: Expr, width):
+                with kb.loop(width, kind="vectorize", hint="j") as j:
+                    for r in range(nrows):
+                        kb.store(accbuf, r * cols + j, as_expr(0, acc))
+                with kb.loop(K, hint="k") as k:
+                    a_r = [load_a(bidx, i0 + r, k) for r in range(nrows)]
+                    with kb.loop(width, kind="vectorize", hint="j") as j:
+                        bv = load_b(bidx, k, j0 + j)
+                        for r in range(nrows):
+                            kb.store(accbuf, r * cols + j, accbuf.flat(r * cols + j) + a_r[r] * bv)
+                for r in range(nrows):
+                    with kb.loop(width, kind="vectorize", hint="j") as j:
+                        store(bidx, i0 + r, j0 + j, accbuf.flat(r * cols + j))
+            if nblk == 1:
+                body(Const(0, DType.i64), N)
+            else:
+                with kb.loop(nblk, hint="jb") as jb:
+                    j0 = jb * cols
+                    body(j0, minimum(as_expr(cols), N - j0))
+
+        rb = ROWS if M >= ROWS else 1
+        accbuf = kb.local(acc, (rb * cols,), hint="acc")
+        full = M // rb
+        if full:
+            with kb.loop(full, hint="ib") as ib:
+                rows_block(ib * rb, rb, accbuf)
+        for r in range(full * rb, M):   # at most ROWS-1 leftover rows
+            rows_block(Const(r, DType.i64), 1, accbuf)
+
+
+def _scale(e: Expr, alpha: float) -> Expr:
+    return e if alpha == 1.0 else e * as_expr(alpha, e.dtype)
+
+
+def emit_matmul(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer) -> None:
+    """MatMul kernel with numpy.matmul semantics (1-D operands, broadcast batch dims)."""
+    kb = ctx.kernel()
+    a_sh = (1,) + a.shape if len(a.shape) == 1 else a.shape
+    b_sh = b.shape + (1,) if len(b.shape) == 1 else b.shape
+    M, K = a_sh[-2:]
+    N = b_sh[-1]
+    batch = broadcast_shapes(a_sh[:-2], b_sh[:-2])
+    acc = acc_dtype(y.dtype)
+    a_st, b_st = _strides(a_sh), _strides(b_sh)
+
+    def load_a(bidx, i, k):
+        return a.flat(bcast_offset(a_sh[:-2], bidx) * (M * K) + i * a_st[-2] + k).cast(acc)
+
+    def load_b(bidx, k, j):
+        return b.flat(bcast_offset(b_sh[:-2], bidx) * (K * N) + k * b_st[-2] + j).cast(acc)
+
+    def out_index(bidx, i, j):
+        return list(bidx) + ([i] if len(a.shape) > 1 else []) + ([j] if len(b.shape) > 1 else [])
+
+    emit_matmul_core(ctx, kb, y, M=M, N=N, K=K, batch=batch, load_a=load_a, load_b=load_b,
+                     out_index=out_index, finish=lambda v, *_: v.cast(y.dtype), acc=acc)
+
+
+def emit_gemm(ctx: LowerCtx, a: Buffer, b: Buffer, c: Buffer | None, y: Buffer, *,
+              alpha: float = 1.0, beta: float = 1.0, trans_a: bool = False,
+              trans_b: bool = False) -> None:
+    """Gemm kernel: Y = alpha * A' @ B' + beta * C, C broadcast unidirectionally to (M, N).
+
+    Integer types combine alpha and beta in f64 and cast back (as the ONNX reference does).
+    """
+    kb = ctx.kernel()
+    M, N = y.shape
+    K = a.shape[0] if trans_a else a.shape[1]
+    acc = acc_dtype(y.dtype)
+
+    def load_a(_, i, k):
+        return (a[k, i] if trans_a else a[i, k]).cast(acc)
+
+    def load_b(_, k, j):
+        return (b[j, k] if trans_b else b[k, j]).cast(acc)
+
+    use_c = c is not None and beta != 0.0
+
+    def finish(v, _, i, j):
+        if acc.is_float:
+            r = _scale(v, alpha)
+            if use_c:
+                r = r + _scale(c.bcast([i, j]).cast(acc), beta)
+            return r.cast(y.dtype)
+        if alpha == 1.0 and (not use_c or beta == 1.0):
+            return (v + c.bcast([i, j]) if use_c else v).cast(y.dtype)
+        r = _scale(v.cast(DType.f64), alpha)
+        if use_c:
+            r = r + _scale(c.bcast([i, j]).cast(DType.f64), beta)
+        return r.cast(y.dtype)
+
+    emit_matmul_core(ctx, kb, y, M=M, N=N, K=K, batch=(), load_a=load_a, load_b=load_b,
+                     out_index=lambda _, i, j: [i, j], finish=finish, acc=acc,
+                     b_contiguous_in_j=not trans_b)
+
+
+# ----------------------------------------------------------------------------- MatMul
+def matmul_shape(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+    """Output shape of numpy.matmul; raises ShapeError on rank 0 or a K mismatch."""
+    if len(a) == 0 or len(b) == 0:
+        raise ShapeError(f"MatMul operands must have rank >= 1, got shapes {list(a)} and {list(b)}")
+    a2 = (1,) + tuple(a) if len(a) == 1 else tuple(a)
+    b2 = tuple(b) + (1,) if len(b) == 1 else tuple(b)
+    if a2[-1] != b2[-2]:
+        raise ShapeError(f"inner dimensions differ: A {list(a)} has K={a2[-1]}, B {list(b)} has K={b2[-2]}")
+    batch = broadcast_shapes(a2[:-2], b2[:-2])
+    return batch + ((a2[-2],) if len(a) > 1 else ()) + ((b2[-1],) if len(b) > 1 else ())
+
+
+def _check_types(node, allowed) -> DType:
+    dts = {v.dtype for v in node.inputs if v is not None}
+    dt = node.inputs[0].dtype
+    if len(dts) > 1:
+        raise ShapeError(f"inputs have different dtypes: {sorted(d.value for d in dts)}")
+    if dt not in allowed:
+        raise ShapeError(f"dtype {dt} is not supported (allowed: {', '.join(d.value for d in allowed)})")
+    return dt
+
+
+def _matmul_ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype == np.float16:
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(np.float16)
+    return np.matmul(a, b)
+
+
+@op("MatMul", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+class MatMul:
+    """Y = A @ B with numpy.matmul semantics. ONNX spec: MatMul-13.
+
+    A: [..., M, K] (1-D A: [K], a 1 is prepended then removed), B: [..., K, N] (1-D B: [K],
+    a 1 is appended then removed); batch dims broadcast. dtypes f16 (accumulated in f32),
+    f32, f64, i32, i64, u32, u64; integers wrap. Raises ShapeError for rank-0 operands, a K
+    mismatch, batch dims that do not broadcast or mixed dtypes.
+    """
+
+    def infer(node):
+        dt = _check_types(node, _MATMUL_TYPES)
+        return [TensorType(dt, matmul_shape(node.inputs[0].shape, node.inputs[1].shape))]
+
+    def reference(node, ins):
+        return [_matmul_ref(ins[0], ins[1])]
+
+    def lower(ctx):
+        emit_matmul(ctx, ctx.inputs[0], ctx.inputs[1], ctx.outputs[0])
+
+    def flops(node):
+        a = node.inputs[0].shape
+        return 2.0 * node.outputs[0].type.numel * a[-1]
+
+
+# ----------------------------------------------------------------------------- Gemm
+def _gemm_dims(node) -> tuple[int, int, int]:
+    a, b = node.inputs[0].shape, node.inputs[1].shape
+    if len(a) != 2 or len(b) != 2:
+        raise ShapeError(f"A and B must be 2-D, got shapes {list(a)} and {list(b)}")
+    M, K = (a[1], a[0]) if node.attr("transA", 0) else a
+    K2, N = (b[1], b[0]) if node.attr("transB", 0) else b
+    if K != K2:
+        raise ShapeError(f"inner dimensions differ: A' has K={K}, B' has K={K2} "
+                         f"(transA={node.attr('transA', 0)}, transB={node.attr('transB', 0)})")
+    return M, N, K
+
+
+@op("Gemm", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+class Gemm:
+    """Y = alpha * A' @ B' + beta * C. ONNX spec: Gemm-13.
+
+    A' = transpose(A) if transA else A, shape [M, K]; B' likewise [K, N]; C (optional since
+    Gemm-11) broadcasts unidirectionally to [M, N]. Gemm-7 and -9 (C required) and -11 have
+    the same meaning where C is given, so older versions import unchanged. dtypes f16 (f32
+    accumulation), f32, f64, i32, i64, u32, u64. Raises ShapeError when A or B is not 2-D,
+    K differs, C does not broadcast to [M, N], or dtypes differ.
+    """
+
+    def infer(node):
+        dt = _check_types(node, _MATMUL_TYPES)
+        M, N, _ = _gemm_dims(node)
+        c = node.input(2)
+        if c is not None:
+            cs = (1,) * (2 - c.type.rank) + c.shape if c.type.rank <= 2 else None
+            if cs is None or any(d not in (1, t) for d, t in zip(cs, (M, N))):
+                raise ShapeError(f"C of shape {list(c.shape)} does not broadcast to [M, N] = {[M, N]}")
+        return [TensorType(dt, (M, N))]
+
+    def reference(node, ins):
+        a, b, c = ins[0], ins[1], ins[2] if len(ins) > 2 else None
+        if node.attr("transA", 0):
+            a = a.T
+        if node.attr("transB", 0):
+            b = b.T
+        alpha, beta = node.attr("alpha", 1.0), node.attr("beta", 1.0)
+        dt = a.dtype
+        if dt == np.float16 or dt.kind in "iu":
+            wide = np.float32 if dt == np.float16 else np.float64
+            r = a.astype(wide) @ b.astype(wide) if dt == np.float16 else (a @ b)
+            if dt.kind in "iu" and alpha == 1.0 and (c is None or beta in (0.0, 1.0)):
+                return [(r + c if c is not None and beta == 1.0 else r).astype(dt)]
+            r = r.astype(wide) * wide(alpha)
+            if c is not None and beta != 0.0:
+                r = r + wide(beta) * c.astype(wide)
+            return [np.broadcast_to(r, (a.shape[0], b.shape[1])).astype(dt)]
+        r = (a @ b)
+        if alpha != 1.0:
+            r = r * dt.type(alpha)
+        if c is not None and beta != 0.0:
+            r = r + (c if beta == 1.0 else dt.type(beta) * c)
+        return [r.astype(dt)]
+
+    def lower(ctx):
+        a, b = ctx.inputs[0], ctx.inputs[1]
+        c = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+        emit_gemm(ctx, a, b, c, ctx.outputs[0], alpha=float(ctx.attr("alpha", 1.0)),
+                  beta=float(ctx.attr("beta", 1.0)), trans_a=bool(ctx.attr("transA", 0)),
+                  trans_b=bool(ctx.attr("transB", 0)))
+
+    def flops(node):
+        M, N, K = _gemm_dims(node)
+        return 2.0 * M * N * K + (2.0 * M * N if node.input(2) is not None else 0.0)

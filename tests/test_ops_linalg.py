@@ -1,0 +1,210 @@
+"""Gemm, MatMul (and the other linalg ops) against onnxruntime (ONNX spec sections of each op)."""
+import numpy as np
+import pytest
+
+from ir.builder import Builder
+from ir.graph import Graph
+from ir.registry import ShapeError, get_op, run_reference
+from ir.types import TensorType, DType
+from tests.oracle import assert_matches_ort, node_model, ort_run, rand
+from compiler.errors import UnsupportedModelError
+
+RT, AT = 1e-4, 1e-5
+
+
+def _run_ref(op, arrays, **attrs):
+    g = Graph()
+    b = Builder(g)
+    ins = [None if a is None else g.add_input(f"x{i}", TensorType.of(a)) for i, a in enumerate(arrays)]
+    out = b.op(op, *ins, **attrs)
+    return run_reference(out.producer, list(arrays))
+
+
+# ----------------------------------------------------------------------------- MatMul
+MATMUL_SHAPES = [
+    ((3, 5), (5, 7)),
+    ((1, 4), (4, 1)),
+    ((2, 3, 5), (5, 7)),
+    ((5,), (5, 7)),
+    ((3, 5), (5,)),
+    ((5,), (5,)),
+    ((2, 1, 3, 5), (4, 5, 6)),
+    ((4, 5, 6), (1, 6, 2)),
+    ((3, 4), (2, 4, 5)),
+    ((7, 9), (9, 600)),          # more columns than one accumulator block
+    ((6, 0), (0, 3)),            # K = 0: zeros
+]
+
+
+@pytest.mark.parametrize("sa,sb", MATMUL_SHAPES)
+def test_matmul_f32(sa, sb):
+    a, b = rand(*sa), rand(*sb, seed=1)
+    assert_matches_ort(node_model("MatMul", {"a": a, "b": b}), {"a": a, "b": b}, rtol=RT, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.int64, np.uint32, np.uint64])
+def test_matmul_dtypes(dtype):
+    a = rand(2, 3, 4, dtype=dtype, low=0, high=5)
+    b = rand(4, 5, dtype=dtype, seed=1, low=0, high=5)
+    assert_matches_ort(node_model("MatMul", {"a": a, "b": b}), {"a": a, "b": b}, rtol=1e-12, atol=0)
+
+
+def test_matmul_f16():
+    a, b = rand(3, 8, dtype=np.float16), rand(8, 5, dtype=np.float16, seed=1)
+    assert_matches_ort(node_model("MatMul", {"a": a, "b": b}), {"a": a, "b": b}, rtol=2e-3, atol=2e-3)
+
+
+def test_matmul_int_wraps():
+    a = np.full((2, 3), 2**31 - 1, np.int32)
+    b = np.full((3, 2), 2, np.int32)
+    got = _run_ref("MatMul", [a, b])[0]
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, np.matmul(a, b))
+    assert_matches_ort(node_model("MatMul", {"a": a, "b": b}), {"a": a, "b": b}, opt_levels=(0,))
+
+
+def test_matmul_old_opset():
+    a, b = rand(3, 4), rand(4, 2, seed=1)
+    assert_matches_ort(node_model("MatMul", {"a": a, "b": b}, opset=9), {"a": a, "b": b}, rtol=RT, atol=AT)
+
+
+def test_matmul_reference_matches_ort():
+    a, b = rand(2, 3, 4), rand(4, 5, seed=1)
+    exp = ort_run(node_model("MatMul", {"a": a, "b": b}), {"a": a, "b": b})[0]
+    np.testing.assert_allclose(_run_ref("MatMul", [a, b])[0], exp, rtol=RT, atol=AT)
+
+
+@pytest.mark.parametrize("sa,sb,msg", [((3, 4), (5, 2), "inner dimensions"),
+                                       ((2, 3, 4), (3, 4, 5), "broadcast"),
+                                       ((), (3,), "rank")])
+def test_matmul_shape_errors(sa, sb, msg):
+    g = Graph()
+    x = g.add_input("a", TensorType(DType.f32, sa))
+    y = g.add_input("b", TensorType(DType.f32, sb))
+    with pytest.raises(ShapeError, match=msg):
+        Builder(g).MatMul(x, y)
+
+
+def test_matmul_dtype_mismatch():
+    g = Graph()
+    x = g.add_input("a", TensorType(DType.f32, (2, 3)))
+    y = g.add_input("b", TensorType(DType.f64, (3, 2)))
+    with pytest.raises(ShapeError, match="different dtypes"):
+        Builder(g).MatMul(x, y)
+
+
+def test_matmul_flops():
+    g = Graph()
+    x = g.add_input("a", TensorType(DType.f32, (2, 3, 4)))
+    y = g.add_input("b", TensorType(DType.f32, (4, 5)))
+    out = Builder(g).MatMul(x, y)
+    assert get_op("MatMul").flops(out.producer) == 2 * 2 * 3 * 5 * 4
+
+
+def test_matmul_loop_order_is_ikj():
+    import compiler
+    a, b = rand(8, 16), rand(16, 32, seed=1)
+    mod = compiler.compile(node_model("MatMul", {"a": a, "b": b}), opt_level=0)
+    text = str(mod.kernels[0]) if hasattr(mod, "kernels") else ""
+    if text:
+        lines = text.splitlines()
+        k_line = next(i for i, l in enumerate(lines) if "for k" in l)
+        assert "vectorize for j" in lines[k_line + 1]
+
+
+# ----------------------------------------------------------------------------- Gemm
+@pytest.mark.parametrize("ta", [0, 1])
+@pytest.mark.parametrize("tb", [0, 1])
+@pytest.mark.parametrize("cshape", [None, (), (1,), (7,), (1, 7), (6, 1), (6, 7)])
+def test_gemm(ta, tb, cshape):
+    a = rand(*((5, 6) if ta else (6, 5)))
+    b = rand(*((7, 5) if tb else (5, 7)), seed=1)
+    inputs = {"a": a, "b": b}
+    if cshape is not None:
+        inputs["c"] = rand(*cshape, seed=2)
+    m = node_model("Gemm", inputs, dict(transA=ta, transB=tb, alpha=0.5, beta=2.0))
+    assert_matches_ort(m, inputs, rtol=RT, atol=AT)
+
+
+@pytest.mark.parametrize("alpha,beta", [(1.0, 1.0), (2.5, 0.0), (1.0, -0.5)])
+def test_gemm_alpha_beta(alpha, beta):
+    a, b, c = rand(4, 3), rand(3, 6, seed=1), rand(4, 6, seed=2)
+    m = node_model("Gemm", {"a": a, "b": b}, dict(alpha=alpha, beta=beta), initializers={"c": c})
+    assert_matches_ort(m, {"a": a, "b": b}, rtol=RT, atol=AT)
+
+
+@pytest.mark.parametrize("opset", [7, 9, 11, 13])
+def test_gemm_opsets(opset):
+    a, b, c = rand(3, 4), rand(4, 5, seed=1), rand(5, seed=2)
+    m = node_model("Gemm", {"a": a, "b": b, "c": c}, dict(transB=0), opset=opset)
+    assert_matches_ort(m, {"a": a, "b": b, "c": c}, rtol=RT, atol=AT)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float16, 3e-3)])
+def test_gemm_dtypes(dtype, tol):
+    a, b, c = rand(3, 4, dtype=dtype), rand(5, 4, dtype=dtype, seed=1), rand(5, dtype=dtype, seed=2)
+    m = node_model("Gemm", {"a": a, "b": b, "c": c}, dict(transB=1, alpha=0.5))
+    assert_matches_ort(m, {"a": a, "b": b, "c": c}, rtol=tol, atol=tol)
+
+
+def test_gemm_large_classifier():
+    # the shape of resnet18's classifier: [1, 512] x [1000, 512]^T + [1000]
+    a, w, c = rand(1, 512), rand(1000, 512, seed=1, low=-0.05, high=0.05), rand(1000, seed=2)
+    m = node_model("Gemm", {"a": a}, dict(transB=1), initializers={"w": w, "c": c})
+    assert_matches_ort(m, {"a": a}, rtol=RT, atol=1e-4)
+
+
+def test_gemm_reference_matches_ort():
+    a, b, c = rand(5, 4), rand(6, 5, seed=1), rand(1, 6, seed=2)
+    attrs = dict(transA=1, transB=1, alpha=0.25, beta=3.0)
+    exp = ort_run(node_model("Gemm", {"a": a, "b": b, "c": c}, attrs), {"a": a, "b": b, "c": c})[0]
+    np.testing.assert_allclose(_run_ref("Gemm", [a, b, c], **attrs)[0], exp, rtol=RT, atol=AT)
+
+
+def test_gemm_reference_int():
+    a = np.arange(6, dtype=np.int64).reshape(2, 3)
+    b = np.arange(12, dtype=np.int64).reshape(3, 4)
+    c = np.arange(4, dtype=np.int64)
+    got = _run_ref("Gemm", [a, b, c], alpha=2.0, beta=3.0)[0]
+    assert got.dtype == np.int64
+    np.testing.assert_array_equal(got, 2 * (a @ b) + 3 * c)
+
+
+@pytest.mark.parametrize("sa,sb,sc,attrs,msg", [
+    ((3, 4), (5, 2), None, {}, "inner dimensions"),
+    ((3, 4, 1), (4, 2), None, {}, "2-D"),
+    ((3, 4), (4, 2), (3,), {}, "does not broadcast"),
+    ((4, 3), (4, 2), None, {"transA": 0}, "inner dimensions"),
+])
+def test_gemm_shape_errors(sa, sb, sc, attrs, msg):
+    g = Graph()
+    ins = [g.add_input("a", TensorType(DType.f32, sa)), g.add_input("b", TensorType(DType.f32, sb))]
+    if sc is not None:
+        ins.append(g.add_input("c", TensorType(DType.f32, sc)))
+    with pytest.raises(ShapeError, match=msg):
+        Builder(g).Gemm(*ins, **attrs)
+
+
+def test_gemm_epilogue_applied_once():
+    """The fusion hook: an epilogue set on the context changes every stored element."""
+    from ir.lowering import LowerCtx
+    from ir.kernel import Buffer, Store
+    from ir.ops.linalg import emit_gemm
+    a, b, y = Buffer("a", DType.f32, (2, 3)), Buffer("b", DType.f32, (3, 4)), Buffer("y", DType.f32, (2, 4))
+    g = Graph()
+    xa = g.add_input("a", TensorType(DType.f32, (2, 3)))
+    xb = g.add_input("b", TensorType(DType.f32, (3, 4)))
+    node = Builder(g).Gemm(xa, xb).producer
+    ctx = LowerCtx(node, [a, b], [y], "gemm")
+    seen = []
+    ctx.epilogue = lambda v, idx: (seen.append(len(idx)), v * 2.0)[1]
+    emit_gemm(ctx, a, b, None, y)
+
+    def stores(body):
+        for s in body:
+            if isinstance(s, Store) and s.buf is y:
+                yield s
+            for attr in ("body", "then", "orelse"):
+                yield from stores(getattr(s, attr, []))
+    assert len(list(stores(ctx.kernels[0].body))) == len(seen) >= 1
+    assert set(seen) == {2}
