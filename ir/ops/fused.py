@@ -1,0 +1,483 @@
+"""Fused ops of the ``tensorfuse`` domain: what the fusion catalogue (compiler/rules) rewrites into.
+
+Each op means exactly the composition of ONNX ops that the rules replace; its numpy reference
+is that composition, so constant folding and the tests read it as the definition. The kernels
+compute in one pass what the unfused graph computes in several (a row of scores in a local
+buffer for attention, the sum of the addends kept in the output row for the LayerNorms).
+
+Ops here:
+
+- ``Attention(Q, K, V, mask?)``: softmax(Q @ K^T * scale + mask) @ V, softmax on the last axis.
+- ``SkipLayerNormalization(X, skip, scale, B?, bias?)``: LayerNormalization(X + skip + bias),
+  optionally also returning the sum.
+- ``EmbedLayerNormalization(table_0, ids_0, ..., scale, B?, addend...)``: LayerNormalization of
+  the sum of embedding Gathers and dense addends (BERT's embedding block).
+- ``FusedConv``, ``FusedMatMul``, ``FusedGemm`` (anchor + bias + residual + activation) reuse
+  the anchor kernels through ``LowerCtx.epilogue``; see the second half of this module.
+
+Activations shared by the anchored ops: :data:`ACTIVATIONS` (name -> parameters), with
+:func:`activation_expr` (kernel IR) and :func:`activation_np` (numpy) giving their meaning.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ir.graph import Node, Value
+from ir.kernel import Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
+from ir.ops._common import broadcast_shapes, norm_axis
+from ir.registry import AttrSpec, OpPatternKind, ShapeError, op
+from ir.types import DType, TensorType
+
+DOMAIN = "tensorfuse"
+
+# ----------------------------------------------------------------------------- activations
+#: activation name -> (parameter names, default values). The names are the ONNX op names (SiLU
+#: is x*Sigmoid(x), GeluTanh is Gelu with approximate="tanh"); "" means no activation.
+ACTIVATIONS: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
+    "": ((), ()),
+    "Relu": ((), ()),
+    "Clip": (("min", "max"), (-math.inf, math.inf)),
+    "LeakyRelu": (("alpha",), (0.01,)),
+    "Sigmoid": ((), ()),
+    "HardSigmoid": (("alpha", "beta"), (0.2, 0.5)),
+    "HardSwish": ((), ()),
+    "SiLU": ((), ()),
+    "Tanh": ((), ()),
+    "Gelu": ((), ()),
+    "GeluTanh": ((), ()),
+}
+
+
+def activation_params(node: Node) -> tuple[str, list[float]]:
+    """(activation, full parameter list with defaults filled in) of a fused node.
+
+    Raises ShapeError for an unknown activation or too many parameters."""
+    name = node.attr("activation", "")
+    if name not in ACTIVATIONS:
+        raise ShapeError(f"unknown activation {name!r}; known: {sorted(k for k in ACTIVATIONS if k)}")
+    names, defaults = ACTIVATIONS[name]
+    given = [float(p) for p in (node.attr("activation_params", []) or [])]
+    if len(given) > len(names):
+        raise ShapeError(f"activation {name} takes {len(names)} parameters {list(names)}, got {len(given)}")
+    return name, given + list(defaults[len(given):])
+
+
+def activation_expr(name: str, params: list[float], x: Expr) -> Expr:
+    """The activation applied to one kernel-IR value (computed in the value's dtype)."""
+    if name == "":
+        return x
+    if name == "Relu":
+        return maximum(x, 0.0)
+    if name == "Clip":
+        lo, hi = params
+        y = x
+        if lo != -math.inf:
+            y = maximum(y, lo)
+        if hi != math.inf:
+            y = minimum(y, hi)
+        return y
+    if name == "LeakyRelu":
+        return select(x < 0.0, x * params[0], x)
+    if name == "Sigmoid":
+        return 1.0 / (1.0 + unop("exp", -x))
+    if name == "HardSigmoid":
+        return maximum(minimum(x * params[0] + params[1], 1.0), 0.0)
+    if name == "HardSwish":
+        return x * maximum(minimum(x * (1.0 / 6.0) + 0.5, 1.0), 0.0)
+    if name == "SiLU":
+        return x * (1.0 / (1.0 + unop("exp", -x)))
+    if name == "Tanh":
+        return unop("tanh", x)
+    if name == "Gelu":
+        return x * 0.5 * (1.0 + unop("erf", x * (1.0 / math.sqrt(2.0))))
+    if name == "GeluTanh":
+        return x * 0.5 * (1.0 + unop("tanh", (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)))
+    raise ShapeError(f"unknown activation {name!r}")
+
+
+def activation_np(name: str, params: list[float], x: np.ndarray) -> np.ndarray:
+    """The activation on a numpy array, with the ONNX ops' semantics (dtype kept)."""
+    dt = x.dtype
+    if name == "":
+        y = x
+    elif name == "Relu":
+        y = np.maximum(x, 0)
+    elif name == "Clip":
+        y = np.minimum(np.maximum(x, dt.type(params[0])), dt.type(params[1]))
+    elif name == "LeakyRelu":
+        y = np.where(x < 0, x * dt.type(params[0]), x)
+    elif name == "Sigmoid":
+        y = 1 / (1 + np.exp(-x))
+    elif name == "HardSigmoid":
+        y = np.clip(x * dt.type(params[0]) + dt.type(params[1]), 0, 1)
+    elif name == "HardSwish":
+        y = x * np.clip(x * dt.type(1 / 6) + dt.type(0.5), 0, 1)
+    elif name == "SiLU":
+        y = x * (1 / (1 + np.exp(-x)))
+    elif name == "Tanh":
+        y = np.tanh(x)
+    elif name == "Gelu":
+        from scipy.special import erf
+        y = x * dt.type(0.5) * (1 + erf(x * dt.type(1 / math.sqrt(2))))
+    elif name == "GeluTanh":
+        y = x * dt.type(0.5) * (1 + np.tanh((x + dt.type(0.044715) * x * x * x) * dt.type(math.sqrt(2 / math.pi))))
+    else:
+        raise ShapeError(f"unknown activation {name!r}")
+    return np.asarray(y).astype(dt, copy=False)
+
+
+ACTIVATION_ATTRS = {
+    "activation": AttrSpec("string", ""),
+    "activation_params": AttrSpec("floats", []),
+}
+
+
+# ----------------------------------------------------------------------------- helpers
+def _compute_dtype(dt: DType) -> DType:
+    """Normalisation statistics are computed in f32 (ONNX stash_type=1), f64 stays f64."""
+    return DType.f64 if dt == DType.f64 else DType.f32
+
+
+def _check_float(v: Value, what: str) -> None:
+    if not v.dtype.is_float:
+        raise ShapeError(f"{what} must be a float tensor, got {v.type}")
+
+
+def _same_dtype(vals: list[tuple[str, Value]]) -> DType:
+    dts = {v.dtype for _, v in vals}
+    if len(dts) != 1:
+        raise ShapeError("inputs must share one dtype, got " + ", ".join(f"{n}: {v.dtype}" for n, v in vals))
+    return dts.pop()
+
+
+def _unidirectional(shape: tuple[int, ...], target: tuple[int, ...], what: str) -> None:
+    shape, target = tuple(shape), tuple(target)
+    if len(shape) > len(target) or any(a not in (1, b) for a, b in zip(shape[::-1], target[::-1])):
+        raise ShapeError(f"{what} of shape {list(shape)} is not unidirectionally broadcastable to {list(target)}")
+
+
+def _layernorm_np(s: np.ndarray, axis: int, eps: float, scale, bias) -> np.ndarray:
+    """ONNX LayerNormalization (stash_type=1) on numpy."""
+    ct = np.float64 if s.dtype == np.float64 else np.float32
+    axes = tuple(range(axis, s.ndim))
+    x = s.astype(ct)
+    mean = x.mean(axis=axes, keepdims=True)
+    d = x - mean
+    var = (d * d).mean(axis=axes, keepdims=True)
+    y = (d / np.sqrt(var + ct(eps))).astype(s.dtype)
+    y = y * scale
+    if bias is not None:
+        y = y + bias
+    return y.astype(s.dtype)
+
+
+def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, eps: float,
+                         addend, y, scale, bias, sum_out=None) -> None:
+    """Shared LayerNorm kernel body: per outer index, s = addend(idx) over the normalised dims is
+    stored into ``sum_out`` (or ``y`` as scratch), then mean, variance (two passes) and the
+    normalisation with scale and bias are written to ``y``."""
+    ct = _compute_dtype(y.dtype)
+    outer, inner = shape[:axis], shape[axis:]
+    n = 1
+    for d in inner:
+        n *= d
+    tmp = sum_out if sum_out is not None else y
+    acc = kb.local(ct, (1,), hint="mean")
+    var = kb.local(ct, (1,), hint="var")
+    with kb.grid(outer, kind="serial") as oidx:
+        kb.store(acc, 0, 0.0)
+        with kb.grid(inner) as iidx:
+            idx = list(oidx) + list(iidx)
+            s = as_expr(addend(idx), y.dtype)
+            kb.store(tmp, idx, s)
+            kb.store(acc, 0, acc[0] + tmp[idx].cast(ct))
+        mean = acc[0] / float(n)
+        kb.store(var, 0, 0.0)
+        with kb.grid(inner) as iidx:
+            idx = list(oidx) + list(iidx)
+            d = tmp[idx].cast(ct) - mean
+            kb.store(var, 0, var[0] + d * d)
+        inv = 1.0 / unop("sqrt", var[0] / float(n) + eps)
+        with kb.grid(inner) as iidx:
+            idx = list(oidx) + list(iidx)
+            yv = ((tmp[idx].cast(ct) - mean) * inv).cast(y.dtype) * scale.bcast(idx)
+            if bias is not None:
+                yv = yv + bias.bcast(idx)
+            kb.store(y, idx, yv)
+
+
+# ----------------------------------------------------------------------------- Attention
+@op("Attention", OpPatternKind.OPAQUE, domain=DOMAIN,
+    attrs={"scale": AttrSpec("float", None, required=True)})
+class Attention:
+    """Scaled dot-product attention: Y = Softmax(Q @ K^T * scale + mask, axis=-1) @ V.
+
+    Inputs: Q [b..., Sq, D], K [b..., Sk, D], V [b..., Sk, Dv], mask (optional, additive)
+    broadcastable to [b..., Sq, Sk]; batch dims broadcast as in MatMul. All one float dtype.
+    Output: Y [b..., Sq, Dv]. Attribute ``scale`` (required float). Means the ONNX ops
+    MatMul(Q, Transpose(K)) -> Mul(scale) -> Add(mask) -> Softmax(axis=-1) -> MatMul(., V)
+    (ONNX spec: MatMul-13, Mul-14, Add-14, Softmax-13). Raises ShapeError on rank < 2,
+    mismatched D / Sk, a mask that does not broadcast, or mixed dtypes.
+    """
+
+    def infer(node):
+        q, k, v = node.inputs[:3]
+        mask = node.input(3)
+        named = [("Q", q), ("K", k), ("V", v)] + ([("mask", mask)] if mask is not None else [])
+        dt = _same_dtype(named)
+        _check_float(q, "Q")
+        if node.attr("scale") is None:
+            raise ShapeError("attribute 'scale' is required")
+        for nm, t in named[:3]:
+            if t.type.rank < 2:
+                raise ShapeError(f"{nm} must have rank >= 2, got {t.type}")
+        sq, d = q.shape[-2:]
+        sk, dk = k.shape[-2:]
+        skv, dv = v.shape[-2:]
+        if d != dk:
+            raise ShapeError(f"Q's last dim {d} != K's last dim {dk}")
+        if sk != skv:
+            raise ShapeError(f"K has {sk} keys but V has {skv} rows")
+        batch = broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        if mask is not None:
+            ms = (1,) * max(0, 2 - mask.type.rank) + tuple(mask.shape)
+            ok = all(a in (1, b) for a, b in zip(ms[-2:], (sq, sk)))
+            if not ok:
+                raise ShapeError(f"mask of shape {list(mask.shape)} does not broadcast to scores [{sq},{sk}]")
+            batch = broadcast_shapes(batch, ms[:-2])
+        return [TensorType(dt, tuple(batch) + (sq, dv))]
+
+    def reference(node, ins):
+        q, k, v, mask = (list(ins) + [None])[:4]
+        dt = q.dtype
+        s = np.matmul(q, np.swapaxes(k, -1, -2)) * dt.type(node.attr("scale"))
+        if mask is not None:
+            s = s + mask
+        s = s - s.max(axis=-1, keepdims=True)
+        e = np.exp(s)
+        p = (e / e.sum(axis=-1, keepdims=True)).astype(dt)
+        return [np.matmul(p, v).astype(dt)]
+
+    def lower(ctx):
+        q, k, v = ctx.inputs[:3]
+        mask = ctx.inputs[3] if len(ctx.inputs) > 3 else None
+        y = ctx.outputs[0]
+        scale = float(ctx.attr("scale"))
+        ct = _compute_dtype(y.dtype)
+        batch = y.shape[:-2]
+        sq, dv = y.shape[-2:]
+        sk, d = k.shape[-2:]
+        kb = ctx.kernel()
+        scores = kb.local(ct, (sk,), hint="scores")
+        acc = kb.local(ct, (dv,), hint="out")
+        dot = kb.local(ct, (1,), hint="dot")
+        mx = kb.local(ct, (1,), hint="max")
+        tot = kb.local(ct, (1,), hint="sum")
+
+        def bidx(buf, b, rows):
+            # the batch part of buf's index against the output batch index b, plus rows
+            r = len(buf.shape) - 2
+            bb = list(b)[len(b) - r:] if r else []
+            bb = [0 if dim == 1 else i for dim, i in zip(buf.shape[:r], bb)]
+            return bb + rows
+
+        with kb.grid(batch) as b:
+            with kb.loop(sq, hint="q") as i:
+                kb.store(mx, 0, -math.inf)
+                with kb.loop(sk, hint="k") as j:
+                    kb.store(dot, 0, 0.0)
+                    with kb.loop(d, hint="d") as c:
+                        kb.store(dot, 0, dot[0] + q[bidx(q, b, [i, c])].cast(ct) * k[bidx(k, b, [j, c])].cast(ct))
+                    sc = (dot[0].cast(y.dtype) * scale)
+                    if mask is not None:
+                        sc = sc + mask.bcast(list(b) + [i, j])
+                    sc = sc.cast(ct)
+                    kb.store(scores, j, sc)
+                    kb.store(mx, 0, maximum(mx[0], sc))
+                kb.store(tot, 0, 0.0)
+                with kb.loop(sk, hint="k") as j:
+                    # expressions are trees evaluated where used: store, then read back
+                    kb.store(scores, j, unop("exp", scores[j] - mx[0]))
+                    kb.store(tot, 0, tot[0] + scores[j])
+                with kb.loop(dv, kind="vectorize", hint="d") as c:
+                    kb.store(acc, c, 0.0)
+                with kb.loop(sk, hint="k") as j:
+                    p = scores[j]
+                    with kb.loop(dv, kind="vectorize", hint="d") as c:
+                        kb.store(acc, c, acc[c] + p * v[bidx(v, b, [j, c])].cast(ct))
+                inv = 1.0 / tot[0]
+                with kb.loop(dv, kind="vectorize", hint="d") as c:
+                    kb.store(y, list(b) + [i, c], (acc[c] * inv).cast(y.dtype))
+
+    def flops(node):
+        y = node.outputs[0]
+        b = int(np.prod(y.shape[:-2], dtype=np.int64))
+        sq, dv = y.shape[-2:]
+        sk, d = node.inputs[1].shape[-2:]
+        return float(b * sq * sk * (2 * d + 2 * dv + 5))
+
+
+# ----------------------------------------------------------------------------- SkipLayerNorm
+@op("SkipLayerNormalization", OpPatternKind.OPAQUE, domain=DOMAIN,
+    attrs={"axis": AttrSpec("int", -1), "epsilon": AttrSpec("float", 1e-5)})
+class SkipLayerNormalization:
+    """Y = LayerNormalization(X + skip (+ bias), scale, B, axis, epsilon); output 1 (optional) is
+    the sum X + skip (+ bias) itself.
+
+    Inputs: X, skip, scale, B (optional), bias (optional), one float dtype; X, skip and bias
+    broadcast (numpy) to the sum's shape S; scale and B are unidirectionally broadcastable to S.
+    Outputs: Y of shape S, and optionally the sum (shape S). Statistics are computed in f32
+    (f64 for f64), as ONNX LayerNormalization with stash_type=1 (ONNX spec: Add-14,
+    LayerNormalization-17). Raises ShapeError on mixed dtypes or shapes that do not broadcast.
+    """
+
+    def infer(node):
+        x, skip, scale = node.inputs[:3]
+        bias_ln, bias = node.input(3), node.input(4)
+        named = [("X", x), ("skip", skip), ("scale", scale)]
+        named += [(n, v) for n, v in (("B", bias_ln), ("bias", bias)) if v is not None]
+        dt = _same_dtype(named)
+        _check_float(x, "X")
+        shape = broadcast_shapes(x.shape, skip.shape, *([bias.shape] if bias is not None else []))
+        norm_axis(node.attr("axis"), len(shape))
+        _unidirectional(scale.shape, shape, "scale")
+        if bias_ln is not None:
+            _unidirectional(bias_ln.shape, shape, "B")
+        t = TensorType(dt, shape)
+        return [t, t]
+
+    def reference(node, ins):
+        x, skip, scale, b, bias = (list(ins) + [None] * 5)[:5]
+        s = x + skip
+        if bias is not None:
+            s = s + bias
+        s = s.astype(x.dtype)
+        axis = norm_axis(node.attr("axis"), s.ndim)
+        return [_layernorm_np(s, axis, float(node.attr("epsilon")), scale, b), s]
+
+    def lower(ctx):
+        x, skip, scale = ctx.inputs[:3]
+        b = ctx.inputs[3] if len(ctx.inputs) > 3 else None
+        bias = ctx.inputs[4] if len(ctx.inputs) > 4 else None
+        y = ctx.outputs[0]
+        s_out = ctx.outputs[1] if len(ctx.outputs) > 1 else None
+        axis = norm_axis(ctx.attr("axis"), len(y.shape))
+
+        def addend(idx):
+            s = x.bcast(idx) + skip.bcast(idx)
+            return s + bias.bcast(idx) if bias is not None else s
+
+        kb = ctx.kernel()
+        _emit_layernorm_rows(kb, y.shape, axis, float(ctx.attr("epsilon")), addend, y, scale, b, s_out)
+
+    def flops(node):
+        return 10.0 * node.outputs[0].type.numel
+
+
+# ----------------------------------------------------------------------------- EmbedLayerNorm
+def _embed_parts(node):
+    """(gathers [(table, ids)], scale, B, addends) of an EmbedLayerNormalization node."""
+    k = int(node.attr("num_gathers"))
+    ins = node.inputs
+    if k < 1 or len(ins) < 2 * k + 1:
+        raise ShapeError(f"num_gathers={k} needs at least {2 * k + 1} inputs, got {len(ins)}")
+    gathers = [(ins[2 * i], ins[2 * i + 1]) for i in range(k)]
+    scale = ins[2 * k]
+    b = ins[2 * k + 1] if len(ins) > 2 * k + 1 else None
+    addends = [v for v in ins[2 * k + 2:] if v is not None]
+    return gathers, scale, b, addends
+
+
+@op("EmbedLayerNormalization", OpPatternKind.OPAQUE, domain=DOMAIN,
+    attrs={"num_gathers": AttrSpec("int", None, required=True), "axis": AttrSpec("int", -1),
+           "epsilon": AttrSpec("float", 1e-5)})
+class EmbedLayerNormalization:
+    """Y = LayerNormalization(Gather(table_0, ids_0) + ... + Gather(table_k-1, ids_k-1) + addends).
+
+    Inputs: ``num_gathers`` pairs (table [V_i, H...], ids int32/int64 of any shape), then scale,
+    B (optional) and any number of dense addends. Gather is on axis 0 (ONNX Gather-13, negative
+    ids count from the end; ids out of range are clamped, where ONNX leaves them undefined);
+    every term broadcasts (numpy) to the sum's shape S; scale and B are unidirectionally
+    broadcastable to S; LayerNormalization-17 with ``axis`` and ``epsilon``, statistics in f32.
+    Outputs: Y [S] and optionally the sum [S]. Raises ShapeError on mixed float dtypes,
+    non-integer ids or shapes that do not broadcast.
+    """
+
+    def infer(node):
+        gathers, scale, b, addends = _embed_parts(node)
+        named = [(f"table_{i}", t) for i, (t, _) in enumerate(gathers)] + [("scale", scale)]
+        named += [("B", b)] if b is not None else []
+        named += [(f"addend_{i}", a) for i, a in enumerate(addends)]
+        dt = _same_dtype(named)
+        _check_float(scale, "scale")
+        shapes = []
+        for i, (t, ids) in enumerate(gathers):
+            if ids.dtype not in (DType.i32, DType.i64):
+                raise ShapeError(f"ids_{i} must be int32 or int64, got {ids.type}")
+            if t.type.rank < 1:
+                raise ShapeError(f"table_{i} must have rank >= 1")
+            shapes.append(tuple(ids.shape) + tuple(t.shape[1:]))
+        shape = broadcast_shapes(*shapes, *[a.shape for a in addends])
+        norm_axis(node.attr("axis"), len(shape))
+        _unidirectional(scale.shape, shape, "scale")
+        if b is not None:
+            _unidirectional(b.shape, shape, "B")
+        t = TensorType(dt, shape)
+        return [t, t]
+
+    def reference(node, ins):
+        k = int(node.attr("num_gathers"))
+        s = None
+        for i in range(k):
+            t, ids = ins[2 * i], ins[2 * i + 1]
+            ids = np.clip(np.where(ids < 0, ids + t.shape[0], ids), 0, t.shape[0] - 1)
+            g = np.take(t, ids, axis=0)
+            s = g if s is None else s + g
+        scale = ins[2 * k]
+        b = ins[2 * k + 1] if len(ins) > 2 * k + 1 else None
+        for a in ins[2 * k + 2:]:
+            if a is not None:
+                s = s + a
+        s = s.astype(scale.dtype)
+        axis = norm_axis(node.attr("axis"), s.ndim)
+        return [_layernorm_np(s, axis, float(node.attr("epsilon")), scale, b), s]
+
+    def lower(ctx):
+        k = int(ctx.attr("num_gathers"))
+        ins = ctx.inputs
+        gathers = [(ins[2 * i], ins[2 * i + 1]) for i in range(k)]
+        scale = ins[2 * k]
+        b = ins[2 * k + 1] if len(ins) > 2 * k + 1 else None
+        addends = [a for a in ins[2 * k + 2:] if a is not None]
+        y = ctx.outputs[0]
+        s_out = ctx.outputs[1] if len(ctx.outputs) > 1 else None
+        axis = norm_axis(ctx.attr("axis"), len(y.shape))
+
+        def gather(t, ids, idx):
+            r_ids, r_t = len(ids.shape), len(t.shape) - 1
+            gshape = tuple(ids.shape) + tuple(t.shape[1:])
+            gi = list(idx)[len(idx) - len(gshape):]
+            gi = [as_expr(0) if dim == 1 else e for dim, e in zip(gshape, gi)]
+            row = ids[gi[:r_ids]] if r_ids else ids.flat(0)
+            row = row.cast(DType.i64)
+            nrow = t.shape[0]
+            row = select(row < 0, row + nrow, row)
+            row = minimum(maximum(row, 0), nrow - 1)
+            return t[[row] + gi[r_ids:r_ids + r_t]]
+
+        def addend(idx):
+            s = None
+            for t, ids in gathers:
+                g = gather(t, ids, idx)
+                s = g if s is None else s + g
+            for a in addends:
+                s = s + a.bcast(idx)
+            return s
+
+        kb = ctx.kernel()
+        _emit_layernorm_rows(kb, y.shape, axis, float(ctx.attr("epsilon")), addend, y, scale, b, s_out)
+
+    def flops(node):
+        return 10.0 * node.outputs[0].type.numel

@@ -1,0 +1,43 @@
+"""Helpers for the fusion tests: small ONNX graphs of several nodes, and compiling an IR graph
+that already contains fused ops (no frontend) to compare it with onnxruntime."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ir.graph import Graph
+from ir.types import TensorType
+from tests.oracle import np_to_onnx_type
+
+
+def graph_model(nodes: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], outputs: Sequence[str],
+                initializers: dict[str, np.ndarray] | None = None, opset: int = 17) -> onnx.ModelProto:
+    """A model of several nodes; output types come from ONNX shape inference."""
+    g_in = [helper.make_tensor_value_info(k, np_to_onnx_type(v.dtype), v.shape) for k, v in inputs.items()]
+    g_out = [helper.make_empty_tensor_value_info(o) for o in outputs]
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()]
+    g = helper.make_graph(list(nodes), "t", g_in, g_out, initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = min(m.ir_version, 10)
+    m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    inferred = {vi.name: vi for vi in list(m.graph.value_info) + list(m.graph.output)}
+    for o in m.graph.output:
+        if not o.type.HasField("tensor_type") and o.name in inferred:
+            o.CopyFrom(inferred[o.name])
+    onnx.checker.check_model(m)
+    return m
+
+
+def compile_graph(g: Graph):
+    """Lower and build an IR graph directly (no passes): fused nodes run their own kernels."""
+    from compiler.driver import build_module
+    from compiler.lower import lower_graph
+    return build_module(lower_graph(g), g, [v.name for v in g.inputs], [v.name for v in g.outputs])
+
+
+def ir_inputs(g: Graph, arrays: dict[str, np.ndarray]):
+    """Graph inputs named after ``arrays`` (in order); returns their Values."""
+    return [g.add_input(k, TensorType.of(a)) for k, a in arrays.items()]

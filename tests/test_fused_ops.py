@@ -1,0 +1,269 @@
+"""The tensorfuse-domain fused ops (ir/ops/fused.py): each against onnxruntime running the
+composition of unfused ONNX ops it stands for, both its kernel and its numpy reference."""
+import math
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from ir.builder import Builder
+from ir.graph import Graph
+from ir.registry import ShapeError, run_reference
+from ir.types import DType, TensorType
+from tests.fusion_util import compile_graph, graph_model, ir_inputs
+from tests.oracle import ort_run, rand
+
+F = "tensorfuse"
+
+
+def _check(g, out_vals, feeds, expected, rtol, atol):
+    g.outputs = list(out_vals)
+    mod = compile_graph(g)
+    got = mod.run(**feeds)
+    for i, (a, e) in enumerate(zip(got, expected)):
+        assert a.dtype == e.dtype and a.shape == e.shape, (i, a.dtype, a.shape, e.dtype, e.shape)
+        np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=f"kernel output {i}")
+    # the numpy reference means the same
+    for v, e in zip(out_vals, expected):
+        n = v.producer
+        ins = [None if x is None else (feeds[x.name] if x.name in feeds else x.data) for x in n.inputs]
+        ref = run_reference(n, ins)[n.outputs.index(v)]
+        assert ref.dtype == e.dtype and ref.shape == e.shape
+        np.testing.assert_allclose(ref, e, rtol=rtol, atol=atol, err_msg="numpy reference")
+
+
+# ----------------------------------------------------------------------------- Attention
+def _attention_onnx(q, k, v, mask, scale):
+    feeds = {"q": q, "k": k, "v": v}
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=list(range(k.ndim - 2)) + [k.ndim - 1, k.ndim - 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Mul", ["s", "scale"], ["ss"])]
+    inits = {"scale": np.array(scale, q.dtype)}
+    last = "ss"
+    if mask is not None:
+        feeds["mask"] = mask
+        nodes.append(helper.make_node("Add", ["ss", "mask"], ["sm"]))
+        last = "sm"
+    nodes += [helper.make_node("Softmax", [last], ["p"], axis=-1), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    return graph_model(nodes, feeds, ["y"], inits), feeds
+
+
+ATT_CASES = [
+    # q, k, v, mask shapes
+    ((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 4), None),
+    ((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 4), (7,)),
+    ((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 4), (2, 1, 1, 7)),
+    ((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 4), (2, 3, 5, 7)),
+    ((2, 3, 5, 8), (3, 7, 8), (1, 3, 7, 4), (5, 7)),        # batch dims broadcast
+    ((5, 8), (7, 8), (7, 6), (2, 5, 1)),                      # mask adds a batch dim
+    ((1, 1, 16), (1, 9, 16), (1, 9, 16), ()),                 # one query, scalar mask
+]
+
+
+@pytest.mark.parametrize("sq,sk,sv,sm", ATT_CASES)
+def test_attention_matches_composition(sq, sk, sv, sm):
+    q, k, v = rand(*sq), rand(*sk, seed=1), rand(*sv, seed=2)
+    mask = None if sm is None else rand(*sm, seed=3, low=-3, high=0)
+    scale = 1 / math.sqrt(sq[-1])
+    model, feeds = _attention_onnx(q, k, v, mask, scale)
+    exp = ort_run(model, feeds)
+    g = Graph()
+    ins = ir_inputs(g, feeds)
+    y = Builder(g).op("Attention", *ins, domain=F, scale=scale)
+    _check(g, [y], feeds, exp, 1e-5, 1e-5)
+
+
+def test_attention_large_negative_mask_and_f64():
+    q, k, v = rand(1, 2, 4, 8, dtype=np.float64), rand(1, 2, 6, 8, seed=1, dtype=np.float64), \
+        rand(1, 2, 6, 8, seed=2, dtype=np.float64)
+    mask = np.zeros((1, 1, 1, 6))
+    mask[..., 3:] = np.finfo(np.float64).min       # padded keys, as BERT exports do
+    model, feeds = _attention_onnx(q, k, v, mask, 0.125)
+    exp = ort_run(model, feeds)
+    g = Graph()
+    y = Builder(g).op("Attention", *ir_inputs(g, feeds), domain=F, scale=0.125)
+    _check(g, [y], feeds, exp, 1e-12, 1e-12)
+
+
+def test_attention_f16():
+    q, k, v = (rand(2, 4, 8, dtype=np.float16, seed=s) for s in range(3))
+    model, feeds = _attention_onnx(q, k, v, None, 0.3)
+    exp = ort_run(model, feeds)
+    g = Graph()
+    y = Builder(g).op("Attention", *ir_inputs(g, feeds), domain=F, scale=0.3)
+    _check(g, [y], feeds, exp, 5e-3, 5e-3)
+
+
+@pytest.mark.parametrize("sq,sk,sv,sm,msg", [
+    ((2, 4, 8), (2, 5, 7), (2, 5, 3), None, "last dim"),
+    ((2, 4, 8), (2, 5, 8), (2, 6, 3), None, "keys"),
+    ((2, 4, 8), (2, 5, 8), (2, 5, 3), (3, 5), "mask"),
+    ((8,), (5, 8), (5, 3), None, "rank"),
+    ((3, 4, 8), (2, 5, 8), (2, 5, 3), None, "broadcast"),
+])
+def test_attention_shape_errors(sq, sk, sv, sm, msg):
+    g = Graph()
+    ins = [g.add_input(n, TensorType(DType.f32, s)) for n, s in zip("qkv", (sq, sk, sv))]
+    if sm is not None:
+        ins.append(g.add_input("m", TensorType(DType.f32, sm)))
+    with pytest.raises(ShapeError, match=msg):
+        Builder(g).op("Attention", *ins, domain=F, scale=1.0)
+
+
+def test_attention_needs_scale_and_one_dtype():
+    g = Graph()
+    q = g.add_input("q", TensorType(DType.f32, (4, 8)))
+    k = g.add_input("k", TensorType(DType.f16, (4, 8)))
+    with pytest.raises(ShapeError, match="scale"):
+        Builder(g).op("Attention", q, q, q, domain=F)
+    with pytest.raises(ShapeError, match="dtype"):
+        Builder(g).op("Attention", q, k, q, domain=F, scale=1.0)
+
+
+# ----------------------------------------------------------------------------- SkipLayerNorm
+def _skip_ln_onnx(x, skip, bias, scale, beta, axis, eps, with_sum):
+    feeds = {"x": x, "skip": skip}
+    nodes = [helper.make_node("Add", ["x", "skip"], ["s0"])]
+    inits = {"scale": scale}
+    s = "s0"
+    if bias is not None:
+        inits["bias"] = bias
+        nodes.append(helper.make_node("Add", ["s0", "bias"], ["s1"]))
+        s = "s1"
+    ln_in = [s, "scale"]
+    if beta is not None:
+        inits["beta"] = beta
+        ln_in.append("beta")
+    nodes.append(helper.make_node("LayerNormalization", ln_in, ["y"], axis=axis, epsilon=eps))
+    outs = ["y"]
+    if with_sum:
+        nodes.append(helper.make_node("Identity", [s], ["sum"]))
+        outs.append("sum")
+    return graph_model(nodes, feeds, outs, inits), feeds, inits
+
+
+SKIP_CASES = [
+    # x, skip, bias, scale, beta, axis
+    ((2, 3, 8), (2, 3, 8), None, (8,), (8,), -1),
+    ((2, 3, 8), (2, 3, 8), (8,), (8,), (8,), -1),
+    ((2, 3, 8), (3, 8), (8,), (8,), None, -1),          # skip broadcasts, no LayerNorm bias
+    ((2, 3, 8), (2, 3, 8), None, (3, 8), (1, 8), 1),    # normalise over two axes
+    ((4, 6), (1, 6), None, (4, 1), None, -1),           # scale broadcasts to X (unidirectional)
+    ((2, 3, 8), (2, 3, 8), None, (8,), (8,), 0),        # whole tensor
+]
+
+
+@pytest.mark.parametrize("with_sum", [False, True])
+@pytest.mark.parametrize("sx,ss,sb,sg,sbeta,axis", SKIP_CASES)
+def test_skip_layernorm_matches_composition(sx, ss, sb, sg, sbeta, axis, with_sum):
+    x, skip = rand(*sx), rand(*ss, seed=1)
+    bias = None if sb is None else rand(*sb, seed=2)
+    scale, beta = rand(*sg, seed=3), None if sbeta is None else rand(*sbeta, seed=4)
+    model, feeds, inits = _skip_ln_onnx(x, skip, bias, scale, beta, axis, 1e-5, with_sum)
+    exp = ort_run(model, feeds)
+    g = Graph()
+    b = Builder(g)
+    xi, si = ir_inputs(g, feeds)
+    outs = b.op("SkipLayerNormalization", xi, si, b.const(scale), None if beta is None else b.const(beta),
+                None if bias is None else b.const(bias), domain=F, axis=axis, epsilon=1e-5,
+                num_outputs=2 if with_sum else 1)
+    _check(g, outs if with_sum else [outs], feeds, exp, 1e-4, 1e-5)
+
+
+def test_skip_layernorm_f16_and_tiny_eps():
+    x, skip = rand(2, 16, dtype=np.float16), rand(2, 16, dtype=np.float16, seed=1)
+    scale, beta = rand(16, dtype=np.float16, seed=2), rand(16, dtype=np.float16, seed=3)
+    model, feeds, _ = _skip_ln_onnx(x, skip, None, scale, beta, -1, 1e-12, False)
+    exp = ort_run(model, feeds)
+    g = Graph()
+    b = Builder(g)
+    y = b.op("SkipLayerNormalization", *ir_inputs(g, feeds), b.const(scale), b.const(beta), domain=F,
+             epsilon=1e-12)
+    _check(g, [y], feeds, exp, 5e-3, 5e-3)
+
+
+def test_skip_layernorm_shape_errors():
+    g = Graph()
+    x = g.add_input("x", TensorType(DType.f32, (2, 8)))
+    bad = g.add_input("s", TensorType(DType.f32, (3, 8)))
+    sc = g.add_input("g", TensorType(DType.f32, (8,)))
+    with pytest.raises(ShapeError, match="broadcast"):
+        Builder(g).op("SkipLayerNormalization", x, bad, sc, domain=F)
+    wide = g.add_input("w", TensorType(DType.f32, (4,)))
+    with pytest.raises(ShapeError, match="scale"):
+        Builder(g).op("SkipLayerNormalization", x, x, wide, domain=F)
+    with pytest.raises(ShapeError, match="axis"):
+        Builder(g).op("SkipLayerNormalization", x, x, sc, domain=F, axis=2)
+
+
+# ----------------------------------------------------------------------------- EmbedLayerNorm
+def _embed_onnx(tables, ids, addends, scale, beta, eps, with_sum):
+    feeds, inits, nodes = {}, {"scale": scale}, []
+    terms = []
+    for i, (t, d) in enumerate(zip(tables, ids)):
+        inits[f"table{i}"] = t
+        feeds[f"ids{i}"] = d
+        nodes.append(helper.make_node("Gather", [f"table{i}", f"ids{i}"], [f"g{i}"], axis=0))
+        terms.append(f"g{i}")
+    for i, a in enumerate(addends):
+        inits[f"add{i}"] = a
+        terms.append(f"add{i}")
+    s = terms[0]
+    for i, t in enumerate(terms[1:]):
+        nodes.append(helper.make_node("Add", [s, t], [f"s{i}"]))
+        s = f"s{i}"
+    ln_in = [s, "scale"]
+    if beta is not None:
+        inits["beta"] = beta
+        ln_in.append("beta")
+    nodes.append(helper.make_node("LayerNormalization", ln_in, ["y"], axis=-1, epsilon=eps))
+    outs = ["y"]
+    if with_sum:
+        nodes.append(helper.make_node("Identity", [s], ["sum"]))
+        outs.append("sum")
+    return graph_model(nodes, feeds, outs, inits), feeds, inits
+
+
+@pytest.mark.parametrize("id_dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("with_sum", [False, True])
+def test_embed_layernorm_bert_form(id_dtype, with_sum):
+    word, tt, pos = rand(50, 16), rand(2, 16, seed=1), rand(10, 16, seed=2)
+    ids = rand(2, 10, dtype=id_dtype, low=-50, high=49, seed=3)      # negative ids count from the end
+    tts = rand(2, 10, dtype=id_dtype, low=0, high=1, seed=4)
+    scale, beta = rand(16, seed=5), rand(16, seed=6)
+    model, feeds, inits = _embed_onnx([word, tt], [ids, tts], [pos], scale, beta, 1e-12, with_sum)
+    exp = ort_run(model, feeds)
+    g = Graph()
+    b = Builder(g)
+    i0, i1 = ir_inputs(g, feeds)
+    outs = b.op("EmbedLayerNormalization", b.const(word), i0, b.const(tt), i1, b.const(scale), b.const(beta),
+                b.const(pos), domain=F, num_gathers=2, epsilon=1e-12, num_outputs=2 if with_sum else 1)
+    _check(g, outs if with_sum else [outs], feeds, exp, 1e-4, 1e-5)
+
+
+def test_embed_layernorm_one_gather_nd_table_no_beta():
+    table = rand(7, 3, 4)                          # each id selects a [3,4] block
+    ids = rand(5, dtype=np.int64, low=0, high=6)
+    scale = rand(3, 4, seed=1)
+    g = Graph()
+    b = Builder(g)
+    (iv,) = ir_inputs(g, {"ids0": ids})
+    y = b.op("EmbedLayerNormalization", b.const(table), iv, b.const(scale), domain=F, num_gathers=1, axis=1)
+    g.outputs = [y]
+    got = compile_graph(g).run(ids0=ids)[0]
+    s = table[ids].astype(np.float64)
+    m = s.mean(axis=(1, 2), keepdims=True)
+    exp = (s - m) / np.sqrt(((s - m) ** 2).mean(axis=(1, 2), keepdims=True) + 1e-5) * scale
+    np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-5)
+
+
+def test_embed_layernorm_errors():
+    g = Graph()
+    t = g.add_input("t", TensorType(DType.f32, (5, 4)))
+    fid = g.add_input("f", TensorType(DType.f32, (3,)))
+    sc = g.add_input("g", TensorType(DType.f32, (4,)))
+    with pytest.raises(ShapeError, match="int32 or int64"):
+        Builder(g).op("EmbedLayerNormalization", t, fid, sc, domain=F, num_gathers=1)
+    iid = g.add_input("i", TensorType(DType.i64, (3,)))
+    with pytest.raises(ShapeError, match="num_gathers"):
+        Builder(g).op("EmbedLayerNormalization", t, iid, sc, domain=F, num_gathers=2)
