@@ -27,3 +27,9 @@ class Target:
 
     def __str__(self) -> str:
         return " ".join((self.kind,) + self.options)
+
+
+def cuda_available() -> bool:
+    """True when the cuda target can run here: a GPU through numba.cuda, or its simulator
+    (NUMBA_ENABLE_CUDASIM=1). The cuda code generator is not part of this release yet."""
+    return False

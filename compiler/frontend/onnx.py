@@ -174,6 +174,17 @@ def unsupported_ops(proto: onnx.ModelProto) -> dict[str, list[str]]:
     return missing
 
 
+def _upgrade_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """Models older than opset 7 go through onnx.version_converter to opset 7, the oldest whose
+    semantics our importers implement (opset 6 -> 7 changed broadcasting and little else)."""
+    import onnx.version_converter
+    try:
+        return onnx.version_converter.convert_version(proto, MIN_OPSET)
+    except Exception as e:
+        raise UnsupportedModelError(f"default-domain opset {opset} is older than {MIN_OPSET} and "
+                                    f"onnx.version_converter could not upgrade it: {str(e)[:300]}") from None
+
+
 def _constant_node_value(proto: onnx.NodeProto) -> np.ndarray:
     a = proto.attribute[0]
     v = attr_value(a)
@@ -196,6 +207,8 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
     if check:
         _check(proto)
     opset = opset_of(proto)
+    if 1 <= opset < MIN_OPSET:
+        proto, opset = _upgrade_opset(proto, opset), MIN_OPSET
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise UnsupportedModelError(f"default-domain opset {opset} is outside the supported range "
                                     f"{MIN_OPSET}..{MAX_OPSET}")

@@ -1,0 +1,84 @@
+"""The ONNX backend test suite through the standard interface (``onnx.backend.test.BackendTest``).
+
+By default the *core subset* runs: tests whose graph inputs and outputs are all float32, int64 or
+bool tensors (as ``../shared/tools/onnx_conformance.py --only-float32`` selects them), over the
+node, simple, pytorch-converted, pytorch-operator and real (light model zoo) categories.
+``TENSORFUSE_BACKEND_ALL=1`` runs every test. Tests listed in ``onnx_backend_excludes.txt`` are
+excluded, each with its reason there. CUDA variants skip until the cuda target exists.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import tempfile
+import warnings
+
+import onnx
+import onnx.backend.test
+import pytest
+from onnx.backend.test.loader import load_model_tests
+
+from compiler.backend import TensorfuseBackend
+
+HERE = pathlib.Path(__file__).resolve().parent
+CORE_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.BOOL}
+KINDS = ("node", "simple", "pytorch-converted", "pytorch-operator", "real")
+
+# onnx's runner caches light models under $ONNX_HOME; keep that out of the user's home
+os.environ.setdefault("ONNX_HOME", os.path.join(tempfile.gettempdir(), "tensorfuse-onnx-home"))
+
+
+def _is_core(model: onnx.ModelProto | None) -> bool:
+    if model is None:                      # real/: light models with float32 inputs and outputs
+        return True
+    inits = {t.name for t in model.graph.initializer}
+    vis = [i for i in model.graph.input if i.name not in inits] + list(model.graph.output)
+    for vi in vis:
+        if vi.type.WhichOneof("value") != "tensor_type" or vi.type.tensor_type.elem_type not in CORE_TYPES:
+            return False
+    return True
+
+
+def read_excludes(path: pathlib.Path = HERE / "onnx_backend_excludes.txt") -> dict[str, str]:
+    """{test-name regex: reason} from the exclude file (``regex  # reason`` per line)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        pat, _, reason = line.partition("#")
+        if not reason.strip():
+            raise ValueError(f"exclude {pat.strip()!r} has no reason in {path.name}")
+        out[pat.strip()] = reason.strip()
+    return out
+
+
+def _non_core_names() -> list[str]:
+    names = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for kind in KINDS:
+            for case in load_model_tests(kind=kind):
+                if not _is_core(case.model):
+                    names.append(case.name)
+    return names
+
+
+backend_test = onnx.backend.test.BackendTest(TensorfuseBackend, __name__)
+for _pattern in read_excludes():
+    backend_test.exclude(_pattern)
+if os.environ.get("TENSORFUSE_BACKEND_ALL") != "1":
+    for _name in _non_core_names():
+        backend_test.exclude(rf"^{re.escape(_name)}_(cpu|cuda)$")
+
+globals().update(backend_test.test_cases)
+
+
+def test_every_exclude_has_a_reason_and_matches_a_test():
+    excludes = read_excludes()
+    names = set()
+    for cat in backend_test._test_items.values():
+        names.update(cat)
+    for pat in excludes:
+        assert any(re.search(pat, n) for n in names), f"exclude {pat!r} matches no test"
