@@ -1,0 +1,351 @@
+"""Convolutions: Conv, ConvTranspose, ConvInteger (ONNX operator spec, sections "Conv",
+"ConvTranspose", "ConvInteger"; IR semantics are those of Conv-22 / ConvTranspose-22 /
+ConvInteger-10).
+
+Layout is NCHW generalised to N-D: X is [N, C, D1, ..., Dn], W is [M, C/group, k1, ..., kn]
+(ConvTranspose: [C, M/group, k1, ..., kn]). The geometry helpers here (:func:`conv_geometry`,
+:func:`window_lo`, :func:`window_hi`) are shared with the pooling ops.
+
+Kernels are built row by row: for each (n, output channel) and each output row (all output
+spatial dims but the last), a local accumulator holds a row of outputs; the reduction over
+(input channel, kernel taps) runs outside, and the innermost loop walks the contiguous output
+columns, its range clamped so that no padding test runs per element. Bias and the fused
+epilogue (``ctx.apply_epilogue``) are applied once per element before its single store.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum
+from ir.lowering import LowerCtx
+from ir.ops._common import present
+from ir.registry import OpPatternKind, ShapeError, op
+from ir.types import DType, TensorType
+
+FLOAT_TYPES = (DType.f16, DType.f32, DType.f64, DType.bf16)
+AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+#: longest output row accumulated in one local buffer (longer rows are tiled)
+ROW_TILE = 512
+
+
+# ----------------------------------------------------------------------------- geometry
+def ints_attr(node, name: str, n: int, default: int, what: str | None = None) -> list[int]:
+    """An ints attribute of length ``n`` (the spatial rank), or ``[default] * n`` if absent."""
+    v = node.attr(name)
+    if v is None or (len(v) == 0 and n > 0 and name != "pads"):
+        return [default] * n
+    v = [int(x) for x in v]
+    if len(v) != n:
+        raise ShapeError(f"{what or name} has {len(v)} values, expected {n} (one per spatial dim)")
+    return v
+
+
+def conv_pads(node, nsp: int) -> list[int]:
+    """The ``pads`` attribute as [begin..., end...] (2 * nsp values), zeros when absent."""
+    v = node.attr("pads")
+    if v is None or len(v) == 0:
+        return [0] * (2 * nsp)
+    v = [int(x) for x in v]
+    if len(v) != 2 * nsp:
+        raise ShapeError(f"pads has {len(v)} values, expected {2 * nsp} (begin and end per spatial dim)")
+    if any(p < 0 for p in v):
+        raise ShapeError(f"pads must be non-negative, got {v}")
+    return v
+
+
+@dataclass
+class Geometry:
+    """Resolved sliding-window geometry per spatial dim: kernel extent, stride, dilation,
+    padding at begin/end, input and output sizes."""
+
+    kernel: list[int]
+    strides: list[int]
+    dilations: list[int]
+    pads_begin: list[int]
+    pads_end: list[int]
+    in_shape: list[int]
+    out_shape: list[int]
+
+    @property
+    def rank(self) -> int:
+        return len(self.kernel)
+
+
+def conv_geometry(node, in_sp: Sequence[int], kernel: Sequence[int], *, ceil_mode: bool = False,
+                  pool: bool = False) -> Geometry:
+    """Output size and effective pads of a sliding window op (Conv, pools).
+
+    auto_pad NOTSET: out = floor_or_ceil((in + pb + pe - ((k-1)*d + 1)) / s) + 1; with
+    ``ceil_mode`` the last window must start inside the input or the left padding (ONNX
+    MaxPool/AveragePool spec). VALID: as NOTSET with zero pads. SAME_UPPER / SAME_LOWER:
+    out = ceil(in / s) and total padding max(0, (out-1)*s + (k-1)*d + 1 - in), the odd unit
+    at the end (UPPER) or the beginning (LOWER). Raises ShapeError on bad attributes or an
+    empty output.
+    """
+    nsp = len(in_sp)
+    strides = ints_attr(node, "strides", nsp, 1)
+    dil = ints_attr(node, "dilations", nsp, 1)
+    if any(s <= 0 for s in strides):
+        raise ShapeError(f"strides must be positive, got {strides}")
+    if any(d <= 0 for d in dil):
+        raise ShapeError(f"dilations must be positive, got {dil}")
+    if any(k <= 0 for k in kernel):
+        raise ShapeError(f"kernel_shape must be positive, got {list(kernel)}")
+    auto_pad = node.attr("auto_pad", "NOTSET") or "NOTSET"
+    if auto_pad not in AUTO_PADS:
+        raise ShapeError(f"auto_pad must be one of {AUTO_PADS}, got {auto_pad!r}")
+    pb, pe, out = [], [], []
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        for i in range(nsp):
+            o = -(-in_sp[i] // strides[i])
+            total = max(0, (o - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - in_sp[i])
+            small, big = total // 2, total - total // 2
+            pb.append(small if auto_pad == "SAME_UPPER" else big)
+            pe.append(big if auto_pad == "SAME_UPPER" else small)
+            out.append(o)
+    else:
+        pads = conv_pads(node, nsp) if auto_pad == "NOTSET" else [0] * (2 * nsp)
+        pb, pe = pads[:nsp], pads[nsp:]
+        for i in range(nsp):
+            span = in_sp[i] + pb[i] + pe[i] - ((kernel[i] - 1) * dil[i] + 1)
+            if span < 0:
+                raise ShapeError(f"spatial dim {i}: the (dilated) kernel extent {(kernel[i] - 1) * dil[i] + 1} "
+                                 f"exceeds the padded input size {in_sp[i] + pb[i] + pe[i]}")
+            if ceil_mode:
+                o = -(-span // strides[i]) + 1
+                if (o - 1) * strides[i] >= in_sp[i] + pb[i]:
+                    o -= 1
+            else:
+                o = span // strides[i] + 1
+            out.append(o)
+    if any(o <= 0 for o in out):
+        raise ShapeError(f"output spatial shape {out} is empty")
+    return Geometry(list(kernel), strides, dil, pb, pe, list(in_sp), out)
+
+
+def _cdiv(numer, den: int):
+    """ceil(numer / den) for den > 0; exact for ints, and for Exprs whenever the caller clamps
+    the result below at 0 (C division truncates toward zero)."""
+    if isinstance(numer, int):
+        return -(-numer // den)
+    return numer if den == 1 else (numer + (den - 1)) / den
+
+
+def window_lo(numer, den: int):
+    """max(0, ceil(numer / den)): first index t >= 0 with t*den >= numer."""
+    c = _cdiv(numer, den)
+    return max(0, c) if isinstance(c, int) else maximum(c, 0)
+
+
+def window_hi(numer, den: int, cap):
+    """min(cap, ceil(numer / den)): end of the range t*den < numer, capped. Correct whenever
+    the range starts at >= 0 (a negative result only means an empty range)."""
+    c = _cdiv(numer, den)
+    if isinstance(c, int) and isinstance(cap, int):
+        return min(cap, c)
+    return minimum(as_expr(c), cap) if isinstance(c, Expr) else minimum(as_expr(cap), c)
+
+
+def flat_offset(shape: Sequence[int], idx: Sequence) -> Expr:
+    """Row-major flat offset of ``idx`` (ints or Exprs) in a tensor of ``shape``."""
+    off = as_expr(0)
+    for d, i in zip(shape, idx):
+        off = off * d + i
+    return off
+
+
+# ----------------------------------------------------------------------------- Conv
+def _check_float(node, v, what: str) -> None:
+    if v.dtype not in FLOAT_TYPES:
+        raise ShapeError(f"{what} has dtype {v.dtype}; {node.op} takes f16, bf16, f32 or f64")
+
+
+def conv_kernel_shape(node, w_shape: Sequence[int]) -> list[int]:
+    """kernel_shape attribute, else W's spatial dims; ShapeError if they disagree."""
+    ks = node.attr("kernel_shape")
+    wk = [int(d) for d in w_shape[2:]]
+    if ks is None or len(ks) == 0:
+        return wk
+    ks = [int(k) for k in ks]
+    if ks != wk:
+        raise ShapeError(f"kernel_shape {ks} does not match W's spatial dims {wk}")
+    return ks
+
+
+def conv_geometry_of(node) -> Geometry:
+    """Geometry of a Conv/ConvInteger node from its X and W types (after validation)."""
+    x, w = node.inputs[0], node.inputs[1]
+    return conv_geometry(node, x.shape[2:], conv_kernel_shape(node, w.shape))
+
+
+def _infer_conv_shape(node, x, w, b) -> tuple[int, ...]:
+    if x.type.rank < 3:
+        raise ShapeError(f"X must be [N, C, D1, ...] with at least one spatial dim, got {list(x.shape)}")
+    if w.type.rank != x.type.rank:
+        raise ShapeError(f"W has rank {w.type.rank}, X has rank {x.type.rank}; they must match")
+    group = int(node.attr("group", 1))
+    if group <= 0:
+        raise ShapeError(f"group must be positive, got {group}")
+    n, c = x.shape[:2]
+    m, cg = w.shape[:2]
+    if c != cg * group:
+        raise ShapeError(f"X has {c} channels but W expects {cg} per group x {group} groups = {cg * group}")
+    if m % group:
+        raise ShapeError(f"W's {m} output channels are not divisible by group={group}")
+    if b is not None and tuple(b.shape) != (m,):
+        raise ShapeError(f"B must have shape [{m}] (one bias per output channel), got {list(b.shape)}")
+    geo = conv_geometry_of(node)
+    return (n, m, *geo.out_shape)
+
+
+def conv_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, group: int, geo: Geometry,
+                   acc_dtype=None) -> np.ndarray:
+    """Direct N-D grouped convolution in numpy (accumulates in ``acc_dtype``)."""
+    acc_dtype = np.dtype(acc_dtype or (np.float64 if x.dtype == np.float64 else np.float32))
+    nsp = geo.rank
+    n, c = x.shape[:2]
+    m = w.shape[0]
+    cg, mg = c // group, m // group
+    pad = [(0, 0), (0, 0)]
+    for i in range(nsp):
+        # explicit end padding may be larger than needed or cut off by floor division
+        need = (geo.out_shape[i] - 1) * geo.strides[i] + (geo.kernel[i] - 1) * geo.dilations[i] + 1
+        pad.append((geo.pads_begin[i], max(0, need - geo.in_shape[i] - geo.pads_begin[i])))
+    xp = np.pad(x.astype(acc_dtype), pad)
+    xg = xp.reshape(n, group, cg, *xp.shape[2:])
+    wg = w.astype(acc_dtype).reshape(group, mg, cg, *w.shape[2:])
+    y = np.zeros((n, group, mg, *geo.out_shape), acc_dtype)
+    for k in np.ndindex(*geo.kernel):
+        sl = tuple(slice(k[i] * geo.dilations[i],
+                         k[i] * geo.dilations[i] + (geo.out_shape[i] - 1) * geo.strides[i] + 1,
+                         geo.strides[i]) for i in range(nsp))
+        xs = xg[(slice(None), slice(None), slice(None)) + sl]          # [n, g, cg, out...]
+        wk = wg[(slice(None), slice(None), slice(None)) + tuple(k)]    # [g, mg, cg]
+        y += np.einsum("ngc...,gmc->ngm...", xs, wk)
+    y = y.reshape(n, m, *geo.out_shape)
+    if b is not None:
+        y += b.astype(acc_dtype).reshape(1, m, *([1] * nsp))
+    return y
+
+
+def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, group: int,
+              geo: Geometry, *, acc_dtype: DType | None = None,
+              load_x: Callable[[Expr, Expr], Expr] | None = None,
+              load_w: Callable[[Expr, Expr], Expr] | None = None,
+              finish: Callable[[Expr, Expr], Expr] | None = None,
+              params: list[Buffer] | None = None) -> KernelBuilder:
+    """Emit one kernel computing y = conv(x, w) (+ b), then the fused epilogue, for an N-D
+    grouped convolution with resolved geometry ``geo`` (reusable by fused variants).
+
+    Loop nest: parallel over (n, oc); serial over output rows (all spatial dims but the last)
+    and tiles of ``ROW_TILE`` columns; a local row accumulator of ``acc_dtype`` (default: x's
+    float type, f32 for f16/bf16); reduction over (ic, kernel taps) with clamped tap ranges;
+    innermost the output columns. ``load_x(value, c)`` / ``load_w(value, oc)`` convert loaded
+    elements to ``acc_dtype`` (ConvInteger subtracts zero points there; ``c`` is the input
+    channel); ``finish(acc, oc)`` turns the accumulator (bias added) into y's dtype.
+    """
+    if acc_dtype is None:
+        acc_dtype = DType.f32 if x.dtype in (DType.f16, DType.bf16) else x.dtype
+    load_x = load_x or (lambda v, c: v.cast(acc_dtype))
+    load_w = load_w or (lambda v, oc: v.cast(acc_dtype))
+    finish = finish or (lambda v, oc: v.cast(y.dtype))
+    nsp = geo.rank
+    n_, c_ = x.shape[:2]
+    m_ = y.shape[1]
+    cg, mg = c_ // group, m_ // group
+    out, ins = geo.out_shape, geo.in_shape
+    ow_n = out[-1]
+    tile = min(ow_n, ROW_TILE)
+    kb = ctx.kernel(params=params)
+    acc = kb.local(acc_dtype, (tile,), hint="row")
+    s_l, d_l, p_l, k_l = geo.strides[-1], geo.dilations[-1], geo.pads_begin[-1], geo.kernel[-1]
+    with kb.loop(n_ * m_, kind="parallel", hint="nm") as nm:
+        n = nm / m_ if m_ > 1 else nm
+        oc = nm % m_ if m_ > 1 else as_expr(0)
+        g = oc / mg if group > 1 else as_expr(0)
+        with kb.grid(out[:-1]) as orow, _tiles(kb, ow_n, tile) as (ow0, tw):
+            with kb.loop(tw, kind="vectorize", hint="j") as j:
+                kb.store(acc, j, as_expr(0, acc_dtype))
+            with kb.loop(cg, hint="ic") as ic:
+                c = g * cg + ic if group > 1 else ic
+                taps, irow = [], []
+                st = contextlib.ExitStack()
+                for d in range(nsp - 1):
+                    o0 = orow[d] * geo.strides[d] - geo.pads_begin[d]     # input index of tap 0
+                    lo = window_lo(-o0, geo.dilations[d])
+                    hi = window_hi(ins[d] - o0, geo.dilations[d], geo.kernel[d])
+                    kd = st.enter_context(kb.loop(hi, start=lo, hint=f"k{d}_"))
+                    taps.append(kd)
+                    irow.append(o0 + kd * geo.dilations[d])
+                with st, kb.loop(k_l, hint="kw") as kw:
+                    off = kw * d_l - p_l                                   # iw = ow*s + off
+                    lo = maximum(window_lo(-off, s_l), ow0) if tile < ow_n else window_lo(-off, s_l)
+                    hi = window_hi(ins[-1] - off, s_l, ow0 + tw if tile < ow_n else ow_n)
+                    wv = load_w(w[[oc, ic, *taps, kw]], oc)
+                    xrow = flat_offset(x.shape, [n, c, *irow, 0])
+                    with kb.loop(hi, start=lo, kind="vectorize", hint="ow") as ow:
+                        a = ow - ow0 if tile < ow_n else ow
+                        kb.store(acc, a, acc[a] + wv * load_x(x.flat(xrow + ow * s_l + off), c))
+            with kb.loop(tw, kind="vectorize", hint="j") as j:
+                v = acc[j]
+                if b is not None:
+                    v = v + b[oc].cast(acc_dtype)
+                idx = [n, oc, *orow, ow0 + j if tile < ow_n else j]
+                kb.store(y, idx, ctx.apply_epilogue(finish(v, oc), idx))
+    return kb
+
+
+@contextlib.contextmanager
+def _tiles(kb: KernelBuilder, n: int, tile: int):
+    """A loop over column tiles when a row is longer than ``tile``; yields (tile start, tile
+    width) as Exprs (constants when there is one tile)."""
+    if tile >= n:
+        yield as_expr(0), as_expr(n)
+        return
+    with kb.loop(-(-n // tile), hint="t") as t:
+        ow0 = t * tile
+        yield ow0, minimum(as_expr(tile), n - ow0)
+
+
+def conv_flops(node) -> float:
+    x, w = node.inputs[0], node.inputs[1]
+    y = node.outputs[0]
+    macs = y.type.numel * (x.shape[1] // int(node.attr("group", 1))) * math.prod(w.shape[2:])
+    return 2.0 * macs + (y.type.numel if node.input(2) is not None else 0)
+
+
+@op("Conv", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+class Conv:
+    """N-D grouped convolution. ONNX spec: Conv-22 (same semantics since Conv-1).
+
+    Inputs: X [N, C, D1..Dn], W [M, C/group, k1..kn], optional B [M]; all one float dtype
+    (f16, bf16, f32, f64). Output Y [N, M, O1..On] with O from pads/auto_pad/strides/dilations
+    (see :func:`conv_geometry`); kernel_shape defaults to W's spatial dims. Raises ShapeError
+    for mismatched ranks, channels not matching group, bad attribute lengths, an empty output.
+    """
+
+    def infer(node):
+        x, w, b = node.input(0), node.input(1), node.input(2)
+        for v, what in ((x, "X"), (w, "W"), (b, "B")):
+            if v is not None:
+                _check_float(node, v, what)
+                if v.dtype != x.dtype:
+                    raise ShapeError(f"{what} has dtype {v.dtype}, X has {x.dtype}; they must match")
+        return [TensorType(x.dtype, _infer_conv_shape(node, x, w, b))]
+
+    def reference(node, ins):
+        x, w, b = ins[0], ins[1], ins[2] if len(ins) > 2 else None
+        geo = conv_geometry_of(node)
+        return [conv_reference(x, w, b, int(node.attr("group", 1)), geo).astype(x.dtype)]
+
+    def lower(ctx):
+        x, w = ctx.inputs[0], ctx.inputs[1]
+        b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+        emit_conv(ctx, x, w, b, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node))
+
+    flops = conv_flops

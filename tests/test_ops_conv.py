@@ -1,0 +1,179 @@
+"""Conv, ConvTranspose and ConvInteger against onnxruntime (ONNX spec sections "Conv",
+"ConvTranspose", "ConvInteger"): every attribute at small sizes, older opsets, the numpy
+references, and the errors for invalid nodes."""
+import numpy as np
+import onnx
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+import compiler
+from compiler.errors import UnsupportedModelError
+from ir.builder import Builder
+from ir.graph import Graph
+from ir.registry import ShapeError, get_op, run_reference
+from ir.types import TensorType
+from tests.oracle import assert_matches_ort, node_model, ort_run, rand
+
+RT, AT = 1e-4, 1e-5
+
+
+def _ref(op, arrays, **attrs):
+    """Run the registry's numpy reference on a one-node graph."""
+    g = Graph()
+    b = Builder(g)
+    ins = [None if a is None else g.add_input(f"x{i}", TensorType.of(a)) for i, a in enumerate(arrays)]
+    out = b.op(op, *ins, **attrs)
+    node = (out[0] if isinstance(out, list) else out).producer
+    return run_reference(node, list(arrays)), node
+
+
+def _check(op, xs, attrs, opset=17, rtol=RT, atol=AT, consts=None, opt_levels=(0, 2), oracle="ort",
+           outputs=("y",)):
+    """Compile and compare with onnxruntime (or onnx.reference where onnxruntime lacks the
+    case: ``oracle="ref"``); ``xs`` are the node's inputs in order (None: omitted)."""
+    names = [f"i{k}" if a is not None else "" for k, a in enumerate(xs)]
+    inputs = {n: a for n, a in zip(names, xs) if a is not None and not (consts and n in consts)}
+    inits = {n: a for n, a in zip(names, xs) if a is not None and consts and n in consts}
+    m = node_model(op, inputs, attrs, opset=opset, initializers=inits, input_names=names, outputs=outputs)
+    if oracle == "ort":
+        return assert_matches_ort(m, inputs, rtol=rtol, atol=atol, opt_levels=opt_levels)
+    expected = ReferenceEvaluator(m).run(None, inputs)
+    for lvl in opt_levels:
+        got = compiler.compile(m, opt_level=lvl).run(**inputs)
+        for g, e in zip(got, expected):
+            assert g.dtype == e.dtype and g.shape == e.shape, f"O{lvl}: {g.dtype}{g.shape} vs {e.dtype}{e.shape}"
+            np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"O{lvl}")
+    return got
+
+
+def _u(*shape, seed=0, dtype=np.float32):
+    return rand(*shape, seed=seed, dtype=dtype, low=-1, high=1)
+
+
+# ----------------------------------------------------------------------------- Conv
+CONV_CASES = [
+    # (x shape, w shape, attrs, with bias)
+    ((1, 3, 7, 8), (4, 3, 3, 3), {}, True),
+    ((2, 3, 7, 8), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, False),
+    ((1, 2, 9, 7), (3, 2, 3, 2), {"pads": [0, 2, 1, 0]}, True),                 # asymmetric
+    ((1, 2, 9, 9), (3, 2, 3, 3), {"strides": [2, 3], "pads": [1, 1, 1, 1]}, True),
+    ((1, 2, 10, 11), (3, 2, 3, 3), {"dilations": [2, 3], "pads": [2, 1, 0, 3]}, True),
+    ((1, 2, 12, 12), (3, 2, 3, 3), {"dilations": [2, 2], "strides": [2, 3], "pads": [1, 2, 2, 1]}, False),
+    ((1, 4, 6, 6), (6, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, True),
+    ((2, 6, 7, 7), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1], "strides": [2, 2]}, True),  # depthwise
+    ((1, 4, 5, 5), (8, 1, 3, 3), {"group": 4}, False),                          # depthwise multiplier 2
+    ((1, 3, 5, 6), (4, 3, 1, 1), {}, True),                                     # 1x1
+    ((1, 3, 5, 6), (4, 3, 1, 1), {"strides": [2, 2]}, True),
+    ((1, 3, 4, 4), (2, 3, 5, 5), {"pads": [2, 2, 2, 2]}, True),                 # kernel wider than input
+    ((1, 2, 3, 3), (2, 2, 3, 3), {"pads": [3, 3, 3, 3]}, True),                 # rows of pure padding
+    ((1, 2, 8, 8), (3, 2, 3, 3), {"pads": [0, 0, 3, 4], "strides": [3, 3]}, True),  # end pads partly unused
+    ((1, 3, 7, 8), (4, 3, 3, 3), {"kernel_shape": [3, 3], "pads": [1, 0, 1, 0]}, True),
+    # 1-D and 3-D
+    ((2, 3, 17), (4, 3, 3), {"pads": [1, 2]}, True),
+    ((1, 4, 20), (6, 2, 4), {"group": 2, "strides": [3], "dilations": [2], "pads": [3, 0]}, True),
+    ((1, 1, 1300), (2, 1, 5), {"pads": [2, 7], "strides": [1]}, True),           # row longer than one tile
+    ((1, 1, 2100), (2, 1, 3), {"pads": [1, 1], "strides": [2], "dilations": [3]}, False),
+    ((1, 2, 5, 6, 7), (3, 2, 3, 3, 3), {"pads": [1, 0, 1, 1, 2, 0]}, True),
+    ((1, 4, 5, 6, 7), (4, 2, 2, 3, 2), {"group": 2, "strides": [2, 1, 3], "dilations": [1, 2, 1]}, True),
+    ((1, 2, 3, 4, 5, 6), (2, 2, 2, 2, 2, 2), {"pads": [1] * 8}, True),          # 4-D spatial (N-D)
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs,bias", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
+def test_conv(xs, ws, attrs, bias):
+    x, w = _u(*xs), _u(*ws, seed=1)
+    b = _u(ws[0], seed=2) if bias else None
+    _check("Conv", [x, w, b], attrs)
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID", "NOTSET"])
+@pytest.mark.parametrize("strides,dilations,k", [([1, 1], [1, 1], 3), ([2, 2], [1, 1], 4),
+                                                 ([2, 3], [1, 1], 3), ([1, 2], [2, 1], 2),
+                                                 ([3, 1], [2, 2], 3)])
+def test_conv_auto_pad(auto_pad, strides, dilations, k):
+    x, w, b = _u(1, 2, 9, 10), _u(3, 2, k, k, seed=1), _u(3, seed=2)
+    # onnxruntime refuses dilations with SAME_*: onnx.reference is the oracle there
+    oracle = "ref" if auto_pad.startswith("SAME") and dilations != [1, 1] else "ort"
+    _check("Conv", [x, w, b], {"auto_pad": auto_pad, "strides": strides, "dilations": dilations}, oracle=oracle)
+
+
+def test_conv_auto_pad_1d_and_3d():
+    x, w = _u(1, 2, 11), _u(3, 2, 4, seed=1)
+    _check("Conv", [x, w], {"auto_pad": "SAME_LOWER", "strides": [2]})
+    x, w = _u(1, 2, 5, 6, 7), _u(2, 2, 2, 3, 2, seed=1)
+    _check("Conv", [x, w], {"auto_pad": "SAME_UPPER", "strides": [2, 1, 3]})
+
+
+def test_conv_constant_weights():
+    x, w, b = _u(1, 3, 8, 8), _u(5, 3, 3, 3, seed=1), _u(5, seed=2)
+    _check("Conv", [x, w, b], {"pads": [1, 1, 1, 1]}, consts={"i1", "i2"})
+
+
+@pytest.mark.parametrize("opset", [7, 11])
+def test_conv_old_opsets(opset):
+    x, w, b = _u(1, 4, 6, 7), _u(4, 2, 3, 3, seed=1), _u(4, seed=2)
+    _check("Conv", [x, w, b], {"group": 2, "pads": [1, 1, 1, 1], "strides": [1, 2]}, opset=opset)
+
+
+def test_conv_f64():
+    x, w, b = _u(1, 3, 7, 6, dtype=np.float64), _u(2, 3, 3, 3, seed=1, dtype=np.float64), \
+        _u(2, seed=2, dtype=np.float64)
+    _check("Conv", [x, w, b], {"pads": [1, 1, 1, 1], "strides": [2, 1]}, rtol=1e-12, atol=1e-12,
+           oracle="ref")  # onnxruntime has no f64 Conv
+
+
+def test_conv_f16():
+    x, w, b = _u(1, 3, 7, 6, dtype=np.float16), _u(2, 3, 3, 3, seed=1, dtype=np.float16), \
+        _u(2, seed=2, dtype=np.float16)
+    _check("Conv", [x, w, b], {"pads": [1, 1, 1, 1]}, rtol=2e-3, atol=2e-3)
+
+
+def test_conv_reference_matches_ort():
+    x, w, b = _u(2, 4, 7, 8), _u(6, 2, 3, 2, seed=1), _u(6, seed=2)
+    attrs = {"group": 2, "pads": [1, 0, 2, 1], "strides": [2, 1], "dilations": [1, 2]}
+    (got,), _ = _ref("Conv", [x, w, b], **attrs)
+    exp = ort_run(node_model("Conv", {"x": x, "w": w, "b": b}, attrs), {"x": x, "w": w, "b": b})[0]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, exp, rtol=RT, atol=AT)
+    (got,), _ = _ref("Conv", [x[:, :, :, 0], w[:, :, :, 0]], group=2, auto_pad="SAME_LOWER", strides=[2])
+    m = node_model("Conv", {"x": x[:, :, :, 0], "w": w[:, :, :, 0]}, {"group": 2, "auto_pad": "SAME_LOWER",
+                                                                      "strides": [2]})
+    np.testing.assert_allclose(got, ort_run(m, {"x": x[:, :, :, 0], "w": w[:, :, :, 0]})[0], rtol=RT, atol=AT)
+
+
+def test_conv_flops():
+    _, node = _ref("Conv", [_u(1, 4, 6, 6), _u(8, 2, 3, 3), _u(8)], group=2, pads=[1, 1, 1, 1])
+    assert get_op("Conv").flops(node) == 2 * (8 * 6 * 6) * 2 * 9 + 8 * 6 * 6
+
+
+def test_conv_kernel_reads_rows():
+    """The innermost loop runs over contiguous output columns, into a local row accumulator."""
+    x, w = _u(1, 3, 8, 8), _u(4, 3, 3, 3, seed=1)
+    mod = compiler.compile(node_model("Conv", {"x": x, "w": w}, {"pads": [1, 1, 1, 1]}), opt_level=0)
+    text = str(mod.kernels[0])
+    assert "local row" in text and "parallel for" in text and "vectorize for ow" in text
+
+
+@pytest.mark.parametrize("xs,ws,attrs,msg", [
+    ((1, 3, 5, 5), (4, 2, 3, 3), {}, "channels"),
+    ((1, 4, 5, 5), (3, 2, 3, 3), {"group": 2}, "divisible"),
+    ((1, 3, 5, 5), (4, 3, 3, 3), {"kernel_shape": [2, 2]}, "kernel_shape"),
+    ((1, 3, 2, 2), (4, 3, 3, 3), {}, "exceeds"),
+    ((1, 3, 5, 5), (4, 3, 3), {}, "rank"),
+    ((1, 3, 5, 5), (4, 3, 3, 3), {"strides": [1, 1, 1]}, "strides"),
+    ((1, 3, 5, 5), (4, 3, 3, 3), {"pads": [1, 1]}, "pads"),
+    ((1, 3, 5, 5), (4, 3, 3, 3), {"auto_pad": "SAME"}, "auto_pad"),
+])
+def test_conv_errors(xs, ws, attrs, msg):
+    with pytest.raises(ShapeError, match=msg):
+        _ref("Conv", [_u(*xs), _u(*ws)], **attrs)
+
+
+def test_conv_bias_shape_error():
+    with pytest.raises(ShapeError, match="B must have shape"):
+        _ref("Conv", [_u(1, 3, 5, 5), _u(4, 3, 3, 3), _u(3)])
+
+
+def test_conv_dtype_error():
+    with pytest.raises(ShapeError, match="dtype"):
+        _ref("Conv", [_u(1, 3, 5, 5).astype(np.int32), _u(4, 3, 3, 3).astype(np.int32)])
