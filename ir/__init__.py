@@ -6,7 +6,7 @@ from .registry import OpDef, OpPatternKind, ShapeError, get_op, find_op, all_ops
 
 __all__ = ["DType", "TensorType", "Graph", "Node", "Value", "Builder", "OpDef", "OpPatternKind",
            "ShapeError", "get_op", "find_op", "all_ops", "register", "op", "parse", "print_graph",
-           "verify"]
+           "verify_graph"]
 
 
 def parse(text: str, constants=None) -> Graph:
@@ -19,6 +19,7 @@ def print_graph(g: Graph) -> str:
     return _p(g)
 
 
-def verify(g: Graph) -> None:
-    from .verify import verify_graph
-    verify_graph(g)
+def verify_graph(g: Graph, **kw) -> None:
+    """Check a graph's invariants; raises ir.verify.VerifyError listing every problem."""
+    from .verify import verify_graph as _v
+    _v(g, **kw)

@@ -37,7 +37,7 @@ def relu_add() -> Graph:
 def test_valid_graph_passes():
     g = relu_add()
     verify_graph(g)
-    ir.verify(g)
+    ir.verify_graph(g)
 
 
 def test_parsed_text_verifies():
