@@ -148,3 +148,61 @@ def _propagate_known(n: Node, set_known: list[Value]) -> None:
         if o.known is None and o.data is None and tuple(a.shape) == o.shape:
             o.known = a
             set_known.append(o)
+
+
+# -- structural comparison ----------------------------------------------------------------------
+def _attr_key(v):
+    """Attribute values compared strictly: 1 differs from 1.0 and True, nan equals nan."""
+    if isinstance(v, (bool, np.bool_)):
+        return ("bool", bool(v))
+    if isinstance(v, (int, np.integer)):
+        return ("int", int(v))
+    if isinstance(v, (float, np.floating)):
+        return ("float", repr(float(v)))
+    if isinstance(v, np.ndarray):
+        return ("tensor", str(v.dtype), v.shape, np.ascontiguousarray(v).tobytes())
+    if isinstance(v, (list, tuple)):
+        return ("list", tuple(_attr_key(x) for x in v))
+    return (type(v).__name__, v)
+
+
+def _data_key(a):
+    if a is None:
+        return None
+    a = np.asarray(a)
+    return (str(a.dtype), a.shape, np.ascontiguousarray(a).tobytes())
+
+
+def graph_diff(a: Graph, b: Graph) -> list[str]:
+    """Where two graphs differ structurally (names, types, ops, attrs, wiring, constant bytes).
+
+    Values are matched by name; ``known`` and the graphs' reserved names are not compared.
+    An empty list means equal, e.g. ``graph_diff(g, parse_graph(print_graph(g), consts))``.
+    """
+    out: list[str] = []
+
+    def sig(v: Value | None):
+        return None if v is None else (v.name, str(v.type))
+
+    def same(what: str, x, y) -> None:
+        if x != y:
+            out.append(f"{what}: {x!r} != {y!r}")
+
+    same("graph name", a.name, b.name)
+    same("inputs", [sig(v) for v in a.inputs], [sig(v) for v in b.inputs])
+    same("constants", [sig(v) for v in a.constants.values()], [sig(v) for v in b.constants.values()])
+    for va, vb in zip(a.constants.values(), b.constants.values()):
+        if _data_key(va.data) != _data_key(vb.data):
+            out.append(f"constant %{va.name}: data differs")
+    same("node count", len(a.nodes), len(b.nodes))
+    for i, (na, nb) in enumerate(zip(a.nodes, b.nodes)):
+        w = f"node {i} ({na.name or na.qualified_op})"
+        same(f"{w} op", (na.domain, na.op, na.name), (nb.domain, nb.op, nb.name))
+        same(f"{w} inputs", [v and v.name for v in na.inputs], [v and v.name for v in nb.inputs])
+        same(f"{w} outputs", [sig(v) for v in na.outputs], [sig(v) for v in nb.outputs])
+        ka = {k: _attr_key(v) for k, v in na.attrs.items()}
+        kb = {k: _attr_key(v) for k, v in nb.attrs.items()}
+        if ka != kb:
+            out.append(f"{w} attrs: {na.attrs!r} != {nb.attrs!r}")
+    same("outputs", [v.name for v in a.outputs], [v.name for v in b.outputs])
+    return out
