@@ -1,0 +1,66 @@
+"""Common-subexpression elimination: equal constants, then equal nodes."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from ir.graph import Graph, Value
+
+
+def _const_key(v: Value):
+    a = np.ascontiguousarray(v.data)
+    return (v.type.dtype, v.type.shape, hashlib.sha256(a.tobytes()).digest())
+
+
+def _attr_key(x):
+    """Attributes compared strictly: 1 differs from 1.0 and True; arrays by dtype, shape, bytes."""
+    if isinstance(x, (bool, np.bool_)):
+        return ("b", bool(x))
+    if isinstance(x, (int, np.integer)):
+        return ("i", int(x))
+    if isinstance(x, (float, np.floating)):
+        return ("f", float(x).hex() if x == x else "nan")
+    if isinstance(x, np.ndarray):
+        return ("t", str(x.dtype), x.shape, np.ascontiguousarray(x).tobytes())
+    if isinstance(x, (list, tuple)):
+        return ("l", tuple(_attr_key(y) for y in x))
+    return (type(x).__name__, x)
+
+
+def eliminate_common_subexpressions(graph: Graph) -> bool:
+    """Merge constants with equal dtype, shape and bytes (so -0.0 and 0.0 stay apart, equal
+    NaNs merge), then nodes with equal op, domain, attributes and inputs (in graph order, so
+    chains of duplicates collapse in one call). Later duplicates are redirected to the first;
+    graph outputs keep their names (``graph.output_names``). Returns whether anything merged."""
+    changed = False
+    first: dict = {}
+    repl: dict[int, Value] = {}
+    for name, v in list(graph.constants.items()):
+        k = _const_key(v)
+        other = first.get(k)
+        if other is not None and np.array_equal(np.ascontiguousarray(other.data).view(np.uint8),
+                                                np.ascontiguousarray(v.data).view(np.uint8)):
+            repl[id(v)] = other
+            del graph.constants[name]
+        else:
+            first.setdefault(k, v)
+    seen: dict = {}
+    kept = []
+    for n in graph.nodes:
+        if repl:
+            n.inputs = [repl.get(id(v), v) if v is not None else None for v in n.inputs]
+        key = (n.domain, n.op, len(n.outputs), tuple(id(v) if v is not None else None for v in n.inputs),
+               tuple(sorted((k, _attr_key(a)) for k, a in n.attrs.items())))
+        same = seen.get(key)
+        if same is not None and all(a.type == b.type for a, b in zip(n.outputs, same.outputs)):
+            for a, b in zip(n.outputs, same.outputs):
+                repl[id(a)] = b
+            continue
+        seen[key] = n
+        kept.append(n)
+    if repl:
+        changed = True
+        graph.nodes = kept
+        graph.outputs = [repl.get(id(v), v) for v in graph.outputs]
+    return changed

@@ -1,0 +1,309 @@
+"""Rewrite rules and the one driver that applies them (DESIGN.md, "Rewrites as DAG patterns").
+
+A rule is a small top-level class: a pattern (see :mod:`compiler.pattern`), an optional
+condition, a replacement, a name (the class name) and a one-line docstring::
+
+    class FoldAddZero(Rule):
+        \"\"\"Add(x, 0) ==> x.\"\"\"
+        pattern = P.Add(x=Any(), zero=Const(0.0))
+
+        def condition(self, m):
+            return m.x.type == m.add.outputs[0].type or Fail("the zero broadcasts x to a larger shape")
+
+        def rewrite(self, m, build):
+            return m.x
+
+``condition(m)`` and ``rewrite(m, build)`` get the :class:`~compiler.pattern.Match` (captures by
+name); ``build`` is an :class:`ir.Builder` on the graph. ``rewrite`` returns the replacement of
+the pattern's output (a Value), a list (one per pattern output; or, for a one-output pattern
+whose root node has several outputs, one per node output), or a dict {old Value: new Value}.
+Either may return :class:`Fail` with the reason in words, which ``explain`` reports.
+
+:func:`apply_rules` applies a list of rules to a fixed point: nodes in graph order, rules in
+list order, first applicable rule wins, sweeps repeat until nothing fires; each application
+is logged as an :class:`Application`. Replaced nodes that nothing reads any more are removed,
+new nodes are placed where the match was, and the graph stays topologically sorted. Graph
+outputs keep their user-facing names (``graph.output_names``); only ``graph.outputs`` moves.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from compiler.errors import CompileError
+from compiler.pattern import Match, MatchFailure, _Ctx, capture_names, match_at, root_ops
+from ir.builder import Builder
+from ir.graph import Graph, Node, Value
+
+__all__ = ["Rule", "Fail", "Application", "RewriteError", "apply_rules", "try_rule", "RewritePass"]
+
+
+class Fail:
+    """A condition or replacement that does not apply, with the reason in words. Falsy, so
+    ``return ok or Fail("why")`` reads naturally."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return self.reason
+
+    def __repr__(self) -> str:
+        return f"Fail({self.reason!r})"
+
+
+class RewriteError(CompileError):
+    """A rule raised, or returned a replacement of the wrong type; names the rule and node."""
+
+
+class Rule:
+    """Base class of rewrite rules; see the module docstring.
+
+    Class attributes: ``pattern`` (a Pattern, or a tuple of Patterns for several outputs),
+    ``numerics_changing`` (True: only at O3; the docstring says by how much). ``name`` is the
+    class name; ``doc`` the docstring's first line.
+    """
+
+    pattern = None
+    numerics_changing = False
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls.pattern is None:
+            return      # an abstract intermediate class
+        if not (cls.__doc__ or "").strip():
+            raise TypeError(f"rule {cls.__name__} needs a one-line docstring saying what it rewrites into what")
+        cls.captures = capture_names(cls.pattern)
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def doc(self) -> str:
+        return (type(self).__doc__ or "").strip().splitlines()[0]
+
+    def root_ops(self) -> frozenset | None:
+        return root_ops(self.pattern)
+
+    def condition(self, m: Match):
+        """True, or Fail("why not"). Default: always."""
+        return True
+
+    def rewrite(self, m: Match, build: Builder):
+        raise NotImplementedError(f"rule {self.name} has no rewrite()")
+
+    def __repr__(self) -> str:
+        return f"<Rule {self.name}>"
+
+
+@dataclass
+class Application:
+    """One rule application: the rule's name, the matched nodes and the nodes it created."""
+
+    rule: str
+    nodes: list[str]
+    created: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        made = f" -> {', '.join(self.created)}" if self.created else ""
+        return f"{self.rule}: {', '.join(self.nodes)}{made}"
+
+
+def _instance(rule) -> Rule:
+    return rule() if isinstance(rule, type) else rule
+
+
+def try_rule(graph: Graph, rule: Rule, node: Node, ctx: _Ctx | None = None,
+             apply: bool = True) -> "Application | Fail | MatchFailure":
+    """Match ``rule`` at ``node``, check its condition and (if ``apply``) rewrite. Returns the
+    Application, or the MatchFailure / Fail saying why not."""
+    m = match_at(rule.pattern, node, graph, ctx)
+    if not m:
+        return m
+    try:
+        ok = rule.condition(m)
+    except Exception as e:
+        raise RewriteError(f"rule {rule.name}: condition failed at node {node.name} "
+                           f"({type(e).__name__}: {e})") from e
+    if not ok:
+        return ok if isinstance(ok, Fail) else Fail(f"{node.name}: the condition of {rule.name} does not hold")
+    if not apply:
+        return Application(rule.name, [n.name for n in m.nodes])
+    return _apply(graph, rule, m, node)
+
+
+def _apply(graph: Graph, rule: Rule, m: Match, node: Node) -> "Application | Fail":
+    n_nodes = len(graph.nodes)
+    consts_before = set(graph.constants)
+    build = Builder(graph)
+
+    def undo():
+        del graph.nodes[n_nodes:]
+        for k in set(graph.constants) - consts_before:
+            del graph.constants[k]
+
+    try:
+        res = rule.rewrite(m, build)
+    except Exception as e:
+        undo()
+        raise RewriteError(f"rule {rule.name} failed at node {node.name}: {type(e).__name__}: {e}") from e
+    if isinstance(res, Fail):
+        undo()
+        return res
+    mapping = _mapping(rule, m, res)
+    for old, new in mapping.items():
+        if not isinstance(new, Value):
+            undo()
+            raise RewriteError(f"rule {rule.name} at node {node.name}: replacement for '{old.name}' is "
+                               f"{new!r}, not a Value")
+        if new.type != old.type:
+            undo()
+            raise RewriteError(f"rule {rule.name} at node {node.name}: replacement '{new.name}' is {new.type}, "
+                               f"but '{old.name}' is {old.type}")
+    if all(old is new for old, new in mapping.items()):
+        undo()
+        return Fail(f"rule {rule.name} returned the matched value unchanged")
+    created = graph.nodes[n_nodes:]
+    del graph.nodes[n_nodes:]
+    # new nodes go where the match was: right before its last node, all of whose inputs (the
+    # captures) are defined earlier
+    pos = {id(n): i for i, n in enumerate(graph.nodes)}
+    at = max((pos[id(n)] for n in m.nodes if id(n) in pos), default=len(graph.nodes))
+    graph.nodes[at:at] = created
+    for old, new in mapping.items():
+        if old is not new:
+            graph.replace_all_uses(old, new)
+    _remove_dead(graph, m.nodes)
+    _drop_unused_captured_constants(graph, m)
+    if not _is_topological(graph):
+        graph.toposort()
+    return Application(rule.name, [n.name for n in m.nodes], [n.name for n in created])
+
+
+def _mapping(rule: Rule, m: Match, res) -> dict:
+    if isinstance(res, dict):
+        return dict(res)
+    if isinstance(res, Value):
+        return {m.outputs[0]: res}
+    if isinstance(res, (list, tuple)):
+        res = list(res)
+        if len(res) == len(m.outputs):
+            return dict(zip(m.outputs, res))
+        root = m.outputs[0].producer
+        if len(m.outputs) == 1 and root is not None and len(res) == len(root.outputs):
+            return {o: r for o, r in zip(root.outputs, res) if r is not None}
+        raise RewriteError(f"rule {rule.name} returned {len(res)} values for {len(m.outputs)} pattern outputs")
+    raise RewriteError(f"rule {rule.name} returned {res!r}; expected a Value, a list, a dict or Fail")
+
+
+def _remove_dead(graph: Graph, candidates: list[Node]) -> None:
+    """Remove matched nodes that nothing reads any more (consumers first)."""
+    cand = {id(n) for n in candidates}
+    outs = {id(v) for v in graph.outputs}
+    uses: dict[int, int] = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            if v is not None:
+                uses[id(v)] = uses.get(id(v), 0) + 1
+    dead: set[int] = set()
+    for n in reversed(graph.nodes):
+        if id(n) in cand and not any(uses.get(id(o), 0) or id(o) in outs for o in n.outputs):
+            dead.add(id(n))
+            for v in n.inputs:
+                if v is not None:
+                    uses[id(v)] -= 1
+    if dead:
+        graph.nodes = [n for n in graph.nodes if id(n) not in dead]
+
+
+def _drop_unused_captured_constants(graph: Graph, m: Match) -> None:
+    consts = [v for v in m.captures.values() if isinstance(v, Value) and v.is_const]
+    for n in m.nodes:
+        consts += [v for v in n.inputs if v is not None and v.is_const]
+    if not consts:
+        return
+    used = {id(v) for n in graph.nodes for v in n.inputs if v is not None} | {id(v) for v in graph.outputs}
+    for v in consts:
+        if id(v) not in used and graph.constants.get(v.name) is v:
+            del graph.constants[v.name]
+
+
+def _is_topological(graph: Graph) -> bool:
+    defined = {id(v) for v in graph.inputs} | {id(v) for v in graph.constants.values()}
+    for n in graph.nodes:
+        for v in n.inputs:
+            if v is not None and id(v) not in defined:
+                return False
+        defined.update(id(o) for o in n.outputs)
+    return True
+
+
+def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
+                log: list | None = None) -> int:
+    """Apply ``rules`` to a fixed point; returns the number of applications (appended to ``log``).
+
+    Deterministic: sweeps visit nodes in graph order and try the rules in the given order.
+    Raises RewriteError when more than ``max_steps`` applications happen (default: 20 per node
+    plus 1000), which means rules undo each other; the message names the last rules applied.
+    """
+    rules = [_instance(r) for r in rules]
+    if not rules:
+        return 0
+    limit = max_steps if max_steps is not None else 20 * len(graph.nodes) + 1000
+    by_op: dict[str, list[Rule]] = {}
+    roots = [(r, r.root_ops()) for r in rules]
+
+    def rules_for(op: str) -> list[Rule]:
+        if op not in by_op:
+            by_op[op] = [r for r, ops in roots if ops is None or op in ops]
+        return by_op[op]
+
+    steps = 0
+    recent: list[Application] = []
+    while True:
+        progress = False
+        alive = {id(n) for n in graph.nodes}
+        ctx = _Ctx(graph)
+        for node in list(graph.nodes):
+            if id(node) not in alive:
+                continue
+            for rule in rules_for(node.qualified_op):
+                res = try_rule(graph, rule, node, ctx)
+                if not isinstance(res, Application):
+                    continue
+                steps += 1
+                recent = (recent + [res])[-5:]
+                if log is not None:
+                    log.append(res)
+                if steps > limit:
+                    raise RewriteError(f"rewrite step limit {limit} reached: rules keep firing "
+                                       f"(last: {'; '.join(map(str, recent))})")
+                progress = True
+                alive = {id(n) for n in graph.nodes}
+                ctx = _Ctx(graph)
+                break
+        if not progress:
+            return steps
+
+
+class RewritePass:
+    """A pass (``graph -> bool``) applying a named rule set to a fixed point; applications
+    are appended to ``log``."""
+
+    def __init__(self, name: str, rules: Iterable, log: list | None = None, max_steps: int | None = None):
+        self.name = name
+        self.rules = [_instance(r) for r in rules]
+        self.log = log if log is not None else []
+        self.max_steps = max_steps
+
+    def __call__(self, graph: Graph) -> bool:
+        return apply_rules(graph, self.rules, max_steps=self.max_steps, log=self.log) > 0
+
+    def __repr__(self) -> str:
+        return f"<RewritePass {self.name}: {', '.join(r.name for r in self.rules)}>"

@@ -1,0 +1,17 @@
+"""Rule sets of the optimisation pipeline, grouped by purpose (DESIGN.md, "Optimisation levels").
+
+The pipeline (:mod:`compiler.pipeline`) reads these lists; a rule is a :class:`compiler.rewrite.Rule`
+subclass (see docs/writing-a-fusion-rule.md). Add a rule by appending its class to the list of
+its purpose, in the order it should be tried:
+
+- ``FOLD_RULES`` (O2+): folding that needs patterns, e.g. BatchNormalization into Conv/Gemm.
+- ``FUSE_RULES`` (O2+): the fusion catalogue (Conv+bias+activation, LayerNorm, attention ...).
+- ``O3_RULES`` (O3 only): numerics-changing rewrites a user opts into; each says by how much.
+
+The simplification rules of O1 live in :mod:`compiler.passes.simplify` (``SIMPLIFY_RULES``).
+"""
+from __future__ import annotations
+
+FOLD_RULES: list = []
+FUSE_RULES: list = []
+O3_RULES: list = []
