@@ -54,10 +54,14 @@ class Builder:
 
     def op(self, op: str, *inputs: Value | None, domain: str = "", num_outputs: int = 1,
            name: str | None = None, out_names: list[str] | None = None, exact_names: bool = False,
-           **attrs: Any):
+           attributes: dict[str, Any] | None = None, **attrs: Any):
         """Add one node. ``out_names`` are hints for the output names (made unique), or the
-        exact names when ``exact_names`` (the caller reserved them, as the frontend does)."""
+        exact names when ``exact_names`` (the caller reserved them, as the frontend does).
+        ``attributes`` passes node attributes whose names clash with these keywords (Split-18's
+        ``num_outputs``); keyword attributes override it."""
         g = self.graph
+        if attributes:
+            attrs = {**attributes, **attrs}
         node_name = name if name is not None else g.fresh_node_name(self.name_prefix + op)
         node = Node(op, list(inputs), [], attrs, node_name, domain)
         types = infer_types(node)

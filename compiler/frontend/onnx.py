@@ -148,7 +148,7 @@ class ImportCtx:
         names = [o if o else self.graph.fresh_name(f"{proto.name or proto.op_type}_unused{i}")
                  for i, o in enumerate(proto.output)]
         outs = self.builder.op(op or proto.op_type, *ins, name=self.node_name(proto), out_names=names,
-                               exact_names=True, **(self.attrs(proto) if attrs is None else attrs))
+                               exact_names=True, attributes=self.attrs(proto) if attrs is None else attrs)
         return outs
 
     def node_name(self, proto: onnx.NodeProto) -> str:
