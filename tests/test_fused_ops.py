@@ -267,3 +267,131 @@ def test_embed_layernorm_errors():
     iid = g.add_input("i", TensorType(DType.i64, (3,)))
     with pytest.raises(ShapeError, match="num_gathers"):
         Builder(g).op("EmbedLayerNormalization", t, iid, sc, domain=F, num_gathers=2)
+
+
+# ----------------------------------------------------------------------------- activations
+ACTS = [("", []), ("Relu", []), ("Clip", [0.0, 6.0]), ("Clip", [-0.5, 0.25]), ("Clip", [-1.0]),
+        ("LeakyRelu", [0.1]), ("LeakyRelu", []), ("Sigmoid", []), ("HardSigmoid", [0.3, 0.4]),
+        ("HardSigmoid", []), ("HardSwish", []), ("SiLU", []), ("Tanh", []), ("Gelu", []), ("GeluTanh", [])]
+
+
+def _act_nodes(name, params, src, dst):
+    """ONNX nodes computing the activation from ``src`` into ``dst`` (opset 20), + initializers."""
+    if name == "":
+        return [helper.make_node("Identity", [src], [dst])], {}
+    if name == "Clip":
+        lo, hi = (list(params) + [-math.inf, math.inf][len(params):])[:2]
+        return [helper.make_node("Clip", [src, "clip_lo", "clip_hi"], [dst])], \
+            {"clip_lo": np.array(lo, np.float32), "clip_hi": np.array(hi, np.float32)}
+    if name == "SiLU":
+        return [helper.make_node("Sigmoid", [src], ["sig"]), helper.make_node("Mul", [src, "sig"], [dst])], {}
+    if name in ("Gelu", "GeluTanh"):
+        return [helper.make_node("Gelu", [src], [dst], approximate="tanh" if name == "GeluTanh" else "none")], {}
+    keys = {"LeakyRelu": ["alpha"], "HardSigmoid": ["alpha", "beta"]}.get(name, [])
+    return [helper.make_node(name, [src], [dst], **dict(zip(keys, params)))], {}
+
+
+CONV_CASES = [
+    # x, w, attrs, bias, residual shape
+    ((1, 4, 7, 7), (6, 4, 3, 3), {"pads": [1, 1, 1, 1]}, True, (1, 6, 7, 7)),
+    ((2, 4, 8, 8), (4, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [1, 1, 1, 1]}, True, None),
+    ((1, 3, 9), (5, 3, 2), {"dilations": [2]}, False, (5, 1)),
+    ((1, 4, 5, 5), (8, 4, 1, 1), {}, False, (1, 8, 5, 5)),
+]
+
+
+# every activation with the first geometry, a few with the others
+CONV_PARAMS = [(0, a, p) for a, p in ACTS] + [(c, a, p) for c in range(1, len(CONV_CASES))
+                                              for a, p in ACTS if a in ("Relu", "Clip", "HardSwish")]
+
+
+@pytest.mark.parametrize("case,act,params", CONV_PARAMS)
+def test_fused_conv_matches_composition(case, act, params):
+    sx, sw, attrs, with_b, sz = CONV_CASES[case]
+    x, w = rand(*sx), rand(*sw, seed=1, low=-0.5, high=0.5)
+    inits = {"w": w}
+    conv_in = ["x", "w"]
+    if with_b:
+        inits["b"] = rand(sw[0], seed=2)
+        conv_in.append("b")
+    feeds = {"x": x}
+    nodes = [helper.make_node("Conv", conv_in, ["c"], **attrs)]
+    src = "c"
+    if sz is not None:
+        feeds["z"] = rand(*sz, seed=3)
+        nodes.append(helper.make_node("Add", ["c", "z"], ["cz"]))
+        src = "cz"
+    an, ai = _act_nodes(act, params, src, "y")
+    model = graph_model(nodes + an, feeds, ["y"], {**inits, **ai}, opset=20)
+    exp = ort_run(model, feeds)
+    g = Graph()
+    b = Builder(g)
+    ins = ir_inputs(g, feeds)
+    y = b.op("FusedConv", ins[0], b.const(w), b.const(inits["b"]) if with_b else None,
+             ins[1] if sz is not None else None, domain=F, activation=act, activation_params=params, **attrs)
+    _check(g, [y], feeds, exp, 1e-4, 1e-5)
+
+
+MATMUL_CASES = [((3, 5), (5, 7), (7,)), ((2, 3, 5), (5, 7), (1, 7)), ((2, 4, 6), (2, 6, 3), None),
+                ((4,), (4, 3), (3,)), ((2, 3, 5), (5, 7), (3, 7))]
+
+
+MATMUL_PARAMS = [(0, a, p) for a, p in ACTS] + [(c, a, p) for c in range(1, len(MATMUL_CASES))
+                                                for a, p in ACTS if a in ("Relu", "Gelu", "GeluTanh")]
+
+
+@pytest.mark.parametrize("case,act,params", MATMUL_PARAMS)
+def test_fused_matmul_matches_composition(case, act, params):
+    sa, sb, sbias = MATMUL_CASES[case]
+    a, bm = rand(*sa), rand(*sb, seed=1)
+    feeds = {"a": a}
+    inits = {"bm": bm}
+    nodes = [helper.make_node("MatMul", ["a", "bm"], ["m"])]
+    src = "m"
+    if sbias is not None:
+        inits["bias"] = rand(*sbias, seed=2)
+        nodes.append(helper.make_node("Add", ["m", "bias"], ["mb"]))
+        src = "mb"
+    an, ai = _act_nodes(act, params, src, "y")
+    model = graph_model(nodes + an, feeds, ["y"], {**inits, **ai}, opset=20)
+    exp = ort_run(model, feeds)
+    g = Graph()
+    b = Builder(g)
+    (ai_,) = ir_inputs(g, feeds)
+    y = b.op("FusedMatMul", ai_, b.const(bm), b.const(inits["bias"]) if sbias is not None else None,
+             domain=F, activation=act, activation_params=params)
+    _check(g, [y], feeds, exp, 1e-4, 1e-5)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"transA": 1, "alpha": 0.5}, {"transB": 1, "beta": 2.0}])
+@pytest.mark.parametrize("act,params", [("Relu", []), ("Sigmoid", []), ("Gelu", [])])
+def test_fused_gemm_matches_composition(attrs, act, params):
+    a = rand(5, 3) if attrs.get("transA") else rand(3, 5)
+    bm = rand(4, 5, seed=1) if attrs.get("transB") else rand(5, 4, seed=1)
+    c = rand(4, seed=2)
+    an, ai = _act_nodes(act, params, "m", "y")
+    model = graph_model([helper.make_node("Gemm", ["a", "bm", "c"], ["m"], **attrs)] + an, {"a": a}, ["y"],
+                        {"bm": bm, "c": c, **ai}, opset=20)
+    exp = ort_run(model, {"a": a})
+    g = Graph()
+    b = Builder(g)
+    (av,) = ir_inputs(g, {"a": a})
+    y = b.op("FusedGemm", av, b.const(bm), b.const(c), domain=F, activation=act, activation_params=params, **attrs)
+    _check(g, [y], {"a": a}, exp, 1e-4, 1e-5)
+
+
+def test_fused_anchor_errors():
+    g = Graph()
+    x = g.add_input("x", TensorType(DType.f32, (1, 2, 5, 5)))
+    w = g.add_input("w", TensorType(DType.f32, (3, 2, 3, 3)))
+    with pytest.raises(ShapeError, match="unknown activation 'Swish'"):
+        Builder(g).op("FusedConv", x, w, domain=F, activation="Swish")
+    with pytest.raises(ShapeError, match="LeakyRelu takes 1 parameters"):
+        Builder(g).op("FusedConv", x, w, domain=F, activation="LeakyRelu", activation_params=[0.1, 0.2])
+    z = g.add_input("z", TensorType(DType.f32, (1, 2, 3, 3)))
+    with pytest.raises(ShapeError, match="Z of shape"):
+        Builder(g).op("FusedConv", x, w, None, z, domain=F, activation="Relu")
+    a = g.add_input("a", TensorType(DType.f32, (3, 4)))
+    bias = g.add_input("bias", TensorType(DType.f32, (5,)))
+    with pytest.raises(ShapeError, match="bias of shape"):
+        Builder(g).op("FusedMatMul", a, g.add_input("b4", TensorType(DType.f32, (4, 3))), bias, domain=F)

@@ -481,3 +481,155 @@ class EmbedLayerNormalization:
 
     def flops(node):
         return 10.0 * node.outputs[0].type.numel
+
+
+# ----------------------------------------------------------------------------- anchored ops
+def _proxy(node: Node, op_name: str, n_inputs: int) -> Node:
+    """A detached node of the anchor op (same attributes, first inputs) for reuse of its infer
+    and reference; its outputs are fresh Values so the real node's producers stay intact."""
+    outs = [Value(v.name, v.type) for v in node.outputs[:1]]
+    attrs = {k: v for k, v in node.attrs.items() if k not in ACTIVATION_ATTRS}
+    return Node(op_name, node.inputs[:n_inputs], outs, attrs, node.name)
+
+
+def _check_addend(v: Value | None, shape: tuple[int, ...], dt: DType, what: str) -> None:
+    if v is None:
+        return
+    if v.dtype != dt:
+        raise ShapeError(f"{what} has dtype {v.dtype}, the output has {dt}; they must match")
+    _unidirectional(v.shape, shape, what)
+
+
+def _epilogue(ctx, addend_buf):
+    """Epilogue: (+ addend broadcast to the output) then the activation, in the output dtype."""
+    name, params = activation_params(ctx.node)
+
+    def epi(value, idx):
+        if addend_buf is not None:
+            value = value + addend_buf.bcast(idx)
+        return activation_expr(name, params, value)
+    return epi
+
+
+def _anchored_infer(node, anchor: str, n_anchor_inputs: int, addend_index: int, what: str):
+    from ir.registry import get_op
+    activation_params(node)
+    (t,) = get_op(anchor).infer(_proxy(node, anchor, n_anchor_inputs))[:1]
+    if not t.dtype.is_float:
+        raise ShapeError(f"{anchor} with an activation needs a float type, got {t.dtype}")
+    _check_addend(node.input(addend_index), t.shape, t.dtype, what)
+    return [t]
+
+
+def _anchored_reference(node, ins, anchor: str, n_anchor_inputs: int, addend_index: int):
+    from ir.registry import get_op
+    anchor_ins = list(ins[:n_anchor_inputs]) + [None] * (n_anchor_inputs - len(ins[:n_anchor_inputs]))
+    y = get_op(anchor).reference(_proxy(node, anchor, n_anchor_inputs), anchor_ins)[0]
+    z = ins[addend_index] if len(ins) > addend_index else None
+    if z is not None:
+        y = (y + z).astype(y.dtype)
+    name, params = activation_params(node)
+    return [activation_np(name, params, y)]
+
+
+def _conv_attrs():
+    from ir.registry import onnx_attr_specs
+    return {**onnx_attr_specs("Conv"), **ACTIVATION_ATTRS}
+
+
+def _gemm_attrs():
+    from ir.registry import onnx_attr_specs
+    return {**onnx_attr_specs("Gemm"), **ACTIVATION_ATTRS}
+
+
+@op("FusedConv", OpPatternKind.OUT_ELEMWISE_FUSABLE, domain=DOMAIN, attrs=_conv_attrs())
+class FusedConv:
+    """Y = activation(Conv(X, W, B) + Z).
+
+    Inputs: X [N, C, D1..Dn], W [M, C/group, k1..kn], B [M] (optional), Z (optional residual,
+    unidirectionally broadcastable to Y); one float dtype. Attributes: every Conv attribute
+    (ONNX spec: Conv-22) plus ``activation`` (one of :data:`ACTIVATIONS`, "" for none) and
+    ``activation_params`` (Clip: min, max; LeakyRelu: alpha; HardSigmoid: alpha, beta).
+    Means Conv -> Add(Z) -> activation op (Relu-14, Clip-13, LeakyRelu-16, Sigmoid-13,
+    HardSigmoid-6, HardSwish-14, x*Sigmoid(x), Tanh-13, Gelu-20). The anchor kernel is Conv's
+    (:func:`ir.ops.conv.emit_conv`); Z and the activation run in its epilogue before the single
+    store. Raises ShapeError as Conv does, and for an unknown activation or a Z that does not
+    broadcast to Y.
+    """
+
+    def infer(node):
+        return _anchored_infer(node, "Conv", 3, 3, "Z")
+
+    def reference(node, ins):
+        return _anchored_reference(node, ins, "Conv", 3, 3)
+
+    def lower(ctx):
+        from ir.ops.conv import conv_geometry_of, emit_conv
+        x, w = ctx.inputs[0], ctx.inputs[1]
+        b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+        z = ctx.inputs[3] if len(ctx.inputs) > 3 else None
+        ctx.epilogue = _epilogue(ctx, z)
+        emit_conv(ctx, x, w, b, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node))
+
+    def flops(node):
+        from ir.ops.conv import conv_flops
+        return conv_flops(node) + 2.0 * node.outputs[0].type.numel
+
+
+@op("FusedMatMul", OpPatternKind.OUT_ELEMWISE_FUSABLE, domain=DOMAIN, attrs=dict(ACTIVATION_ATTRS))
+class FusedMatMul:
+    """Y = activation(MatMul(A, B) + bias).
+
+    Inputs: A, B as ONNX MatMul-13 (numpy.matmul semantics), bias (optional) unidirectionally
+    broadcastable to Y (the rules give a bias along the last axis), one float dtype.
+    Attributes ``activation`` / ``activation_params`` as for FusedConv (Gelu and GeluTanh are
+    ONNX Gelu-20 with approximate "none" / "tanh"). The kernel is MatMul's
+    (:func:`ir.ops.linalg.emit_matmul`) with bias and activation in its epilogue. Raises
+    ShapeError as MatMul does, and for an unknown activation or a bias that does not broadcast.
+    """
+
+    def infer(node):
+        return _anchored_infer(node, "MatMul", 2, 2, "bias")
+
+    def reference(node, ins):
+        return _anchored_reference(node, ins, "MatMul", 2, 2)
+
+    def lower(ctx):
+        from ir.ops.linalg import emit_matmul
+        bias = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+        ctx.epilogue = _epilogue(ctx, bias)
+        emit_matmul(ctx, ctx.inputs[0], ctx.inputs[1], ctx.outputs[0])
+
+    def flops(node):
+        a = node.inputs[0].shape
+        return node.outputs[0].type.numel * (2.0 * a[-1] + 2.0)
+
+
+@op("FusedGemm", OpPatternKind.OUT_ELEMWISE_FUSABLE, domain=DOMAIN, attrs=_gemm_attrs())
+class FusedGemm:
+    """Y = activation(alpha * A' @ B' + beta * C).
+
+    Inputs and the attributes alpha, beta, transA, transB as ONNX Gemm-13; plus ``activation``
+    / ``activation_params`` as for FusedConv. The kernel is Gemm's
+    (:func:`ir.ops.linalg.emit_gemm`) with the activation in its epilogue. Raises ShapeError as
+    Gemm does, and for an unknown activation.
+    """
+
+    def infer(node):
+        return _anchored_infer(node, "Gemm", 3, 99, "")
+
+    def reference(node, ins):
+        return _anchored_reference(node, ins, "Gemm", 3, 99)
+
+    def lower(ctx):
+        from ir.ops.linalg import emit_gemm
+        a, b = ctx.inputs[0], ctx.inputs[1]
+        c = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+        ctx.epilogue = _epilogue(ctx, None)
+        emit_gemm(ctx, a, b, c, ctx.outputs[0], alpha=float(ctx.attr("alpha", 1.0)),
+                  beta=float(ctx.attr("beta", 1.0)), trans_a=bool(ctx.attr("transA", 0)),
+                  trans_b=bool(ctx.attr("transB", 0)))
+
+    def flops(node):
+        from ir.registry import get_op
+        return get_op("Gemm").flops(_proxy(node, "Gemm", 3)) + 2.0 * node.outputs[0].type.numel
