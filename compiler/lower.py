@@ -16,7 +16,7 @@ from compiler.errors import CompileError, UnsupportedModelError
 from ir.graph import Graph, Node, Value
 from ir.kernel import Buffer, Kernel, KernelBuilder
 from ir.lowering import LowerCtx
-from ir.registry import get_op
+from ir.registry import OpPatternKind, get_op
 from ir.types import DType, TensorType
 
 
@@ -39,6 +39,15 @@ class KernelCall:
     nodes: list[str]          # IR node names this call covers
     ops: list[str]            # their op types
     flops: float | None = None
+    #: (input param, output param) pairs whose buffers may be the same memory: the kernel reads
+    #: input element i only to compute output element i (elementwise, same shape and dtype)
+    inplace_ok: list[tuple[int, int]] = field(default_factory=list)
+
+
+def elementwise_inplace_pairs(params: list[Buffer], n_inputs: int) -> list[tuple[int, int]]:
+    """(input param, output param) pairs of an elementwise kernel that may run in place."""
+    return [(i, o) for o in range(n_inputs, len(params)) for i in range(n_inputs)
+            if params[i].shape == params[o].shape and params[i].dtype == params[o].dtype]
 
 
 @dataclass
@@ -116,10 +125,15 @@ def lower_graph(graph: Graph) -> LoweredGraph:
         except Exception as e:
             raise CompileError(f"lowering {n.qualified_op} node '{n.name}' failed: {type(e).__name__}: {e}") from e
         flops = od.flops(n) if od.flops is not None else None
+        # in place only for the registry's own per-element lowering of elementwise/broadcast ops
+        elementwise = (od.scalar is not None and od.kind <= OpPatternKind.BROADCAST
+                       and len(ctx.kernels) == 1 and ctx.epilogue is None)
         for j, k in enumerate(ctx.kernels):
             lg.kernels.append(k)
+            n_in = sum(1 for b in k.params if not any(b is o for o in outs))
             lg.calls.append(KernelCall(k.name, [slot_by_buf[id(b)] for b in k.params], [n.name], [n.op],
-                                       flops if j == 0 else None))
+                                       flops if j == 0 else None,
+                                       elementwise_inplace_pairs(k.params, n_in) if elementwise else []))
     for v, out_slot in copies:
         src = Buffer(_ident(v.name), v.dtype, v.shape)
         dst = Buffer(_ident(v.name) + "_out", v.dtype, v.shape)

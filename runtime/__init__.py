@@ -1,4 +1,7 @@
 """tensorfuse runtime: executable modules (kernels + memory plan), saved and loaded."""
-from .module import Module, TensorInfo
+from .artifact import ArtifactError, load
+from .memory_plan import MemoryPlan, PlannedBuffer
+from .module import Benchmark, Module, Profile, ProfileRow, TensorInfo
 
-__all__ = ["Module", "TensorInfo"]
+__all__ = ["ArtifactError", "Benchmark", "MemoryPlan", "Module", "PlannedBuffer", "Profile", "ProfileRow",
+           "TensorInfo", "load"]
