@@ -1,5 +1,6 @@
 """Shared test configuration.
 
+* The compile cache goes to a temporary folder for the whole session (never ~/.cache).
 * ``shared_models`` fixture: the folder ../shared/models beside the checkout. Tests that need it
   skip with a visible reason where it is absent (a user's own clone) and fail instead when
   ``TENSORFUSE_REQUIRE_SHARED=1`` (which .ci/run sets).
@@ -18,6 +19,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 SHARED_MODELS = ROOT.parent / "shared" / "models"
+
+# The compile cache (runtime/cache.py) of the whole test session lives in a fresh temporary
+# folder, so tests never read or write the user's ~/.cache/tensorfuse. Tests of the cache itself
+# point TENSORFUSE_CACHE_DIR at their own tmp_path with monkeypatch.
+import atexit as _atexit
+import shutil as _shutil
+import tempfile as _tempfile
+
+os.environ["TENSORFUSE_CACHE_DIR"] = _session_cache = _tempfile.mkdtemp(prefix="tensorfuse-test-cache-")
+_atexit.register(_shutil.rmtree, _session_cache, ignore_errors=True)
 
 
 def shared_models_dir() -> pathlib.Path:

@@ -1,0 +1,216 @@
+"""Saved modules: one file with machine code, memory plan, constants and metadata.
+
+The file is a zip archive (stored, not compressed: weights do not compress), with no pickled
+code anywhere:
+
+- ``tensorfuse.json``: metadata. Format name and version, tensorfuse version, target, the host
+  the code was generated for (triple, CPU name, CPU features), entry symbol, input and output
+  info, the slot table, the kernel call table (for the profiler), the memory plan, the layout
+  of the constants blob and the SHA-256 of every other member.
+- ``code.o``: the relocatable object code llvmlite's ``TargetMachine.emit_object`` produced.
+- ``consts.bin``: every constant's bytes, each at a 64-byte aligned offset, so loading is one
+  read into one aligned buffer and the constants are views into it (held once, never copied).
+
+``load(path)`` checks, in this order, that the file is a complete zip holding those members,
+the format, the tensorfuse version, the target triple and the CPU features, then each member's
+checksum, and only then links the object code into the process (no LLVM code generation).
+Every failure raises :class:`ArtifactError` saying which check failed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+
+import numpy as np
+
+from .memory_plan import MemoryPlan
+from .module import CallInfo, Module, Program, SlotInfo
+
+FORMAT = "tensorfuse-module"
+FORMAT_VERSION = 1
+META, CODE, CONSTS = "tensorfuse.json", "code.o", "consts.bin"
+_ALIGN = 64
+
+
+class ArtifactError(Exception):
+    """A saved module cannot be written or loaded: the message names the file and the reason
+    (not a tensorfuse file, truncated or corrupt, another tensorfuse version, another CPU)."""
+
+
+def tensorfuse_version() -> str:
+    from compiler import __version__
+    return __version__
+
+
+def _host_info() -> dict:
+    from codegen.llvm.jit import host_info
+    return host_info()
+
+
+def _sha(b) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def _pack_consts(consts: dict[int, np.ndarray]) -> tuple[np.ndarray, list[dict]]:
+    layout, off = [], 0
+    for s in sorted(consts):
+        a = consts[s]
+        layout.append({"slot": s, "offset": off, "nbytes": int(a.nbytes), "dtype": a.dtype.str,
+                       "shape": list(a.shape)})
+        off += -(-a.nbytes // _ALIGN) * _ALIGN
+    blob = np.zeros(off, np.uint8)
+    for e in layout:
+        blob[e["offset"]:e["offset"] + e["nbytes"]] = np.ascontiguousarray(consts[e["slot"]]).reshape(-1).view(np.uint8)
+    return blob, layout
+
+
+def save_module(mod: Module, path) -> None:
+    """Write ``mod`` to ``path`` atomically (a temporary file in the same folder, then
+    ``os.replace``). Raises ArtifactError when the module has no object code."""
+    path = os.fspath(path)
+    code = mod._object_code
+    if not code:
+        raise ArtifactError(f"cannot save to {path}: this module has no object code")
+    prog = mod._program
+    blob, layout = _pack_consts(mod._consts)
+    meta = {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "tensorfuse_version": tensorfuse_version(),
+        "target": mod.target,
+        "host": mod._host or _host_info(),
+        "entry": mod._entry_name,
+        "inputs": [{"name": i.name, "dtype": i.dtype.str, "shape": list(i.shape)} for i in mod.input_info],
+        "outputs": [{"name": o.name, "dtype": o.dtype.str, "shape": list(o.shape)} for o in mod.output_info],
+        "slots": [{"index": s.index, "name": s.name, "kind": s.kind, "dtype": s.dtype.str, "shape": list(s.shape)}
+                  for s in prog.slots],
+        "input_slots": prog.inputs, "output_slots": prog.outputs,
+        "calls": [{"kernel": c.kernel, "slots": c.slots, "nodes": c.nodes, "ops": c.ops, "flops": c.flops,
+                   "inplace_ok": [list(p) for p in c.inplace_ok]} for c in prog.calls],
+        "plan": mod.memory_plan.to_dict(),
+        "consts": layout,
+        "sha256": {CODE: _sha(code), CONSTS: _sha(blob)},
+    }
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=folder)
+    except OSError as e:
+        raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+                z.writestr(META, json.dumps(meta, indent=1))
+                z.writestr(CODE, bytes(code))
+                z.writestr(CONSTS, memoryview(blob))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None
+        raise
+
+
+def _read_meta(z: zipfile.ZipFile, path: str) -> dict:
+    names = set(z.namelist())
+    missing = [n for n in (META, CODE, CONSTS) if n not in names]
+    if missing:
+        raise ArtifactError(f"{path} is not a tensorfuse module file: it lacks {', '.join(missing)}")
+    try:
+        meta = json.loads(z.read(META))
+    except (zipfile.BadZipFile, ValueError, OSError) as e:
+        raise ArtifactError(f"{path} is corrupt: its metadata cannot be read ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ArtifactError(f"{path} is not a tensorfuse module file (format {meta.get('format')!r})")
+    return meta
+
+
+def check_compatible(meta: dict, path: str = "the file") -> None:
+    """Raise ArtifactError unless this tensorfuse and this CPU can run the saved module."""
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{path} has module format version {meta.get('format_version')}; this tensorfuse "
+                            f"reads version {FORMAT_VERSION}")
+    ours = tensorfuse_version()
+    if meta.get("tensorfuse_version") != ours:
+        raise ArtifactError(f"{path} was written by tensorfuse {meta.get('tensorfuse_version')}, this is tensorfuse "
+                            f"{ours}: recompile the model with this version")
+    saved, host = meta.get("host") or {}, _host_info()
+    if saved.get("triple") != host["triple"]:
+        raise ArtifactError(f"{path} holds machine code for {saved.get('triple')}, this machine is {host['triple']}")
+    need = {f[1:] for f in (saved.get("features") or "").split(",") if f.startswith("+")}
+    have = {f[1:] for f in host["features"].split(",") if f.startswith("+")}
+    lacking = sorted(need - have)
+    if lacking:
+        raise ArtifactError(f"{path} holds machine code for CPU {saved.get('cpu')} that needs CPU features this CPU "
+                            f"({host['cpu']}) lacks: {', '.join(lacking)}; recompile the model on this machine")
+
+
+def read_artifact(path) -> tuple[dict, bytes, np.ndarray]:
+    """(metadata, object code, constants blob) of a saved module, all checks done."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ArtifactError(f"no such tensorfuse module file: {path}")
+    try:
+        with zipfile.ZipFile(path) as z:
+            meta = _read_meta(z, path)
+            check_compatible(meta, path)
+            code = z.read(CODE)
+            info = z.getinfo(CONSTS)
+            raw = np.empty(info.file_size + _ALIGN, np.uint8)
+            start = (-raw.ctypes.data) % _ALIGN
+            blob = raw[start:start + info.file_size]
+            with z.open(info) as f:
+                view, got = memoryview(blob), 0
+                while got < info.file_size:
+                    n = f.readinto(view[got:])
+                    if not n:
+                        break
+                    got += n
+                if got != info.file_size or f.read(1):
+                    raise ArtifactError(f"{path} is corrupt: the constants have {got} bytes, "
+                                        f"expected {info.file_size}")
+    except zipfile.BadZipFile as e:
+        raise ArtifactError(f"{path} is truncated or corrupt (not a complete zip archive: {e})") from None
+    except (EOFError, zipfile.LargeZipFile, OSError) as e:
+        raise ArtifactError(f"{path} is truncated or corrupt ({type(e).__name__}: {e})") from None
+    sums = meta.get("sha256") or {}
+    for name, data in ((CODE, code), (CONSTS, blob)):
+        if sums.get(name) != _sha(data):
+            raise ArtifactError(f"{path} is corrupt: the checksum of {name} does not match")
+    return meta, code, blob
+
+
+def load(path) -> Module:
+    """Load a module written by ``Module.save``: links the saved object code into this process
+    (no LLVM code generation) and returns a runnable :class:`Module`. Raises ArtifactError
+    (missing, truncated or corrupt file; another tensorfuse version; incompatible CPU)."""
+    path = os.fspath(path)
+    meta, code, blob = read_artifact(path)
+    try:
+        slots = [SlotInfo(s["index"], s["name"], s["kind"], np.dtype(s["dtype"]), tuple(s["shape"]))
+                 for s in meta["slots"]]
+        consts = {}
+        for e in meta["consts"]:
+            a = blob[e["offset"]:e["offset"] + e["nbytes"]].view(np.dtype(e["dtype"]))
+            consts[e["slot"]] = a.reshape(e["shape"])
+        calls = [CallInfo(c["kernel"], c["slots"], c["nodes"], c["ops"], c["flops"],
+                          [tuple(p) for p in c.get("inplace_ok", [])]) for c in meta["calls"]]
+        prog = Program(slots, meta["input_slots"], meta["output_slots"], calls, consts)
+        plan = MemoryPlan.from_dict(meta["plan"])
+        in_names = [i["name"] for i in meta["inputs"]]
+        out_names = [o["name"] for o in meta["outputs"]]
+        entry, target, host = meta["entry"], meta["target"], meta["host"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"{path} is corrupt: its metadata is incomplete ({type(e).__name__}: {e})") from None
+    from codegen.llvm.jit import load_object
+    try:
+        lib = load_object(code)
+    except Exception as e:
+        raise ArtifactError(f"{path}: its object code cannot be linked into this process ({e})") from None
+    return Module(prog, lib, entry, in_names, out_names, target=target, plan=plan, object_code=code, host=host)
