@@ -33,7 +33,7 @@ def _fold_node(graph: Graph, n: Node, max_bytes: int) -> bool:
             raise ValueError(f"the reference gives {a.dtype}{list(a.shape)} for output '{o.name}', "
                              f"inference says {o.type}")
     for o, a in zip(n.outputs, outs):
-        o.data = np.ascontiguousarray(a)               # the Value itself becomes the constant:
+        o.data = np.ascontiguousarray(a).reshape(o.shape)  # (ascontiguousarray makes 0-d 1-d); the Value becomes the constant:
         o.known = None                                 # its name and readers stay
         o.producer = None
         graph.constants[o.name] = o
