@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from compiler.driver import compile
 from compiler.errors import CompileError, ModelLoadError, TensorfuseError, UnsupportedModelError
+from compiler.explain import explain
+from compiler.export import export_onnx
+from runtime.cache import cache_info
 
-__all__ = ["compile", "CompileError", "ModelLoadError", "TensorfuseError", "UnsupportedModelError"]
+__all__ = ["compile", "cache_info", "explain", "export_onnx", "CompileError", "ModelLoadError", "TensorfuseError", "UnsupportedModelError"]
 __version__ = "0.1.0"

@@ -12,27 +12,43 @@ from compiler.target import Target
 
 
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
-            input_shapes: dict[str, Any] | None = None):
+            input_shapes: dict[str, Any] | None = None, disabled_rules=(), dump_ir=None,
+            cache: bool = True):
     """Compile an ONNX model into an executable :class:`runtime.Module`.
 
     model: a path, bytes or ``onnx.ModelProto``. target: "llvm" (host CPU). opt_level: 0..3
     (DESIGN.md "Optimisation levels"). input_shapes: {input name: shape} for inputs with
-    dynamic dimensions.
+    dynamic dimensions. disabled_rules: names of rewrite rules to switch off. dump_ir: a
+    folder for the graph after each pass that changed it, the rule log, and each kernel's IR
+    and the LLVM IR (``compiler.pipeline``). The module's ``graph`` is the optimised graph IR,
+    ``rewrite_log`` the rule applications. cache: look the module up in (and store it into) the compile cache
+    (``runtime.cache``; keyed by model content, target, every other option and the version).
 
     Raises ModelLoadError (not a valid ONNX model), UnsupportedModelError (unsupported ops, all
     listed with node names; dynamic shapes), CompileError (an internal failure, naming the pass
     or node).
     """
+    # every option but these is part of the compile cache's key: keep this line first
+    options = {k: v for k, v in locals().items() if k not in ("model", "target", "cache")}
     tgt = Target.parse(target)
     if tgt.kind != "llvm":
         raise CompileError(f"target {tgt.kind!r} is not available yet")
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+    if cache:
+        from runtime.cache import cached_compile
+        return cached_compile(model, str(tgt), options, lambda: compile(model, target, cache=False, **options))
     graph = import_onnx(model, input_shapes=input_shapes)
     output_names = list(graph.output_names or [v.name for v in graph.outputs])
     input_names = [v.name for v in graph.inputs]
+    from compiler.pipeline import dump_kernels, optimize
+    opt = optimize(graph, opt_level, disabled_rules=disabled_rules, dump_ir=dump_ir)
     lowered = lower_graph(graph)
-    return build_module(lowered, graph, input_names, output_names)
+    m = build_module(lowered, graph, input_names, output_names)
+    m.rewrite_log, m.pass_records = opt.log, opt.passes
+    if dump_ir is not None:
+        dump_kernels(dump_ir, m)
+    return m
 
 
 def build_module(lowered, graph, input_names, output_names):
