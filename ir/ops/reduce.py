@@ -1,0 +1,304 @@
+"""Reductions: ReduceSum/Mean/Max/Min/Prod/L1/L2/LogSum/LogSumExp/SumSquare, ArgMax/ArgMin,
+CumSum, TopK (ONNX operator spec, the section of each op).
+
+IR form of the Reduce* ops is the newest one: ``axes`` is the optional second input (a
+compile-time constant), with ``keepdims`` and ``noop_with_empty_axes``. Versions that take
+``axes`` as an attribute (ReduceSum before 13, the others before 18) are imported by turning
+the attribute into a constant input.
+
+Reduction kernels (why this loop order): the input dims split into the kept dims before the
+last reduced axis ("outer"), the reduced dims, and the trailing kept dims ("inner", contiguous
+in both input and output). Accumulators for a block of up to ``CHUNK`` inner positions live in
+a local buffer; the loop over the inner block is innermost, so memory is read contiguously
+whether the reduction runs over the last axis (inner = 1) or over leading axes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
+from ir.lowering import LowerCtx
+from ir.ops._common import const_input, norm_axis
+from ir.ops.softmax import axis_blocks, split_axis
+from ir.registry import OpPatternKind, ShapeError, op
+from ir.types import DType, TensorType
+
+CHUNK = 1024
+I64 = DType.i64
+_NUM = (DType.f16, DType.f32, DType.f64, DType.i32, DType.i64, DType.u32, DType.u64)
+_NUM8 = _NUM + (DType.i8, DType.u8)
+
+
+def _acc(dt: DType) -> DType:
+    return DType.f32 if dt == DType.f16 else dt
+
+
+def _lowest(dt: DType):
+    if dt.is_float:
+        return -math.inf
+    if dt == DType.bool:
+        return False
+    return int(np.iinfo(dt.numpy).min)
+
+
+def _highest(dt: DType):
+    if dt.is_float:
+        return math.inf
+    if dt == DType.bool:
+        return True
+    return int(np.iinfo(dt.numpy).max)
+
+
+# ----------------------------------------------------------------------------- axes
+def reduce_axes(node) -> tuple[int, ...]:
+    """Normalised, sorted reduced axes. Empty axes mean all axes, or no axes at all with
+    noop_with_empty_axes=1: then each element is "reduced" alone, so composite reductions
+    still apply their elementwise steps (ReduceL1 gives |x|, ReduceLogSum log(x)), as the
+    spec says. Raises ShapeError for out-of-range or repeated axes."""
+    rank = node.inputs[0].type.rank
+    a = const_input(node, 1, "axes")
+    axes = [] if a is None else [int(v) for v in np.asarray(a).ravel()]
+    if not axes:
+        return () if node.attr("noop_with_empty_axes", 0) else tuple(range(rank))
+    norm = [norm_axis(v, rank, "axes entry") for v in axes]
+    if len(set(norm)) != len(norm):
+        raise ShapeError(f"axes {axes} name an axis twice")
+    return tuple(sorted(norm))
+
+
+def reduced_shape(shape, axes, keepdims: bool) -> tuple[int, ...]:
+    if keepdims:
+        return tuple(1 if d in axes else s for d, s in enumerate(shape))
+    return tuple(s for d, s in enumerate(shape) if d not in axes)
+
+
+# ----------------------------------------------------------------------------- kernel
+@dataclass
+class Pass:
+    """One accumulation pass: ``init`` value, ``step(prev_accs, acc, x) -> acc``."""
+    init: Callable[[DType], Expr]
+    step: Callable[[list, Expr, Expr], Expr]
+
+
+def emit_reduction(kb: KernelBuilder, x: Buffer, y: Buffer, axes, acc: DType,
+                   passes: list[Pass], finish: Callable[[list, int], Expr],
+                   load: Callable[[Expr], Expr] | None = None) -> None:
+    """Reduce ``x`` over ``axes`` into ``y`` (keepdims or not: same flat layout).
+
+    Each pass loops over the reduced elements once; pass i's step sees the finished
+    accumulators of passes before it. ``finish(accs, count)`` gives the stored value (dtype
+    ``y.dtype``). ``load(flat_offset)`` reads an input element (default: ``x.flat(off).cast(acc)``).
+    """
+    shape = x.shape
+    rank = len(shape)
+    load = load or (lambda off: x.flat(off).cast(acc))
+    last = max(axes) if axes else -1
+    outer_dims = [d for d in range(last + 1) if d not in axes]
+    inner = int(np.prod(shape[last + 1:], dtype=np.int64))
+    count = int(np.prod([shape[d] for d in axes], dtype=np.int64))
+    xs = Buffer("_", x.dtype, shape).strides
+    kept_shape = [shape[d] for d in outer_dims]
+    ys = Buffer("_", x.dtype, tuple(kept_shape)).strides if kept_shape else ()
+    if y.numel == 0:
+        return
+    chunk = max(min(inner, CHUNK), 1)
+    nblk = -(-inner // chunk)
+    accs = [kb.local(acc, (chunk,), hint=f"acc{p}_") for p in range(len(passes))]
+    with kb.grid(kept_shape) as oidx:
+        xbase: Expr = Const(0, I64)
+        ybase: Expr = Const(0, I64)
+        for d, i, s in zip(outer_dims, oidx, ys):
+            xbase = xbase + i * xs[d]
+            ybase = ybase + i * s
+        ybase = ybase * inner
+
+        def block(t0, width):
+            for p, ps in enumerate(passes):
+                with kb.loop(width, kind="vectorize", hint="t") as t:
+                    kb.store(accs[p], t, ps.init(acc))
+                with kb.grid([shape[d] for d in axes]) as ridx:
+                    off = xbase + t0
+                    for d, i in zip(axes, ridx):
+                        off = off + i * xs[d]
+                    with kb.loop(width, kind="vectorize", hint="t") as t:
+                        prev = [a[t] for a in accs[:p]]
+                        kb.store(accs[p], t, ps.step(prev, accs[p][t], load(off + t)))
+            with kb.loop(width, kind="vectorize", hint="t") as t:
+                kb.store(y, ybase + t0 + t, finish([a[t] for a in accs], count))
+
+        if nblk == 1:
+            block(Const(0, I64), inner)
+        else:
+            with kb.loop(nblk, hint="ib") as ib:
+                block(ib * chunk, minimum(as_expr(chunk), inner - ib * chunk))
+
+
+def _sum_pass(f=lambda x: x) -> Pass:
+    return Pass(lambda dt: as_expr(0, dt), lambda prev, a, x: a + f(x))
+
+
+def _as_float(e: Expr, fn: Callable[[Expr], Expr], out: DType) -> Expr:
+    """Apply a float function to an accumulator (ints go through f64 and truncate back)."""
+    if e.dtype.is_float:
+        return fn(e).cast(out)
+    return fn(e.cast(DType.f64)).cast(out)
+
+
+def _sq(x):
+    return x * x
+
+
+def _abs(x):
+    return unop("abs", x)
+
+
+# per op: (allowed dtypes, passes, finish(accs, count, out dtype), numpy reference, flops/elem)
+def _mean_finish(accs, count, out):
+    a = accs[0]
+    if a.dtype.is_float:
+        return (a / as_expr(float(count) if count else 0.0, a.dtype)).cast(out)
+    return (a / as_expr(count, a.dtype)).cast(out)
+
+
+def _lse_finish(accs, count, out):
+    m = select(unop("isinf", accs[0]), as_expr(0.0, accs[0].dtype), accs[0])
+    return (m + unop("log", accs[1])).cast(out)
+
+
+def _lse_shift(m):
+    return select(unop("isinf", m), as_expr(0.0, m.dtype), m)
+
+
+_SPEC = {
+    "ReduceSum": (_NUM, [_sum_pass()], lambda a, c, o: a[0].cast(o)),
+    "ReduceMean": (_NUM, [_sum_pass()], _mean_finish),
+    "ReduceMax": (_NUM8 + (DType.bool,), [Pass(lambda dt: as_expr(_lowest(dt), dt),
+                                               lambda p, a, x: maximum(a, x))], lambda a, c, o: a[0].cast(o)),
+    "ReduceMin": (_NUM8 + (DType.bool,), [Pass(lambda dt: as_expr(_highest(dt), dt),
+                                               lambda p, a, x: minimum(a, x))], lambda a, c, o: a[0].cast(o)),
+    "ReduceProd": (_NUM, [Pass(lambda dt: as_expr(1, dt), lambda p, a, x: a * x)], lambda a, c, o: a[0].cast(o)),
+    "ReduceL1": (_NUM, [_sum_pass(_abs)], lambda a, c, o: a[0].cast(o)),
+    "ReduceL2": (_NUM, [_sum_pass(_sq)], lambda a, c, o: _as_float(a[0], lambda v: unop("sqrt", v), o)),
+    "ReduceSumSquare": (_NUM, [_sum_pass(_sq)], lambda a, c, o: a[0].cast(o)),
+    "ReduceLogSum": (_NUM, [_sum_pass()], lambda a, c, o: _as_float(a[0], lambda v: unop("log", v), o)),
+    "ReduceLogSumExp": ((DType.f16, DType.f32, DType.f64),
+                        [Pass(lambda dt: as_expr(-math.inf, dt), lambda p, a, x: maximum(a, x)),
+                         Pass(lambda dt: as_expr(0.0, dt),
+                              lambda p, a, x: a + unop("exp", x - _lse_shift(p[0])))],
+                        _lse_finish),
+}
+
+
+def _np_reduce(name: str, x: np.ndarray, axes, keepdims: bool) -> np.ndarray:
+    dt = x.dtype
+    w = x.astype(np.float32) if dt == np.float16 else x
+    ax = tuple(axes)
+    if name == "ReduceSum":
+        r = np.sum(w, axis=ax, keepdims=keepdims, dtype=w.dtype)
+    elif name == "ReduceMean":
+        if dt.kind in "iu":   # C division: truncates toward zero; by zero gives 0
+            s = np.sum(w, axis=ax, keepdims=keepdims, dtype=w.dtype)
+            n = int(np.prod([x.shape[a] for a in ax], dtype=np.int64))
+            if n == 0:
+                r = np.zeros_like(s)
+            else:
+                q = s // n
+                r = np.where((s % n != 0) & (s < 0), q + 1, q) if dt.kind == "i" else q
+        else:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = np.sum(w, axis=ax, keepdims=keepdims) / w.dtype.type(
+                    np.prod([x.shape[a] for a in ax], dtype=np.int64))
+    elif name in ("ReduceMax", "ReduceMin"):
+        if x.size == 0 or any(x.shape[a] == 0 for a in ax):
+            fill = (_lowest if name == "ReduceMax" else _highest)(DType.from_numpy(dt))
+            r = np.full(reduced_shape(x.shape, ax, keepdims), fill, dt)
+        else:
+            r = (np.max if name == "ReduceMax" else np.min)(x, axis=ax, keepdims=keepdims)
+    elif name == "ReduceProd":
+        r = np.prod(w, axis=ax, keepdims=keepdims, dtype=w.dtype)
+    elif name == "ReduceL1":
+        r = np.sum(np.abs(w), axis=ax, keepdims=keepdims, dtype=w.dtype)
+    elif name == "ReduceL2":
+        s = np.sum(w * w, axis=ax, keepdims=keepdims, dtype=w.dtype)
+        r = np.sqrt(s.astype(np.float64) if dt.kind in "iu" else s)
+    elif name == "ReduceSumSquare":
+        r = np.sum(w * w, axis=ax, keepdims=keepdims, dtype=w.dtype)
+    elif name == "ReduceLogSum":
+        s = np.sum(w, axis=ax, keepdims=keepdims, dtype=w.dtype)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.log(s.astype(np.float64) if dt.kind in "iu" else s)
+    elif name == "ReduceLogSumExp":
+        if w.size == 0:
+            r = np.full(reduced_shape(x.shape, ax, keepdims), -np.inf, w.dtype)
+        else:
+            m = np.max(w, axis=ax, keepdims=True)
+            m = np.where(np.isinf(m), 0, m)
+            with np.errstate(divide="ignore"):
+                r = np.log(np.sum(np.exp(w - m), axis=ax, keepdims=True)) + m
+            if not keepdims:
+                r = np.squeeze(r, axis=ax)
+    else:
+        raise KeyError(name)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(r).astype(dt)
+
+
+def _import_axes_attr(new_since: int):
+    def importer(ctx, proto, version):
+        if version >= new_since:
+            return ctx.default_import(proto)
+        attrs = ctx.attrs(proto)
+        axes = attrs.pop("axes", None)
+        ins = [ctx.value(proto.input[0])]
+        if axes is not None:
+            ins.append(ctx.builder.const(np.asarray(axes, np.int64), "axes"))
+        return ctx.default_import(proto, inputs=ins, attrs=attrs)
+    return importer
+
+
+def _make_reduce(name: str, new_since: int, flops_per_elem: float):
+    allowed, passes, finish = _SPEC[name]
+
+    def infer(node):
+        x = node.inputs[0]
+        if x.dtype not in allowed:
+            raise ShapeError(f"input dtype {x.dtype} is not supported "
+                             f"(allowed: {', '.join(d.value for d in allowed)})")
+        axes = reduce_axes(node)
+        return [TensorType(x.dtype, reduced_shape(x.shape, axes, bool(node.attr("keepdims", 1))))]
+
+    def reference(node, ins):
+        axes = reduce_axes(node)
+        return [_np_reduce(name, ins[0], axes, bool(node.attr("keepdims", 1)))]
+
+    def lower(ctx):
+        axes = reduce_axes(ctx.node)
+        x, y = ctx.inputs[0], ctx.outputs[0]
+        acc = _acc(x.dtype)
+        kb = ctx.kernel(params=[x, y])
+        emit_reduction(kb, x, y, axes, acc, passes, lambda a, c: finish(a, c, y.dtype))
+
+    def flops(node):
+        return flops_per_elem * node.inputs[0].type.numel
+
+    doc = (f"{name} over ``axes`` (input 1, constant; empty: all axes, or none when "
+           f"noop_with_empty_axes=1), keepdims. ONNX spec: {name}-{max(new_since, 13)}. x of any "
+           f"rank, dtypes {', '.join(d.value for d in allowed)} (f16 accumulates in f32); output "
+           f"same dtype. Older versions with an ``axes`` attribute (before {new_since}) are "
+           f"imported with a constant axes input. Raises ShapeError for an axis out of range "
+           f"or named twice, axes computed at run time, or an unsupported dtype.")
+    cls = type(name, (), {"__doc__": doc, "infer": infer, "reference": reference, "lower": lower,
+                          "importer": _import_axes_attr(new_since), "flops": flops,
+                          "const_inputs": (1,)})
+    return op(name, OpPatternKind.COMM_REDUCE)(cls)
+
+
+for _name, _since, _fl in [("ReduceSum", 13, 1), ("ReduceMean", 18, 1), ("ReduceMax", 18, 1),
+                           ("ReduceMin", 18, 1), ("ReduceProd", 18, 1), ("ReduceL1", 18, 2),
+                           ("ReduceL2", 18, 2), ("ReduceSumSquare", 18, 2),
+                           ("ReduceLogSum", 18, 1), ("ReduceLogSumExp", 18, 4)]:
+    _make_reduce(_name, _since, _fl)
