@@ -147,7 +147,8 @@ def _spec(name: str) -> str:
     return f"ONNX spec: {name}-{v}."
 
 
-def unary(name: str, doc: str, np_fn, scalar_fn, kind: OpPatternKind = EW, f32: bool = True, **kw) -> OpDef:
+def unary(name: str, doc: str, np_fn, scalar_fn, kind: OpPatternKind = EW, f32: bool = True,
+          infer=None, **kw) -> OpDef:
     """Register an op whose reference is ``np_fn(node, x)`` and scalar ``scalar_fn(node, x)``;
     with ``f32`` both compute f16 in f32 (compound formulas: one rounding at the end)."""
     ref = np_in_f32(lambda node, ins: np_fn(node, ins[0]))
@@ -156,7 +157,7 @@ def unary(name: str, doc: str, np_fn, scalar_fn, kind: OpPatternKind = EW, f32: 
             with np.errstate(all="ignore"):
                 y = np.asarray(np_fn(node, ins[0]))
                 return [y.astype(ins[0].dtype) if y.dtype.kind == ins[0].dtype.kind else y]
-    return register(OpDef(name=name, kind=kind, infer=infer_ew, reference=ref,
+    return register(OpDef(name=name, kind=kind, infer=infer or infer_ew, reference=ref,
                           scalar=in_f32(scalar_fn) if f32 else scalar_fn, doc=f"{doc} {_spec(name)}", **kw))
 
 

@@ -1,0 +1,196 @@
+"""Activation functions (ONNX operator spec, "Operators" section per op).
+
+Contract (see ``ir.ops.elementwise``): output shape and dtype are the input's; dtypes are the
+ONNX type constraints of the newest opset (float16/float/double/bfloat16 for most; PRelu,
+Clip and Shrink also take integers); ShapeError for other dtypes, bad attributes, or (PRelu,
+Clip) auxiliary inputs of the wrong shape. float16 computes in float32 and rounds once.
+Float attributes (alpha, beta, ...) are ONNX float32 values, used at the input's precision.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ir.kernel import as_expr, maximum, minimum, select, unop
+from ir.ops._common import broadcast_shapes
+from ir.ops.elementwise import BC, EW, F64, _erf_np, check_types, in_f32, infer_ew, np_in_f32, unary
+from ir.registry import OpPatternKind, ShapeError, op
+from ir.types import TensorType
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _a(node, name):
+    return float(node.attr(name))
+
+
+# ----------------------------------------------------------------------------- simple activations
+def _softplus(x):
+    return maximum(x, 0.0) + unop("log1p", unop("exp", -unop("abs", x)))
+
+
+def _softplus_np(x):
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+unary("Sigmoid", "y = 1 / (1 + exp(-x)).",
+      lambda n, x: 1 / (1 + np.exp(-x)), lambda n, x: 1.0 / (1.0 + unop("exp", -x)))
+unary("HardSigmoid", "y = max(0, min(1, alpha * x + beta)); alpha=0.2, beta=0.5 by default.",
+      lambda n, x: np.clip(x * x.dtype.type(_a(n, "alpha")) + x.dtype.type(_a(n, "beta")), 0, 1),
+      lambda n, x: maximum(minimum(x * _a(n, "alpha") + _a(n, "beta"), 1.0), 0.0))
+unary("HardSwish", "y = x * max(0, min(1, x / 6 + 1 / 2)).",
+      lambda n, x: x * np.clip(x * x.dtype.type(1 / 6) + x.dtype.type(0.5), 0, 1),
+      lambda n, x: x * maximum(minimum(x * (1 / 6) + 0.5, 1.0), 0.0))
+unary("LeakyRelu", "y = x for x >= 0, alpha * x below; alpha=0.01 by default.",
+      lambda n, x: np.where(x < 0, x * x.dtype.type(_a(n, "alpha")), x),
+      lambda n, x: select(x < 0, x * _a(n, "alpha"), x))
+unary("ThresholdedRelu", "y = x for x > alpha, else 0; alpha=1 by default.",
+      lambda n, x: np.where(x > x.dtype.type(_a(n, "alpha")), x, 0),
+      lambda n, x: select(x > _a(n, "alpha"), x, as_expr(0.0, x.dtype)))
+unary("Elu", "y = x for x >= 0, alpha * (exp(x) - 1) below; alpha=1 by default.",
+      lambda n, x: np.where(x < 0, x.dtype.type(_a(n, "alpha")) * np.expm1(x), x),
+      lambda n, x: select(x < 0, unop("expm1", x) * _a(n, "alpha"), x))
+unary("Selu", "y = gamma * x for x > 0, gamma * alpha * (exp(x) - 1) otherwise "
+      "(alpha=1.67326..., gamma=1.05070... by default).",
+      lambda n, x: x.dtype.type(_a(n, "gamma")) * np.where(x > 0, x, x.dtype.type(_a(n, "alpha")) * np.expm1(x)),
+      lambda n, x: select(x > 0, x, unop("expm1", x) * _a(n, "alpha")) * _a(n, "gamma"))
+unary("Celu", "y = max(0, x) + min(0, alpha * (exp(x / alpha) - 1)); alpha=1 by default.",
+      lambda n, x: np.maximum(x, 0) + np.minimum(0, x.dtype.type(_a(n, "alpha")) * np.expm1(x / x.dtype.type(_a(n, "alpha")))),
+      lambda n, x: maximum(x, 0.0) + minimum(unop("expm1", x / _a(n, "alpha")) * _a(n, "alpha"), 0.0))
+unary("Softplus", "y = ln(1 + exp(x)), computed as max(x, 0) + log1p(exp(-|x|)) (no overflow).",
+      lambda n, x: _softplus_np(x), lambda n, x: _softplus(x))
+unary("Softsign", "y = x / (1 + |x|).",
+      lambda n, x: x / (1 + np.abs(x)), lambda n, x: x / (unop("abs", x) + 1.0))
+unary("Mish", "y = x * tanh(softplus(x)).",
+      lambda n, x: x * np.tanh(_softplus_np(x)), lambda n, x: x * unop("tanh", _softplus(x)))
+
+
+def _gelu_mode(node) -> str:
+    mode = node.attr("approximate", "none")
+    if mode not in ("none", "tanh"):
+        raise ShapeError(f"attribute approximate={mode!r}: ONNX Gelu allows 'none' or 'tanh'")
+    return mode
+
+
+def _gelu_infer(node):
+    _gelu_mode(node)
+    return infer_ew(node)
+
+
+def _gelu_np(node, x):
+    if _gelu_mode(node) == "tanh":
+        return 0.5 * x * (1 + np.tanh(x.dtype.type(SQRT_2_OVER_PI) * (x + x.dtype.type(0.044715) * x ** 3)))
+    return 0.5 * x * (1 + _erf_np(x * x.dtype.type(1 / math.sqrt(2))))
+
+
+def _gelu_scalar(node, x):
+    if _gelu_mode(node) == "tanh":
+        return x * 0.5 * (unop("tanh", (x + x * x * x * 0.044715) * SQRT_2_OVER_PI) + 1.0)
+    return x * 0.5 * (unop("erf", x * (1 / math.sqrt(2))) + 1.0)
+
+
+unary("Gelu", "y = x/2 * (1 + erf(x / sqrt 2)); approximate='tanh': x/2 * (1 + tanh(sqrt(2/pi) * "
+      "(x + 0.044715 x^3))). ShapeError for another 'approximate'.", _gelu_np, _gelu_scalar, infer=_gelu_infer)
+
+
+@op("Shrink", EW)
+class Shrink:
+    """y = x + bias for x < -lambd, x - bias for x > lambd, else 0 (lambd=0.5, bias=0). Any
+    numeric dtype; integers compare and shift in double and convert back (as onnxruntime).
+    ONNX spec: Shrink-9."""
+    infer = infer_ew
+
+    def reference(node, ins):
+        x = ins[0]
+        lam, bias = _a(node, "lambd"), _a(node, "bias")
+        xf = x.astype(np.float64) if x.dtype.kind in "iu" else x.astype(np.float32) if x.dtype.itemsize < 4 else x
+        t = xf.dtype.type
+        with np.errstate(all="ignore"):
+            y = np.where(xf < t(-lam), xf + t(bias), np.where(xf > t(lam), xf - t(bias), t(0)))
+        return [y.astype(x.dtype)]
+
+    def scalar(node, x):
+        lam, bias = _a(node, "lambd"), _a(node, "bias")
+        dt = x.dtype
+        xf = x.cast(F64) if not dt.is_float else x
+        return select(xf < -lam, xf + bias, select(xf > lam, xf - bias, as_expr(0.0, xf.dtype))).cast(dt)
+
+    scalar = in_f32(scalar)
+
+
+# ----------------------------------------------------------------------------- PRelu
+@op("PRelu", BC)
+class PRelu:
+    """y = x for x >= 0, slope * x below. slope broadcasts to x unidirectionally (numpy rules,
+    the result keeps x's shape); x, slope same dtype (f16/f32/f64/bf16, i32/i64/u32/u64).
+    Raises ShapeError when slope does not broadcast to x's shape. ONNX spec: PRelu-16."""
+
+    def infer(node):
+        check_types(node)
+        x, s = node.inputs
+        if broadcast_shapes(x.shape, s.shape) != x.shape:
+            raise ShapeError(f"slope of shape {list(s.shape)} does not broadcast to X's shape {list(x.shape)} "
+                             f"(ONNX PRelu broadcasts slope to X only)")
+        return [x.type]
+
+    reference = np_in_f32(lambda node, ins: np.where(ins[0] < 0, ins[0] * ins[1], ins[0]))
+    scalar = in_f32(lambda node, x, s: select(x < 0, x * s, x))
+
+
+# ----------------------------------------------------------------------------- Clip
+def _clip_scalar(node, x, *bounds):
+    it = iter(bounds)
+    lo = next(it) if node.input(1) is not None else None
+    hi = next(it) if node.input(2) is not None else None
+    y = x
+    if lo is not None:
+        y = maximum(y, lo)
+    if hi is not None:
+        y = minimum(y, hi)   # min last: min > max gives max, as the spec says
+    return y
+
+
+@op("Clip", BC)
+class Clip:
+    """y = min(max(x, min), max); omitted bounds do not clip; min > max gives max everywhere;
+    NaN stays NaN. min and max are optional one-element tensors of x's dtype (any numeric),
+    known at compile time or not. Clip-6 (opsets 7..10) had float attributes min/max
+    (defaults -/+FLT_MAX), imported as constant inputs. Raises ShapeError for bounds with more
+    than one element. ONNX spec: Clip-13."""
+
+    def infer(node):
+        check_types(node)
+        for i, what in ((1, "min"), (2, "max")):
+            v = node.input(i)
+            if v is not None and v.type.numel != 1:
+                raise ShapeError(f"input {i} ('{what}') must be a scalar, got shape {list(v.shape)}")
+        return [node.inputs[0].type]
+
+    def reference(node, ins):
+        x = ins[0]
+        y = x
+        if len(ins) > 1 and ins[1] is not None:
+            y = np.maximum(y, ins[1].reshape(()))
+        if len(ins) > 2 and ins[2] is not None:
+            y = np.minimum(y, ins[2].reshape(()))
+        return [np.asarray(y).astype(x.dtype)]
+
+    scalar = _clip_scalar
+
+    def lower(ctx):
+        x, y = ctx.inputs[0], ctx.outputs[0]
+        kb = ctx.kernel()
+        with kb.loop(y.numel, kind="vectorize") as i:
+            bounds = [b.flat(0) for b in ctx.inputs[1:] if b is not None]
+            kb.store(y, i, _clip_scalar(ctx.node, x.flat(i), *bounds))
+
+    def importer(ctx, proto, version):
+        if version >= 11:
+            return ctx.default_import(proto)
+        x = ctx.value(proto.input[0])
+        attrs = ctx.attrs(proto)
+        fmax = float(np.finfo(np.float32).max)
+        lo = ctx.builder.const(np.asarray(attrs.get("min", -fmax), dtype=x.dtype.numpy), "clip_min")
+        hi = ctx.builder.const(np.asarray(attrs.get("max", fmax), dtype=x.dtype.numpy), "clip_max")
+        return ctx.default_import(proto, inputs=[x, lo, hi], attrs={})
