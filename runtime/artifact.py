@@ -19,8 +19,11 @@ Every failure raises :class:`ArtifactError` saying which check failed.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
+import re
+import sys
 import tempfile
 import zipfile
 
@@ -41,6 +44,17 @@ class ArtifactError(Exception):
 
 
 def tensorfuse_version() -> str:
+    """``compiler.__version__``, read without importing the compiler when it is not loaded
+    (a process that only loads saved modules never imports the compiler)."""
+    mod = sys.modules.get("compiler")
+    if mod is not None and getattr(mod, "__version__", None):
+        return mod.__version__
+    spec = importlib.util.find_spec("compiler")
+    if spec and spec.origin:
+        with open(spec.origin, encoding="utf-8") as f:
+            m = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", f.read(), re.M)
+        if m:
+            return m.group(1)
     from compiler import __version__
     return __version__
 

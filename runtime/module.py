@@ -210,6 +210,8 @@ class Module:
             self._rebuilt()
             if name in self.__dict__:
                 return self.__dict__[name]
+        if name in ("kernels",):
+            raise AttributeError("this module was loaded from a file: it holds machine code, not kernel IR")
         raise AttributeError(f"{type(self).__name__!s} object has no attribute {name!r}")
 
     @property
@@ -229,7 +231,7 @@ class Module:
         if self._lowered is None:
             self._rebuilt()
         if self._lowered is None:
-            raise AttributeError("this module was loaded from a file: it holds machine code, not kernel IR")
+            raise AttributeError("kernels")       # __getattr__ explains
         return self._lowered.kernels
 
     @property

@@ -1,0 +1,231 @@
+"""Saved modules (runtime.artifact): one file, bit-exact after loading, loaded in a fresh process
+without LLVM code generation, and clear errors for other versions, other CPUs, truncated or
+corrupt files; the write is atomic."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import compiler
+import runtime
+from codegen.llvm import jit
+from runtime.artifact import CODE, CONSTS, META, ArtifactError
+from test_runtime_module import mlp_model, mlp_ref, x_input
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# a fresh interpreter where generating code is impossible: the LLVM IR emitter cannot be
+# imported and every code-generating function of the JIT raises
+LOAD_SCRIPT = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+sys.modules["codegen.llvm.emit"] = None
+import codegen.llvm.jit as jit
+def _no_codegen(*a, **k):
+    raise AssertionError("LLVM code generation in a process that only loads a saved module")
+jit.compile_ir = jit.optimize = jit.parse_and_verify = _no_codegen
+import time
+import numpy as np
+t0 = time.perf_counter()
+import runtime
+mod = runtime.load(sys.argv[2])
+t1 = time.perf_counter()
+feeds = dict(np.load(sys.argv[3]))
+outs = mod.run(**feeds)
+np.savez(sys.argv[4], *outs)
+assert jit.STATS["codegen_calls"] == 0, jit.STATS
+assert "compiler" not in sys.modules, "loading imported the compiler"
+print(f"load_s={t1 - t0:.4f}")
+"""
+
+
+def load_in_fresh_process(path, feeds: dict, tmp_path) -> tuple[list[np.ndarray], float]:
+    """Run a saved module in a new interpreter; returns its outputs and the load time (s)."""
+    xin, yout = tmp_path / "feeds.npz", tmp_path / "outs.npz"
+    np.savez(xin, **feeds)
+    r = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(ROOT), str(path), str(xin), str(yout)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    load_s = float(r.stdout.strip().split("load_s=")[-1])
+    with np.load(yout) as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))], load_s
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    model = mlp_model(n=4, d=64)
+    return model, compiler.compile(model, cache=False)
+
+
+def _rewrite(src, dst, meta_change=None, member_change=None):
+    """Copy a saved module, changing its metadata or one member's bytes."""
+    with zipfile.ZipFile(src) as z:
+        items = {n: z.read(n) for n in z.namelist()}
+    if meta_change:
+        meta = json.loads(items[META])
+        meta_change(meta)
+        items[META] = json.dumps(meta).encode()
+    if member_change:
+        name, fn = member_change
+        items[name] = fn(items[name])
+    with zipfile.ZipFile(dst, "w") as z:
+        for n, b in items.items():
+            z.writestr(n, b)
+
+
+def test_round_trip_is_bit_exact(mlp, tmp_path):
+    model, mod = mlp
+    path = tmp_path / "mlp.tfm"
+    mod.save(path)
+    assert path.is_file() and [p.name for p in tmp_path.iterdir()] == ["mlp.tfm"]
+    before = jit.STATS["codegen_calls"]
+    loaded = runtime.load(path)
+    assert jit.STATS["codegen_calls"] == before
+    x = x_input(0, n=4, d=64)
+    np.testing.assert_array_equal(loaded.run(x)[0], mod.run(x)[0])
+    np.testing.assert_allclose(loaded.run(x)[0], mlp_ref(model, x), rtol=1e-4, atol=1e-5)
+    assert loaded.input_info == mod.input_info and loaded.output_info == mod.output_info
+    assert loaded.memory_plan == mod.memory_plan
+    assert [c.kernel for c in loaded.calls] == [c.kernel for c in mod.calls]
+    assert [c.nodes for c in loaded.calls] == [c.nodes for c in mod.calls]
+    prof = loaded.profile(x, repeat=2, show=False)          # the call table survives the file
+    assert len(prof) == mod.num_kernels
+    assert loaded.graph is None
+    with pytest.raises(AttributeError, match="machine code, not kernel IR"):
+        loaded.kernels
+
+
+def test_metadata(mlp, tmp_path):
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+    with zipfile.ZipFile(tmp_path / "m.tfm") as z:
+        assert set(z.namelist()) == {META, CODE, CONSTS}
+        meta = json.loads(z.read(META))
+        code = z.read(CODE)
+    host = jit.host_info()
+    assert meta["tensorfuse_version"] == compiler.__version__
+    assert (meta["host"]["triple"], meta["host"]["cpu"], meta["host"]["features"]) == (
+        host["triple"], host["cpu"], host["features"])
+    assert meta["inputs"] == [{"name": "x", "dtype": "<f4", "shape": [4, 64]}]
+    assert meta["outputs"] == [{"name": "y", "dtype": "<f4", "shape": [4, 64]}]
+    assert meta["plan"]["arena_bytes"] == mod.memory_plan.arena_bytes
+    assert {c["kernel"] for c in meta["calls"]} == {c.kernel for c in mod.calls}
+    assert code[:4] == b"\x7fELF" or code[:4] in (b"\xcf\xfa\xed\xfe", b"\x64\x86")   # an object file
+
+
+def test_loads_and_runs_in_a_fresh_process_without_codegen(mlp, tmp_path):
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+    x = x_input(1, n=4, d=64)
+    outs, _ = load_in_fresh_process(tmp_path / "m.tfm", {"x": x}, tmp_path)
+    np.testing.assert_array_equal(outs[0], mod.run(x)[0])
+
+
+def test_loaded_module_saves_again(mlp, tmp_path):
+    _, mod = mlp
+    mod.save(tmp_path / "a.tfm")
+    runtime.load(tmp_path / "a.tfm").save(tmp_path / "b.tfm")
+    x = x_input(2, n=4, d=64)
+    np.testing.assert_array_equal(runtime.load(tmp_path / "b.tfm").run(x)[0], mod.run(x)[0])
+
+
+def test_other_version_is_refused(mlp, tmp_path):
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+    _rewrite(tmp_path / "m.tfm", tmp_path / "old.tfm", meta_change=lambda m: m.update(tensorfuse_version="0.0.1"))
+    with pytest.raises(ArtifactError, match=r"written by tensorfuse 0\.0\.1, this is tensorfuse " + compiler.__version__):
+        runtime.load(tmp_path / "old.tfm")
+
+
+def test_missing_cpu_features_are_named(mlp, tmp_path):
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+
+    def other_cpu(meta):
+        meta["host"]["cpu"] = "futurecpu"
+        meta["host"]["features"] += ",+amx-fp64,+warp-drive"
+    _rewrite(tmp_path / "m.tfm", tmp_path / "cpu.tfm", meta_change=other_cpu)
+    with pytest.raises(ArtifactError, match=r"CPU futurecpu .* lacks: amx-fp64, warp-drive"):
+        runtime.load(tmp_path / "cpu.tfm")
+
+
+def test_other_triple_is_refused(mlp, tmp_path):
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+    _rewrite(tmp_path / "m.tfm", tmp_path / "arm.tfm",
+             meta_change=lambda m: m["host"].update(triple="aarch64-unknown-linux-gnu"))
+    with pytest.raises(ArtifactError, match="machine code for aarch64-unknown-linux-gnu"):
+        runtime.load(tmp_path / "arm.tfm")
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.9, 0.999])
+def test_truncated_file(mlp, tmp_path, keep):
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+    data = (tmp_path / "m.tfm").read_bytes()
+    (tmp_path / "t.tfm").write_bytes(data[:int(len(data) * keep)])
+    with pytest.raises(ArtifactError, match="truncated or corrupt"):
+        runtime.load(tmp_path / "t.tfm")
+
+
+@pytest.mark.parametrize("member", [CODE, CONSTS])
+def test_corrupt_member_is_detected(mlp, tmp_path, member):
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+    # the zip stays well-formed (fresh CRC), so the metadata's checksum must catch it
+    flip = (member, lambda b: b[:len(b) // 2] + bytes([b[len(b) // 2] ^ 0xFF]) + b[len(b) // 2 + 1:])
+    _rewrite(tmp_path / "m.tfm", tmp_path / "c.tfm", member_change=flip)
+    with pytest.raises(ArtifactError, match=f"corrupt: the checksum of {member}"):
+        runtime.load(tmp_path / "c.tfm")
+
+
+def test_flipped_byte_in_place_is_detected(mlp, tmp_path):
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+    data = bytearray((tmp_path / "m.tfm").read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    (tmp_path / "f.tfm").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="corrupt"):
+        runtime.load(tmp_path / "f.tfm")
+
+
+def test_not_a_module_file(tmp_path):
+    (tmp_path / "x.tfm").write_bytes(b"hello, not a zip")
+    with pytest.raises(ArtifactError, match="truncated or corrupt"):
+        runtime.load(tmp_path / "x.tfm")
+    with zipfile.ZipFile(tmp_path / "z.tfm", "w") as z:
+        z.writestr("readme.txt", "hi")
+    with pytest.raises(ArtifactError, match="not a tensorfuse module file"):
+        runtime.load(tmp_path / "z.tfm")
+    with pytest.raises(ArtifactError, match="no such tensorfuse module file"):
+        runtime.load(tmp_path / "missing.tfm")
+
+
+def test_write_is_atomic(mlp, tmp_path, monkeypatch):
+    _, mod = mlp
+    path = tmp_path / "m.tfm"
+    mod.save(path)
+    good = path.read_bytes()
+
+    def fail(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(zipfile.ZipFile, "writestr", fail)
+    with pytest.raises(ArtifactError, match="cannot write .*No space left"):
+        mod.save(path)
+    assert path.read_bytes() == good                            # the old file is untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["m.tfm"]    # no temporary left behind
+
+
+def test_unwritable_destination(mlp, tmp_path):
+    _, mod = mlp
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ArtifactError, match="cannot write"):
+        mod.save(tmp_path / "file" / "m.tfm")
+    assert os.listdir(tmp_path) == ["file"]

@@ -1,0 +1,186 @@
+"""The compile cache (runtime.cache): hits, misses and their explanations, the cache place,
+unwritable places, corrupt entries, and compile(cache=False). Every test uses its own
+temporary cache folder."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+import compiler
+import runtime.cache as rc
+from codegen.llvm import jit
+from compiler.errors import ModelLoadError
+from test_runtime_memory_plan import residual_model, residual_ref
+
+SHAPE = (4, 64)
+
+
+def x_input(seed):
+    return np.random.default_rng(seed).standard_normal(SHAPE).astype(np.float32)
+
+
+def check(mod, x):
+    np.testing.assert_allclose(mod.run(x)[0], residual_ref(x), rtol=1e-6)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("TENSORFUSE_CACHE_DIR", str(d))
+    monkeypatch.setattr(rc, "_warned", set())
+    return d
+
+
+@pytest.fixture(scope="module")
+def model():
+    return residual_model(4, SHAPE)
+
+
+def entries(d):
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+def test_miss_then_hit(cache, model):
+    m1 = compiler.compile(model)
+    assert m1.cache_hit is False
+    names = entries(cache)
+    assert len(names) == 2 and {n.split(".", 1)[1] for n in names} == {"tfm", "key.json"}
+    calls = jit.STATS["codegen_calls"]
+    m2 = compiler.compile(model)
+    assert m2.cache_hit is True and jit.STATS["codegen_calls"] == calls       # no code generated
+    x = x_input(0)
+    np.testing.assert_array_equal(m2.run(x)[0], m1.run(x)[0])
+    check(m2, x)
+    assert m2.memory_plan == m1.memory_plan
+    assert entries(cache) == names
+
+
+def test_hit_rebuilds_ir_on_demand(cache, model):
+    m1 = compiler.compile(model)
+    m2 = compiler.compile(model)
+    assert m2.cache_hit
+    # graph, kernel IR, LLVM IR and what the pass pipeline attached come back when asked for
+    assert str(m2.graph) == str(m1.graph)
+    assert [k.name for k in m2.kernels] == [k.name for k in m1.kernels]
+    assert m2.llvm_ir == m1.llvm_ir
+    if hasattr(m1, "rewrite_log"):
+        assert len(m2.rewrite_log) == len(m1.rewrite_log)
+
+
+def test_cache_false_skips_it(cache, model):
+    m = compiler.compile(model, cache=False)
+    assert entries(cache) == [] and not hasattr(m, "cache_hit")
+    compiler.compile(model)
+    compiler.compile(model, cache=False)
+    assert len(entries(cache)) == 2
+
+
+def test_path_bytes_and_proto_share_an_entry(cache, model, tmp_path):
+    p = tmp_path / "m.onnx"
+    onnx.save(model, p)
+    assert compiler.compile(str(p)).cache_hit is False
+    assert compiler.compile(p.read_bytes()).cache_hit is True
+    assert compiler.compile(model).cache_hit is True
+
+
+def test_every_key_part_splits_entries(cache, model):
+    compiler.compile(model)
+    assert compiler.compile(model, opt_level=0).cache_hit is False
+    assert compiler.compile(residual_model(3, SHAPE)).cache_hit is False     # another graph
+    assert len(entries(cache)) == 6
+
+
+def test_cache_info_explains_a_miss(cache, model, monkeypatch):
+    info = compiler.cache_info(model)
+    assert not info.hit and info.closest is None and "no entry" in str(info)
+    compiler.compile(model)
+    assert compiler.cache_info(model).hit
+    info = compiler.cache_info(model, opt_level=1)
+    assert not info.hit
+    assert info.differences == ["options.opt_level: 1 (closest entry: 2)"], info.differences
+    info = compiler.cache_info(residual_model(5, SHAPE))
+    assert [d.split(":")[0] for d in info.differences] == ["model"]
+    monkeypatch.setattr(rc, "source_digest", lambda: "0" * 64)
+    info = compiler.cache_info(model)
+    assert [d.split(":")[0] for d in info.differences] == ["version.source"]
+    assert "version.source" in str(info)
+
+
+def test_cache_info_target_and_host_parts(cache, model, monkeypatch):
+    compiler.compile(model)
+    host = dict(jit.host_info())
+    monkeypatch.setattr(jit, "host_info", lambda: dict(host, cpu="othercpu"))
+    info = compiler.cache_info(model)
+    assert [d.split(":")[0] for d in info.differences] == ["target.cpu"]
+
+
+def test_default_places(tmp_path, monkeypatch, model):
+    monkeypatch.setattr(rc, "_warned", set())
+    monkeypatch.delenv("TENSORFUSE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert rc.cache_dir() == tmp_path / "xdg" / "tensorfuse"
+    compiler.compile(model)
+    assert len(entries(tmp_path / "xdg" / "tensorfuse")) == 2
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert rc.cache_dir() == tmp_path / "home" / ".cache" / "tensorfuse"
+    monkeypatch.setenv("TENSORFUSE_CACHE_DIR", str(tmp_path / "mine"))
+    assert rc.cache_dir() == tmp_path / "mine"
+
+
+def test_unwritable_place_means_no_cache_and_one_warning(tmp_path, monkeypatch, model):
+    (tmp_path / "a_file").write_text("")
+    monkeypatch.setenv("TENSORFUSE_CACHE_DIR", str(tmp_path / "a_file" / "cache"))
+    monkeypatch.setattr(rc, "_warned", set())
+    x = x_input(1)
+    with pytest.warns(rc.CacheWarning, match="compile cache disabled: cannot write to"):
+        m = compiler.compile(model)
+    check(m, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiler.compile(model)                     # no second warning
+        compiler.compile(model, opt_level=0)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
+def test_corrupt_entry_is_dropped_and_rebuilt(cache, model, damage):
+    compiler.compile(model)
+    entry = next(cache.glob("*.tfm"))
+    data = bytearray(entry.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+    elif damage == "truncate":
+        data = data[:len(data) // 3]
+    else:
+        data = bytearray(b"\0" * len(data))
+    entry.write_bytes(bytes(data))
+    calls = jit.STATS["codegen_calls"]
+    with pytest.warns(rc.CacheWarning, match="dropped a corrupt entry"):
+        m = compiler.compile(model)
+    assert m.cache_hit is False and jit.STATS["codegen_calls"] == calls + 1
+    x = x_input(2)
+    check(m, x)
+    assert compiler.compile(model).cache_hit is True          # the rebuilt entry is good
+
+
+def test_no_temporary_files_left(cache, model):
+    compiler.compile(model)
+    compiler.compile(model, opt_level=1)
+    assert not [n for n in entries(cache) if n.startswith(".tmp")]
+
+
+def test_dump_ir_bypasses_the_cache(cache, model, tmp_path):
+    compiler.compile(model, dump_ir=str(tmp_path / "dump"))
+    assert entries(cache) == []
+
+
+def test_bad_model_still_raises_the_compilers_error(cache, tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        compiler.compile(str(tmp_path / "missing.onnx"))
+    (tmp_path / "bad.onnx").write_bytes(b"not onnx")
+    with pytest.raises(ModelLoadError):
+        compiler.compile(str(tmp_path / "bad.onnx"))
+    assert entries(cache) == []
