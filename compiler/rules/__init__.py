@@ -12,6 +12,11 @@ The simplification rules of O1 live in :mod:`compiler.passes.simplify` (``SIMPLI
 """
 from __future__ import annotations
 
-FOLD_RULES: list = []
-FUSE_RULES: list = []
-O3_RULES: list = []
+from compiler.rules import fold_batchnorm, fuse_attention, fuse_conv, fuse_gelu, fuse_layernorm, fuse_matmul
+
+FOLD_RULES: list = [*fold_batchnorm.RULES]
+# GELU and LayerNorm are recognised before the anchors take activations; EmbedLayerNorm is tried
+# before SkipLayerNorm on the same LayerNormalization (fuse_layernorm.RULES keeps that order)
+FUSE_RULES: list = [*fuse_gelu.RULES, *fuse_layernorm.RULES, *fuse_attention.RULES,
+                    *fuse_conv.RULES, *fuse_matmul.RULES]
+O3_RULES: list = [*fuse_gelu.O3]

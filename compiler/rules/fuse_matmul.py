@@ -1,0 +1,78 @@
+"""MatMul / Gemm epilogue fusion: MatMul + bias along the last axis (+ activation) ==>
+``tensorfuse::FusedMatMul``; Gemm + activation ==> ``tensorfuse::FusedGemm``.
+
+The bias must be a constant (a layer's parameter) whose shape is 1 everywhere but the last axis,
+which is N: a runtime tensor added to a product is left alone (it is, for example, the mask of
+an attention block, which fuse_attention takes whole).
+"""
+from __future__ import annotations
+
+from compiler.pattern import Any, Const, OneOf, Optional, P
+from compiler.rewrite import Fail, Rule
+from compiler.rules._activation import activation, activation_of, build_or_fail
+
+FUSED_MATMUL = "tensorfuse::FusedMatMul"
+
+
+class FuseMatMulBias(Rule):
+    """Add(MatMul(a, b), bias) with a constant bias along the last axis ==> FusedMatMul(a, b, bias)."""
+    pattern = P.Add(P.MatMul(a=Any(), b=Any()).single_use(), bias=Const())
+
+    def condition(self, m):
+        y, out = m.matmul.outputs[0], m.add.outputs[0]
+        bs = tuple(m.bias.shape)
+        if not y.dtype.is_float:
+            return Fail(f"{m.matmul.name}: the product is {y.dtype}, not a float type")
+        if y.type.rank == 0 or len(bs) == 0 or len(bs) > y.type.rank or bs[-1] != y.shape[-1] \
+                or any(d != 1 for d in bs[:-1]):
+            return Fail(f"{m.add.name}: bias '{m.bias.name}' of shape {list(bs)} is not along the last axis "
+                        f"of the product {list(y.shape)}")
+        if out.type != y.type:
+            return Fail(f"{m.add.name}: the Add changes the product's type {y.type} to {out.type}")
+        return True
+
+    def rewrite(self, m, build):
+        n = m.bias.shape[-1]
+        bias = m.bias if m.bias.type.rank == 1 else build.const(m.bias.data.reshape(n), "bias")
+        return build_or_fail(build, "FusedMatMul", m.a, m.b, bias, domain="tensorfuse", expect=m.add.outputs[0],
+                             activation="", activation_params=[])
+
+
+_anchor = OneOf(P.MatMul(a=Any(), b=Any()),
+                P.__getattr__(FUSED_MATMUL)(a=Any(), b=Any(), bias=Optional()).attrs(activation=""),
+                name="y").single_use()
+
+
+class FuseMatMulActivation(Rule):
+    """Act(MatMul or FusedMatMul without activation) ==> FusedMatMul(..., activation=Act), Gelu included."""
+    pattern = activation(_anchor)
+
+    def condition(self, m):
+        if not m.y.dtype.is_float:
+            return Fail(f"{m.y.producer.name}: the product is {m.y.dtype}, not a float type")
+        a = activation_of(m.act)
+        return a if isinstance(a, Fail) else True
+
+    def rewrite(self, m, build):
+        name, params = activation_of(m.act)
+        return build_or_fail(build, "FusedMatMul", m.a, m.b, m.bias, domain="tensorfuse", expect=m.act,
+                             activation=name, activation_params=params)
+
+
+class FuseGemmActivation(Rule):
+    """Act(Gemm(A, B, C)) ==> FusedGemm(A, B, C, activation=Act)."""
+    pattern = activation(P.Gemm(a=Any(), b=Any(), c=Optional()).single_use())
+
+    def condition(self, m):
+        if not m.gemm.outputs[0].dtype.is_float:
+            return Fail(f"{m.gemm.name}: the product is {m.gemm.outputs[0].dtype}, not a float type")
+        a = activation_of(m.act)
+        return a if isinstance(a, Fail) else True
+
+    def rewrite(self, m, build):
+        name, params = activation_of(m.act)
+        return build_or_fail(build, "FusedGemm", m.a, m.b, m.c, domain="tensorfuse", expect=m.act,
+                             attributes=dict(m.gemm.attrs, activation=name, activation_params=params))
+
+
+RULES = [FuseMatMulBias, FuseMatMulActivation, FuseGemmActivation]
