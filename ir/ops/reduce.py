@@ -302,3 +302,273 @@ for _name, _since, _fl in [("ReduceSum", 13, 1), ("ReduceMean", 18, 1), ("Reduce
                            ("ReduceL2", 18, 2), ("ReduceSumSquare", 18, 2),
                            ("ReduceLogSum", 18, 1), ("ReduceLogSumExp", 18, 4)]:
     _make_reduce(_name, _since, _fl)
+
+
+# ----------------------------------------------------------------------------- ArgMax / ArgMin
+def _arg_infer(node):
+    x = node.inputs[0]
+    if x.dtype not in _NUM8:
+        raise ShapeError(f"input dtype {x.dtype} is not supported")
+    axis = norm_axis(node.attr("axis", 0), x.type.rank)
+    if x.shape[axis] == 0:
+        raise ShapeError(f"axis {axis} has size 0: there is no index to select")
+    return [TensorType(I64, reduced_shape(x.shape, (axis,), bool(node.attr("keepdims", 1))))]
+
+
+def _arg_ref(node, x: np.ndarray, largest: bool) -> np.ndarray:
+    axis = norm_axis(node.attr("axis", 0), x.ndim)
+    f = np.argmax if largest else np.argmin
+    if node.attr("select_last_index", 0):
+        r = x.shape[axis] - 1 - f(np.flip(x, axis), axis=axis)
+    else:
+        r = f(x, axis=axis)
+    if node.attr("keepdims", 1):
+        r = np.expand_dims(r, axis)
+    return r.astype(np.int64)
+
+
+def _arg_lower(ctx: LowerCtx, largest: bool) -> None:
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    if y.numel == 0:
+        return
+    axis = norm_axis(ctx.attr("axis", 0), len(x.shape))
+    last = bool(ctx.attr("select_last_index", 0))
+    acc = _acc(x.dtype)
+    kb = ctx.kernel(params=[x, y])
+    chunk = max(min(split_axis(x.shape, axis)[2], CHUNK), 1)
+    best = kb.local(acc, (chunk,), hint="best")
+    arg = kb.local(I64, (chunk,), hint="arg")
+
+    def body(base, width, inner, n, rbase):
+        with kb.loop(width, kind="vectorize", hint="t") as t:
+            kb.store(best, t, x.flat(base + t).cast(acc))
+            kb.store(arg, t, as_expr(0, I64))
+        with kb.loop(n, start=1, hint="j") as j:
+            with kb.loop(width, kind="vectorize", hint="t") as t:
+                v = x.flat(base + j * inner + t).cast(acc)
+                if largest:
+                    better = (v >= best[t]) if last else (v > best[t])
+                else:
+                    better = (v <= best[t]) if last else (v < best[t])
+                kb.store(arg, t, select(better, j, arg[t]))   # before best changes
+                kb.store(best, t, select(better, v, best[t]))
+        with kb.loop(width, kind="vectorize", hint="t") as t:
+            kb.store(y, rbase + t, arg[t])
+
+    axis_blocks(kb, x.shape, axis, body)
+
+
+@op("ArgMax", OpPatternKind.COMM_REDUCE)
+class ArgMax:
+    """Index (int64) of the largest element along ``axis`` (default 0). ONNX spec: ArgMax-13.
+
+    Ties give the first index, or the last with select_last_index=1; keepdims (default 1)
+    keeps the axis as size 1. Versions 1/11/12 mean the same for the attributes they have.
+    x: numeric. Raises ShapeError for an axis out of range or of size 0.
+    """
+    infer = _arg_infer
+
+    def reference(node, ins):
+        return [_arg_ref(node, ins[0], True)]
+
+    def lower(ctx):
+        _arg_lower(ctx, True)
+
+    def flops(node):
+        return float(node.inputs[0].type.numel)
+
+
+@op("ArgMin", OpPatternKind.COMM_REDUCE)
+class ArgMin:
+    """Index (int64) of the smallest element along ``axis`` (default 0). ONNX spec: ArgMin-13.
+
+    Ties give the first index, or the last with select_last_index=1; keepdims (default 1)
+    keeps the axis as size 1. Versions 1/11/12 mean the same for the attributes they have.
+    x: numeric. Raises ShapeError for an axis out of range or of size 0.
+    """
+    infer = _arg_infer
+
+    def reference(node, ins):
+        return [_arg_ref(node, ins[0], False)]
+
+    def lower(ctx):
+        _arg_lower(ctx, False)
+
+    def flops(node):
+        return float(node.inputs[0].type.numel)
+
+
+# ----------------------------------------------------------------------------- CumSum
+def _cumsum_axis(node) -> int:
+    a = const_input(node, 1, "axis")
+    if a is None:
+        raise ShapeError("axis (input 1) is required")
+    a = np.asarray(a)
+    if a.size != 1 or a.dtype.kind not in "iu":
+        raise ShapeError(f"axis must be one integer, got {a.dtype} of shape {list(a.shape)}")
+    return norm_axis(int(a.ravel()[0]), node.inputs[0].type.rank)
+
+
+@op("CumSum", OpPatternKind.OPAQUE, const_inputs=(1,))
+class CumSum:
+    """Cumulative sum along ``axis`` (input 1: a compile-time 0-D or 1-element int tensor).
+    ONNX spec: CumSum-14.
+
+    exclusive=1: element j sums the elements before j (the first is 0); reverse=1: sums run
+    from the end. x: f16 (summed in f32), f32, f64, i32, i64, u32, u64, rank >= 1; y: same
+    type and shape. Raises ShapeError for an axis out of range or computed at run time.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        if x.dtype not in _NUM:
+            raise ShapeError(f"input dtype {x.dtype} is not supported")
+        if x.type.rank == 0:
+            raise ShapeError("input must have rank >= 1")
+        _cumsum_axis(node)
+        return [x.type]
+
+    def reference(node, ins):
+        x = ins[0]
+        axis = _cumsum_axis(node)
+        w = x.astype(np.float32) if x.dtype == np.float16 else x
+        if node.attr("reverse", 0):
+            w = np.flip(w, axis)
+        r = np.cumsum(w, axis=axis, dtype=w.dtype)
+        if node.attr("exclusive", 0):
+            r = r - w
+            r = np.concatenate([np.zeros_like(np.take(r, [0], axis=axis)),
+                                np.take(np.cumsum(w, axis=axis, dtype=w.dtype),
+                                        range(x.shape[axis] - 1), axis=axis)], axis=axis)
+        if node.attr("reverse", 0):
+            r = np.flip(r, axis)
+        return [r.astype(x.dtype)]
+
+    def lower(ctx):
+        x, y = ctx.inputs[0], ctx.outputs[0]
+        if y.numel == 0:
+            return
+        axis = _cumsum_axis(ctx.node)
+        rev, excl = bool(ctx.attr("reverse", 0)), bool(ctx.attr("exclusive", 0))
+        acc = _acc(x.dtype)
+        kb = ctx.kernel(params=[x, y])
+        chunk = max(min(split_axis(x.shape, axis)[2], CHUNK), 1)
+        s = kb.local(acc, (chunk,), hint="sum")
+
+        def body(base, width, inner, n, _rbase):
+            with kb.loop(width, kind="vectorize", hint="t") as t:
+                kb.store(s, t, as_expr(0, acc))
+            with kb.loop(n, hint="j") as j:
+                jj = (n - 1 - j) if rev else j
+                with kb.loop(width, kind="vectorize", hint="t") as t:
+                    off = base + jj * inner + t
+                    if excl:
+                        kb.store(y, off, s[t].cast(y.dtype))
+                        kb.store(s, t, s[t] + x.flat(off).cast(acc))
+                    else:
+                        kb.store(s, t, s[t] + x.flat(off).cast(acc))
+                        kb.store(y, off, s[t].cast(y.dtype))
+
+        axis_blocks(kb, x.shape, axis, body)
+
+    def flops(node):
+        return float(node.inputs[0].type.numel)
+
+
+# ----------------------------------------------------------------------------- TopK
+def _topk_k(node) -> int:
+    k = const_input(node, 1, "K")
+    if k is None:
+        raise ShapeError("K (input 1) is required")
+    k = np.asarray(k)
+    if k.size != 1:
+        raise ShapeError(f"K must hold one value, got shape {list(k.shape)}")
+    return int(k.ravel()[0])
+
+
+@op("TopK", OpPatternKind.OPAQUE, const_inputs=(1,))
+class TopK:
+    """The K largest (largest=1) or smallest elements along ``axis`` (default -1), with their
+    int64 indices. ONNX spec: TopK-24.
+
+    K (input 1) must be known at compile time. Outputs are always sorted (also for sorted=0,
+    where ONNX leaves the order open); equal values are ordered by lower index first.
+    TopK-1 (``k`` attribute) is imported with a constant K input; TopK-10 has no largest/sorted
+    attributes and means their defaults. NaNs are not ordered (results with NaN inputs are
+    unspecified). x: numeric. Raises ShapeError when K < 0, K > the axis size, or K is
+    computed at run time.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        if x.dtype not in _NUM8:
+            raise ShapeError(f"input dtype {x.dtype} is not supported")
+        axis = norm_axis(node.attr("axis", -1), x.type.rank)
+        k = _topk_k(node)
+        if not 0 <= k <= x.shape[axis]:
+            raise ShapeError(f"K = {k} is outside 0..{x.shape[axis]} (the size of axis {axis})")
+        shape = x.shape[:axis] + (k,) + x.shape[axis + 1:]
+        return [TensorType(x.dtype, shape), TensorType(I64, shape)]
+
+    def reference(node, ins):
+        x = ins[0]
+        axis = norm_axis(node.attr("axis", -1), x.ndim)
+        k = _topk_k(node)
+        n = x.shape[axis]
+        if node.attr("largest", 1):
+            # stable ascending sort of the reversed axis, read backwards: descending values,
+            # equal values by ascending original index
+            order = n - 1 - np.flip(np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
+        else:
+            order = np.argsort(x, axis=axis, kind="stable")
+        idx = np.take(order, range(k), axis=axis).astype(np.int64)
+        return [np.take_along_axis(x, idx, axis=axis), idx]
+
+    def lower(ctx):
+        x = ctx.inputs[0]
+        vals, idxs = ctx.outputs[0], ctx.outputs[1] if len(ctx.outputs) > 1 else None
+        if vals.numel == 0:
+            return
+        axis = norm_axis(ctx.attr("axis", -1), len(x.shape))
+        k = _topk_k(ctx.node)
+        largest = bool(ctx.attr("largest", 1))
+        outer, n, inner = split_axis(x.shape, axis)
+        kb = ctx.kernel(params=[x] + [b for b in ctx.outputs if b is not None])
+        # k rounds of selection: round r picks the best element ordered after the previous pick
+        # (value strictly worse, or equal value and higher index), so no scratch of size n.
+        bv = kb.local(x.dtype, (1,), hint="bv")
+        bi = kb.local(I64, (1,), hint="bi")
+        pv = kb.local(x.dtype, (1,), hint="pv")
+        pi = kb.local(I64, (1,), hint="pi")
+        tk = kb.local(DType.bool, (1,), hint="take")
+        with kb.loop(outer, hint="o") as o:
+            with kb.loop(inner, hint="t") as t:
+                base = o * (n * inner) + t
+                obase = o * (k * inner) + t
+                with kb.loop(k, hint="r") as r:
+                    kb.store(bi, 0, as_expr(-1, I64))
+                    kb.store(bv, 0, x.flat(base))
+                    with kb.loop(n, hint="j") as j:
+                        v = x.flat(base + j * inner)
+                        after = (v < pv[0]) if largest else (v > pv[0])
+                        after = r.eq(0) | after | (v.eq(pv[0]) & (j > pi[0]))
+                        better = (v > bv[0]) if largest else (v < bv[0])
+                        kb.store(tk, 0, after & (bi[0].eq(-1) | better))   # before bi/bv change
+                        kb.store(bi, 0, select(tk[0], j, bi[0]))
+                        kb.store(bv, 0, select(tk[0], v, bv[0]))
+                    kb.store(pv, 0, bv[0])
+                    kb.store(pi, 0, bi[0])
+                    kb.store(vals, obase + r * inner, bv[0])
+                    if idxs is not None:
+                        kb.store(idxs, obase + r * inner, bi[0])
+
+    def importer(ctx, proto, version):
+        if version >= 10:
+            return ctx.default_import(proto)
+        attrs = ctx.attrs(proto)
+        k = attrs.pop("k")
+        ins = [ctx.value(proto.input[0]), ctx.builder.const(np.array([k], np.int64), "k")]
+        return ctx.default_import(proto, inputs=ins, attrs=attrs)
+
+    def flops(node):
+        return float(node.inputs[0].type.numel) * max(_topk_k(node), 1)

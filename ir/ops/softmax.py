@@ -38,19 +38,19 @@ def split_axis(shape, axis: int) -> tuple[int, int, int]:
 
 
 def axis_blocks(kb: KernelBuilder, shape, axis: int, body) -> None:
-    """Loop over [outer, inner-chunk] around ``axis``; calls ``body(base, width, inner, n)``
+    """Loop over [outer, inner-chunk] around ``axis``; calls ``body(base, width, inner, n, rbase)``
     where element (j, t) of the current block (0 <= j < n, 0 <= t < width) is at flat offset
-    ``base + j * inner + t``."""
+    ``base + j * inner + t``, and ``rbase + t`` is its offset in a tensor with ``axis`` reduced."""
     outer, n, inner = split_axis(shape, axis)
     chunk = min(inner, CHUNK)
     nblk = -(-inner // chunk) if inner else 0
     with kb.loop(outer, hint="o") as o:
         if nblk == 1:
-            body(o * (n * inner), inner, inner, n)
+            body(o * (n * inner), inner, inner, n, o * inner)
         elif nblk > 1:
             with kb.loop(nblk, hint="ib") as ib:
                 t0 = ib * chunk
-                body(o * (n * inner) + t0, minimum(as_expr(chunk), inner - t0), inner, n)
+                body(o * (n * inner) + t0, minimum(as_expr(chunk), inner - t0), inner, n, o * inner + t0)
 
 
 def _infer_float(node) -> list[TensorType]:
@@ -73,7 +73,7 @@ def _lower_softmax(ctx: LowerCtx, log: bool) -> None:
     s = kb.local(acc, (chunk,), hint="sum")
     keep_exp = not log and acc == y.dtype   # store exp(x - max) in y, then scale in place
 
-    def body(base, width, inner, n):
+    def body(base, width, inner, n, _rbase):
         def at(j, t):
             return base + j * inner + t
 
