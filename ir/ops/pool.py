@@ -1,0 +1,409 @@
+"""Pooling: MaxPool, AveragePool, LpPool, GlobalAveragePool, GlobalMaxPool, GlobalLpPool,
+MaxUnpool (ONNX operator spec, one section per op; IR semantics: MaxPool-22, AveragePool-22,
+LpPool-22, Global*Pool-22, MaxUnpool-22).
+
+X is [N, C, D1, ..., Dn] (N-D). Windows use the geometry of :mod:`ir.ops.conv` (pads,
+auto_pad, strides, dilations) plus ``ceil_mode``, where the last window must start inside the
+input or its left padding. Padding never wins a max and adds zero to sums; AveragePool divides
+by the number of window taps inside the input (``count_include_pad=0``) or inside the padded
+input (``count_include_pad=1``, onnxruntime's rule: taps beyond the end padding, which
+``ceil_mode`` can add, are not counted).
+
+Kernels follow the convolution's row scheme: a local accumulator per output row, the window
+taps outside, the contiguous output columns innermost with clamped ranges.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+from ir.kernel import Buffer, Expr, as_expr, maximum, select, unop, binop
+from ir.lowering import LowerCtx
+from ir.ops._common import const_input
+from ir.ops.conv import (FLOAT_TYPES, ROW_TILE, Geometry, _tiles, conv_geometry, flat_offset,
+                         window_hi, window_lo)
+from ir.registry import OpPatternKind, ShapeError, op
+from ir.types import DType, TensorType
+
+POOL = OpPatternKind.OUT_ELEMWISE_FUSABLE
+MAXPOOL_TYPES = FLOAT_TYPES + (DType.i8, DType.u8)
+
+
+# ----------------------------------------------------------------------------- geometry
+def pool_geometry(node) -> Geometry:
+    """Window geometry of a MaxPool/AveragePool/LpPool node from X's type and attributes."""
+    x = node.inputs[0]
+    if x.type.rank < 3:
+        raise ShapeError(f"X must be [N, C, D1, ...] with at least one spatial dim, got {list(x.shape)}")
+    ks = node.attr("kernel_shape")
+    if ks is None or len(ks) == 0:
+        raise ShapeError("the kernel_shape attribute is required")
+    ks = [int(k) for k in ks]
+    if len(ks) != x.type.rank - 2:
+        raise ShapeError(f"kernel_shape {ks} has {len(ks)} dims, X has {x.type.rank - 2} spatial dims")
+    ceil_mode = bool(node.attr("ceil_mode", 0))
+    return conv_geometry(node, x.shape[2:], ks, ceil_mode=ceil_mode, pool=True)
+
+
+def _lowest(dt: DType):
+    if dt.is_float:
+        return float("-inf")
+    return int(np.iinfo(dt.numpy).min)
+
+
+def _check_dtype(x, allowed, opname):
+    if x.dtype not in allowed:
+        raise ShapeError(f"X has dtype {x.dtype}; {opname} takes {', '.join(d.value for d in allowed)}")
+
+
+# ----------------------------------------------------------------------------- references
+def pool_reference(x: np.ndarray, geo: Geometry, kind: str, count_include_pad: int = 0, p: int = 2,
+                   storage_order: int = 0, want_indices: bool = False):
+    """Numpy pooling. kind: "max", "avg" or "lp". Returns y (and int64 indices for max)."""
+    nsp = geo.rank
+    cd = np.float64 if x.dtype == np.float64 else np.float32
+    pad, ends = [], []
+    for i in range(nsp):
+        need = (geo.out_shape[i] - 1) * geo.strides[i] + (geo.kernel[i] - 1) * geo.dilations[i] + 1
+        end = max(0, need - geo.in_shape[i] - geo.pads_begin[i])
+        pad.append((geo.pads_begin[i], end))
+    if kind == "max":
+        xv = x if x.dtype.kind in "iu" else x.astype(cd)
+        fill = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
+    else:
+        xv = np.abs(x.astype(cd)) ** p if kind == "lp" else x.astype(cd)
+        fill = 0
+    xp = np.pad(xv, [(0, 0), (0, 0)] + pad, constant_values=fill)
+    # taps counted by AveragePool: inside the input, or inside the padded input
+    lim = [(0, geo.in_shape[i]) if not count_include_pad else
+           (-geo.pads_begin[i], geo.in_shape[i] + geo.pads_end[i]) for i in range(nsp)]
+    counted = np.ones([b + geo.in_shape[i] + e for i, (b, e) in enumerate(pad)], np.int64)
+    for i in range(nsp):
+        pos = np.arange(counted.shape[i]) - pad[i][0]
+        keep = (pos >= lim[i][0]) & (pos < lim[i][1])
+        counted *= keep.reshape([-1 if j == i else 1 for j in range(nsp)])
+    acc = np.full(x.shape[:2] + tuple(geo.out_shape), fill, xp.dtype)
+    cnt = np.zeros(geo.out_shape, np.int64)
+    idx = np.zeros(acc.shape, np.int64)
+    in_strides = [int(np.prod(geo.in_shape[i + 1:])) for i in range(nsp)] if storage_order == 0 else \
+        [int(np.prod(geo.in_shape[:i])) for i in range(nsp)]
+    plane = int(np.prod(geo.in_shape))
+    for k in np.ndindex(*geo.kernel):
+        sl = tuple(slice(k[i] * geo.dilations[i],
+                         k[i] * geo.dilations[i] + (geo.out_shape[i] - 1) * geo.strides[i] + 1,
+                         geo.strides[i]) for i in range(nsp))
+        xs = xp[(slice(None), slice(None)) + sl]
+        if kind == "max":
+            if want_indices:
+                pos = 0
+                for i in range(nsp):
+                    o = np.arange(geo.out_shape[i]) * geo.strides[i] - geo.pads_begin[i] + k[i] * geo.dilations[i]
+                    pos = np.add.outer(pos, o * in_strides[i]) if i else o * in_strides[i]
+                better = xs > acc
+                idx = np.where(better, pos, idx)
+            acc = np.maximum(acc, xs)
+        else:
+            acc = acc + xs
+            cnt = cnt + counted[sl]
+    if kind == "max":
+        y = acc
+        if want_indices:
+            nc = np.arange(x.shape[0] * x.shape[1]).reshape(x.shape[:2] + (1,) * nsp)
+            return y.astype(x.dtype), idx + nc * plane
+        return y.astype(x.dtype)
+    if kind == "avg":
+        return (acc / cnt).astype(x.dtype)
+    return np.power(acc, 1.0 / p).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- lowering
+def _tap_range(o, geo: Geometry, d: int, lim_lo, lim_hi):
+    """Kernel taps k of dim d whose input index o*s - pb + k*dil lies in [lim_lo, lim_hi)."""
+    o0 = o * geo.strides[d] - geo.pads_begin[d]
+    return (window_lo(lim_lo - o0, geo.dilations[d]),
+            window_hi(lim_hi - o0, geo.dilations[d], geo.kernel[d]))
+
+
+def emit_pool(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: str, *,
+              count_include_pad: int = 0, p: int = 2, indices: Buffer | None = None,
+              storage_order: int = 0, params: list[Buffer] | None = None):
+    """One kernel for MaxPool ("max"), AveragePool ("avg") or LpPool ("lp") over N-D windows.
+
+    Parallel over (n, c); a local row accumulator (and a row of argmax positions when
+    ``indices`` is given); window taps with clamped ranges, so padding costs nothing; the
+    output columns innermost. The fused epilogue applies to output 0 before its store.
+    """
+    nsp = geo.rank
+    n_, c_ = x.shape[:2]
+    out, ins = geo.out_shape, geo.in_shape
+    acc_dt = x.dtype if (kind == "max" or x.dtype in (DType.f32, DType.f64)) else DType.f32
+    ow_n = out[-1]
+    tile = min(ow_n, ROW_TILE)
+    tiled = tile < ow_n
+    kb = ctx.kernel(params=params)
+    acc = kb.local(acc_dt, (tile,), hint="row")
+    arg = kb.local(DType.i64, (tile,), hint="arg") if indices is not None else None
+    plane = math.prod(ins)
+    # strides of the spatial position in the index output (row- or column-major)
+    pos_strides = ([math.prod(ins[i + 1:]) for i in range(nsp)] if storage_order == 0 else
+                   [math.prod(ins[:i]) for i in range(nsp)])
+    init = _lowest(acc_dt) if kind == "max" else 0
+    s_l, d_l, p_l, k_l = geo.strides[-1], geo.dilations[-1], geo.pads_begin[-1], geo.kernel[-1]
+    with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
+        with kb.grid(out[:-1]) as orow, _tiles(kb, ow_n, tile) as (ow0, tw):
+            with kb.loop(tw, kind="vectorize", hint="j") as j:
+                kb.store(acc, j, as_expr(init, acc_dt))
+                if arg is not None:
+                    kb.store(arg, j, as_expr(-1))
+            st = contextlib.ExitStack()
+            irow, pos = [], as_expr(0)
+            for d in range(nsp - 1):
+                lo, hi = _tap_range(orow[d], geo, d, 0, ins[d])
+                kd = st.enter_context(kb.loop(hi, start=lo, hint=f"k{d}_"))
+                i_d = orow[d] * geo.strides[d] - geo.pads_begin[d] + kd * geo.dilations[d]
+                irow.append(i_d)
+                pos = pos + i_d * pos_strides[d]
+            with st, kb.loop(k_l, hint="kw") as kw:
+                off = kw * d_l - p_l
+                lo = window_lo(-off, s_l)
+                hi = window_hi(ins[-1] - off, s_l, ow0 + tw if tiled else ow_n)
+                if tiled:
+                    lo = maximum(as_expr(lo), ow0)
+                xrow = flat_offset([n_ * c_, *ins], [nc, *irow, 0])
+                with kb.loop(hi, start=lo, kind="vectorize", hint="ow") as ow:
+                    a = ow - ow0 if tiled else ow
+                    xv = x.flat(xrow + ow * s_l + off)
+                    if kind == "max" and arg is not None:
+                        better = xv > acc[a]
+                        p_idx = nc * plane + pos + (ow * s_l + off) * pos_strides[-1]
+                        kb.store(arg, a, select(better, p_idx, arg[a]))
+                        kb.store(acc, a, select(better, xv, acc[a]))
+                    elif kind == "max":
+                        kb.store(acc, a, maximum(acc[a], xv))
+                    else:
+                        v = xv.cast(acc_dt)
+                        if kind == "lp":
+                            v = v * v if p == 2 else unop("abs", v) if p == 1 else \
+                                binop("pow", unop("abs", v), as_expr(float(p), acc_dt))
+                        kb.store(acc, a, acc[a] + v)
+            with kb.loop(tw, kind="vectorize", hint="j") as j:
+                ow = ow0 + j if tiled else j
+                v = acc[j]
+                if kind == "avg":
+                    lim = [(0, ins[d]) if not count_include_pad else
+                           (-geo.pads_begin[d], ins[d] + geo.pads_end[d]) for d in range(nsp)]
+                    cnt = as_expr(1)
+                    for d, o in enumerate([*orow, ow]):
+                        lo, hi = _tap_range(o, geo, d, *lim[d])
+                        cnt = cnt * (as_expr(hi) - lo)
+                    v = v / cnt.cast(acc_dt)
+                elif kind == "lp":
+                    v = unop("sqrt", v) if p == 2 else v if p == 1 else \
+                        binop("pow", v, as_expr(1.0 / p, acc_dt))
+                idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0), *orow, ow]
+                kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
+                if arg is not None:
+                    kb.store(indices, idx, arg[j])
+    return kb
+
+
+def emit_global_pool(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int = 2,
+                     params: list[Buffer] | None = None):
+    """Reduce every (n, c) plane of x to one value: "avg", "max" or "lp"."""
+    n_, c_ = x.shape[:2]
+    plane = math.prod(x.shape[2:])
+    acc_dt = x.dtype if (kind == "max" or x.dtype in (DType.f32, DType.f64)) else DType.f32
+    kb = ctx.kernel(params=params)
+    acc = kb.local(acc_dt, (1,), hint="acc")
+    with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
+        kb.store(acc, 0, as_expr(_lowest(acc_dt) if kind == "max" else 0, acc_dt))
+        with kb.loop(plane, hint="i") as i:
+            xv = x.flat(nc * plane + i).cast(acc_dt)
+            if kind == "max":
+                kb.store(acc, 0, maximum(acc[0], xv))
+            else:
+                if kind == "lp":
+                    xv = xv * xv if p == 2 else unop("abs", xv) if p == 1 else \
+                        binop("pow", unop("abs", xv), as_expr(float(p), acc_dt))
+                kb.store(acc, 0, acc[0] + xv)
+        v = acc[0]
+        if kind == "avg":
+            v = v / as_expr(float(plane), acc_dt)
+        elif kind == "lp":
+            v = unop("sqrt", v) if p == 2 else v if p == 1 else binop("pow", v, as_expr(1.0 / p, acc_dt))
+        out_idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0)] + [as_expr(0)] * (len(x.shape) - 2)
+        kb.store(y, out_idx, ctx.apply_epilogue(v.cast(y.dtype), out_idx))
+    return kb
+
+
+def _pool_flops(node) -> float:
+    y = node.outputs[0]
+    ks = node.attr("kernel_shape") or []
+    return float(y.type.numel * math.prod(int(k) for k in ks))
+
+
+def _global_flops(node) -> float:
+    return float(node.inputs[0].type.numel)
+
+
+def _lp_p(node) -> int:
+    p = int(node.attr("p", 2))
+    if p <= 0:
+        raise ShapeError(f"p must be a positive integer, got {p}")
+    return p
+
+
+# ----------------------------------------------------------------------------- ops
+@op("MaxPool", POOL)
+class MaxPool:
+    """N-D max pooling. ONNX spec: MaxPool-22.
+
+    X [N, C, D1..Dn] (f16, bf16, f32, f64, i8, u8). Attributes kernel_shape (required),
+    strides, pads, auto_pad, dilations, ceil_mode, storage_order. Outputs Y [N, C, O1..On]
+    (X's dtype) and optional Indices (i64): the flat index of each max in X (row-major, or
+    column-major over the spatial dims with storage_order=1, plus (n*C + c) * D1*...*Dn).
+    Raises ShapeError for a missing kernel_shape, bad attribute lengths, an empty output.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        _check_dtype(x, MAXPOOL_TYPES, "MaxPool")
+        geo = pool_geometry(node)
+        if int(node.attr("storage_order", 0)) not in (0, 1):
+            raise ShapeError(f"storage_order must be 0 or 1, got {node.attr('storage_order')}")
+        shape = tuple(x.shape[:2]) + tuple(geo.out_shape)
+        return [TensorType(x.dtype, shape), TensorType(DType.i64, shape)]
+
+    def reference(node, ins):
+        geo = pool_geometry(node)
+        y, i = pool_reference(ins[0], geo, "max", storage_order=int(node.attr("storage_order", 0)),
+                              want_indices=True)
+        return [y, i][:max(1, len(node.outputs))]
+
+    def lower(ctx):
+        indices = ctx.outputs[1] if len(ctx.outputs) > 1 else None
+        emit_pool(ctx, ctx.inputs[0], ctx.outputs[0], pool_geometry(ctx.node), "max", indices=indices,
+                  storage_order=int(ctx.attr("storage_order", 0)))
+
+    flops = _pool_flops
+
+
+@op("AveragePool", POOL)
+class AveragePool:
+    """N-D average pooling. ONNX spec: AveragePool-22.
+
+    X [N, C, D1..Dn] (f16, bf16, f32, f64). Attributes kernel_shape (required), strides, pads,
+    auto_pad, dilations, ceil_mode, count_include_pad. Output Y [N, C, O1..On], X's dtype.
+    Raises ShapeError for a missing kernel_shape, bad attribute lengths, an empty output.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        _check_dtype(x, FLOAT_TYPES, "AveragePool")
+        geo = pool_geometry(node)
+        return [TensorType(x.dtype, tuple(x.shape[:2]) + tuple(geo.out_shape))]
+
+    def reference(node, ins):
+        return [pool_reference(ins[0], pool_geometry(node), "avg",
+                               count_include_pad=int(node.attr("count_include_pad", 0)))]
+
+    def lower(ctx):
+        emit_pool(ctx, ctx.inputs[0], ctx.outputs[0], pool_geometry(ctx.node), "avg",
+                  count_include_pad=int(ctx.attr("count_include_pad", 0)))
+
+    flops = _pool_flops
+
+
+@op("LpPool", POOL)
+class LpPool:
+    """N-D Lp pooling: y = (sum over the window of |x|^p)^(1/p), padding adds 0. ONNX spec:
+    LpPool-22. X float [N, C, D1..Dn]; attributes kernel_shape (required), p (int, default 2),
+    strides, pads, auto_pad, dilations, ceil_mode. Output Y [N, C, O1..On], X's dtype."""
+
+    def infer(node):
+        x = node.inputs[0]
+        _check_dtype(x, FLOAT_TYPES, "LpPool")
+        _lp_p(node)
+        geo = pool_geometry(node)
+        return [TensorType(x.dtype, tuple(x.shape[:2]) + tuple(geo.out_shape))]
+
+    def reference(node, ins):
+        return [pool_reference(ins[0], pool_geometry(node), "lp", p=_lp_p(node))]
+
+    def lower(ctx):
+        emit_pool(ctx, ctx.inputs[0], ctx.outputs[0], pool_geometry(ctx.node), "lp", p=_lp_p(ctx.node))
+
+    flops = _pool_flops
+
+
+def _infer_global(node, allowed, opname):
+    x = node.inputs[0]
+    _check_dtype(x, allowed, opname)
+    if x.type.rank < 2:
+        raise ShapeError(f"X must be [N, C, ...] (rank >= 2), got shape {list(x.shape)}")
+    return [TensorType(x.dtype, tuple(x.shape[:2]) + (1,) * (x.type.rank - 2))]
+
+
+def _global_ref(x, kind, p=2):
+    axes = tuple(range(2, x.ndim))
+    cd = np.float64 if x.dtype == np.float64 else np.float32
+    if kind == "max":
+        return np.max(x, axis=axes, keepdims=True) if axes else x.copy()
+    xv = x.astype(cd)
+    if kind == "avg":
+        return np.mean(xv, axis=axes, keepdims=True).astype(x.dtype)
+    return np.power(np.sum(np.abs(xv) ** p, axis=axes, keepdims=True), 1.0 / p).astype(x.dtype)
+
+
+@op("GlobalAveragePool", POOL)
+class GlobalAveragePool:
+    """Mean over all spatial dims. ONNX spec: GlobalAveragePool-22. X float [N, C, D1..Dn] ->
+    Y [N, C, 1, ..., 1], X's dtype."""
+
+    def infer(node):
+        return _infer_global(node, FLOAT_TYPES, "GlobalAveragePool")
+
+    def reference(node, ins):
+        return [_global_ref(ins[0], "avg")]
+
+    def lower(ctx):
+        emit_global_pool(ctx, ctx.inputs[0], ctx.outputs[0], "avg")
+
+    flops = _global_flops
+
+
+@op("GlobalMaxPool", POOL)
+class GlobalMaxPool:
+    """Max over all spatial dims. ONNX spec: GlobalMaxPool-22. X float [N, C, D1..Dn] ->
+    Y [N, C, 1, ..., 1], X's dtype."""
+
+    def infer(node):
+        return _infer_global(node, FLOAT_TYPES, "GlobalMaxPool")
+
+    def reference(node, ins):
+        return [_global_ref(ins[0], "max")]
+
+    def lower(ctx):
+        emit_global_pool(ctx, ctx.inputs[0], ctx.outputs[0], "max")
+
+    flops = _global_flops
+
+
+@op("GlobalLpPool", POOL)
+class GlobalLpPool:
+    """(sum over all spatial dims of |x|^p)^(1/p). ONNX spec: GlobalLpPool-22. X float
+    [N, C, D1..Dn] -> Y [N, C, 1, ..., 1]; attribute p (int, default 2)."""
+
+    def infer(node):
+        _lp_p(node)
+        return _infer_global(node, FLOAT_TYPES, "GlobalLpPool")
+
+    def reference(node, ins):
+        return [_global_ref(ins[0], "lp", _lp_p(node))]
+
+    def lower(ctx):
+        emit_global_pool(ctx, ctx.inputs[0], ctx.outputs[0], "lp", _lp_p(ctx.node))
+
+    flops = _global_flops
