@@ -41,3 +41,27 @@ def compile_graph(g: Graph):
 def ir_inputs(g: Graph, arrays: dict[str, np.ndarray]):
     """Graph inputs named after ``arrays`` (in order); returns their Values."""
     return [g.add_input(k, TensorType.of(a)) for k, a in arrays.items()]
+
+
+# ----------------------------------------------------------------------------- rule tests
+def optimized(model, opt_level: int = 2, **kw) -> Graph:
+    """The model imported and run through the pipeline of ``opt_level`` (no code generation)."""
+    from compiler.frontend.onnx import import_onnx
+    from compiler.pipeline import optimize
+    g = import_onnx(model)
+    optimize(g, opt_level, **kw)
+    return g
+
+
+def count(g: Graph, op: str) -> int:
+    """Nodes of ``op`` ("Conv", "tensorfuse::FusedConv") in ``g``."""
+    return sum(1 for n in g.nodes if n.qualified_op == op)
+
+
+def why_not(model, rule: str, opt_level: int = 2) -> str:
+    """The reasons ``explain`` gives for ``rule`` not applying, joined (asserts it applies nowhere)."""
+    from compiler.explain import explain
+    ex = explain(model, rule, opt_level=opt_level, quiet=True)
+    assert ex, f"{rule}: no candidate node"
+    assert not any(r.matched for r in ex), f"{rule} applies: {ex}"
+    return " | ".join(r.reason for r in ex)
