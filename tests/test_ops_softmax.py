@@ -83,3 +83,42 @@ def test_softmax_flops():
     x = g.add_input("x", TensorType(DType.f32, (2, 3)))
     out = Builder(g).Softmax(x)
     assert get_op("Softmax").flops(out.producer) > 0
+
+
+# ----------------------------------------------------------------------------- Hardmax
+@pytest.mark.parametrize("shape,axis", SHAPES_AXES)
+def test_hardmax_13(shape, axis):
+    x = np.round(rand(*shape, low=-3, high=3))     # ties: the first maximum wins
+    assert_matches_ort(node_model("Hardmax", {"x": x}, {"axis": axis}, opset=13), {"x": x}, rtol=0, atol=0,
+                       opt_levels=(0,))
+
+
+@pytest.mark.parametrize("opset", [7, 11])
+@pytest.mark.parametrize("shape,axis", [((2, 3, 4), None), ((2, 3, 4), 0), ((2, 3, 4), 2), ((3, 5), 1)])
+def test_hardmax_coerced_2d(opset, shape, axis):
+    x = np.round(rand(*shape, low=-3, high=3))
+    attrs = {} if axis is None else {"axis": axis}
+    assert_matches_ort(node_model("Hardmax", {"x": x}, attrs, opset=opset), {"x": x}, rtol=0, atol=0,
+                       opt_levels=(0,))
+
+
+def test_hardmax_f16():
+    x = rand(3, 4, dtype=np.float16)
+    assert_matches_ort(node_model("Hardmax", {"x": x}), {"x": x}, rtol=0, atol=0, opt_levels=(0,))
+
+
+def test_hardmax_f64_against_onnx_reference():   # onnxruntime has no f64 Hardmax
+    import compiler
+    from onnx.reference import ReferenceEvaluator
+    x = rand(3, 4, dtype=np.float64)
+    m = node_model("Hardmax", {"x": x}, {"axis": 0})
+    exp = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    got = compiler.compile(m, opt_level=0).run(x=x)[0]
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, exp)
+
+
+def test_hardmax_reference_matches_ort():
+    x = np.round(rand(2, 3, 4, low=-2, high=2))
+    exp = ort_run(node_model("Hardmax", {"x": x}, {"axis": 1}, opset=13), {"x": x})[0]
+    np.testing.assert_array_equal(_run_ref("Hardmax", [x], axis=1)[0], exp)

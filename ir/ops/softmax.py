@@ -187,3 +187,54 @@ class LogSoftmax:
         return import_coerced_2d(ctx, proto, version)
 
     flops = _flops_per_elem(5.0)
+
+
+@op("Hardmax", OpPatternKind.OPAQUE)
+class Hardmax:
+    """y = 1 at the first maximum along ``axis`` (default -1), 0 elsewhere. ONNX spec: Hardmax-13.
+
+    Same types, shapes and errors as Softmax; Hardmax-1/-11 (coerce to 2-D at axis, default
+    1) are converted by the importer.
+    """
+    infer = _infer_float
+
+    def reference(node, ins):
+        x = ins[0]
+        axis = norm_axis(node.attr("axis", -1), x.ndim)
+        if x.size == 0:
+            return [np.zeros_like(x)]
+        am = np.expand_dims(np.argmax(x, axis=axis), axis)
+        y = np.zeros_like(x)
+        np.put_along_axis(y, am, 1, axis=axis)
+        return [y]
+
+    def lower(ctx):
+        x, y = ctx.inputs[0], ctx.outputs[0]
+        if y.numel == 0:
+            return
+        axis = norm_axis(ctx.attr("axis", -1), len(x.shape))
+        kb = ctx.kernel()
+        chunk = min(split_axis(x.shape, axis)[2], CHUNK)
+        best = kb.local(x.dtype, (chunk,), hint="best")
+        arg = kb.local(DType.i64, (chunk,), hint="arg")
+
+        def body(base, width, inner, n, _rbase):
+            with kb.loop(width, kind="vectorize", hint="t") as t:
+                kb.store(best, t, x.flat(base + t))
+                kb.store(arg, t, as_expr(0, DType.i64))
+            with kb.loop(n, start=1, hint="j") as j:
+                with kb.loop(width, kind="vectorize", hint="t") as t:
+                    v = x.flat(base + j * inner + t)
+                    kb.store(arg, t, select(v > best[t], j, arg[t]))   # before best changes
+                    kb.store(best, t, maximum(v, best[t]))
+            with kb.loop(n, hint="j") as j:
+                with kb.loop(width, kind="vectorize", hint="t") as t:
+                    kb.store(y, base + j * inner + t, select(arg[t].eq(j), as_expr(1.0, y.dtype),
+                                                             as_expr(0.0, y.dtype)))
+
+        axis_blocks(kb, x.shape, axis, body)
+
+    def importer(ctx, proto, version):
+        return import_coerced_2d(ctx, proto, version)
+
+    flops = _flops_per_elem(1.0)
