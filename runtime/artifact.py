@@ -6,14 +6,16 @@ code anywhere:
 - ``tensorfuse.json``: metadata. Format name and version, tensorfuse version, target, the host
   the code was generated for (triple, CPU name, CPU features), entry symbol, input and output
   info, the slot table, the kernel call table (for the profiler), the memory plan, the layout
-  of the constants blob and the SHA-256 of every other member.
+  of the constants blob, the SHA-256 of the code and the CRC-32 of the constants.
 - ``code.o``: the relocatable object code llvmlite's ``TargetMachine.emit_object`` produced.
 - ``consts.bin``: every constant's bytes, each at a 64-byte aligned offset, so loading is one
   read into one aligned buffer and the constants are views into it (held once, never copied).
 
 ``load(path)`` checks, in this order, that the file is a complete zip holding those members,
 the format, the tensorfuse version, the target triple and the CPU features, then each member's
-checksum, and only then links the object code into the process (no LLVM code generation).
+checksum (SHA-256 for the code; CRC-32, as zip itself uses, for the constants, which are read
+straight from the file into place), and only then links the object code into the process (no
+LLVM code generation).
 Every failure raises :class:`ArtifactError` saying which check failed.
 """
 from __future__ import annotations
@@ -23,9 +25,11 @@ import importlib.util
 import json
 import os
 import re
+import struct
 import sys
 import tempfile
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -105,7 +109,8 @@ def save_module(mod: Module, path) -> None:
                    "inplace_ok": [list(p) for p in c.inplace_ok]} for c in prog.calls],
         "plan": mod.memory_plan.to_dict(),
         "consts": layout,
-        "sha256": {CODE: _sha(code), CONSTS: _sha(blob)},
+        "sha256": {CODE: _sha(code)},
+        "crc32": {CONSTS: zlib.crc32(blob)},
     }
     folder = os.path.dirname(os.path.abspath(path))
     try:
@@ -176,28 +181,41 @@ def read_artifact(path) -> tuple[dict, bytes, np.ndarray]:
             check_compatible(meta, path)
             code = z.read(CODE)
             info = z.getinfo(CONSTS)
-            raw = np.empty(info.file_size + _ALIGN, np.uint8)
-            start = (-raw.ctypes.data) % _ALIGN
-            blob = raw[start:start + info.file_size]
-            with z.open(info) as f:
-                view, got = memoryview(blob), 0
-                while got < info.file_size:
-                    n = f.readinto(view[got:])
-                    if not n:
-                        break
-                    got += n
-                if got != info.file_size or f.read(1):
-                    raise ArtifactError(f"{path} is corrupt: the constants have {got} bytes, "
-                                        f"expected {info.file_size}")
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise ArtifactError(f"{path} is not a tensorfuse module file: {CONSTS} is compressed")
+            blob = _read_stored(path, info)
     except zipfile.BadZipFile as e:
         raise ArtifactError(f"{path} is truncated or corrupt (not a complete zip archive: {e})") from None
     except (EOFError, zipfile.LargeZipFile, OSError) as e:
         raise ArtifactError(f"{path} is truncated or corrupt ({type(e).__name__}: {e})") from None
-    sums = meta.get("sha256") or {}
-    for name, data in ((CODE, code), (CONSTS, blob)):
-        if sums.get(name) != _sha(data):
-            raise ArtifactError(f"{path} is corrupt: the checksum of {name} does not match")
+    if (meta.get("sha256") or {}).get(CODE) != _sha(code):
+        raise ArtifactError(f"{path} is corrupt: the checksum of {CODE} does not match")
+    crc = zlib.crc32(blob)
+    if crc != info.CRC or (meta.get("crc32") or {}).get(CONSTS) != crc:
+        raise ArtifactError(f"{path} is corrupt: the checksum of {CONSTS} does not match")
     return meta, code, blob
+
+
+def _read_stored(path: str, info: zipfile.ZipInfo) -> np.ndarray:
+    """A stored member's bytes read straight from the file into a 64-byte aligned buffer (one
+    copy, no decompression layer; the caller checks the CRC)."""
+    raw = np.empty(info.file_size + _ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % _ALIGN
+    blob = raw[start:start + info.file_size]
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        head = f.read(30)
+        if len(head) != 30 or head[:4] != b"PK\x03\x04":
+            raise ArtifactError(f"{path} is truncated or corrupt: bad local header of {info.filename}")
+        name_len, extra_len = struct.unpack("<HH", head[26:30])
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        view, got = memoryview(blob), 0
+        while got < info.file_size:
+            n = f.readinto(view[got:])
+            if not n:
+                raise ArtifactError(f"{path} is truncated: {info.filename} has {got} of {info.file_size} bytes")
+            got += n
+    return blob
 
 
 def load(path) -> Module:

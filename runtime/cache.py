@@ -5,8 +5,9 @@ Place: ``$TENSORFUSE_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/tensorfuse``, el
 named by the SHA-256 of its key, plus a small JSON file holding the key's parts, so that a miss
 can be explained (:func:`cache_info`). The key's parts:
 
-- ``model``: SHA-256 of the serialized model (a path: the file's bytes, plus any external data
-  files it references; bytes as given; a ModelProto: its serialization);
+- ``model``: SHA-256 of the serialized model (a path: the file's bytes; bytes as given; a
+  ModelProto: its serialization). External data files of a model path are hashed when the
+  entry is written and checked when it is found;
 - ``target``: the target string, and for "llvm" the host triple, CPU name and CPU features
   (the code is generated for this CPU);
 - ``options``: every compile option but ``cache`` (``opt_level``, ``input_shapes`` ...),
@@ -63,9 +64,11 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def _external_files(data: bytes, folder: str) -> list[str]:
-    """Files holding a model's external tensor data (cheap test first: the field name)."""
-    if b"location" not in data:
+def external_files(path: str) -> list[str]:
+    """The files holding a model file's external tensor data (none for most models)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if b"location" not in data:         # the key of every external-data entry
         return []
     import onnx
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
@@ -73,32 +76,34 @@ def _external_files(data: bytes, folder: str) -> list[str]:
         proto = onnx.load_model_from_string(data)
     except Exception:
         return []
-    files = []
+    folder, files = os.path.dirname(os.path.abspath(path)), []
     for t in _get_all_tensors(proto):
         if uses_external_data(t):
             loc = next((e.value for e in t.external_data if e.key == "location"), None)
-            if loc and loc not in files:
-                files.append(loc)
-    return [os.path.join(folder, f) for f in files]
+            if loc and os.path.join(folder, loc) not in files:
+                files.append(os.path.join(folder, loc))
+    return files
+
+
+def file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    with open(path, "rb") as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
 
 
 def model_digest(model: Any) -> str:
-    """SHA-256 of the model's content (see the module docstring)."""
-    h = hashlib.sha256()
+    """SHA-256 of the model's content: a path's file bytes (external data files, which few
+    models have, are checked apart: see :func:`cached_compile`), bytes as given, a ModelProto's
+    serialization."""
     if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        with open(path, "rb") as f:
-            data = f.read()
-        h.update(data)
-        for ext in _external_files(data, os.path.dirname(os.path.abspath(path))):
-            h.update(b"\0external\0" + os.path.basename(ext).encode() + b"\0")
-            with open(ext, "rb") as f:
-                h.update(f.read())
-    elif isinstance(model, (bytes, bytearray, memoryview)):
-        h.update(model)
-    else:
-        h.update(model.SerializeToString())
-    return h.hexdigest()
+        return file_digest(os.fspath(model))
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return hashlib.sha256(model).hexdigest()
+    return hashlib.sha256(model.SerializeToString()).hexdigest()
 
 
 def _canon(v: Any) -> Any:
@@ -168,13 +173,25 @@ def _drop(d: pathlib.Path, digest: str) -> None:
             pass
 
 
-def lookup(parts: dict, d: pathlib.Path | None = None):
-    """The cached module for this key, or None (missing, or corrupt: then dropped)."""
+def _external_ok(d: pathlib.Path, digest: str) -> bool:
+    """The external data files the entry was compiled with are unchanged."""
+    try:
+        ext = json.loads((d / (digest + KEY_SUFFIX)).read_text()).get("external") or {}
+        return all(os.path.isfile(p) and file_digest(p) == h for p, h in ext.items())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def lookup(parts: dict, d: pathlib.Path | None = None, external: bool = False):
+    """The cached module for this key, or None (missing, stale external data, or corrupt:
+    then dropped with a warning)."""
     from .artifact import ArtifactError, load
     d = d or cache_dir()
     digest = key_digest(parts)
     path = d / (digest + ENTRY_SUFFIX)
     if not path.is_file():
+        return None
+    if external and not _external_ok(d, digest):
         return None
     try:
         return load(path)
@@ -185,15 +202,16 @@ def lookup(parts: dict, d: pathlib.Path | None = None):
         return None
 
 
-def store(parts: dict, module, d: pathlib.Path | None = None) -> bool:
-    """Write ``module`` under this key; False (and one warning) when the place is unwritable."""
+def store(parts: dict, module, d: pathlib.Path | None = None, external: dict | None = None) -> bool:
+    """Write ``module`` under this key (``external``: {external data file: sha256}, checked on
+    lookup); False (and one warning per place) when the place is unwritable."""
     from .artifact import ArtifactError
     d = d or cache_dir()
     digest = key_digest(parts)
     try:
         d.mkdir(parents=True, exist_ok=True)
         module.save(d / (digest + ENTRY_SUFFIX))
-        _write_json(d / (digest + KEY_SUFFIX), parts)
+        _write_json(d / (digest + KEY_SUFFIX), dict(parts, external=external or {}))
         return True
     except (OSError, ArtifactError) as e:
         _warn_once(str(d), f"tensorfuse compile cache disabled: cannot write to {d} ({e}); compiling without "
@@ -203,7 +221,9 @@ def store(parts: dict, module, d: pathlib.Path | None = None) -> bool:
 
 def cached_compile(model: Any, target: str, options: dict, build: Callable[[], Any]):
     """``build()`` through the cache: a hit loads the saved module (its graph, kernel IR and
-    LLVM IR are rebuilt by ``build`` on first access); a miss builds and stores it."""
+    LLVM IR are rebuilt by ``build`` on first access); a miss builds and stores it. For a model
+    path with external data files, their digests are recorded with the entry and checked on
+    lookup (the common model without external data costs nothing extra)."""
     if any(options.get(k) for k in _BYPASS_OPTIONS):
         return build()
     d = cache_dir()
@@ -213,13 +233,15 @@ def cached_compile(model: Any, target: str, options: dict, build: Callable[[], A
         parts = make_key(model, target, options)
     except Exception:       # unreadable path, not a model ...: the compiler says what is wrong
         return build()
-    mod = lookup(parts, d)
+    is_path = isinstance(model, (str, os.PathLike))
+    mod = lookup(parts, d, external=is_path)
     if mod is not None:
         mod._rebuild = build
         mod.cache_hit = True
         return mod
     mod = build()
-    store(parts, mod, d)
+    ext = {p: file_digest(p) for p in external_files(os.fspath(model))} if is_path else {}
+    store(parts, mod, d, ext)
     mod.cache_hit = False
     return mod
 
@@ -265,6 +287,7 @@ def explain(parts: dict, d: pathlib.Path | None = None) -> CacheInfo:
             old = json.loads(kp.read_text())
         except (OSError, ValueError):
             continue
+        old.pop("external", None)
         diffs: list[str] = []
         _diff(parts, old, "", diffs)
         if best_diff is None or len(diffs) < len(best_diff):

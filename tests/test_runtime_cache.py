@@ -184,3 +184,29 @@ def test_bad_model_still_raises_the_compilers_error(cache, tmp_path):
     with pytest.raises(ModelLoadError):
         compiler.compile(str(tmp_path / "bad.onnx"))
     assert entries(cache) == []
+
+
+def test_external_data_files_are_part_of_the_key(cache, tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+    c = np.arange(np.prod(SHAPE), dtype=np.float32).reshape(SHAPE)
+    g = helper.make_graph([helper.make_node("Add", ["x", "c"], ["y"])], "ext",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, SHAPE)],
+                          initializer=[numpy_helper.from_array(c, "c")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(m, path, save_as_external_data=True, location="ext.data", size_threshold=0)
+    assert (tmp_path / "ext.data").is_file()
+    x = x_input(3)
+    m1 = compiler.compile(str(path))
+    assert m1.cache_hit is False
+    np.testing.assert_array_equal(m1.run(x)[0], x + c)
+    assert compiler.compile(str(path)).cache_hit is True
+    # new weights in the data file, the .onnx file unchanged: the entry must not be used
+    with open(tmp_path / "ext.data", "r+b") as f:
+        f.write((c * 2).tobytes())
+    m3 = compiler.compile(str(path))
+    assert m3.cache_hit is False
+    np.testing.assert_array_equal(m3.run(x)[0], x + 2 * c)
+    assert compiler.compile(str(path)).cache_hit is True
