@@ -27,6 +27,10 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     Raises ModelLoadError (not a valid ONNX model), UnsupportedModelError (unsupported ops, all
     listed with node names; dynamic shapes), CompileError (an internal failure, naming the pass
     or node).
+
+    When shapes depend on the values of graph inputs (Reshape's shape, reduction axes ... given
+    as inputs), the result is a ``compiler.specialize.SpecializingModule`` that compiles at its
+    first run for those inputs' values (see that module).
     """
     # every option but these is part of the compile cache's key: keep this line first
     options = {k: v for k, v in locals().items() if k not in ("model", "target", "cache")}
@@ -35,10 +39,19 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
         raise CompileError(f"target {tgt.kind!r} is not available yet")
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+    from compiler.specialize import InputValuesNeeded, specialize
     if cache:
         from runtime.cache import cached_compile
-        return cached_compile(model, str(tgt), options, lambda: compile(model, target, cache=False, **options))
-    graph = import_onnx(model, input_shapes=input_shapes)
+        try:    # cache=None: the inner call leaves specialising to this one
+            return cached_compile(model, str(tgt), options, lambda: compile(model, target, cache=None, **options))
+        except InputValuesNeeded as e:
+            return specialize(e, model, target, options)
+    try:
+        graph = import_onnx(model, input_shapes=input_shapes)
+    except InputValuesNeeded as e:
+        if cache is None:
+            raise
+        return specialize(e, model, target, options)
     output_names = list(graph.output_names or [v.name for v in graph.outputs])
     input_names = [v.name for v in graph.inputs]
     from compiler.pipeline import dump_kernels, optimize
