@@ -59,7 +59,8 @@ def count(g: Graph, op: str) -> int:
 
 
 def why_not(model, rule: str, opt_level: int = 2) -> str:
-    """The reasons ``explain`` gives for ``rule`` not applying, joined (asserts it applies nowhere)."""
+    """The reasons ``explain`` gives for ``rule`` not applying, joined (asserts it applies nowhere).
+    ``model``: an ONNX model (replayed up to the rule's pass) or an IR graph (taken as is)."""
     from compiler.explain import explain
     ex = explain(model, rule, opt_level=opt_level, quiet=True)
     assert ex, f"{rule}: no candidate node"
