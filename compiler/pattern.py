@@ -71,9 +71,10 @@ class _State:
         self.score = 0
 
     def fork(self) -> "_State":
-        s = copy.copy(self)
+        s = _State.__new__(_State)
         s.binds = dict(self.binds)
         s.nodes = list(self.nodes)
+        s.node_ids, s.single, s.score = self.node_ids, self.single, self.score
         return s
 
 
@@ -650,7 +651,18 @@ class Match:
 
 
 def _assign_default_names(patterns: list[Pattern]) -> list[str]:
-    """Give unnamed Op patterns their op name in lower case where unique; returns all names."""
+    """Give unnamed Op patterns their op name in lower case where unique; returns all names.
+    Patterns do not change once built, so the answer is kept on the first one."""
+    key = tuple(id(p) for p in patterns)
+    cached = patterns[0].__dict__.get("_declared")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    names = _assign_default_names_uncached(patterns)
+    patterns[0].__dict__["_declared"] = (key, names)
+    return names
+
+
+def _assign_default_names_uncached(patterns: list[Pattern]) -> list[str]:
     seen: set = set()
     ops: list[Op] = []
     for p in patterns:

@@ -181,7 +181,7 @@ def _apply(graph: Graph, rule: Rule, m: Match, node: Node) -> "Application | Fai
             graph.replace_all_uses(old, new)
     _remove_dead(graph, m.nodes)
     _drop_unused_captured_constants(graph, m)
-    if not _is_topological(graph):
+    if not _placed_in_order(created, pos, at, m) and not _is_topological(graph):
         graph.toposort()
     return Application(rule.name, [n.name for n in m.nodes], [n.name for n in created])
 
@@ -232,6 +232,22 @@ def _drop_unused_captured_constants(graph: Graph, m: Match) -> None:
     for v in consts:
         if id(v) not in used and graph.constants.get(v.name) is v:
             del graph.constants[v.name]
+
+
+def _placed_in_order(created: list[Node], pos: dict, at: int, m: Match) -> bool:
+    """A cheap sufficient check: one pattern output (its readers come after the match), and
+    every input of a new node defined before the insertion point or by an earlier new node."""
+    if len(m.outputs) != 1:
+        return False
+    root = m.outputs[0].producer
+    made: set[int] = set()
+    for n in created:
+        for v in n.inputs:
+            p = None if v is None else v.producer
+            if p is not None and id(p) not in made and (p is root or pos.get(id(p), at) >= at):
+                return False
+        made.add(id(n))
+    return True
 
 
 def _is_topological(graph: Graph) -> bool:

@@ -52,11 +52,13 @@ def test_dropout_in_inference_removed_and_training_kept():
     assert [a.rule for a in mod.rewrite_log] == ["RemoveInferenceDropout"] and mod.graph.nodes == []
     assert_matches_ort(m, {"x": rand(2, 3)}, opt_levels=(0, 1))
     g = G("""
-  const %r: f32[] = 0.5
+  const %r: f32[] = 0.0
   const %t: bool[] = true
   %y: f32[2,3] = Dropout(%x, %r, %t) @drop
   return %y""")
-    assert run(g) == []
+    assert run(g) == []      # training mode: left to the op (which allows only ratio 0)
+    [why] = compiler.explain(g, "RemoveInferenceDropout", quiet=True)
+    assert why.reason == "drop: input 2 ('t') is True, expected the constant False"
 
 
 @needs_ops("Cast")

@@ -1,16 +1,22 @@
 """Common-subexpression elimination: equal constants, then equal nodes."""
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from ir.graph import Graph, Value
 
 
 def _const_key(v: Value):
-    a = np.ascontiguousarray(v.data)
-    return (v.type.dtype, v.type.shape, hashlib.sha256(a.tobytes()).digest())
+    """Dtype, shape and a cheap fingerprint (first and last bytes); equal keys are then
+    compared in full, so large weights are not hashed."""
+    b = np.ascontiguousarray(v.data).reshape(-1).view(np.uint8)
+    return (v.type.dtype, v.type.shape, b[:64].tobytes(), b[-64:].tobytes())
+
+
+def _same_bytes(a: Value, b: Value) -> bool:
+    x = np.ascontiguousarray(a.data).reshape(-1).view(np.uint8)
+    y = np.ascontiguousarray(b.data).reshape(-1).view(np.uint8)
+    return x.shape == y.shape and bool(np.array_equal(x, y))
 
 
 def _attr_key(x):
@@ -38,13 +44,12 @@ def eliminate_common_subexpressions(graph: Graph) -> bool:
     repl: dict[int, Value] = {}
     for name, v in list(graph.constants.items()):
         k = _const_key(v)
-        other = first.get(k)
-        if other is not None and np.array_equal(np.ascontiguousarray(other.data).view(np.uint8),
-                                                np.ascontiguousarray(v.data).view(np.uint8)):
-            repl[id(v)] = other
+        same = next((o for o in first.get(k, ()) if _same_bytes(o, v)), None)
+        if same is not None:
+            repl[id(v)] = same
             del graph.constants[name]
         else:
-            first.setdefault(k, v)
+            first.setdefault(k, []).append(v)
     seen: dict = {}
     kept = []
     for n in graph.nodes:
