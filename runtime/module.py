@@ -25,8 +25,6 @@ from typing import Callable
 
 import numpy as np
 
-from ir.types import DType, TensorType
-
 from .memory_plan import MemoryPlan, plan_memory
 
 _ENTRY_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -41,6 +39,7 @@ class TensorInfo:
     shape: tuple[int, ...]
 
     def __str__(self) -> str:
+        from ir.types import DType, TensorType   # not at import: loading a saved module needs no IR
         return f"{self.name}: {TensorType(DType.from_numpy(self.dtype), self.shape)}"
 
 
