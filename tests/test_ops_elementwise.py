@@ -59,6 +59,12 @@ def check(op, inputs, attrs=None, *, opset=17, initializers=None, input_names=No
     inputs = {k: np.asarray(v) for k, v in inputs.items()}
     m = node_model(op, inputs, attrs, outputs=outputs, opset=opset, initializers=initializers,
                    input_names=input_names)
+    return check_model(m, inputs, rtol=rtol, atol=atol, opt_levels=opt_levels, expected=expected)
+
+
+def check_model(m, inputs, *, rtol=None, atol=None, opt_levels=(0, 2), expected=None):
+    """``check`` for a given model."""
+    op = m.graph.node[0].op_type
     src = "given"
     if expected is None:
         expected, src = oracle(m, inputs)

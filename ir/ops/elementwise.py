@@ -100,11 +100,13 @@ def check_types(node, schema_op: str | None = None) -> dict[str, DType]:
 
 def out_dtype(node, bound: dict[str, DType], j: int = 0, schema_op: str | None = None) -> DType:
     """Dtype of output j from the schema and the bindings of :func:`check_types`."""
-    ts = _signature(schema_op or node.op)[3][j]
+    allowed, _, _, outs, _, _ = _signature(schema_op or node.op)
+    ts = outs[j]
     if ts in bound:
         return bound[ts]
-    if ts in _ONNX_TYPE:
-        return _ONNX_TYPE[ts]
+    ok = _allowed(allowed, ts)
+    if len(ok) == 1:
+        return next(iter(ok))
     raise ShapeError(f"output {j} type {ts} is not bound by any input")
 
 
