@@ -106,7 +106,8 @@ def save_module(mod: Module, path) -> None:
                   for s in prog.slots],
         "input_slots": prog.inputs, "output_slots": prog.outputs,
         "calls": [{"kernel": c.kernel, "slots": c.slots, "nodes": c.nodes, "ops": c.ops, "flops": c.flops,
-                   "inplace_ok": [list(p) for p in c.inplace_ok]} for c in prog.calls],
+                   "inplace_ok": [list(p) for p in c.inplace_ok], "sources": mod.source_nodes(c)}
+                  for c in prog.calls],
         "plan": mod.memory_plan.to_dict(),
         "consts": layout,
         "sha256": {CODE: _sha(code)},
@@ -232,7 +233,7 @@ def load(path) -> Module:
             a = blob[e["offset"]:e["offset"] + e["nbytes"]].view(np.dtype(e["dtype"]))
             consts[e["slot"]] = a.reshape(e["shape"])
         calls = [CallInfo(c["kernel"], c["slots"], c["nodes"], c["ops"], c["flops"],
-                          [tuple(p) for p in c.get("inplace_ok", [])]) for c in meta["calls"]]
+                          [tuple(p) for p in c.get("inplace_ok", [])], c.get("sources")) for c in meta["calls"]]
         prog = Program(slots, meta["input_slots"], meta["output_slots"], calls, consts)
         plan = MemoryPlan.from_dict(meta["plan"])
         in_names = [i["name"] for i in meta["inputs"]]

@@ -17,9 +17,7 @@ the largest number of simultaneous runs and keeps those arenas for reuse.
 from __future__ import annotations
 
 import ctypes
-import statistics
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -68,6 +66,7 @@ class CallInfo:
     ops: list[str] = field(default_factory=list)
     flops: float | None = None
     inplace_ok: list = field(default_factory=list)
+    sources: list[str] | None = None     # ONNX node names, once traced (saved modules)
 
 
 @dataclass
@@ -104,55 +103,6 @@ class _Arena:
         for s, off in plan.offsets.items():
             self.table[s] = base + off
         self.addr = ctypes.addressof(self.table)
-
-
-@dataclass
-class ProfileRow:
-    """One kernel call's timing: median over the repeats, its share of the summed medians,
-    GFLOP/s (when the op declares a FLOP count) and the bytes of its distinct buffers."""
-
-    kernel: str
-    nodes: list[str]
-    ops: list[str]
-    median_ms: float
-    share: float
-    gflops: float | None
-    bytes_moved: int
-
-
-class Profile(list):
-    """Per-kernel rows (:class:`ProfileRow`) sorted by time, slowest first; prints as a table."""
-
-    @property
-    def total_ms(self) -> float:
-        return sum(r.median_ms for r in self)
-
-    def __str__(self) -> str:
-        rows = [("kernel", "nodes", "median ms", "share", "GFLOP/s", "MB moved")]
-        for r in self:
-            nodes = ",".join(r.nodes) or ",".join(r.ops)
-            rows.append((r.kernel, nodes if len(nodes) <= 40 else nodes[:37] + "...", f"{r.median_ms:.4f}",
-                         f"{100 * r.share:.1f}%", "" if r.gflops is None else f"{r.gflops:.2f}",
-                         f"{r.bytes_moved / 1e6:.3f}"))
-        w = [max(len(r[i]) for r in rows) for i in range(6)]
-        lines = ["  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(r)) for r in rows]
-        lines.insert(1, "-" * len(lines[0]))
-        lines.append(f"total {self.total_ms:.3f} ms over {len(self)} kernel calls")
-        return "\n".join(lines)
-
-
-@dataclass
-class Benchmark:
-    """Whole-run wall times in milliseconds over ``repeat`` runs (after ``warmup`` runs)."""
-
-    median_ms: float
-    min_ms: float
-    max_ms: float
-    repeat: int
-
-    def __str__(self) -> str:
-        return (f"median {self.median_ms:.3f} ms, min {self.min_ms:.3f} ms, max {self.max_ms:.3f} ms "
-                f"over {self.repeat} runs")
 
 
 class Module:
@@ -309,60 +259,29 @@ class Module:
             fn = self._kernel_fns[name] = _ENTRY_T(self._lib.address(name))
         return fn
 
-    def profile(self, *arrays, repeat: int = 10, warmup: int = 1, show: bool = True, **named) -> Profile:
+    def profile(self, *arrays, repeat: int = 10, warmup: int = 1, show: bool = True, **named):
         """Time every kernel call on its own (each kernel's exported ``void name(ptr args)`` is
         called with its argument array, in run order), ``repeat`` times after ``warmup`` runs.
-        Returns a :class:`Profile` (rows sorted by median time, slowest first) and prints it
-        when ``show``. Inputs as for :meth:`run`; raises ValueError for bad inputs or repeat < 1."""
-        if repeat < 1:
-            raise ValueError(f"repeat must be >= 1, got {repeat}")
-        inputs = self._check_inputs(arrays, named)
-        outs = [np.empty(i.shape, i.dtype) for i in self.output_info]
-        prog = self._program
-        arena = self._acquire()
-        try:
-            self._bind(arena, inputs, outs)
-            calls = []
-            for c in prog.calls:
-                args = (ctypes.c_void_p * max(len(c.slots), 1))(*[arena.table[s] for s in c.slots])
-                calls.append((self._kernel_fn(c.kernel), ctypes.addressof(args), args))
-            times = [[0.0] * repeat for _ in calls]
-            for _ in range(warmup):
-                for fn, addr, _a in calls:
-                    fn(addr)
-            clock = time.perf_counter
-            for r in range(repeat):
-                for k, (fn, addr, _a) in enumerate(calls):
-                    t0 = clock()
-                    fn(addr)
-                    times[k][r] = clock() - t0
-        finally:
-            self._release(arena)
-        med = [statistics.median(t) * 1e3 for t in times]
-        total = sum(med) or 1.0
-        rows = Profile()
-        for c, m in zip(prog.calls, med):
-            moved = sum(prog.slots[s].nbytes for s in set(c.slots))
-            gf = c.flops / (m * 1e-3) / 1e9 if c.flops and m > 0 else None
-            rows.append(ProfileRow(c.kernel, list(c.nodes), list(c.ops), m, m / total, gf, moved))
-        rows.sort(key=lambda r: -r.median_ms)
-        if show:
-            print(rows)
-        return rows
+        Returns a :class:`~runtime.profile.Profile`: rows (kernel, the ONNX nodes it covers,
+        median ms, share, GFLOP/s where the FLOP count is known, bytes moved) sorted slowest
+        first; prints it when ``show``. Inputs as for :meth:`run`; raises ValueError for bad
+        inputs or repeat < 1."""
+        from .profile import profile_module
+        return profile_module(self, arrays, named, repeat=repeat, warmup=warmup, show=show)
 
-    def benchmark(self, *arrays, repeat: int = 20, warmup: int = 2, **named) -> Benchmark:
-        """Median, min and max wall time (ms) of whole ``run()`` calls over ``repeat`` runs."""
-        if repeat < 1:
-            raise ValueError(f"repeat must be >= 1, got {repeat}")
-        inputs = self._check_inputs(arrays, named)
-        for _ in range(warmup):
-            self.run(*inputs)
-        ts = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            self.run(*inputs)
-            ts.append((time.perf_counter() - t0) * 1e3)
-        return Benchmark(statistics.median(ts), min(ts), max(ts), repeat)
+    def benchmark(self, *arrays, repeat: int = 20, warmup: int = 2, **named):
+        """Median, min and max wall time (ms) of whole ``run()`` calls over ``repeat`` runs
+        (a :class:`~runtime.profile.Benchmark`)."""
+        from .profile import benchmark_module
+        return benchmark_module(self, arrays, named, repeat=repeat, warmup=warmup)
+
+    def source_nodes(self, call: CallInfo) -> list[str]:
+        """The ONNX node names a kernel call covers: its IR nodes traced back through the
+        rewrites that made them (``rewrite_log``), or as recorded in a saved module."""
+        if call.sources is not None:
+            return list(call.sources)
+        from .profile import trace_sources
+        return trace_sources(call.nodes, self.__dict__.get("rewrite_log"))
 
     # -- saving -------------------------------------------------------------------------
     def save(self, path) -> None:

@@ -97,6 +97,8 @@ def test_round_trip_is_bit_exact(mlp, tmp_path):
     assert [c.nodes for c in loaded.calls] == [c.nodes for c in mod.calls]
     prof = loaded.profile(x, repeat=2, show=False)          # the call table survives the file
     assert len(prof) == mod.num_kernels
+    assert sorted(n for r in prof for n in r.nodes) == sorted(n for r in mod.profile(x, repeat=1, show=False)
+                                                               for n in r.nodes)
     assert loaded.graph is None
     with pytest.raises(AttributeError, match="machine code, not kernel IR"):
         loaded.kernels

@@ -135,8 +135,9 @@ def test_profile_rows(mlp, capsys):
     times = [r.median_ms for r in prof]
     assert times == sorted(times, reverse=True)
     assert abs(sum(r.share for r in prof) - 1.0) < 1e-9
-    covered = {n for r in prof for n in r.nodes}
-    assert {"mm1", "mm2", "tanh"} <= covered or {"mm1", "mm2"} & covered
+    # rows name the model's nodes, also where fusion made new IR nodes (FusedMatMul ...)
+    covered = [n for r in prof for n in r.nodes]
+    assert sorted(covered) == sorted(["mm1", "bias1", "relu", "mm2", "bias2", "skip", "tanh"]), prof
     for r in prof:
         assert r.median_ms >= 0 and r.bytes_moved > 0
         call = next(c for c in mod.calls if c.kernel == r.kernel)
@@ -177,3 +178,14 @@ def test_benchmark(mlp):
     b = mod.benchmark(x_input(7), repeat=5)
     assert 0 < b.min_ms <= b.median_ms <= b.max_ms and b.repeat == 5
     assert "median" in str(b)
+
+
+def test_trace_sources_follows_rewrites():
+    from compiler.rewrite import Application
+    from runtime.profile import trace_sources
+    log = [Application("fold_bn", ["conv1", "bn1"], ["conv1_bn"]),
+           Application("conv_relu", ["conv1_bn", "relu1"], ["fused_0"]),
+           Application("keep_name", ["add"], ["add"])]
+    assert trace_sources(["fused_0"], log) == ["conv1", "bn1", "relu1"]
+    assert trace_sources(["add", "other"], log) == ["add", "other"]
+    assert trace_sources(["x"], None) == ["x"]

@@ -1,0 +1,148 @@
+"""Where the time goes: per-kernel profiles and whole-run benchmarks of a :class:`Module`.
+
+The profiler calls each kernel's exported function (``void name(ptr args)``) on its own, with
+the argument array the entry function would build, in run order, so every kernel sees the data
+it sees in a real run. A row names the ONNX nodes the kernel covers: fused kernels come from
+nodes that rewrites created, and :func:`trace_sources` follows the rewrite log back to the
+model's own node names.
+"""
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class ProfileRow:
+    """One kernel call: median time over the repeats, share of the summed medians, GFLOP/s
+    (when the op declares a FLOP count), the bytes of its distinct buffers (read and written),
+    the ONNX nodes it covers (``nodes``), the IR nodes and their ops."""
+
+    kernel: str
+    nodes: list[str]
+    median_ms: float
+    share: float
+    gflops: float | None
+    bytes_moved: int
+    ir_nodes: list[str]
+    ops: list[str]
+
+
+class Profile(list):
+    """Per-kernel rows (:class:`ProfileRow`) sorted by time, slowest first; prints as a table."""
+
+    @property
+    def total_ms(self) -> float:
+        return sum(r.median_ms for r in self)
+
+    def __str__(self) -> str:
+        rows = [("kernel", "ONNX nodes", "median ms", "share", "GFLOP/s", "MB moved")]
+        for r in self:
+            nodes = ", ".join(r.nodes) or "(" + ", ".join(r.ops) + ")"
+            rows.append((r.kernel, nodes if len(nodes) <= 48 else nodes[:45] + "...", f"{r.median_ms:.4f}",
+                         f"{100 * r.share:.1f}%", "" if r.gflops is None else f"{r.gflops:.2f}",
+                         f"{r.bytes_moved / 1e6:.3f}"))
+        w = [max(len(r[i]) for r in rows) for i in range(6)]
+        lines = ["  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(r)).rstrip()
+                 for r in rows]
+        lines.insert(1, "-" * len(lines[0]))
+        lines.append(f"total {self.total_ms:.3f} ms over {len(self)} kernel calls")
+        return "\n".join(lines)
+
+
+@dataclass
+class Benchmark:
+    """Whole-run wall times in milliseconds over ``repeat`` runs (after ``warmup`` runs)."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    repeat: int
+
+    def __str__(self) -> str:
+        return (f"median {self.median_ms:.3f} ms, min {self.min_ms:.3f} ms, max {self.max_ms:.3f} ms "
+                f"over {self.repeat} runs")
+
+
+def trace_sources(nodes: list[str], log) -> list[str]:
+    """The model's node names behind IR nodes: a node a rewrite created stands for the nodes
+    that rewrite matched (followed recursively); other nodes are the model's own.
+    ``log``: rule applications with ``nodes`` (matched) and ``created`` name lists, or None."""
+    made_from: dict[str, list[str]] = {}
+    for app in log or ():
+        for c in getattr(app, "created", None) or ():
+            made_from[c] = list(app.nodes)
+    out: list[str] = []
+
+    def walk(n: str, seen: frozenset) -> None:
+        if n not in made_from or n in seen:
+            if n not in out:
+                out.append(n)
+            return
+        for m in made_from[n]:
+            walk(m, seen | {n})
+
+    for n in nodes:
+        walk(n, frozenset())
+    return out
+
+
+def _check_repeat(repeat: int) -> None:
+    if not isinstance(repeat, int) or repeat < 1:
+        raise ValueError(f"repeat must be an integer >= 1, got {repeat!r}")
+
+
+def profile_module(mod, arrays, named, repeat: int = 10, warmup: int = 1, show: bool = True) -> Profile:
+    """See ``Module.profile``."""
+    _check_repeat(repeat)
+    inputs = mod._check_inputs(arrays, named)
+    outs = [np.empty(i.shape, i.dtype) for i in mod.output_info]
+    prog = mod._program
+    arena = mod._acquire()
+    try:
+        mod._bind(arena, inputs, outs)
+        calls = []
+        for c in prog.calls:
+            args = (ctypes.c_void_p * max(len(c.slots), 1))(*[arena.table[s] for s in c.slots])
+            calls.append((mod._kernel_fn(c.kernel), ctypes.addressof(args), args))
+        for _ in range(warmup):
+            for fn, addr, _a in calls:
+                fn(addr)
+        times = [[0.0] * repeat for _ in calls]
+        clock = time.perf_counter
+        for r in range(repeat):
+            for k, (fn, addr, _a) in enumerate(calls):
+                t0 = clock()
+                fn(addr)
+                times[k][r] = clock() - t0
+    finally:
+        mod._release(arena)
+    med = [statistics.median(t) * 1e3 for t in times]
+    total = sum(med) or 1.0
+    rows = Profile()
+    for c, m in zip(prog.calls, med):
+        moved = sum(prog.slots[s].nbytes for s in set(c.slots))
+        gf = c.flops / (m * 1e-3) / 1e9 if c.flops and m > 0 else None
+        rows.append(ProfileRow(c.kernel, mod.source_nodes(c), m, m / total, gf, moved, list(c.nodes), list(c.ops)))
+    rows.sort(key=lambda r: -r.median_ms)
+    if show:
+        print(rows)
+    return rows
+
+
+def benchmark_module(mod, arrays, named, repeat: int = 20, warmup: int = 2) -> Benchmark:
+    """See ``Module.benchmark``."""
+    _check_repeat(repeat)
+    inputs = mod._check_inputs(arrays, named)
+    for _ in range(warmup):
+        mod.run(*inputs)
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        mod.run(*inputs)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return Benchmark(statistics.median(ts), min(ts), max(ts), repeat)
