@@ -48,6 +48,10 @@ class LayerNormFromParts(Rule):
 
     def condition(self, m):
         x = m.x
+        if m.beta is None:
+            users = m.graph.users().get(m.y, [])
+            if len(users) == 1 and users[0].op == "Add" and m.y not in m.graph.outputs:
+                return Fail(f"{users[0].name}: an Add follows the scaling; the rule matches there, with its beta")
         if x.dtype != DType.f32:
             return Fail(f"'{x.name}' is {x.dtype}: only float32 is rewritten (LayerNormalization computes "
                         f"its statistics in float32, which would change f16/f64 results)")
