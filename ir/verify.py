@@ -130,9 +130,17 @@ def _check_op(n: Node, where: str, check_types: bool, problems: list[str],
 def _propagate_known(n: Node, set_known: list[Value]) -> None:
     """Like ``ir.builder.propagate_known``, recording what it sets (skips stand-in constants)."""
     from .builder import KNOWN_LIMIT
-    from .registry import run_reference
+    from .registry import find_op, run_reference
     from .text import placeholder_digest
     if all(o.known is not None for o in n.outputs) or any(o.type.numel > KNOWN_LIMIT for o in n.outputs):
+        return
+    od = find_op(n.op, n.domain)
+    if od is not None and od.known is not None:   # outputs follow from input types (Shape, Size)
+        vals = od.known(n)
+        for o, a in zip(n.outputs, vals or []):
+            if o.known is None and o.data is None:
+                o.known = np.asarray(a, dtype=o.type.dtype.numpy).reshape(o.shape)
+                set_known.append(o)
         return
     ins = []
     for v in n.inputs:
