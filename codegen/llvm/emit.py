@@ -143,6 +143,11 @@ class _FnEmitter:
         if op == "add": return b.add(x, y)
         if op == "sub": return b.sub(x, y)
         if op == "mul": return b.mul(x, y)
+        if op in ("div", "rem") and isinstance(y, ir.Constant) and y.constant not in (0, -1):
+            # constant divisor (index arithmetic): no guard needed
+            if op == "div":
+                return b.sdiv(x, y) if signed else b.udiv(x, y)
+            return b.srem(x, y) if signed else b.urem(x, y)
         if op in ("div", "rem"):
             zero = ir.Constant(x.type, 0)
             bad = b.icmp_unsigned("==", y, zero)
