@@ -59,21 +59,15 @@ def _row_loader(buf: Buffer | None, shape: Sequence[int], axis: int):
     return lambda o, j: buf.bcast(_unravel(o, outer) + _unravel(j, inner))
 
 
-# ----------------------------------------------------------------------------- LayerNormalization
-def emit_layernorm(ctx: LowerCtx, x: Buffer, scale: Buffer, bias: Buffer | None, y: Buffer,
-                   mean_out: Buffer | None, inv_out: Buffer | None, axis: int, eps: float,
-                   stash: DType) -> None:
-    """Per row over dims [axis, rank): mean, inverse std dev (two passes, in ``stash`` dtype),
-    then y = cast(normalised) * scale + bias. The y store is the only write to ``y``."""
-    shape = x.shape
-    outer = int(np.prod(shape[:axis], dtype=np.int64))
-    n = int(np.prod(shape[axis:], dtype=np.int64))
-    kb = ctx.kernel()
-    ct = stash
-    ld_s, ld_b = _row_loader(scale, shape, axis), _row_loader(bias, shape, axis)
+# ----------------------------------------------------------------------------- row statistics
+def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, eps: float,
+                  ct: DType, post, mean_out: Buffer | None = None, inv_out: Buffer | None = None) -> None:
+    """For each of ``rows`` contiguous rows of ``n`` elements of ``x``: mean and inverse std
+    dev (two passes, in ``ct``), then ``y[o*n + j] = post(o, j, (x - mean) * inv)``; the one
+    store to ``y`` per element. Optional per-row stats outputs."""
     m = kb.local(ct, (1,), hint="mean")
     v = kb.local(ct, (1,), hint="var")
-    with kb.loop(outer, hint="o") as o:
+    with kb.loop(rows, hint="o") as o:
         base = o * n
         kb.store(m, 0, as_expr(0.0, ct))
         with kb.loop(n, hint="j") as j:
@@ -85,14 +79,30 @@ def emit_layernorm(ctx: LowerCtx, x: Buffer, scale: Buffer, bias: Buffer | None,
             kb.store(v, 0, v[0] + d * d)
         kb.store(v, 0, as_expr(1.0, ct) / unop("sqrt", v[0] / as_expr(float(n), ct) + as_expr(eps, ct)))
         with kb.loop(n, kind="vectorize", hint="j") as j:
-            r = ((x.flat(base + j).cast(ct) - m[0]) * v[0]).cast(y.dtype) * ld_s(o, j)
-            if ld_b is not None:
-                r = r + ld_b(o, j)
-            kb.store(y, base + j, r)
+            kb.store(y, base + j, post(o, j, (x.flat(base + j).cast(ct) - m[0]) * v[0]))
         if mean_out is not None:
             kb.store(mean_out, o, m[0].cast(mean_out.dtype))
         if inv_out is not None:
             kb.store(inv_out, o, v[0].cast(inv_out.dtype))
+
+
+# ----------------------------------------------------------------------------- LayerNormalization
+def emit_layernorm(ctx: LowerCtx, x: Buffer, scale: Buffer, bias: Buffer | None, y: Buffer,
+                   mean_out: Buffer | None, inv_out: Buffer | None, axis: int, eps: float,
+                   stash: DType) -> None:
+    """Per row over dims [axis, rank): mean, inverse std dev (two passes, in ``stash`` dtype),
+    then y = cast(normalised) * scale + bias. The y store is the only write to ``y``."""
+    shape = x.shape
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    n = int(np.prod(shape[axis:], dtype=np.int64))
+    kb = ctx.kernel()
+    ld_s, ld_b = _row_loader(scale, shape, axis), _row_loader(bias, shape, axis)
+
+    def post(o, j, normed):
+        r = normed.cast(y.dtype) * ld_s(o, j)
+        return r + ld_b(o, j) if ld_b is not None else r
+
+    emit_row_norm(kb, x, y, outer, n, eps, stash, post, mean_out, inv_out)
 
 
 def _stash(node) -> DType:
@@ -159,3 +169,323 @@ class LayerNormalization:
 
     def flops(node):
         return 8.0 * node.inputs[0].type.numel
+
+
+# ----------------------------------------------------------------------------- InstanceNormalization
+def _check_channel_param(v, c: int, x, what: str) -> None:
+    if v is None:
+        raise ShapeError(f"{what} is required")
+    if v.dtype != x.dtype:
+        raise ShapeError(f"{what} dtype {v.dtype} differs from input's {x.dtype}")
+    if tuple(v.shape) != (c,):
+        raise ShapeError(f"{what} must have shape [{c}], got {list(v.shape)}")
+
+
+@op("InstanceNormalization", OpPatternKind.OPAQUE)
+class InstanceNormalization:
+    """y = scale[c] * (x - mean) / sqrt(var + epsilon) + B[c], statistics per (n, c) over the
+    spatial dims. ONNX spec: InstanceNormalization-22 (same meaning since -6).
+
+    x: [N, C, D1, ...] (rank >= 3), f16 (computed in f32), f32, f64; scale, B: [C]. Raises
+    ShapeError for rank < 3, wrong scale/B shapes or dtypes.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        _check_float(x, "input")
+        if x.type.rank < 3:
+            raise ShapeError(f"input must be [N, C, D1, ...] (rank >= 3), got {list(x.shape)}")
+        _check_channel_param(node.input(1), x.shape[1], x, "scale")
+        _check_channel_param(node.input(2), x.shape[1], x, "B")
+        return [x.type]
+
+    def reference(node, ins):
+        x, s, b = ins[:3]
+        ct = np.float64 if x.dtype == np.float64 else np.float32
+        w = x.astype(ct)
+        ax = tuple(range(2, x.ndim))
+        mean = w.mean(axis=ax, keepdims=True)
+        var = ((w - mean) ** 2).mean(axis=ax, keepdims=True)
+        sh = (1, -1) + (1,) * (x.ndim - 2)
+        y = (w - mean) / np.sqrt(var + ct(node.attr("epsilon", 1e-5))) * s.astype(ct).reshape(sh) \
+            + b.astype(ct).reshape(sh)
+        return [y.astype(x.dtype)]
+
+    def lower(ctx):
+        x, s, b = ctx.inputs[:3]
+        y = ctx.outputs[0]
+        N, C = x.shape[:2]
+        n = int(np.prod(x.shape[2:], dtype=np.int64))
+        ct = _compute(x.dtype)
+        kb = ctx.kernel()
+
+        def post(o, j, normed):
+            c = o % C
+            return (normed * s.flat(c).cast(ct) + b.flat(c).cast(ct)).cast(y.dtype)
+
+        emit_row_norm(kb, x, y, N * C, n, float(ctx.attr("epsilon", 1e-5)), ct, post)
+
+    def flops(node):
+        return 8.0 * node.inputs[0].type.numel
+
+
+# ----------------------------------------------------------------------------- GroupNormalization
+@op("GroupNormalization", OpPatternKind.OPAQUE)
+class GroupNormalization:
+    """Channels split into ``num_groups`` groups; per (n, group) over the group's channels and
+    the spatial dims: y = (x - mean) / sqrt(var + epsilon) * scale[c] + bias[c].
+    ONNX spec: GroupNormalization-21.
+
+    x: [N, C, D...] (rank >= 2), C divisible by num_groups; scale, bias: [C]; f16/f32/f64,
+    statistics in f32 (stash_type 1; f64 in f64). GroupNormalization-18 (scale and bias per
+    group, [num_groups]) is imported by repeating them per channel (constants are expanded at
+    import; otherwise through Gather). Raises ShapeError for a bad num_groups, shapes or dtypes.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        _check_float(x, "X")
+        if x.type.rank < 2:
+            raise ShapeError(f"X must be [N, C, ...], got {list(x.shape)}")
+        g = node.attr("num_groups")
+        if g is None or g <= 0 or x.shape[1] % g:
+            raise ShapeError(f"num_groups {g} must be positive and divide C = {x.shape[1]}")
+        if node.attr("stash_type", 1) != 1:
+            raise ShapeError(f"stash_type {node.attr('stash_type')} is not supported (only 1)")
+        _check_channel_param(node.input(1), x.shape[1], x, "scale")
+        _check_channel_param(node.input(2), x.shape[1], x, "bias")
+        return [x.type]
+
+    def reference(node, ins):
+        x, s, b = ins[:3]
+        ct = np.float64 if x.dtype == np.float64 else np.float32
+        N, C = x.shape[:2]
+        G = node.attr("num_groups")
+        w = x.astype(ct).reshape(N, G, -1)
+        mean = w.mean(axis=2, keepdims=True)
+        var = ((w - mean) ** 2).mean(axis=2, keepdims=True)
+        normed = ((w - mean) / np.sqrt(var + ct(node.attr("epsilon", 1e-5)))).reshape(x.shape)
+        sh = (1, -1) + (1,) * (x.ndim - 2)
+        return [(normed * s.astype(ct).reshape(sh) + b.astype(ct).reshape(sh)).astype(x.dtype)]
+
+    def lower(ctx):
+        x, s, b = ctx.inputs[:3]
+        y = ctx.outputs[0]
+        N, C = x.shape[:2]
+        G = int(ctx.attr("num_groups"))
+        spatial = int(np.prod(x.shape[2:], dtype=np.int64))
+        n = C // G * spatial
+        ct = DType.f64 if x.dtype == DType.f64 else DType.f32
+        kb = ctx.kernel()
+
+        def post(o, j, normed):
+            c = (o % G) * (C // G) + j / spatial
+            return (normed * s.flat(c).cast(ct) + b.flat(c).cast(ct)).cast(y.dtype)
+
+        emit_row_norm(kb, x, y, N * G, n, float(ctx.attr("epsilon", 1e-5)), ct, post)
+
+    def importer(ctx, proto, version):
+        if version >= 21:
+            return ctx.default_import(proto)
+        x, s, b = (ctx.value(n) for n in proto.input[:3])
+        attrs = ctx.attrs(proto)
+        G = attrs["num_groups"]
+        C = x.shape[1]
+        if C % G:
+            raise ShapeError(f"num_groups {G} does not divide C = {C}")
+        idx = np.repeat(np.arange(G, dtype=np.int64), C // G)
+        ins = [x]
+        for v in (s, b):
+            data = v.const_value()
+            if data is not None:
+                ins.append(ctx.builder.const(np.asarray(data)[idx], "gn_param"))
+            else:
+                ins.append(ctx.builder.Gather(v, ctx.builder.const(idx, "gn_idx"), axis=0))
+        return ctx.default_import(proto, inputs=ins, attrs=attrs)
+
+    def flops(node):
+        return 8.0 * node.inputs[0].type.numel
+
+
+# ----------------------------------------------------------------------------- LpNormalization
+@op("LpNormalization", OpPatternKind.OPAQUE)
+class LpNormalization:
+    """y = x / ||x||_p along ``axis`` (default -1), p in {1, 2} (default 2).
+    ONNX spec: LpNormalization-22 (same meaning since -1).
+
+    x: f16 (computed in f32), f32, f64. A zero norm gives 0 (as onnxruntime). Raises
+    ShapeError for p not 1 or 2 or an axis out of range.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        _check_float(x, "input")
+        norm_axis(node.attr("axis", -1), x.type.rank)
+        if node.attr("p", 2) not in (1, 2):
+            raise ShapeError(f"p must be 1 or 2, got {node.attr('p')}")
+        return [x.type]
+
+    def reference(node, ins):
+        x = ins[0]
+        axis = norm_axis(node.attr("axis", -1), x.ndim)
+        w = x.astype(np.float32) if x.dtype == np.float16 else x
+        if node.attr("p", 2) == 1:
+            nrm = np.sum(np.abs(w), axis=axis, keepdims=True)
+        else:
+            nrm = np.sqrt(np.sum(w * w, axis=axis, keepdims=True))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            y = np.where(nrm == 0, 0, w / nrm)
+        return [y.astype(x.dtype)]
+
+    def lower(ctx):
+        from ir.ops.reduce import Pass, emit_reduction
+        x, y = ctx.inputs[0], ctx.outputs[0]
+        axis = norm_axis(ctx.attr("axis", -1), len(x.shape))
+        ct = _compute(x.dtype)
+        p1 = ctx.attr("p", 2) == 1
+        step = (lambda prev, a, v: a + unop("abs", v)) if p1 else (lambda prev, a, v: a + v * v)
+
+        def wb(accs, v):
+            nrm = accs[0] if p1 else unop("sqrt", accs[0])
+            return select(nrm.eq(as_expr(0.0, ct)), as_expr(0.0, ct), v / nrm).cast(y.dtype)
+
+        kb = ctx.kernel()
+        emit_reduction(kb, x, None, (axis,), ct, [Pass(lambda dt: as_expr(0.0, dt), step)], None,
+                       write_back=wb, wb_out=y)
+
+    def flops(node):
+        return 3.0 * node.inputs[0].type.numel
+
+
+# ----------------------------------------------------------------------------- MeanVarianceNormalization
+def _mvn_axes(node) -> tuple[int, ...]:
+    rank = node.inputs[0].type.rank
+    axes = [norm_axis(a, rank, "axes entry") for a in node.attr("axes", [0, 2, 3])]
+    if len(set(axes)) != len(axes):
+        raise ShapeError(f"axes {node.attr('axes')} name an axis twice")
+    return tuple(sorted(axes))
+
+
+@op("MeanVarianceNormalization", OpPatternKind.OPAQUE)
+class MeanVarianceNormalization:
+    """y = (x - mean) / (sqrt(var) + 1e-9) over ``axes`` (default [0, 2, 3]).
+    ONNX spec: MeanVarianceNormalization-13 (same meaning since -9).
+
+    x: f16 (computed in f32), f32, f64. The variance is computed in two passes (the spec's
+    E[x^2] - E[x]^2 is the same quantity, less accurately). Raises ShapeError for an axis
+    out of range or named twice.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        _check_float(x, "input")
+        _mvn_axes(node)
+        return [x.type]
+
+    def reference(node, ins):
+        x = ins[0]
+        ax = _mvn_axes(node)
+        w = x.astype(np.float32) if x.dtype == np.float16 else x
+        mean = w.mean(axis=ax, keepdims=True)
+        var = ((w - mean) ** 2).mean(axis=ax, keepdims=True)
+        return [((w - mean) / (np.sqrt(var) + w.dtype.type(1e-9))).astype(x.dtype)]
+
+    def lower(ctx):
+        from ir.ops.reduce import Pass, emit_reduction
+        x, y = ctx.inputs[0], ctx.outputs[0]
+        axes = _mvn_axes(ctx.node)
+        ct = _compute(x.dtype)
+        count = float(np.prod([x.shape[a] for a in axes]))
+        inv_n = as_expr(1.0 / count if count else 0.0, ct)
+        passes = [Pass(lambda dt: as_expr(0.0, dt), lambda prev, a, v: a + v),
+                  Pass(lambda dt: as_expr(0.0, dt),
+                       lambda prev, a, v: a + (v - prev[0] * inv_n) * (v - prev[0] * inv_n))]
+
+        def wb(accs, v):
+            std = unop("sqrt", accs[1] * inv_n)
+            return ((v - accs[0] * inv_n) / (std + as_expr(1e-9, ct))).cast(y.dtype)
+
+        kb = ctx.kernel()
+        emit_reduction(kb, x, None, axes, ct, passes, None, write_back=wb, wb_out=y)
+
+    def flops(node):
+        return 7.0 * node.inputs[0].type.numel
+
+
+# ----------------------------------------------------------------------------- LRN
+@op("LRN", OpPatternKind.OPAQUE)
+class LRN:
+    """Local response normalisation across channels: y = x / (bias + alpha / size *
+    sum_{c' in window(c)} x[c']^2) ** beta, window [c - floor((size-1)/2), c + ceil((size-1)/2)]
+    clipped to [0, C). ONNX spec: LRN-13 (same meaning since -1).
+
+    x: [N, C, D...] (rank >= 2), f16 (computed in f32), f32, f64. Attributes size (required,
+    > 0), alpha (1e-4), beta (0.75), bias (1.0). Raises ShapeError for size <= 0 or rank < 2.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        _check_float(x, "input")
+        if x.type.rank < 2:
+            raise ShapeError(f"input must be [N, C, ...], got {list(x.shape)}")
+        size = node.attr("size")
+        if size is None or size <= 0:
+            raise ShapeError(f"size must be a positive integer, got {size}")
+        return [x.type]
+
+    def reference(node, ins):
+        x = ins[0]
+        size = node.attr("size")
+        alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
+        w = x.astype(np.float32) if x.dtype == np.float16 else x
+        C = x.shape[1]
+        lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+        sq = np.zeros_like(w)
+        for c in range(C):
+            a, b = max(0, c - lo), min(C, c + hi + 1)
+            sq[:, c] = np.sum(w[:, a:b] ** 2, axis=1)
+        return [(w / (bias + alpha / size * sq) ** beta).astype(x.dtype)]
+
+    def lower(ctx):
+        x, y = ctx.inputs[0], ctx.outputs[0]
+        if y.numel == 0:
+            return
+        size = int(ctx.attr("size"))
+        ct = _compute(x.dtype)
+        alpha, beta, bias = (float(ctx.attr(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+        N, C = x.shape[:2]
+        S = int(np.prod(x.shape[2:], dtype=np.int64))
+        lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+        chunk = max(min(S, 1024), 1)
+        kb = ctx.kernel()
+        acc = kb.local(ct, (chunk,), hint="sq")
+
+        def block(base_nc, n, c, t0, width):
+            with kb.loop(width, kind="vectorize", hint="t") as t:
+                kb.store(acc, t, as_expr(0.0, ct))
+            with kb.loop(minimum(c + (hi + 1), C), start=maximum(c - lo, as_expr(0)), hint="cc") as cc:
+                with kb.loop(width, kind="vectorize", hint="t") as t:
+                    v = x.flat((n * C + cc) * S + t0 + t).cast(ct)
+                    kb.store(acc, t, acc[t] + v * v)
+            with kb.loop(width, kind="vectorize", hint="t") as t:
+                off = base_nc + t0 + t
+                den = as_expr(bias, ct) + as_expr(alpha / size, ct) * acc[t]
+                kb.store(y, off, (x.flat(off).cast(ct) / binop_pow(den, as_expr(beta, ct))).cast(y.dtype))
+
+        with kb.loop(N, hint="n") as n:
+            with kb.loop(C, hint="c") as c:
+                base_nc = (n * C + c) * S
+                nblk = -(-S // chunk)
+                if nblk == 1:
+                    block(base_nc, n, c, Const(0, I64), S)
+                else:
+                    with kb.loop(nblk, hint="ib") as ib:
+                        block(base_nc, n, c, ib * chunk, minimum(as_expr(chunk), S - ib * chunk))
+
+    def flops(node):
+        return float(node.inputs[0].type.numel) * (2 * node.attr("size", 1) + 4)
+
+
+def binop_pow(a: Expr, b: Expr) -> Expr:
+    from ir.kernel import binop
+    return binop("pow", a, b)

@@ -84,14 +84,19 @@ class Pass:
     step: Callable[[list, Expr, Expr], Expr]
 
 
-def emit_reduction(kb: KernelBuilder, x: Buffer, y: Buffer, axes, acc: DType,
-                   passes: list[Pass], finish: Callable[[list, int], Expr],
-                   load: Callable[[Expr], Expr] | None = None) -> None:
+def emit_reduction(kb: KernelBuilder, x: Buffer, y: Buffer | None, axes, acc: DType,
+                   passes: list[Pass], finish: Callable[[list, int], Expr] | None,
+                   load: Callable[[Expr], Expr] | None = None,
+                   write_back: Callable[[list, Expr], Expr] | None = None,
+                   wb_out: Buffer | None = None) -> None:
     """Reduce ``x`` over ``axes`` into ``y`` (keepdims or not: same flat layout).
 
     Each pass loops over the reduced elements once; pass i's step sees the finished
     accumulators of passes before it. ``finish(accs, count)`` gives the stored value (dtype
     ``y.dtype``). ``load(flat_offset)`` reads an input element (default: ``x.flat(off).cast(acc)``).
+    With ``write_back``, a last loop over the reduced elements stores
+    ``wb_out[off] = write_back(accs, load(off))`` at each input position (normalisations);
+    ``y`` may then be None.
     """
     shape = x.shape
     rank = len(shape)
@@ -103,7 +108,7 @@ def emit_reduction(kb: KernelBuilder, x: Buffer, y: Buffer, axes, acc: DType,
     xs = Buffer("_", x.dtype, shape).strides
     kept_shape = [shape[d] for d in outer_dims]
     ys = Buffer("_", x.dtype, tuple(kept_shape)).strides if kept_shape else ()
-    if y.numel == 0:
+    if (y.numel if y is not None else x.numel) == 0:
         return
     chunk = max(min(inner, CHUNK), 1)
     nblk = -(-inner // chunk)
@@ -127,8 +132,16 @@ def emit_reduction(kb: KernelBuilder, x: Buffer, y: Buffer, axes, acc: DType,
                     with kb.loop(width, kind="vectorize", hint="t") as t:
                         prev = [a[t] for a in accs[:p]]
                         kb.store(accs[p], t, ps.step(prev, accs[p][t], load(off + t)))
-            with kb.loop(width, kind="vectorize", hint="t") as t:
-                kb.store(y, ybase + t0 + t, finish([a[t] for a in accs], count))
+            if y is not None:
+                with kb.loop(width, kind="vectorize", hint="t") as t:
+                    kb.store(y, ybase + t0 + t, finish([a[t] for a in accs], count))
+            if write_back is not None:
+                with kb.grid([shape[d] for d in axes]) as ridx:
+                    off = xbase + t0
+                    for d, i in zip(axes, ridx):
+                        off = off + i * xs[d]
+                    with kb.loop(width, kind="vectorize", hint="t") as t:
+                        kb.store(wb_out, off + t, write_back([a[t] for a in accs], load(off + t)))
 
         if nblk == 1:
             block(Const(0, I64), inner)
@@ -329,7 +342,7 @@ def _arg_ref(node, x: np.ndarray, largest: bool) -> np.ndarray:
 
 def _arg_lower(ctx: LowerCtx, largest: bool) -> None:
     x, y = ctx.inputs[0], ctx.outputs[0]
-    if y.numel == 0:
+    if (y.numel if y is not None else x.numel) == 0:
         return
     axis = norm_axis(ctx.attr("axis", 0), len(x.shape))
     last = bool(ctx.attr("select_last_index", 0))
