@@ -57,6 +57,7 @@ ATT_CASES = [
     ((2, 3, 5, 8), (3, 7, 8), (1, 3, 7, 4), (5, 7)),        # batch dims broadcast
     ((5, 8), (7, 8), (7, 6), (2, 5, 1)),                      # mask adds a batch dim
     ((1, 1, 16), (1, 9, 16), (1, 9, 16), ()),                 # one query, scalar mask
+    ((1, 3, 64), (1, 300, 64), (1, 300, 8), (300,)),          # K^T beyond the local buffer: dot products
 ]
 
 

@@ -31,6 +31,8 @@ from ir.registry import AttrSpec, OpPatternKind, ShapeError, op
 from ir.types import DType, TensorType
 
 DOMAIN = "tensorfuse"
+#: Attention keeps K^T of one batch entry in a local (stack) buffer up to this many elements
+ATTENTION_KT_LOCAL = 16384
 
 # ----------------------------------------------------------------------------- activations
 #: activation name -> (parameter names, default values). The names are the ONNX op names (SiLU
@@ -283,19 +285,41 @@ class Attention:
             bb = [0 if dim == 1 else i for dim, i in zip(buf.shape[:r], bb)]
             return bb + rows
 
+        # K^T of one batch entry in a local buffer when small enough, so that a row of scores
+        # accumulates over contiguous keys (vectorisable) instead of one dot product per key
+        transpose_k = sk * d <= ATTENTION_KT_LOCAL
+        kt = kb.local(ct, (d * sk,), hint="kt") if transpose_k else None
+
+        def finish_score(b, i, j, value):
+            sc = value.cast(y.dtype) * scale
+            if mask is not None:
+                sc = sc + mask.bcast(list(b) + [i, j])
+            kb.store(scores, j, sc.cast(ct))
+
         with kb.grid(batch) as b:
+            if transpose_k:
+                with kb.loop(sk, hint="k") as j:
+                    with kb.loop(d, hint="d") as c:
+                        kb.store(kt, c * sk + j, k[bidx(k, b, [j, c])].cast(ct))
             with kb.loop(sq, hint="q") as i:
+                if transpose_k:
+                    with kb.loop(sk, kind="vectorize", hint="k") as j:
+                        kb.store(scores, j, 0.0)
+                    with kb.loop(d, hint="d") as c:
+                        qv = q[bidx(q, b, [i, c])].cast(ct)
+                        with kb.loop(sk, kind="vectorize", hint="k") as j:
+                            kb.store(scores, j, scores[j] + qv * kt[c * sk + j])
+                    with kb.loop(sk, kind="vectorize", hint="k") as j:
+                        finish_score(b, i, j, scores[j])
+                else:
+                    with kb.loop(sk, hint="k") as j:
+                        kb.store(dot, 0, 0.0)
+                        with kb.loop(d, hint="d") as c:
+                            kb.store(dot, 0, dot[0] + q[bidx(q, b, [i, c])].cast(ct) * k[bidx(k, b, [j, c])].cast(ct))
+                        finish_score(b, i, j, dot[0])
                 kb.store(mx, 0, -math.inf)
                 with kb.loop(sk, hint="k") as j:
-                    kb.store(dot, 0, 0.0)
-                    with kb.loop(d, hint="d") as c:
-                        kb.store(dot, 0, dot[0] + q[bidx(q, b, [i, c])].cast(ct) * k[bidx(k, b, [j, c])].cast(ct))
-                    sc = (dot[0].cast(y.dtype) * scale)
-                    if mask is not None:
-                        sc = sc + mask.bcast(list(b) + [i, j])
-                    sc = sc.cast(ct)
-                    kb.store(scores, j, sc)
-                    kb.store(mx, 0, maximum(mx[0], sc))
+                    kb.store(mx, 0, maximum(mx[0], scores[j]))
                 kb.store(tot, 0, 0.0)
                 with kb.loop(sk, hint="k") as j:
                     # expressions are trees evaluated where used: store, then read back
