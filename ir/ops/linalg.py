@@ -301,3 +301,218 @@ class Gemm:
     def flops(node):
         M, N, K = _gemm_dims(node)
         return 2.0 * M * N * K + (2.0 * M * N if node.input(2) is not None else 0.0)
+
+
+# ----------------------------------------------------------------------------- MatMulInteger
+def _zp_loader(zp: Buffer | None, batch_rank: int, rows: int, per: str):
+    """Zero point reader: scalar / 1-element, a vector per row (A, ``per="row"``) or per column
+    (B, ``per="col"``), or N-D [..., M, 1] / [..., 1, N] with broadcast batch dims."""
+    if zp is None:
+        return lambda bidx, r: Const(0, DType.i32)
+    numel = zp.numel
+    if numel == 1:
+        return lambda bidx, r: zp.flat(0).cast(DType.i32)
+    if len(zp.shape) == 1:
+        return lambda bidx, r: zp.flat(r).cast(DType.i32)
+    bshape = zp.shape[:-2]
+    return lambda bidx, r: zp.flat(bcast_offset(bshape, bidx) * rows + r).cast(DType.i32)
+
+
+def _check_zp(zp, x_shape, per: str, what: str) -> None:
+    if zp is None or zp.type.numel == 1:
+        return
+    M_or_N = x_shape[-2] if per == "row" else x_shape[-1]
+    s = tuple(zp.shape)
+    ok = (len(s) == 1 and s[0] == M_or_N and len(x_shape) >= 1) or \
+         (len(s) >= 2 and ((s[-2:] == (M_or_N, 1)) if per == "row" else (s[-2:] == (1, M_or_N))))
+    if not ok:
+        want = f"[{M_or_N}] or [..., {M_or_N}, 1]" if per == "row" else f"[{M_or_N}] or [..., 1, {M_or_N}]"
+        raise ShapeError(f"{what} of shape {list(s)} must be a scalar, {want}")
+
+
+@op("MatMulInteger", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+class MatMulInteger:
+    """Y = (A - a_zero_point) @ (B - b_zero_point) in int32, numpy.matmul shapes.
+    ONNX spec: MatMulInteger-10.
+
+    A, B: int8 or uint8 (each its own); zero points (optional, A's / B's dtype): a scalar, a
+    per-row vector [M] (or [..., M, 1]) for A, a per-column vector [N] (or [..., 1, N]) for B.
+    Y: int32 (accumulation wraps in 32 bits). Raises ShapeError for other dtypes, shape
+    mismatches as MatMul, or zero points of the wrong shape or dtype.
+    """
+
+    def infer(node):
+        a, b = node.inputs[0], node.inputs[1]
+        for v, what in ((a, "A"), (b, "B")):
+            if v.dtype not in (DType.i8, DType.u8):
+                raise ShapeError(f"{what} dtype {v.dtype} is not supported (i8, u8)")
+        for i, (x, what, per) in ((2, (a, "a_zero_point", "row")), (3, (b, "b_zero_point", "col"))):
+            zp = node.input(i)
+            if zp is not None:
+                if zp.dtype != x.dtype:
+                    raise ShapeError(f"{what} dtype {zp.dtype} differs from its matrix's {x.dtype}")
+                xs = (1,) + x.shape if (per == "row" and x.type.rank == 1) else x.shape
+                xs = xs + (1,) if (per == "col" and x.type.rank == 1) else xs
+                _check_zp(zp, xs, per, what)
+        return [TensorType(DType.i32, matmul_shape(a.shape, b.shape))]
+
+    def reference(node, ins):
+        a, b = ins[0].astype(np.int32), ins[1].astype(np.int32)
+        azp = ins[2] if len(ins) > 2 and ins[2] is not None else None
+        bzp = ins[3] if len(ins) > 3 and ins[3] is not None else None
+        if azp is not None:
+            azp = azp.astype(np.int32)
+            a = a - (azp.reshape(-1, 1) if azp.ndim == 1 and azp.size > 1 else azp)
+        if bzp is not None:
+            b = b - bzp.astype(np.int32)
+        return [np.matmul(a, b).astype(np.int32)]
+
+    def lower(ctx):
+        a, b, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
+        azp = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+        bzp = ctx.inputs[3] if len(ctx.inputs) > 3 else None
+        kb = ctx.kernel()
+        a_sh = (1,) + a.shape if len(a.shape) == 1 else a.shape
+        b_sh = b.shape + (1,) if len(b.shape) == 1 else b.shape
+        M, K = a_sh[-2:]
+        N = b_sh[-1]
+        batch = broadcast_shapes(a_sh[:-2], b_sh[:-2])
+        za = _zp_loader(azp, len(batch), M, "row")
+        zb = _zp_loader(bzp, len(batch), N, "col")
+        i32 = DType.i32
+
+        def load_a(bidx, i, k):
+            return a.flat(bcast_offset(a_sh[:-2], bidx) * (M * K) + i * K + k).cast(i32) - za(bidx, i)
+
+        def load_b(bidx, k, j):
+            return b.flat(bcast_offset(b_sh[:-2], bidx) * (K * N) + k * N + j).cast(i32) - zb(bidx, j)
+
+        def out_index(bidx, i, j):
+            return list(bidx) + ([i] if len(a.shape) > 1 else []) + ([j] if len(b.shape) > 1 else [])
+
+        emit_matmul_core(ctx, kb, y, M=M, N=N, K=K, batch=batch, load_a=load_a, load_b=load_b,
+                         out_index=out_index, finish=lambda v, *_: v, acc=i32)
+
+    def flops(node):
+        return 2.0 * node.outputs[0].type.numel * node.inputs[0].shape[-1]
+
+
+# ----------------------------------------------------------------------------- Einsum
+_EINSUM_TYPES = (DType.u8, DType.u16, DType.u32, DType.u64, DType.i8, DType.i16, DType.i32, DType.i64,
+                 DType.f16, DType.f32, DType.f64)
+
+
+def parse_einsum(equation: str, shapes: Sequence[Sequence[int]]):
+    """Parse an einsum equation against operand shapes.
+
+    Returns (terms, out_term, sizes): each term a list of labels per operand dim (ellipsis
+    dims become labels "...0", "...1", ... aligned to the right), the output labels, and
+    label -> size (size-1 dims broadcast). Raises ShapeError for malformed equations, a term
+    whose rank differs from its operand's, or sizes that disagree.
+    """
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms_txt = lhs.split(",")
+    if len(terms_txt) != len(shapes):
+        raise ShapeError(f"equation '{equation}' has {len(terms_txt)} operand terms, {len(shapes)} inputs given")
+
+    def split(term: str, rank: int | None, what: str):
+        if term.count("...") > 1:
+            raise ShapeError(f"{what} '{term}' has more than one ellipsis")
+        head, ell, tail = term.partition("...")
+        for ch in head + tail:
+            if not ch.isalpha():
+                raise ShapeError(f"{what} '{term}' has the invalid label {ch!r}")
+        n_ell = 0
+        if ell:
+            if rank is not None:
+                n_ell = rank - len(head) - len(tail)
+                if n_ell < 0:
+                    raise ShapeError(f"{what} '{term}' has more labels than the operand's rank {rank}")
+        elif rank is not None and len(head) != rank:
+            raise ShapeError(f"{what} '{term}' has {len(head)} labels but the operand has rank {rank}")
+        return list(head), bool(ell), n_ell, list(tail)
+
+    parts = [split(t, len(s), f"term {i}") for i, (t, s) in enumerate(zip(terms_txt, shapes))]
+    n_ell = max([p[2] for p in parts] + [0])
+    ell_labels = [f"...{k}" for k in range(n_ell)]
+    terms = []
+    for head, has_ell, ne, tail in parts:
+        terms.append(head + (ell_labels[n_ell - ne:] if has_ell else []) + tail)
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        for lab, d in zip(term, shape):
+            if lab not in sizes or sizes[lab] == 1:
+                sizes[lab] = d
+            elif d not in (1, sizes[lab]):
+                raise ShapeError(f"label '{lab}' has sizes {sizes[lab]} and {d}")
+    if arrow:
+        head, has_ell, _, tail = split(rhs, None, "output term")
+        out = head + (ell_labels if has_ell else []) + tail   # no "..." in it: those dims are summed
+        for lab in head + tail:
+            if lab not in sizes:
+                raise ShapeError(f"output label '{lab}' appears in no input term")
+        if len(set(out)) != len(out):
+            raise ShapeError(f"output term '{rhs}' repeats a label")
+    else:
+        counts: dict[str, int] = {}
+        for term in terms:
+            for lab in term:
+                if not lab.startswith("..."):
+                    counts[lab] = counts.get(lab, 0) + 1
+        out = ell_labels + sorted(l for l, c in counts.items() if c == 1)
+    return terms, out, sizes
+
+
+@op("Einsum", OpPatternKind.OPAQUE)
+class Einsum:
+    """Einstein summation: output[out] = sum over the other labels of prod_i input_i[term_i].
+    ONNX spec: Einsum-12 (-28 adds bfloat16).
+
+    Explicit ("ij,jk->ik") and implicit ("ij,jk": the labels used once, sorted) forms, repeated
+    labels in one term (diagonals), and ellipsis broadcasting (aligned right, size-1 dims
+    broadcast). Inputs share one numeric dtype (f16 accumulates in f32); output likewise.
+    Lowered directly: a loop per output label, then a loop per summed label. Raises ShapeError
+    for malformed equations, rank or size mismatches and mixed dtypes.
+    """
+
+    def infer(node):
+        ins = node.inputs
+        dts = {v.dtype for v in ins}
+        if len(dts) != 1:
+            raise ShapeError(f"inputs have different dtypes: {sorted(d.value for d in dts)}")
+        if ins[0].dtype not in _EINSUM_TYPES:
+            raise ShapeError(f"dtype {ins[0].dtype} is not supported")
+        _, out, sizes = parse_einsum(node.attr("equation"), [v.shape for v in ins])
+        return [TensorType(ins[0].dtype, tuple(sizes[l] for l in out))]
+
+    def reference(node, ins):
+        dt = ins[0].dtype
+        w = [a.astype(np.float32) for a in ins] if dt == np.float16 else list(ins)
+        r = np.einsum(node.attr("equation").replace(" ", ""), *w)
+        return [np.asarray(r).astype(dt)]
+
+    def lower(ctx):
+        ins, y = ctx.inputs, ctx.outputs[0]
+        terms, out, sizes = parse_einsum(ctx.attr("equation"), [b.shape for b in ins])
+        summed = [l for l in dict.fromkeys(l for t in terms for l in t) if l not in out]
+        acc = acc_dtype(y.dtype)
+        kb = ctx.kernel()
+        s = kb.local(acc, (1,), hint="sum")
+        with kb.grid([sizes[l] for l in out]) as oidx:
+            var = dict(zip(out, oidx))
+            kb.store(s, 0, as_expr(0, acc))
+            with kb.grid([sizes[l] for l in summed]) as sidx:
+                var.update(zip(summed, sidx))
+                prod = None
+                for b, term in zip(ins, terms):
+                    idx = [Const(0, DType.i64) if d == 1 else var[l] for l, d in zip(term, b.shape)]
+                    v = (b[idx] if idx else b.flat(0)).cast(acc)
+                    prod = v if prod is None else prod * v
+                kb.store(s, 0, s[0] + prod)
+            kb.store(y, list(oidx) if oidx else 0, s[0].cast(y.dtype))
+
+    def flops(node):
+        terms, out, sizes = parse_einsum(node.attr("equation"), [v.shape for v in node.inputs])
+        labels = set(l for t in terms for l in t) | set(out)
+        return float(np.prod([sizes[l] for l in labels])) * len(node.inputs)
