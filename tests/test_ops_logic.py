@@ -268,3 +268,34 @@ def test_dropout_training_is_unsupported():
     np.testing.assert_array_equal(compiler.compile(m).run(x=x, t=np.array(False))[0], x)
     with pytest.raises(UnsupportedModelError, match="training_mode=True with ratio=0.5"):
         compiler.compile(m).run(x=x, t=np.array(True))
+
+
+def test_cast_f64_to_f16_rounds_once():
+    # doubles just beside float16 midpoints: rounding through float32 would land on the midpoint
+    h = np.arange(1, 0x7BFF, 37, dtype=np.uint16).view(np.float16)
+    lo, hi = h.astype(np.float64), np.nextafter(h, np.float16(np.inf)).astype(np.float64)
+    mid = (lo + hi) / 2
+    x = np.concatenate([mid, mid * (1 + 1e-12), mid * (1 - 1e-12), -mid * (1 + 1e-12),
+                        [np.nan, np.inf, -np.inf, -0.0, 65519.99, 65520.0, 1e300, 2.98e-8, 1e-300]])
+    with np.errstate(over="ignore"):
+        expected = x.astype(np.float16)
+    check("Cast", {"x": x}, {"to": onnx.TensorProto.FLOAT16}, expected=[expected], opt_levels=(0,))
+
+
+def test_cast_f64_to_f16_needs_no_runtime_library():
+    # LLVM lowers fptrunc double->half to a __truncdfhf2 call that the JIT cannot always resolve
+    # (it crashed unless onnxruntime, which exports it, was loaded): run without onnxruntime
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np, onnx; from onnx import helper; import compiler\n"
+            "g = helper.make_graph([helper.make_node('Cast', ['x'], ['y'], to=10)], 'g',\n"
+            "    [helper.make_tensor_value_info('x', 11, [3])], [helper.make_tensor_value_info('y', 10, [3])])\n"
+            "m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 17)]); m.ir_version = 8\n"
+            "y = compiler.compile(m).run(x=np.array([1.5, -2.25, 7e4]))[0]\n"
+            "assert 'onnxruntime' not in sys.modules\n"
+            "print(y.tolist())\n")
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[1.5, -2.25, inf]"

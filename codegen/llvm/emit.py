@@ -216,6 +216,21 @@ class _FnEmitter:
             return x
         raise CodegenError(f"kernel {self.k.name}: integer op {op} unsupported for {dt}")
 
+    def _f64_to_f32_round_odd(self, x: ir.Value) -> ir.Value:
+        """double -> float rounded to odd, so a further rounding to half is correctly rounded
+        (no double-rounding error). A direct fptrunc double -> half becomes a call to
+        __truncdfhf2, which the JIT cannot resolve in every process (a crash)."""
+        b = self.b
+        y = b.fptrunc(x, F32)
+        back = b.fpext(y, x.type)
+        inexact = b.fcmp_ordered("!=", back, x)
+        fabs = self._intrinsic("fabs", x.type)
+        rounded_up = b.fcmp_ordered(">", b.call(fabs, [back]), b.call(fabs, [x]))
+        bits = b.bitcast(y, ir.IntType(32))
+        bits = b.sub(bits, b.zext(rounded_up, ir.IntType(32)))    # truncate toward zero
+        bits = b.or_(bits, b.zext(inexact, ir.IntType(32)))       # sticky bit: odd if inexact
+        return b.bitcast(bits, F32)
+
     def cast(self, x: ir.Value, src: DType, dst: DType) -> ir.Value:
         b = self.b
         if src == dst:
@@ -226,6 +241,8 @@ class _FnEmitter:
                 return b.fcmp_unordered("!=", x, ir.Constant(x.type, 0.0))
             return b.icmp_unsigned("!=", x, ir.Constant(x.type, 0))
         if src.is_float and dst.is_float:
+            if src == DType.f64 and dst == DType.f16:
+                return b.fptrunc(self._f64_to_f32_round_odd(x), t)
             return b.fpext(x, t) if src.itemsize < dst.itemsize else b.fptrunc(x, t)
         if src.is_float:
             if src == DType.f16:
