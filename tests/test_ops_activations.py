@@ -7,7 +7,7 @@ import pytest
 import compiler
 from compiler.errors import UnsupportedModelError
 from tests.oracle import node_model, rand
-from tests.test_ops_elementwise import FLOATS, check
+from tests.test_ops_elementwise import FLOATS, check, check_model
 
 ACTS = {
     "Sigmoid": [{}],
@@ -179,3 +179,13 @@ def test_clip_rejects_non_scalar_bound():
     m = node_model("Clip", {"x": rand(4, 5)}, initializers={"lo": np.array([-0.3, 0.2], np.float32)})
     with pytest.raises(UnsupportedModelError, match="'min'\\) must be a scalar"):
         compiler.compile(m)
+
+
+@pytest.mark.parametrize("xshape", [(2, 3, 4), (2, 3, 4, 5), (2, 3)])
+def test_prelu_opset6_per_channel_slope(xshape):
+    # PRelu-6: a 1-D slope of length C applies along axis 1 (PyTorch's PReLU(num_parameters=C))
+    x, slope = rand(*xshape, seed=1), np.array([0.1, 0.2, 0.3], np.float32)
+    m = node_model("PRelu", {"x": x}, initializers={"slope": slope}, opset=9)
+    m.opset_import[0].version = 6
+    s = slope.reshape((3,) + (1,) * (len(xshape) - 2))
+    check_model(m, {"x": x}, expected=[np.where(x < 0, x * s, x)])

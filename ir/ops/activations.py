@@ -124,7 +124,8 @@ class Shrink:
 class PRelu:
     """y = x for x >= 0, slope * x below. slope broadcasts to x unidirectionally (numpy rules,
     the result keeps x's shape); x, slope same dtype (f16/f32/f64/bf16, i32/i64/u32/u64).
-    Raises ShapeError when slope does not broadcast to x's shape. ONNX spec: PRelu-16."""
+    Raises ShapeError when slope does not broadcast to x's shape. Opset-6 models (upgraded to
+    PRelu-7 by the frontend) keep PRelu-6's per-channel 1-D slope. ONNX spec: PRelu-16."""
 
     def infer(node):
         check_types(node)
@@ -136,6 +137,21 @@ class PRelu:
 
     reference = np_in_f32(lambda node, ins: np.where(ins[0] < 0, ins[0] * ins[1], ins[0]))
     scalar = in_f32(lambda node, x, s: select(x < 0, x * s, x))
+
+    def importer(ctx, proto, version):
+        # PRelu-6 applied a 1-D slope per channel (axis 1); onnx.version_converter upgrades
+        # opset-6 models to PRelu-7 without reshaping it, leaving a slope that does not
+        # broadcast. Such a slope (length C = X.shape[1]) is reshaped to [C, 1, ..., 1].
+        x, s = ctx.value(proto.input[0]), ctx.value(proto.input[1])
+        if version < 9 and s.type.rank == 1 and x.type.rank >= 2 and s.shape[0] == x.shape[1] > 1:
+            try:
+                ok = np.broadcast_shapes(x.shape, s.shape) == x.shape
+            except ValueError:
+                ok = False
+            if not ok:
+                shape = ctx.builder.const(np.array([s.shape[0]] + [1] * (x.type.rank - 2), np.int64), "prelu_shape")
+                return ctx.default_import(proto, inputs=[x, ctx.builder.Reshape(s, shape)])
+        return ctx.default_import(proto)
 
 
 # ----------------------------------------------------------------------------- Clip
