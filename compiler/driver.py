@@ -64,17 +64,55 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     return m
 
 
+def _structural_key(kernel) -> str:
+    """The kernel's text with its own name and buffer names replaced by positional ones: two
+    kernels with the same key compute the same function of their arguments."""
+    bufs = list(kernel.params) + list(kernel.locals)
+    saved = (kernel.name, [b.name for b in bufs])
+    try:
+        kernel.name = "k"
+        for i, b in enumerate(kernel.params):
+            b.name = f"p{i}"
+        for i, b in enumerate(kernel.locals):
+            b.name = f"l{i}"
+        kernel.comment, comment = "", kernel.comment
+        return str(kernel)
+    finally:
+        kernel.comment = comment
+        kernel.name = saved[0]
+        for b, n in zip(bufs, saved[1]):
+            b.name = n
+
+
+def dedupe_kernels(lowered) -> int:
+    """Emit one function per distinct kernel (repeated layers share code): calls of a duplicate
+    are pointed at the first kernel of its kind. Returns the number of kernels dropped."""
+    first: dict[str, str] = {}
+    rename: dict[str, str] = {}
+    kept = []
+    for k in lowered.kernels:
+        key = _structural_key(k)
+        if key in first:
+            rename[k.name] = first[key]
+        else:
+            first[key] = k.name
+            kept.append(k)
+    for c in lowered.calls:
+        c.kernel = rename.get(c.kernel, c.kernel)
+    dropped = len(lowered.kernels) - len(kept)
+    lowered.kernels = kept
+    return dropped
+
+
 def build_module(lowered, graph, input_names, output_names):
     from codegen.llvm.emit import emit_entry, emit_kernel
     from codegen.llvm.jit import compile_ir
     from runtime.module import Module
 
+    dedupe_kernels(lowered)
     mod = lir.Module(name=graph.name)
-    seen = set()
     for k in lowered.kernels:
-        if k.name not in seen:
-            seen.add(k.name)
-            emit_kernel(mod, k)
+        emit_kernel(mod, k)
     emit_entry(mod, "tf_run", [(c.kernel, c.slots) for c in lowered.calls])
     try:
         lib, obj, opt_ir = compile_ir(str(mod), graph.name)
