@@ -306,3 +306,36 @@ def test_einsum_errors(eq, shapes, msg):
     ins = [g.add_input(f"x{i}", TensorType(DType.f32, s)) for i, s in enumerate(shapes)]
     with pytest.raises(ShapeError, match=msg):
         Builder(g).Einsum(*ins, equation=eq)
+
+
+# ----------------------------------------------------------------------------- Det
+@pytest.mark.parametrize("shape", [(1, 1), (2, 2), (3, 3), (5, 5), (2, 4, 4), (2, 3, 6, 6), (0, 3, 3)])
+def test_det(shape):
+    x = rand(*shape)
+    assert_matches_ort(node_model("Det", {"x": x}, opset=11), {"x": x}, rtol=1e-4, atol=1e-5, opt_levels=(0,))
+
+
+def test_det_singular_and_pivoting():
+    x = np.array([[[0.0, 1.0], [1.0, 0.0]],            # needs a row swap: det -1
+                  [[1.0, 2.0], [2.0, 4.0]],            # singular
+                  [[0.0, 0.0], [0.0, 0.0]],            # zero pivot throughout
+                  [[2.0, 0.0], [0.0, 3.0]]],
+                 np.float32)
+    got = assert_matches_ort(node_model("Det", {"x": x}), {"x": x}, rtol=1e-5, atol=1e-6, opt_levels=(0,))
+    np.testing.assert_allclose(got[0], [-1.0, 0.0, 0.0, 6.0], atol=1e-6)
+
+
+def test_det_f64_reference_and_errors():
+    import compiler
+    x = rand(3, 4, 4, dtype=np.float64)      # onnxruntime has no f64 Det: numpy is the oracle
+    got = compiler.compile(node_model("Det", {"x": x}), opt_level=0).run(x=x)[0]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, np.linalg.det(x), rtol=1e-10)
+    x32 = rand(2, 3, 3)
+    exp = ort_run(node_model("Det", {"x": x32}), {"x": x32})[0]
+    np.testing.assert_allclose(_run_ref("Det", [x32])[0], exp, rtol=1e-5, atol=1e-6)
+    g = Graph()
+    with pytest.raises(ShapeError, match="M, M"):
+        Builder(g).Det(g.add_input("x", TensorType(DType.f32, (3, 4))))
+    with pytest.raises(ShapeError, match="larger"):
+        Builder(g).Det(g.add_input("y", TensorType(DType.f32, (65, 65))))

@@ -516,3 +516,77 @@ class Einsum:
         terms, out, sizes = parse_einsum(node.attr("equation"), [v.shape for v in node.inputs])
         labels = set(l for t in terms for l in t) | set(out)
         return float(np.prod([sizes[l] for l in labels])) * len(node.inputs)
+
+
+# ----------------------------------------------------------------------------- Det
+DET_MAX = 64   # the matrix is factorised in a local (stack) buffer
+
+
+@op("Det", OpPatternKind.OPAQUE)
+class Det:
+    """Determinant of square matrices: X [*, M, M] -> Y [*]. ONNX spec: Det-22 (same as -11).
+
+    LU factorisation with partial pivoting per matrix (f16 computed in f32). M is limited to
+    ``DET_MAX`` (64) because the matrix is factorised in stack memory. Raises ShapeError for
+    rank < 2, non-square matrices, M > 64 or integer dtypes.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        if x.dtype not in (DType.f16, DType.f32, DType.f64):
+            raise ShapeError(f"dtype {x.dtype} is not supported (f16, f32, f64)")
+        if x.type.rank < 2 or x.shape[-1] != x.shape[-2]:
+            raise ShapeError(f"input must be [*, M, M], got {list(x.shape)}")
+        if x.shape[-1] > DET_MAX:
+            raise ShapeError(f"matrices larger than {DET_MAX}x{DET_MAX} are not supported, got M = {x.shape[-1]}")
+        return [TensorType(x.dtype, x.shape[:-2])]
+
+    def reference(node, ins):
+        x = ins[0]
+        w = x.astype(np.float32) if x.dtype == np.float16 else x
+        return [np.asarray(np.linalg.det(w)).astype(x.dtype)]
+
+    def lower(ctx):
+        from ir.kernel import select, unop
+        x, y = ctx.inputs[0], ctx.outputs[0]
+        M = x.shape[-1]
+        batch = int(np.prod(x.shape[:-2], dtype=np.int64))
+        if batch == 0:
+            return
+        acc = acc_dtype(x.dtype)
+        kb = ctx.kernel()
+        L = kb.local(acc, (max(M * M, 1),), hint="lu")
+        det = kb.local(acc, (1,), hint="det")
+        p = kb.local(DType.i64, (1,), hint="piv")
+        pv = kb.local(acc, (1,), hint="pivabs")
+        f = kb.local(acc, (1,), hint="f")
+        tmp = kb.local(acc, (1,), hint="tmp")
+        with kb.loop(batch, hint="b") as b:
+            with kb.loop(M * M, kind="vectorize", hint="e") as e:
+                kb.store(L, e, x.flat(b * (M * M) + e).cast(acc))
+            kb.store(det, 0, as_expr(1.0, acc))
+            with kb.loop(M, hint="k") as k:
+                kb.store(p, 0, k)
+                kb.store(pv, 0, unop("abs", L.flat(k * M + k)))
+                with kb.loop(M, start=k + 1, hint="i") as i:
+                    a = unop("abs", L.flat(i * M + k))
+                    kb.store(p, 0, select(a > pv[0], i, p[0]))   # before pv changes
+                    kb.store(pv, 0, select(a > pv[0], a, pv[0]))
+                with kb.if_(p[0].ne(k)):
+                    with kb.loop(M, hint="j") as j:
+                        kb.store(tmp, 0, L.flat(k * M + j))
+                        kb.store(L, k * M + j, L.flat(p[0] * M + j))
+                        kb.store(L, p[0] * M + j, tmp[0])
+                    kb.store(det, 0, -det[0])
+                piv = L.flat(k * M + k)
+                kb.store(det, 0, det[0] * piv)
+                with kb.loop(M, start=k + 1, hint="i") as i:
+                    # a zero pivot makes the determinant 0; skip the elimination, avoid 0/0
+                    kb.store(f, 0, select(piv.eq(as_expr(0.0, acc)), as_expr(0.0, acc), L.flat(i * M + k) / piv))
+                    with kb.loop(M, start=k + 1, kind="vectorize", hint="j") as j:
+                        kb.store(L, i * M + j, L.flat(i * M + j) - f[0] * L.flat(k * M + j))
+            kb.store(y, b, det[0].cast(y.dtype))
+
+    def flops(node):
+        M = node.inputs[0].shape[-1]
+        return float(node.outputs[0].type.numel) * (2.0 / 3.0) * M ** 3
