@@ -177,3 +177,73 @@ def test_conv_bias_shape_error():
 def test_conv_dtype_error():
     with pytest.raises(ShapeError, match="dtype"):
         _ref("Conv", [_u(1, 3, 5, 5).astype(np.int32), _u(4, 3, 3, 3).astype(np.int32)])
+
+
+# ----------------------------------------------------------------------------- ConvTranspose
+CONVT_CASES = [
+    # (x shape, w shape, attrs, with bias)
+    ((1, 2, 4, 5), (2, 3, 3, 3), {}, True),
+    ((2, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 2]}, False),
+    ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 3], "pads": [1, 0, 1, 2], "output_padding": [1, 1]}, True),
+    ((1, 2, 4, 5), (2, 3, 3, 2), {"strides": [2, 2], "dilations": [2, 1], "pads": [1, 1, 0, 1]}, True),
+    ((1, 2, 5, 4), (2, 2, 2, 3), {"strides": [1, 2], "dilations": [3, 2], "output_padding": [0, 1]}, True),
+    ((1, 4, 4, 5), (4, 3, 3, 3), {"strides": [2, 2], "group": 2}, True),
+    ((1, 4, 4, 4), (4, 1, 3, 3), {"strides": [2, 2], "group": 4, "pads": [1, 1, 1, 1]}, True),  # depthwise
+    ((1, 3, 5, 5), (3, 2, 1, 1), {"strides": [2, 2]}, True),                                     # 1x1 with holes
+    ((1, 2, 3, 3), (2, 2, 3, 3), {"pads": [2, 2, 2, 2]}, True),                                  # pads crop all
+    ((1, 2, 4, 5), (2, 3, 4, 4), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, False),             # GAN upsampler
+    ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 2], "output_shape": [10, 9]}, True),
+    ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 2], "output_shape": [8, 10]}, True),
+    ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 2], "output_shape": [8, 10], "auto_pad": "SAME_UPPER"}, True),
+    ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}, True),
+    ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}, True),
+    ((1, 2, 4, 5), (2, 3, 3, 3), {"strides": [2, 1], "auto_pad": "VALID", "output_padding": [1, 0]}, True),
+    ((2, 2, 7), (2, 3, 3), {"strides": [3], "pads": [1, 2]}, True),                                # 1-D
+    ((1, 2, 7), (2, 3, 4), {"strides": [2], "dilations": [2], "output_padding": [1]}, False),
+    ((1, 1, 700), (1, 2, 3), {"strides": [2], "pads": [1, 0]}, True),                            # tiled rows
+    ((1, 2, 3, 4, 3), (2, 3, 2, 3, 2), {"strides": [2, 1, 2], "pads": [1, 0, 1, 0, 1, 1]}, True),  # 3-D
+    ((1, 4, 2, 3, 2), (4, 1, 2, 2, 3), {"strides": [2, 2, 1], "group": 2, "dilations": [1, 2, 1]}, True),
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs,bias", CONVT_CASES, ids=[str(i) for i in range(len(CONVT_CASES))])
+def test_conv_transpose(xs, ws, attrs, bias):
+    x, w = _u(*xs), _u(*ws, seed=1)
+    b = _u(ws[1] * attrs.get("group", 1), seed=2) if bias else None
+    _check("ConvTranspose", [x, w, b], attrs)
+
+
+@pytest.mark.parametrize("opset", [7, 11])
+def test_conv_transpose_old_opsets(opset):
+    x, w, b = _u(1, 4, 3, 4), _u(4, 2, 3, 3, seed=1), _u(4, seed=2)
+    _check("ConvTranspose", [x, w, b], {"group": 2, "strides": [2, 2], "pads": [1, 0, 0, 1]}, opset=opset)
+
+
+def test_conv_transpose_constant_weights_and_f16():
+    x, w, b = _u(1, 3, 4, 4), _u(3, 2, 3, 3, seed=1), _u(2, seed=2)
+    _check("ConvTranspose", [x, w, b], {"strides": [2, 2]}, consts={"i1", "i2"})
+    x, w = _u(1, 3, 4, 4, dtype=np.float16), _u(3, 2, 3, 3, seed=1, dtype=np.float16)
+    _check("ConvTranspose", [x, w], {"strides": [2, 2], "pads": [1, 1, 1, 1]}, rtol=2e-3, atol=2e-3)
+
+
+def test_conv_transpose_reference_matches_ort():
+    x, w, b = _u(2, 4, 3, 4), _u(4, 3, 3, 2, seed=1), _u(6, seed=2)
+    attrs = {"group": 2, "strides": [2, 3], "pads": [1, 0, 0, 1], "output_padding": [1, 0], "dilations": [1, 2]}
+    (got,), node = _ref("ConvTranspose", [x, w, b], **attrs)
+    feeds = {"x": x, "w": w, "b": b}
+    np.testing.assert_allclose(got, ort_run(node_model("ConvTranspose", feeds, attrs), feeds)[0], rtol=RT, atol=AT)
+    assert get_op("ConvTranspose").flops(node) == 2 * x.size * 3 * 6 + got.size
+
+
+@pytest.mark.parametrize("xs,ws,attrs,msg", [
+    ((1, 3, 4, 4), (2, 2, 3, 3), {}, "first dim"),
+    ((1, 3, 4, 4), (3, 2, 3, 3), {"group": 2}, "divisible"),
+    ((1, 2, 4, 4), (2, 2, 3, 3), {"output_shape": [12, 12]}, "exceeds"),
+    ((1, 2, 4, 4), (2, 2, 3, 3), {"output_shape": [5]}, "output_shape"),
+    ((1, 2, 4, 4), (2, 2, 3, 3), {"output_shape": [1, 2, 5, 5]}, "output_shape"),
+    ((1, 2, 4, 4), (2, 2, 3, 3), {"output_padding": [1]}, "output_padding"),
+    ((1, 2, 2, 2), (2, 2, 3, 3), {"pads": [2, 2, 2, 2]}, "empty"),
+])
+def test_conv_transpose_errors(xs, ws, attrs, msg):
+    with pytest.raises(ShapeError, match=msg):
+        _ref("ConvTranspose", [_u(*xs), _u(*ws)], **attrs)

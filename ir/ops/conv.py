@@ -349,3 +349,206 @@ class Conv:
         emit_conv(ctx, x, w, b, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node))
 
     flops = conv_flops
+
+
+# ----------------------------------------------------------------------------- ConvTranspose
+def conv_transpose_geometry(node, in_sp: Sequence[int], kernel: Sequence[int]) -> Geometry:
+    """Output size and pads of ConvTranspose (ONNX spec ConvTranspose-22).
+
+    Natural size per dim: s*(in-1) + output_padding + (k-1)*d + 1. ``output_shape`` (spatial
+    dims) fixes the size and the pads: total = natural - out, the odd unit at the
+    start unless auto_pad is SAME_UPPER. Without it, SAME_UPPER/SAME_LOWER make out = in * s
+    the same way (SAME_UPPER: the odd unit at the end); an output_shape up to stride-1 beyond
+    the natural size adds outputs (bias only) at the end; VALID means zero pads; NOTSET uses
+    ``pads``: out = natural - pb - pe. ``Geometry.in_shape`` holds the input (X) sizes.
+    """
+    nsp = len(in_sp)
+    strides = ints_attr(node, "strides", nsp, 1)
+    dil = ints_attr(node, "dilations", nsp, 1)
+    opad = ints_attr(node, "output_padding", nsp, 0, "output_padding")
+    if any(s <= 0 for s in strides) or any(d <= 0 for d in dil):
+        raise ShapeError(f"strides {strides} and dilations {dil} must be positive")
+    if any(p < 0 for p in opad):
+        raise ShapeError(f"output_padding must be non-negative, got {opad}")
+    auto_pad = node.attr("auto_pad", "NOTSET") or "NOTSET"
+    if auto_pad not in AUTO_PADS:
+        raise ShapeError(f"auto_pad must be one of {AUTO_PADS}, got {auto_pad!r}")
+    natural = [strides[i] * (in_sp[i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1 for i in range(nsp)]
+    out_attr = node.attr("output_shape")
+    if out_attr is not None and len(out_attr) > 0:
+        out = [int(o) for o in out_attr]
+        if len(out) != nsp:
+            raise ShapeError(f"output_shape {out_attr} must have {nsp} values (one per spatial dim)")
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [in_sp[i] * strides[i] for i in range(nsp)]
+    else:
+        out = None
+    if out is not None:
+        pb, pe = [], []
+        for i in range(nsp):
+            total = natural[i] - out[i]
+            if total <= -strides[i]:
+                raise ShapeError(f"output_shape {out} exceeds the size {natural} that the input, strides, kernel "
+                                 f"and output_padding give by a stride or more (onnxruntime refuses it too)")
+            total = max(total, 0)     # a smaller excess (< stride) is zeros at the end, as in onnxruntime
+            small, big = total // 2, total - total // 2
+            pb.append(small if auto_pad == "SAME_UPPER" else big)
+            pe.append(big if auto_pad == "SAME_UPPER" else small)
+    else:
+        pads = conv_pads(node, nsp) if auto_pad == "NOTSET" else [0] * (2 * nsp)
+        pb, pe = pads[:nsp], pads[nsp:]
+        out = [natural[i] - pb[i] - pe[i] for i in range(nsp)]
+    if any(o <= 0 for o in out):
+        raise ShapeError(f"output spatial shape {out} is empty")
+    return Geometry(list(kernel), strides, dil, pb, pe, list(in_sp), out)
+
+
+def conv_transpose_geometry_of(node) -> Geometry:
+    x, w = node.inputs[0], node.inputs[1]
+    return conv_transpose_geometry(node, x.shape[2:], conv_kernel_shape(node, w.shape))
+
+
+def conv_transpose_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, group: int,
+                             geo: Geometry) -> np.ndarray:
+    """Transposed convolution in numpy: each input position scatters x * w into the output
+    at o = i*s - pb + k*d (positions outside [0, out) are dropped)."""
+    cd = np.float64 if x.dtype == np.float64 else np.float32
+    nsp = geo.rank
+    n, c = x.shape[:2]
+    mg = w.shape[1]
+    cg = c // group
+    xg = x.astype(cd).reshape(n, group, cg, *x.shape[2:])
+    wg = w.astype(cd).reshape(group, cg, mg, *w.shape[2:])
+    y = np.zeros((n, group, mg, *geo.out_shape), cd)
+    for k in np.ndindex(*geo.kernel):
+        src, dst = [], []
+        for i in range(nsp):
+            s, off = geo.strides[i], k[i] * geo.dilations[i] - geo.pads_begin[i]   # o = i*s + off
+            lo = max(0, -(-(-off) // s))
+            hi = min(geo.in_shape[i], -(-(geo.out_shape[i] - off) // s))
+            if hi <= lo:
+                break
+            src.append(slice(lo, hi))
+            dst.append(slice(lo * s + off, (hi - 1) * s + off + 1, s))
+        else:
+            contrib = np.einsum("ngc...,gcm->ngm...", xg[(slice(None),) * 3 + tuple(src)],
+                                wg[(slice(None),) * 3 + tuple(k)])
+            y[(slice(None),) * 3 + tuple(dst)] += contrib
+    y = y.reshape(n, group * mg, *geo.out_shape)
+    if b is not None:
+        y += b.astype(cd).reshape(1, -1, *([1] * nsp))
+    return y
+
+
+def emit_conv_transpose(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, group: int,
+                        geo: Geometry, params: list[Buffer] | None = None) -> KernelBuilder:
+    """One kernel for an N-D grouped transposed convolution, gathered per output row.
+
+    Parallel over (n, oc); per output row a local accumulator; for each (ic, outer taps) whose
+    input row exists (o + pb - k*d divisible by the stride: one test per row, not per element)
+    the innermost loop walks the input columns that land in the row, scattering into it with
+    the stride. Bias and the fused epilogue are applied before the single store.
+    """
+    acc_dtype = DType.f32 if x.dtype in (DType.f16, DType.bf16) else x.dtype
+    nsp = geo.rank
+    n_, c_ = x.shape[:2]
+    m_ = y.shape[1]
+    cg, mg = c_ // group, m_ // group
+    out, ins = geo.out_shape, geo.in_shape
+    ow_n = out[-1]
+    tile = min(ow_n, ROW_TILE)
+    tiled = tile < ow_n
+    kb = ctx.kernel(params=params)
+    acc = kb.local(acc_dtype, (tile,), hint="row")
+    s_l, d_l, p_l, k_l = geo.strides[-1], geo.dilations[-1], geo.pads_begin[-1], geo.kernel[-1]
+    with kb.loop(n_ * m_, kind="parallel", hint="nm") as nm:
+        n = nm / m_ if m_ > 1 else nm
+        oc = nm % m_ if m_ > 1 else as_expr(0)
+        g = oc / mg if group > 1 else as_expr(0)
+        ocg = oc % mg if group > 1 else oc
+        with kb.grid(out[:-1]) as orow, _tiles(kb, ow_n, tile) as (ow0, tw):
+            with kb.loop(tw, kind="vectorize", hint="j") as j:
+                kb.store(acc, j, as_expr(0, acc_dtype))
+            with kb.loop(cg, hint="ic") as ic:
+                c = g * cg + ic if group > 1 else ic
+                taps, irow = [], []
+                st = contextlib.ExitStack()
+                for d in range(nsp - 1):
+                    s, dl = geo.strides[d], geo.dilations[d]
+                    base = orow[d] + geo.pads_begin[d]                    # = i*s + k*d
+                    lo = window_lo(base - (ins[d] - 1) * s, dl)
+                    hi = window_hi(base + 1, dl, geo.kernel[d])
+                    kd = st.enter_context(kb.loop(hi, start=lo, hint=f"k{d}_"))
+                    numer = base - kd * dl
+                    if s > 1:
+                        st.enter_context(kb.if_((numer % s).eq(0)))
+                    taps.append(kd)
+                    irow.append(numer / s if s > 1 else numer)
+                with st, kb.loop(k_l, hint="kw") as kw:
+                    off = kw * d_l - p_l                                  # ow = iw*s + off
+                    lo = window_lo(ow0 - off, s_l) if tiled else window_lo(-off, s_l)
+                    hi = window_hi((ow0 + tw if tiled else ow_n) - off, s_l, ins[-1])
+                    wv = w[[c, ocg, *taps, kw]].cast(acc_dtype)
+                    xrow = flat_offset(x.shape, [n, c, *irow, 0])
+                    with kb.loop(hi, start=lo, kind="vectorize", hint="iw") as iw:
+                        a = iw * s_l + off - ow0 if tiled else iw * s_l + off
+                        kb.store(acc, a, acc[a] + wv * x.flat(xrow + iw).cast(acc_dtype))
+            with kb.loop(tw, kind="vectorize", hint="j") as j:
+                v = acc[j]
+                if b is not None:
+                    v = v + b[oc].cast(acc_dtype)
+                idx = [n, oc, *orow, ow0 + j if tiled else j]
+                kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
+    return kb
+
+
+@op("ConvTranspose", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+class ConvTranspose:
+    """N-D grouped transposed convolution. ONNX spec: ConvTranspose-22.
+
+    Inputs: X [N, C, D1..Dn], W [C, M/group, k1..kn], optional B [M]; one float dtype.
+    Output Y [N, M, O1..On] (see :func:`conv_transpose_geometry` for output_shape,
+    output_padding, pads and auto_pad). Raises ShapeError for mismatched ranks or channels,
+    bad attribute lengths, an empty output.
+    """
+
+    def infer(node):
+        x, w, b = node.input(0), node.input(1), node.input(2)
+        for v, what in ((x, "X"), (w, "W"), (b, "B")):
+            if v is not None:
+                _check_float(node, v, what)
+                if v.dtype != x.dtype:
+                    raise ShapeError(f"{what} has dtype {v.dtype}, X has {x.dtype}; they must match")
+        if x.type.rank < 3:
+            raise ShapeError(f"X must be [N, C, D1, ...] with at least one spatial dim, got {list(x.shape)}")
+        if w.type.rank != x.type.rank:
+            raise ShapeError(f"W has rank {w.type.rank}, X has rank {x.type.rank}; they must match")
+        group = int(node.attr("group", 1))
+        if group <= 0:
+            raise ShapeError(f"group must be positive, got {group}")
+        n, c = x.shape[:2]
+        if w.shape[0] != c:
+            raise ShapeError(f"W's first dim ({w.shape[0]}) must equal X's {c} channels")
+        if c % group:
+            raise ShapeError(f"X's {c} channels are not divisible by group={group}")
+        m = w.shape[1] * group
+        if b is not None and tuple(b.shape) != (m,):
+            raise ShapeError(f"B must have shape [{m}] (one bias per output channel), got {list(b.shape)}")
+        geo = conv_transpose_geometry_of(node)
+        return [TensorType(x.dtype, (n, m, *geo.out_shape))]
+
+    def reference(node, ins):
+        x, w, b = ins[0], ins[1], ins[2] if len(ins) > 2 else None
+        y = conv_transpose_reference(x, w, b, int(node.attr("group", 1)), conv_transpose_geometry_of(node))
+        return [y.astype(x.dtype)]
+
+    def lower(ctx):
+        x, w = ctx.inputs[0], ctx.inputs[1]
+        b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+        emit_conv_transpose(ctx, x, w, b, ctx.outputs[0], int(ctx.attr("group", 1)),
+                            conv_transpose_geometry_of(ctx.node))
+
+    def flops(node):
+        x, w = node.inputs[0], node.inputs[1]
+        macs = x.type.numel * w.shape[1] * math.prod(w.shape[2:])
+        return 2.0 * macs + (node.outputs[0].type.numel if node.input(2) is not None else 0)
