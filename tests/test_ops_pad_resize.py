@@ -138,3 +138,214 @@ def test_center_crop_pad(shape, target, axes):
     except Exception as e:  # noqa: BLE001 (onnxruntime may lack the op)
         if "NOT_IMPLEMENTED" not in str(e) and "not implemented" not in str(e).lower():
             raise
+
+
+# ----------------------------------------------------------------------------- Resize
+def resize_model(x, attrs, scales=None, sizes=None, roi=None, opset=19, roi_dtype=np.float32):
+    inits, names = {}, ["x"]
+    names.append("roi" if roi is not None else "")
+    if roi is not None:
+        inits["roi"] = np.array(roi, roi_dtype)
+    if scales is not None:
+        inits["sc"] = np.array(scales, np.float32)
+        names.append("sc")
+    if sizes is not None:
+        if scales is None:
+            names.append("")
+        inits["sz"] = np.array(sizes, I64)
+        names.append("sz")
+    while names[-1] == "":
+        names.pop()
+    return node_model("Resize", {"x": x}, attrs, initializers=inits, input_names=names, opset=opset)
+
+
+def check_resize(x, attrs, scales=None, sizes=None, roi=None, opset=19, **kw):
+    exact = attrs.get("mode", "nearest") == "nearest"
+    m = resize_model(x, attrs, scales, sizes, roi, opset, **kw)
+    return assert_matches_ort(m, {"x": x}, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-5)
+
+
+def check_resize_onnx_reference(x, attrs, scales=None, sizes=None, roi=None, opset=19):
+    """For configurations onnxruntime does not run (its linear/cubic kernels take only some ranks)."""
+    from onnx.reference import ReferenceEvaluator
+    m = resize_model(x, attrs, scales, sizes, roi, opset)
+    exp = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    for lvl in (0, 2):
+        got = compiler.compile(m, opt_level=lvl).run(x=x)[0]
+        assert got.shape == exp.shape and got.dtype == exp.dtype
+        np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5)
+
+
+COORDS = ["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric"]
+NEAREST = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
+
+
+@pytest.mark.parametrize("coord", COORDS)
+@pytest.mark.parametrize("nearest_mode", NEAREST)
+@pytest.mark.parametrize("scales", [[1, 1, 2, 3], [1, 1, 0.5, 0.7], [1, 1, 1.7, 0.8], [1, 2, 1, 1]])
+def test_resize_nearest_scales(coord, nearest_mode, scales):
+    x = rand(1, 2, 4, 6)
+    check_resize(x, {"mode": "nearest", "coordinate_transformation_mode": coord, "nearest_mode": nearest_mode},
+                 scales=scales)
+
+
+@pytest.mark.parametrize("coord", COORDS)
+@pytest.mark.parametrize("nearest_mode", NEAREST)
+@pytest.mark.parametrize("sizes", [[1, 2, 9, 13], [1, 2, 3, 5], [1, 2, 1, 1]])
+def test_resize_nearest_sizes(coord, nearest_mode, sizes):
+    x = rand(1, 2, 4, 6)
+    check_resize(x, {"mode": "nearest", "coordinate_transformation_mode": coord, "nearest_mode": nearest_mode},
+                 sizes=sizes)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("coord", COORDS)
+@pytest.mark.parametrize("scales,sizes", [([1, 1, 2, 3], None), ([1, 1, 0.5, 0.6], None), ([1, 1, 1.7, 0.8], None),
+                                          (None, [1, 2, 9, 13]), (None, [1, 2, 3, 4]), (None, [1, 2, 1, 1])])
+def test_resize_linear_cubic_4d(mode, coord, scales, sizes):
+    x = rand(1, 2, 5, 7)
+    check_resize(x, {"mode": mode, "coordinate_transformation_mode": coord}, scales=scales, sizes=sizes)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("shape,sizes", [((5, 7), [8, 3]), ((4, 6), [4, 12])])
+def test_resize_2d(mode, shape, sizes):
+    check_resize(rand(*shape), {"mode": mode}, sizes=sizes)
+
+
+@pytest.mark.parametrize("coord", ["half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel"])
+@pytest.mark.parametrize("shape,scales", [((3, 4, 5), [2, 0.5, 1.5]), ((1, 1, 3, 4, 5), [1, 1, 2, 0.5, 1.5])])
+def test_resize_trilinear(coord, shape, scales):
+    check_resize(rand(*shape), {"mode": "linear", "coordinate_transformation_mode": coord}, scales=scales)
+
+
+@pytest.mark.parametrize("a", [-0.5, -0.75])
+@pytest.mark.parametrize("exclude_outside", [0, 1])
+@pytest.mark.parametrize("scales", [[1, 1, 2, 1.5], [1, 1, 0.6, 0.8]])
+def test_resize_cubic_attrs(a, exclude_outside, scales):
+    check_resize(rand(1, 1, 5, 6), {"mode": "cubic", "cubic_coeff_a": a, "exclude_outside": exclude_outside},
+                 scales=scales)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("roi", [[0, 0, 0.2, 0.1, 1, 1, 0.8, 0.7], [0, 0, -0.3, 0.4, 1, 1, 1.2, 1.5]])
+@pytest.mark.parametrize("extrapolation", [0.0, -7.5])
+def test_resize_tf_crop_and_resize(mode, roi, extrapolation):
+    x = rand(1, 2, 5, 6)
+    attrs = {"mode": mode, "coordinate_transformation_mode": "tf_crop_and_resize",
+             "extrapolation_value": extrapolation}
+    check_resize(x, attrs, sizes=[1, 2, 7, 4], roi=roi)
+    check_resize(x, attrs, scales=[1, 1, 1.4, 0.5], roi=roi)
+
+
+def test_resize_tf_crop_and_resize_single_output_and_f64_roi():
+    x = rand(1, 1, 5, 6)
+    attrs = {"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize"}
+    check_resize(x, attrs, sizes=[1, 1, 1, 3], roi=[0, 0, 0.2, 0.1, 1, 1, 0.8, 0.7])
+    check_resize(x, attrs, sizes=[1, 1, 3, 3], roi=[0, 0, 0.2, 0.1, 1, 1, 0.8, 0.7])
+
+
+@pytest.mark.parametrize("policy", ["stretch", "not_larger", "not_smaller"])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+@pytest.mark.parametrize("sizes", [[7, 9], [3, 10], [5, 2]])
+def test_resize_keep_aspect_ratio(policy, mode, sizes):
+    x = rand(1, 1, 4, 6)
+    check_resize(x, {"mode": mode, "keep_aspect_ratio_policy": policy, "axes": [2, 3]}, sizes=sizes)
+
+
+@pytest.mark.parametrize("axes,scales", [([2, 3], [2.0, 0.5]), ([3, 2], [1.5, 2.0]), ([-1], [2.5]), ([-2, -1], [0.5, 3])])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_axes(axes, scales, mode):
+    check_resize(rand(1, 2, 4, 6), {"mode": mode, "axes": axes}, scales=scales)
+
+
+def test_resize_axes_sizes_and_roi():
+    x = rand(1, 2, 4, 6)
+    check_resize(x, {"mode": "linear", "axes": [3, 2]}, sizes=[9, 3])
+    check_resize(x, {"mode": "nearest", "axes": [2, 3], "coordinate_transformation_mode": "tf_crop_and_resize"},
+                 sizes=[5, 5], roi=[0.1, 0.2, 0.9, 1.1])
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8, np.int32])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_int_dtypes(dt, mode):
+    x = rand(1, 1, 4, 5, dtype=dt, low=-100 if dt != np.uint8 else 0, high=100)
+    check_resize(x, {"mode": mode}, scales=[1, 1, 2, 1.5])
+
+
+def test_resize_other_dtypes_against_reference():
+    """f64 / f16 / bool data: onnxruntime lacks these kernels, the numpy reference is the oracle
+    (itself checked against onnxruntime on float32 below)."""
+    g = Graph()
+    b = Builder(g)
+    for dt in (np.float64, np.float16, np.int64):
+        x = rand(1, 1, 3, 4, dtype=dt)
+        m = resize_model(x, {"mode": "nearest"}, scales=[1, 1, 2, 2])
+        exp = np.repeat(np.repeat(x, 2, axis=2), 2, axis=3)
+        for lvl in (0, 2):
+            np.testing.assert_array_equal(compiler.compile(m, opt_level=lvl).run(x=x)[0], exp)
+    x = rand(2, 5, dtype=np.float64)
+    m = resize_model(x, {"mode": "linear"}, sizes=[4, 3])
+    exp = ort_run(resize_model(x.astype(np.float32), {"mode": "linear"}, sizes=[4, 3]), {"x": x.astype(np.float32)})[0]
+    got = compiler.compile(m).run(x=x)[0]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-6)
+
+
+def test_resize_n_d_against_onnx_reference():
+    check_resize_onnx_reference(rand(7), {"mode": "linear"}, scales=[1.6])
+    check_resize_onnx_reference(rand(3, 4, 5), {"mode": "cubic"}, scales=[2, 0.5, 1.5])
+    check_resize_onnx_reference(rand(2, 3, 4, 5), {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+                                sizes=[3, 5, 2, 7])
+
+
+def test_resize_old_versions():
+    x = rand(1, 1, 3, 4)
+    # Resize-10: (X, scales), asymmetric
+    for mode in ("nearest", "linear"):
+        m = node_model("Resize", {"x": x}, {"mode": mode}, initializers={"s": np.array([1, 1, 2, 1.5], np.float32)},
+                       opset=10)
+        assert_matches_ort(m, {"x": x}, rtol=1e-5, atol=1e-6)
+    m = node_model("Resize", {"x": x}, {"mode": "nearest"}, initializers={"s": np.array([1, 1, 0.5, 0.5], np.float32)},
+                   opset=10)
+    assert_matches_ort(m, {"x": x}, rtol=0, atol=0)
+    # Resize-11: roi and scales required (empty when sizes are given), tf_half_pixel_for_nn
+    for coord in ("tf_half_pixel_for_nn", "half_pixel", "align_corners"):
+        m = node_model("Resize", {"x": x}, {"mode": "nearest", "coordinate_transformation_mode": coord},
+                       initializers={"r": np.zeros(0, np.float32), "s": np.zeros(0, np.float32),
+                                     "z": np.array([1, 1, 5, 7], I64)}, opset=11)
+        assert_matches_ort(m, {"x": x}, rtol=0, atol=0)
+    check_resize(x, {"mode": "cubic"}, scales=[1, 1, 2, 2], opset=13)
+    check_resize(x, {"mode": "linear"}, sizes=[1, 1, 5, 3], opset=13)
+
+
+@pytest.mark.parametrize("opset", [7, 9])
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_upsample(opset, mode):
+    x = rand(1, 2, 3, 4)
+    if opset == 7:
+        m = node_model("Upsample", {"x": x}, {"mode": mode, "scales": [1.0, 1.0, 2.0, 3.0]}, opset=7)
+    else:
+        m = node_model("Upsample", {"x": x}, {"mode": mode}, initializers={"s": np.array([1, 1, 2, 1.5], np.float32)},
+                       opset=9)
+    assert_matches_ort(m, {"x": x}, rtol=1e-5, atol=1e-6)
+
+
+def test_resize_reference_and_errors():
+    ref_check("Resize", [rand(1, 1, 4, 5), None, np.array([1, 1, 1.5, 0.6], np.float32)], {"mode": "linear"},
+              rtol=1e-5, atol=1e-6)
+    ref_check("Resize", [rand(1, 1, 4, 5), None, None, np.array([1, 1, 7, 3], I64)],
+              {"mode": "cubic", "coordinate_transformation_mode": "align_corners"}, rtol=1e-5, atol=1e-6)
+    ref_check("Resize", [rand(1, 1, 4, 5), np.array([0, 0, 0.1, 0.2, 1, 1, 0.7, 1.3], np.float32), None,
+                         np.array([1, 1, 3, 6], I64)],
+              {"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 2.0})
+    x = rand(1, 1, 4, 5)
+    bad = [({"mode": "linear", "antialias": 1}, [1, 1, 0.5, 0.5], None, "antialias"),
+           ({"mode": "area"}, [1, 1, 2, 2], None, "mode"),
+           ({"mode": "nearest"}, [1, 1, 2], None, "scales has 3"),
+           ({"mode": "nearest"}, [1, 1, 2, 2], [1, 1, 8, 10], "exactly one"),
+           ({"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize"}, [1, 1, 2, 2], None, "roi")]
+    for attrs, scales, sizes, msg in bad:
+        m = typed_output(resize_model(x, attrs, scales=scales, sizes=sizes), TensorProto.FLOAT)
+        with pytest.raises(UnsupportedModelError, match=msg):
+            compiler.compile(m)

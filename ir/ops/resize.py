@@ -1,0 +1,494 @@
+"""Resize and Upsample (ONNX operator spec, Resize-19 semantics; Upsample-7/9 and Resize-10/11
+are imported as Resize).
+
+Every resized axis maps output index y to a source coordinate x (``coordinate_transformation_
+mode``), then to taps (input indices) and weights (``mode``): nearest gives one tap, linear two
+(the coordinate clamped into [0, in-1]), cubic four (indices edge-clamped, or dropped and the rest
+renormalised with ``exclude_outside``). The output element is the sum over the taps of every
+resized axis of the product of the weights times the input element. With tf_crop_and_resize, a
+source coordinate outside [0, in-1] on any axis yields ``extrapolation_value``.
+
+Coordinates and weights are computed in float32 with the operation order onnxruntime uses, so
+nearest rounding ties resolve the same way; values accumulate in float32 (float64 for float64
+data). Integer outputs are truncated toward zero and saturated (as onnxruntime does). The same per-axis functions
+build the numpy reference (on arrays) and the kernel (on kernel-IR expressions).
+
+Extensions of the IR op beyond Resize-19, used by the importer for older versions:
+coordinate_transformation_mode "tf_half_pixel_for_nn" (Resize-11: x = (y + 0.5) / scale) and
+nearest_mode "simple" (Resize-10 and Upsample as onnxruntime runs them: ceil when an axis is
+downsampled, else floor).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ir.kernel import I64, as_expr, maximum, minimum, select, unop
+from ir.ops._common import const_input
+from ir.ops.shape import axes_list, ints
+from ir.registry import OpPatternKind, ShapeError, op
+from ir.types import DType, TensorType
+
+F32 = np.float32
+COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
+               "tf_crop_and_resize", "tf_half_pixel_for_nn")
+NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple")
+MODES = ("nearest", "linear", "cubic")
+TAPS = {"nearest": 1, "linear": 2, "cubic": 4}
+
+
+@dataclass
+class AxisPlan:
+    axis: int
+    in_len: int
+    out_len: int
+    scale: float          # float32 value
+    roi: tuple[float, float]
+
+
+@dataclass
+class ResizePlan:
+    out_shape: tuple[int, ...]
+    axes: list[AxisPlan]  # the axes that need interpolation (others are copied)
+    mode: str
+    coord: str
+    nearest: str
+    cubic_a: float
+    exclude_outside: bool
+    extrapolation: float
+
+
+# ----------------------------------------------------------------------------- planning
+def _nonempty(a):
+    return a is not None and np.asarray(a).size > 0
+
+
+def resize_plan(node, shape, roi, scales, sizes) -> ResizePlan:
+    """Output shape and per-axis parameters; ShapeError for invalid attributes or inputs."""
+    r = len(shape)
+    mode = node.attr("mode", "nearest")
+    coord = node.attr("coordinate_transformation_mode", "half_pixel")
+    nearest = node.attr("nearest_mode", "round_prefer_floor")
+    policy = node.attr("keep_aspect_ratio_policy", "stretch")
+    if mode not in MODES:
+        raise ShapeError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if coord not in COORD_MODES:
+        raise ShapeError(f"coordinate_transformation_mode {coord!r} is not one of {', '.join(COORD_MODES)}")
+    if nearest not in NEAREST_MODES:
+        raise ShapeError(f"nearest_mode {nearest!r} is not one of {', '.join(NEAREST_MODES[:4])}")
+    if policy not in ("stretch", "not_larger", "not_smaller"):
+        raise ShapeError(f"keep_aspect_ratio_policy {policy!r} is not stretch, not_larger or not_smaller")
+    if node.attr("antialias", 0):
+        if mode == "nearest":
+            raise ShapeError("antialias applies to linear and cubic modes, not nearest")
+        raise ShapeError("antialias=1 is not supported by tensorfuse yet (linear/cubic downsampling "
+                         "with an antialiasing filter)")
+    axes = node.attr("axes", None)
+    axes = list(range(r)) if axes is None else axes_list(None, axes, r)
+    n = len(axes)
+    has_scales, has_sizes = _nonempty(scales), _nonempty(sizes)
+    if has_scales == has_sizes:
+        raise ShapeError("exactly one of scales and sizes must be given (non-empty)")
+    roi_v = [0.0] * n + [1.0] * n
+    if _nonempty(roi) and coord == "tf_crop_and_resize":
+        roi_v = [float(v) for v in np.asarray(roi, dtype=np.float64).ravel()]
+        if len(roi_v) != 2 * n:
+            raise ShapeError(f"roi has {len(roi_v)} values, expected 2 x {n} axes")
+    elif coord == "tf_crop_and_resize" and not _nonempty(roi):
+        raise ShapeError("coordinate_transformation_mode tf_crop_and_resize needs the roi input")
+    out = list(shape)
+    scl = [F32(1.0)] * r
+    if has_scales:
+        sv = np.asarray(scales, dtype=np.float32).ravel()
+        if len(sv) != n:
+            raise ShapeError(f"scales has {len(sv)} values, expected {n}")
+        if (sv <= 0).any():
+            raise ShapeError(f"scales {sv.tolist()} must be positive")
+        for a, s in zip(axes, sv):
+            scl[a] = F32(s)
+            out[a] = int(np.floor(F32(s) * F32(shape[a])))
+    else:
+        sz = ints(sizes)
+        if len(sz) != n:
+            raise ShapeError(f"sizes has {len(sz)} values, expected {n}")
+        if any(s < 0 for s in sz):
+            raise ShapeError(f"sizes {sz} has a negative value")
+        for a, s in zip(axes, sz):
+            if shape[a] == 0:
+                raise ShapeError(f"cannot resize the empty axis {a}")
+        ratios = [F32(s) / F32(shape[a]) for a, s in zip(axes, sz)]
+        if policy == "stretch":
+            for a, s, q in zip(axes, sz, ratios):
+                scl[a], out[a] = q, s
+        else:
+            q = min(ratios) if policy == "not_larger" else max(ratios)
+            for a in axes:
+                scl[a] = q
+                out[a] = int(np.floor(q * F32(shape[a]) + F32(0.5)))   # round half up (roundf)
+    plans = []
+    for k, a in enumerate(axes):
+        rlo, rhi = roi_v[k], roi_v[n + k]
+        trivial_roi = coord != "tf_crop_and_resize" or (rlo == 0.0 and rhi == 1.0)
+        if out[a] == shape[a] and scl[a] == 1.0 and trivial_roi and coord != "tf_half_pixel_for_nn":
+            continue
+        if shape[a] == 0 and out[a] > 0:
+            raise ShapeError(f"cannot resize the empty axis {a} to {out[a]}")
+        plans.append(AxisPlan(a, shape[a], out[a], float(scl[a]), (rlo, rhi)))
+    return ResizePlan(tuple(out), plans, mode, coord, nearest, float(node.attr("cubic_coeff_a", -0.75)),
+                      bool(node.attr("exclude_outside", 0)), float(node.attr("extrapolation_value", 0.0)))
+
+
+# ----------------------------------------------------------------------------- per-axis math
+class _NpMath:
+    """Array versions of the few operations the per-axis functions need (float32 math)."""
+    @staticmethod
+    def f(v):
+        return np.asarray(v).astype(np.float32)
+
+    @staticmethod
+    def i(v):
+        return np.asarray(v).astype(np.int64)
+
+    floor = staticmethod(np.floor)
+    ceil = staticmethod(np.ceil)
+    where = staticmethod(np.where)
+    minimum = staticmethod(np.minimum)
+    maximum = staticmethod(np.maximum)
+
+    @staticmethod
+    def eq(a, b):
+        return a == b
+
+    @staticmethod
+    def c(v):
+        return F32(v)
+
+    @staticmethod
+    def clampi(i, n):
+        return np.clip(i, 0, n - 1)
+
+    @staticmethod
+    def d(v):
+        return np.asarray(v).astype(np.float64)
+
+    @staticmethod
+    def cd(v):
+        return np.float64(v)
+
+
+class _IrMath:
+    """Kernel-IR versions (float32 Exprs)."""
+    @staticmethod
+    def f(v):
+        return v.cast(DType.f32)
+
+    @staticmethod
+    def i(v):
+        return v.cast(I64)
+
+    @staticmethod
+    def floor(v):
+        return unop("floor", v)
+
+    @staticmethod
+    def ceil(v):
+        return unop("ceil", v)
+
+    @staticmethod
+    def where(c, a, b):
+        return select(c, a, b)
+
+    minimum = staticmethod(minimum)
+    maximum = staticmethod(maximum)
+
+    @staticmethod
+    def eq(a, b):
+        return a.eq(b)
+
+    @staticmethod
+    def c(v):
+        return as_expr(float(F32(v)), DType.f32)
+
+    @staticmethod
+    def clampi(i, n):
+        return select(i < 0, 0, select(i > n - 1, n - 1, i))
+
+    @staticmethod
+    def d(v):
+        return v.cast(DType.f64)
+
+    @staticmethod
+    def cd(v):
+        return as_expr(float(v), DType.f64)
+
+
+def source_coord(m, y, ax: AxisPlan, coord: str):
+    """Source coordinate (float32) of output index ``y`` along one axis, as onnxruntime computes it."""
+    yf = m.f(y)
+    s = m.c(ax.scale)
+    L, O = ax.in_len, ax.out_len
+    if coord == "half_pixel":
+        return (yf + m.c(0.5)) / s - m.c(0.5)
+    if coord == "asymmetric":
+        return yf / s
+    if coord == "tf_half_pixel_for_nn":
+        return (yf + m.c(0.5)) / s
+    if coord == "pytorch_half_pixel":
+        return (yf + m.c(0.5)) / s - m.c(0.5) if O > 1 else yf * m.c(0.0)
+    if coord == "align_corners":
+        return yf * m.c(L - 1) / m.c(O - 1) if O > 1 else yf * m.c(0.0)
+    if coord == "half_pixel_symmetric":
+        adjustment = F32(O) / (F32(ax.scale) * F32(L))
+        offset = (F32(L) / F32(2.0)) * (F32(1.0) - adjustment)
+        # onnxruntime adds the double literals 0.5 here: the sum is formed in float64
+        v = m.cd(offset) + (m.d(y) + m.cd(0.5)) / m.cd(F32(ax.scale)) - m.cd(0.5)
+        return m.f(v)
+    if coord == "tf_crop_and_resize":
+        rs, re = F32(ax.roi[0]), F32(ax.roi[1])
+        if O > 1:
+            return m.c(rs * F32(L - 1)) + (yf * m.c(re - rs) * m.c(L - 1)) / m.c(O - 1)
+        return yf * m.c(0.0) + m.c(0.5 * (float(rs) + float(re)) * (L - 1))
+    raise ShapeError(f"unknown coordinate_transformation_mode {coord!r}")
+
+
+def axis_taps(m, y, ax: AxisPlan, p: ResizePlan):
+    """(indices, weights, extrapolated) for output index ``y`` along one axis: lists of ``TAPS``
+    index (int64) and weight (float32) values, and a bool (or None)."""
+    x = source_coord(m, y, ax, p.coord)
+    L = ax.in_len
+    ext = None
+    if p.coord == "tf_crop_and_resize":
+        ext = (x < m.c(0.0)) | (x > m.c(L - 1))
+
+    if p.mode == "nearest":
+        f = m.floor(x)
+        nm = p.nearest
+        if nm == "simple":
+            nm = "ceil" if ax.scale < 1.0 else "floor"
+        if nm == "round_prefer_floor":
+            r = m.where(x - f <= m.c(0.5), f, f + m.c(1.0))
+        elif nm == "round_prefer_ceil":
+            r = m.where(x - f < m.c(0.5), f, f + m.c(1.0))
+        elif nm == "floor":
+            r = f
+        else:
+            r = m.ceil(x)
+        return [m.clampi(m.i(r), L)], [None], ext
+    if p.mode == "linear":
+        xc = m.maximum(m.minimum(x, m.c(L - 1)), m.c(0.0))
+        i0 = m.clampi(m.i(m.floor(xc)), L)
+        i1 = m.clampi(i0 + 1, L)
+        d1 = xc - m.f(i0)
+        d2 = m.f(i1) - xc
+        same = m.eq(i0, i1)
+        w0 = m.where(same, m.c(0.5), d2)
+        w1 = m.where(same, m.c(0.5), d1)
+        return [i0, i1], [w0, w1], ext
+    # cubic
+    A = F32(p.cubic_a)
+    f = m.floor(x)
+    s = x - f
+    base = m.i(f)
+    s1, t, t1 = s + m.c(1.0), m.c(1.0) - s, m.c(2.0) - s
+    ws = [((m.c(A) * s1 - m.c(5 * A)) * s1 + m.c(8 * A)) * s1 - m.c(4 * A),
+          ((m.c(A + 2) * s - m.c(A + 3)) * s) * s + m.c(1.0),
+          ((m.c(A + 2) * t - m.c(A + 3)) * t) * t + m.c(1.0),
+          ((m.c(A) * t1 - m.c(5 * A)) * t1 + m.c(8 * A)) * t1 - m.c(4 * A)]
+    raw = [base + (k - 1) for k in range(4)]
+    if p.exclude_outside:
+        ws = [m.where((i < 0) | (i > L - 1), m.c(0.0), w) for i, w in zip(raw, ws)]
+        tot = ws[0] + ws[1] + ws[2] + ws[3]
+        ws = [w / tot for w in ws]
+    return [m.clampi(i, L) for i in raw], ws, ext
+
+
+# ----------------------------------------------------------------------------- reference
+def np_resize(x: np.ndarray, p: ResizePlan) -> np.ndarray:
+    ct = np.float64 if x.dtype == np.float64 else np.float32
+    res = x if p.mode == "nearest" else x.astype(ct)
+    ext_all = None
+    for ax in p.axes:
+        y = np.arange(ax.out_len)
+        if ax.out_len == 0 or ax.in_len == 0:
+            shp = list(res.shape)
+            shp[ax.axis] = ax.out_len
+            res = np.zeros(shp, res.dtype)
+            continue
+        idx, ws, ext = axis_taps(_NpMath, y, ax, p)
+        bshape = [1] * x.ndim
+        bshape[ax.axis] = -1
+        if p.mode == "nearest":
+            res = np.take(res, idx[0], axis=ax.axis)
+        else:
+            acc = 0
+            for i, w in zip(idx, ws):
+                acc = acc + np.take(res, i, axis=ax.axis) * w.astype(ct).reshape(bshape)
+            res = acc
+        if ext is not None:
+            e = ext.reshape(bshape)
+            ext_all = e if ext_all is None else (ext_all | e)
+    if ext_all is not None:
+        res = np.where(ext_all, np.asarray(p.extrapolation).astype(res.dtype), res)
+    if x.dtype.kind in "iu":
+        if p.mode != "nearest":
+            info = np.iinfo(x.dtype)
+            res = np.clip(np.trunc(res), info.min, info.max)
+        return np.ascontiguousarray(res.astype(x.dtype))
+    return np.ascontiguousarray(np.asarray(res).astype(x.dtype))
+
+
+# ----------------------------------------------------------------------------- lowering
+def emit_resize(ctx, x, y, p: ResizePlan) -> None:
+    kb = ctx.kernel(params=[x, y])
+    if y.numel == 0:
+        return
+    ct = DType.f64 if y.dtype == DType.f64 else DType.f32
+    taps = TAPS[p.mode]
+    by_axis = {ax.axis: ax for ax in p.axes}
+    loc = {}
+    for ax in p.axes:
+        ix = kb.local(I64, (taps,), hint=f"ix{ax.axis}_")
+        w = kb.local(DType.f32, (taps,), hint=f"w{ax.axis}_") if p.mode != "nearest" else None
+        ex = kb.local(DType.bool, (1,), hint=f"ext{ax.axis}_") if p.coord == "tf_crop_and_resize" else None
+        loc[ax.axis] = (ix, w, ex)
+    acc = kb.local(ct, (1,)) if p.mode != "nearest" else None
+    fill = as_expr(p.extrapolation, y.dtype)
+
+    def inner(idx):
+        ext = None
+        for ax in p.axes:
+            e = loc[ax.axis][2]
+            if e is not None:
+                ext = e.flat(0) if ext is None else ext | e.flat(0)
+        if p.mode == "nearest":
+            src = [loc[a][0].flat(0) if a in by_axis else i for a, i in enumerate(idx)]
+            v = x[src]
+            kb.store(y, idx, v if ext is None else select(ext, fill, v))
+            return
+        kb.store(acc, 0, as_expr(0.0, ct))
+
+        def taps_loop(k, src, wprod):
+            if k == len(p.axes):
+                full = [src.get(a, i) for a, i in enumerate(idx)]
+                kb.store(acc, 0, acc.flat(0) + wprod.cast(ct) * x[full].cast(ct))
+                return
+            ax = p.axes[k]
+            ix, w, _ = loc[ax.axis]
+            with kb.loop(taps, kind="unroll", hint="t") as t:
+                wt = w.flat(t)
+                taps_loop(k + 1, {**src, ax.axis: ix.flat(t)}, wt if wprod is None else wprod * wt)
+
+        taps_loop(0, {}, None)
+        v = acc.flat(0).cast(y.dtype)       # integers: truncated and saturated, as onnxruntime
+        kb.store(y, idx, v if ext is None else select(ext, fill, v))
+
+    def nest(d, idx):
+        if d == len(y.shape):
+            inner(idx)
+            return
+        with kb.loop(y.shape[d], hint=f"i{d}_") as i:
+            if d in by_axis:
+                ix, w, ex = loc[d]
+                ids, ws, ext = axis_taps(_IrMath, i, by_axis[d], p)
+                for k in range(taps):
+                    kb.store(ix, k, ids[k])
+                    if w is not None:
+                        kb.store(w, k, ws[k])
+                if ex is not None:
+                    kb.store(ex, 0, ext)
+            nest(d + 1, idx + [i])
+
+    nest(0, [])
+
+
+# ----------------------------------------------------------------------------- ops
+def _plan_of(node, shape, get) -> ResizePlan:
+    return resize_plan(node, shape, get(1, "roi"), get(2, "scales"), get(3, "sizes"))
+
+
+def _resize_import(ctx, proto, version):
+    attrs = ctx.attrs(proto)
+    ins = [ctx.value(n) for n in proto.input]
+    if version < 11:     # Resize-10: (X, scales), asymmetric coordinates, "simple" nearest
+        attrs.setdefault("coordinate_transformation_mode", "asymmetric")
+        attrs.setdefault("nearest_mode", "simple")
+        ins = [ins[0], None, ins[1]]
+    return ctx.default_import(proto, inputs=ins, attrs=attrs)
+
+
+@op("Resize", OpPatternKind.INJECTIVE, const_inputs=(1, 2, 3))
+class Resize:
+    """Resize(X, roi?, scales?, sizes?) -> X interpolated to a new shape.
+
+    X: any numeric dtype, any rank. roi (float, [2 x axes], only read for tf_crop_and_resize),
+    scales (float32, one per axis) or sizes (int64, one per axis): exactly one of scales/sizes,
+    all known at compile time. Attributes: mode nearest|linear|cubic (N-D: every listed axis
+    is interpolated), coordinate_transformation_mode (half_pixel, half_pixel_symmetric,
+    pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize with extrapolation_value),
+    nearest_mode (round_prefer_floor, round_prefer_ceil, floor, ceil), cubic_coeff_a,
+    exclude_outside, keep_aspect_ratio_policy (stretch, not_larger, not_smaller; with sizes),
+    axes. Output: floor(in * scale) per axis, or sizes (rounded through the common scale for
+    keep_aspect_ratio_policy). Raises ShapeError for invalid attributes or inputs and for
+    antialias=1 (not supported). ONNX spec: Resize-19 (Resize-10/11/13/18 imported).
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        p = _plan_of(node, x.shape, lambda i, w: const_input(node, i, w))
+        return [TensorType(x.dtype, p.out_shape)]
+
+    def reference(node, ins):
+        p = _plan_of(node, ins[0].shape, lambda i, w: ins[i] if i < len(ins) else None)
+        return [np_resize(ins[0], p)]
+
+    importer = _resize_import
+
+    def lower(ctx):
+        p = _plan_of(ctx.node, ctx.inputs[0].shape, lambda i, w: ctx.const(i))
+        emit_resize(ctx, ctx.inputs[0], ctx.outputs[0], p)
+
+
+def _upsample_import(ctx, proto, version):
+    attrs = ctx.attrs(proto)
+    x = ctx.value(proto.input[0])
+    if version < 9:      # Upsample-7: scales is an attribute
+        scales = ctx.builder.const(np.asarray(attrs.pop("scales"), np.float32), "scales")
+    else:
+        scales = ctx.value(proto.input[1])
+    attrs["coordinate_transformation_mode"] = "asymmetric"
+    attrs["nearest_mode"] = "simple"
+    return ctx.default_import(proto, op="Resize", inputs=[x, None, scales], attrs=attrs)
+
+
+def _upsample_as_resize(node):
+    """The Resize node an Upsample node means (for inference, reference and lowering)."""
+    from ir.graph import Node
+    attrs = {"mode": node.attr("mode", "nearest"), "coordinate_transformation_mode": "asymmetric",
+             "nearest_mode": "simple"}
+    return Node("Resize", [node.inputs[0], None, node.input(1)], [], attrs)
+
+
+@op("Upsample", OpPatternKind.INJECTIVE, const_inputs=(1,))
+class Upsample:
+    """Upsample(X, scales) -> X resized by scales (>= 1) with asymmetric coordinates: mode nearest
+    (floor of the source coordinate) or linear (bilinear on every scaled axis). The importer
+    turns it into Resize. Raises ShapeError for invalid scales. ONNX spec: Upsample-9 (deprecated
+    since 10; Upsample-7 had scales as an attribute)."""
+
+    def infer(node):
+        x = node.inputs[0]
+        n = _upsample_as_resize(node)
+        p = _plan_of(n, x.shape, lambda i, w: const_input(n, i, w))
+        return [TensorType(x.dtype, p.out_shape)]
+
+    def reference(node, ins):
+        n = _upsample_as_resize(node)
+        return [np_resize(ins[0], _plan_of(n, ins[0].shape, lambda i, w: ins[1] if i == 2 else None))]
+
+    importer = _upsample_import
+
+    def lower(ctx):
+        n = _upsample_as_resize(ctx.node)
+        p = _plan_of(n, ctx.inputs[0].shape, lambda i, w: ctx.const(1) if i == 2 else None)
+        emit_resize(ctx, ctx.inputs[0], ctx.outputs[0], p)
