@@ -24,6 +24,7 @@ from ir.registry import OpPatternKind, ShapeError, op
 from ir.types import DType, TensorType
 
 ROWS = 4      # output rows per register block
+LANES = 8     # partial sums of a dot product (B read transposed): one AVX2 f32 vector
 COLS = 512    # output columns per accumulator block at most (bounds the local buffer)
 PANEL_BYTES = 1 << 20   # column blocks sized so a [K, cols] panel of B stays in L2 (measured:
                         # narrower blocks than 128 columns cost more than the cache misses)
@@ -74,13 +75,27 @@ def emit_matmul_core(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, *, M: int, N: 
 
     with kb.grid(batch) as bidx:
         if K == 0 or not b_contiguous_in_j:
+            # dot products over k, contiguous in A's row and in B' (B transposed). LANES
+            # independent partial sums make the k loop vectorisable without fast-math; they
+            # are added up at the end (a fixed reassociation of the sum).
+            lanes = LANES if K >= 2 * LANES else 1
+            kmain = K - K % lanes
+            s = kb.local(acc, (lanes,), hint="dot")
             with kb.loop(M, hint="i") as i:
                 with kb.loop(N, hint="j") as j:
-                    s = kb.local(acc, (1,), hint="dot")
-                    kb.store(s, 0, as_expr(0, acc))
-                    with kb.loop(K, hint="k") as k:
-                        kb.store(s, 0, s[0] + load_a(bidx, i, k) * load_b(bidx, k, j))
-                    store(bidx, i, j, s[0])
+                    with kb.loop(lanes, kind="vectorize", hint="l") as l:
+                        kb.store(s, l, as_expr(0, acc))
+                    with kb.loop(kmain // lanes, hint="kb") as kb_:
+                        with kb.loop(lanes, kind="vectorize", hint="l") as l:
+                            k = kb_ * lanes + l
+                            kb.store(s, l, s[l] + load_a(bidx, i, k) * load_b(bidx, k, j))
+                    if kmain < K:
+                        with kb.loop(K, start=kmain, hint="k") as k:
+                            kb.store(s, 0, s[0] + load_a(bidx, i, k) * load_b(bidx, k, j))
+                    total = s.flat(0)
+                    for l in range(1, lanes):
+                        total = total + s.flat(l)
+                    store(bidx, i, j, total)
             return
         # the B panel [K, cols] read by every row block should stay in L2
         cols = max(128, min(COLS, (PANEL_BYTES // max(K * 4, 1)) // 16 * 16))
