@@ -339,3 +339,11 @@ def test_det_f64_reference_and_errors():
         Builder(g).Det(g.add_input("x", TensorType(DType.f32, (3, 4))))
     with pytest.raises(ShapeError, match="larger"):
         Builder(g).Det(g.add_input("y", TensorType(DType.f32, (65, 65))))
+
+
+@pytest.mark.parametrize("K", [16, 21, 40])
+def test_gemm_transposed_b_partial_sums(K):
+    """B' read transposed: dot products with 8 partial sums and a scalar tail."""
+    a, b, c = rand(5, K), rand(3, K, seed=1), rand(3, seed=2)
+    m = node_model("Gemm", {"a": a, "b": b, "c": c}, dict(transB=1, alpha=1.5))
+    assert_matches_ort(m, {"a": a, "b": b, "c": c}, rtol=RT, atol=1e-4)
