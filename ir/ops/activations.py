@@ -15,8 +15,7 @@ import numpy as np
 from ir.kernel import as_expr, maximum, minimum, select, unop
 from ir.ops._common import broadcast_shapes
 from ir.ops.elementwise import BC, EW, F64, _erf_np, check_types, in_f32, infer_ew, np_in_f32, unary
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import TensorType
+from ir.registry import ShapeError, op
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

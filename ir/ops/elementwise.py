@@ -22,7 +22,7 @@ import math
 import numpy as np
 import onnx.defs
 
-from ir.kernel import Expr, as_expr, binop, maximum, minimum, select, unop
+from ir.kernel import as_expr, binop, maximum, minimum, select, unop
 from ir.ops._common import broadcast_shapes, present
 from ir.registry import OpDef, OpPatternKind, ShapeError, op, register
 from ir.types import DType, TensorType
