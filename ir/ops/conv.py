@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum
+from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, unop
 from ir.lowering import LowerCtx
 from ir.ops._common import present
 from ir.registry import OpPatternKind, ShapeError, op
@@ -177,9 +177,9 @@ def conv_kernel_shape(node, w_shape: Sequence[int]) -> list[int]:
     return ks
 
 
-def conv_geometry_of(node) -> Geometry:
-    """Geometry of a Conv/ConvInteger node from its X and W types (after validation)."""
-    x, w = node.inputs[0], node.inputs[1]
+def conv_geometry_of(node, w_index: int = 1) -> Geometry:
+    """Geometry of a Conv-like node from the types of X (input 0) and W (input ``w_index``)."""
+    x, w = node.inputs[0], node.inputs[w_index]
     return conv_geometry(node, x.shape[2:], conv_kernel_shape(node, w.shape))
 
 
@@ -199,7 +199,7 @@ def _infer_conv_shape(node, x, w, b) -> tuple[int, ...]:
         raise ShapeError(f"W's {m} output channels are not divisible by group={group}")
     if b is not None and tuple(b.shape) != (m,):
         raise ShapeError(f"B must have shape [{m}] (one bias per output channel), got {list(b.shape)}")
-    geo = conv_geometry_of(node)
+    geo = conv_geometry(node, x.shape[2:], conv_kernel_shape(node, w.shape))
     return (n, m, *geo.out_shape)
 
 
@@ -552,3 +552,154 @@ class ConvTranspose:
         x, w = node.inputs[0], node.inputs[1]
         macs = x.type.numel * w.shape[1] * math.prod(w.shape[2:])
         return 2.0 * macs + (node.outputs[0].type.numel if node.input(2) is not None else 0)
+
+
+# ----------------------------------------------------------------------------- ConvInteger / QLinearConv
+QUANT_TYPES = (DType.u8, DType.i8)
+
+
+def _zero_point(node, i: int, like, m: int | None, what: str) -> None:
+    """Check a zero point / scale input: a scalar ([] or [1]), or [m] per output channel."""
+    v = node.input(i)
+    if v is None:
+        return
+    if like is not None and v.dtype != like:
+        raise ShapeError(f"{what} has dtype {v.dtype}, expected {like}")
+    ok = v.type.numel == 1 and v.type.rank <= 1
+    if m is not None and tuple(v.shape) == (m,):
+        ok = True
+    if not ok:
+        per = f" or [{m}]" if m is not None else ""
+        raise ShapeError(f"{what} must be a scalar{per}, got shape {list(v.shape)}")
+
+
+def _channel(buf: Buffer | None, oc: Expr, dt: DType) -> Expr | None:
+    """Element of a per-tensor or per-output-channel parameter buffer, cast to dt."""
+    if buf is None:
+        return None
+    return (buf.flat(oc) if buf.numel > 1 else buf.flat(0)).cast(dt)
+
+
+def _per_channel(a: np.ndarray | None, m: int, dtype) -> np.ndarray:
+    if a is None:
+        return np.zeros((1, m) + (1,), dtype)[..., 0]
+    return np.broadcast_to(np.asarray(a).reshape(-1), (m,)).astype(dtype).reshape(1, m)
+
+
+@op("ConvInteger", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+class ConvInteger:
+    """Integer convolution: y = conv(x - x_zero_point, w - w_zero_point), accumulated in int32.
+    ONNX spec: ConvInteger-10.
+
+    Inputs: x (u8/i8) [N, C, D1..Dn], w (u8/i8) [M, C/group, k1..kn], optional x_zero_point
+    (scalar, x's dtype), optional w_zero_point (scalar or [M], w's dtype). Output y: i32
+    [N, M, O1..On]. Attributes as Conv; padding contributes zero (it holds x_zero_point).
+    """
+
+    def infer(node):
+        x, w = node.input(0), node.input(1)
+        for v, what in ((x, "x"), (w, "w")):
+            if v.dtype not in QUANT_TYPES:
+                raise ShapeError(f"{what} has dtype {v.dtype}; ConvInteger takes u8 or i8")
+        _zero_point(node, 2, x.dtype, None, "x_zero_point")
+        _zero_point(node, 3, w.dtype, w.shape[0] if w.type.rank else None, "w_zero_point")
+        return [TensorType(DType.i32, _infer_conv_shape(node, x, w, None))]
+
+    def reference(node, ins):
+        x, w = ins[0], ins[1]
+        xz = ins[2] if len(ins) > 2 and ins[2] is not None else np.zeros((), x.dtype)
+        wz = ins[3] if len(ins) > 3 and ins[3] is not None else None
+        m = w.shape[0]
+        xs = x.astype(np.int64) - np.asarray(xz).astype(np.int64).reshape(())
+        ws = w.astype(np.int64) - _per_channel(wz, m, np.int64).reshape((m,) + (1,) * (w.ndim - 1))
+        y = conv_reference(xs, ws, None, int(node.attr("group", 1)), conv_geometry_of(node), acc_dtype=np.int64)
+        return [y.astype(np.int32)]
+
+    def lower(ctx):
+        x, w = ctx.inputs[0], ctx.inputs[1]
+        xz = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+        wz = ctx.inputs[3] if len(ctx.inputs) > 3 else None
+        i32 = DType.i32
+
+        def load_x(v, c):
+            return v.cast(i32) - xz.flat(0).cast(i32) if xz is not None else v.cast(i32)
+
+        def load_w(v, oc):
+            return v.cast(i32) - _channel(wz, oc, i32) if wz is not None else v.cast(i32)
+
+        emit_conv(ctx, x, w, None, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node),
+                  acc_dtype=i32, load_x=load_x, load_w=load_w)
+
+    flops = conv_flops
+
+
+@op("QLinearConv", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+class QLinearConv:
+    """Quantized convolution. ONNX spec: QLinearConv-10.
+
+    Inputs: x (u8/i8), x_scale (f32 scalar), x_zero_point (x's dtype, scalar), w (u8/i8),
+    w_scale (f32, scalar or [M]), w_zero_point (w's dtype, scalar or [M]), y_scale (f32 scalar),
+    y_zero_point (scalar; its dtype is y's), optional B (i32 [M], scale x_scale*w_scale, zero
+    point 0). y = saturate(round_half_even(acc * x_scale * w_scale / y_scale) + y_zero_point)
+    with acc the int32 convolution of (x - x_zp) and (w - w_zp) plus B.
+    """
+
+    def infer(node):
+        x, w = node.input(0), node.input(3)
+        for v, what in ((x, "x"), (w, "w")):
+            if v.dtype not in QUANT_TYPES:
+                raise ShapeError(f"{what} has dtype {v.dtype}; QLinearConv takes u8 or i8")
+        m = w.shape[0] if w.type.rank else None
+        for i, what, like, per in ((1, "x_scale", DType.f32, None), (2, "x_zero_point", x.dtype, None),
+                                   (4, "w_scale", DType.f32, m), (5, "w_zero_point", w.dtype, m),
+                                   (6, "y_scale", DType.f32, None)):
+            if node.input(i) is None and what.endswith("scale"):
+                raise ShapeError(f"input {what} is required")
+            _zero_point(node, i, like, per, what)
+        yz = node.input(7)
+        if yz is None:
+            raise ShapeError("input y_zero_point is required (it gives y's dtype)")
+        _zero_point(node, 7, None, None, "y_zero_point")
+        if yz.dtype not in QUANT_TYPES:
+            raise ShapeError(f"y_zero_point has dtype {yz.dtype}; expected u8 or i8")
+        b = node.input(8)
+        if b is not None and (b.dtype != DType.i32 or tuple(b.shape) != (m,)):
+            raise ShapeError(f"B must be i32 [{m}], got {b.dtype}{list(b.shape)}")
+        return [TensorType(yz.dtype, _infer_conv_shape(node, x, w, None))]
+
+    def reference(node, ins):
+        ins = list(ins) + [None] * (9 - len(ins))
+        x, xs, xz, w, ws, wz, ys, yz, b = ins
+        m = w.shape[0]
+        xi = x.astype(np.int64) - (0 if xz is None else np.asarray(xz).astype(np.int64).reshape(()))
+        wi = w.astype(np.int64) - _per_channel(wz, m, np.int64).reshape((m,) + (1,) * (w.ndim - 1))
+        acc = conv_reference(xi, wi, b, int(node.attr("group", 1)), conv_geometry_of(node, 3), acc_dtype=np.int64)
+        shape = (1, m) + (1,) * (x.ndim - 2)
+        scale = (np.float32(np.asarray(xs).reshape(())) * _per_channel(ws, m, np.float32)
+                 / np.float32(np.asarray(ys).reshape(()))).reshape(shape)
+        y = np.rint(acc.astype(np.float32) * scale) + np.float32(np.asarray(yz).reshape(()))
+        info = np.iinfo(yz.dtype)
+        return [np.clip(y, info.min, info.max).astype(yz.dtype)]
+
+    def lower(ctx):
+        x, xs, xz, w, ws, wz, ys, yz = ctx.inputs[:8]
+        b = ctx.inputs[8] if len(ctx.inputs) > 8 else None
+        y = ctx.outputs[0]
+        i32, f32 = DType.i32, DType.f32
+        info = np.iinfo(y.dtype.numpy)
+
+        def load_x(v, c):
+            return v.cast(i32) - xz.flat(0).cast(i32) if xz is not None else v.cast(i32)
+
+        def load_w(v, oc):
+            return v.cast(i32) - _channel(wz, oc, i32) if wz is not None else v.cast(i32)
+
+        def finish(acc, oc):
+            scale = xs.flat(0) * _channel(ws, oc, f32) / ys.flat(0)
+            q = unop("round", acc.cast(f32) * scale) + yz.flat(0).cast(f32)
+            return minimum(maximum(q, float(info.min)), float(info.max)).cast(y.dtype)
+
+        emit_conv(ctx, x, w, b, y, int(ctx.attr("group", 1)), conv_geometry_of(ctx.node, 3),
+                  acc_dtype=i32, load_x=load_x, load_w=load_w, finish=finish)
+
+    flops = conv_flops
