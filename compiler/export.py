@@ -3,7 +3,10 @@
 Default-domain ops are written at the newest opset the installed onnx defines (the IR's
 semantics, see ``ir/registry.py``); fused ops keep their ``tensorfuse`` domain (any non-default
 domain is declared in ``opset_import`` at version 1) with their parameters as attributes, as
-ONNX Runtime's ``optimized_model_filepath`` does for its own fused ops. Graph outputs carry
+ONNX Runtime's ``optimized_model_filepath`` does for its own fused ops. A fuse_ops group
+(``tensorfuse::FusedFunction``) becomes a call of an ONNX local function named after the node,
+in the ``tensorfuse`` domain, whose body is the group's nodes: where the body holds only ONNX
+ops, onnxruntime runs the exported file (it inlines local functions). Graph outputs carry
 their user-facing names (``graph.output_names``); every intermediate gets a ``value_info`` with
 its type, so a viewer shows shapes.
 """
@@ -87,16 +90,11 @@ def to_onnx(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
 
     nodes = []
     domains: set[str] = set()
+    functions: list[onnx.FunctionProto] = []
     for n in graph.nodes:
         if n.domain:
             domains.add(n.domain)
-        ins = ["" if v is None else name_of(v) for v in n.inputs]
-        while ins and ins[-1] == "":
-            ins.pop()
-        attrs = [_attribute(n, k, v) for k, v in sorted(n.attrs.items())]
-        p = helper.make_node(n.op, ins, [name_of(o) for o in n.outputs], name=n.name, domain=n.domain)
-        p.attribute.extend(attrs)
-        nodes.append(p)
+        nodes.append(_node_proto(n, name_of, opset, functions))
     outputs = []
     for v, want in zip(graph.outputs, out_names):
         if names[id(v)] != want:     # an input, a constant or a repeated value: copy it out
@@ -111,8 +109,44 @@ def to_onnx(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
     g = helper.make_graph(nodes, graph.name, inputs, outputs, initializer=inits, value_info=vinfo)
     imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, CUSTOM_DOMAIN_VERSION)
                                                    for d in sorted(domains)]
-    model = helper.make_model(g, opset_imports=imports, producer_name="tensorfuse")
+    model = helper.make_model(g, opset_imports=imports, producer_name="tensorfuse", functions=functions)
     return model
+
+
+def _node_proto(n: Node, name_of, opset: int, functions: list) -> onnx.NodeProto:
+    """One node; a fused function (a node with a ``body`` graph) becomes a call of an ONNX local
+    function named after the node, in its domain, appended to ``functions``."""
+    ins = ["" if v is None else name_of(v) for v in n.inputs]
+    while ins and ins[-1] == "":
+        ins.pop()
+    outs = [name_of(o) for o in n.outputs]
+    body = n.attrs.get("body")
+    if isinstance(body, Graph):
+        functions.append(_function_proto(n, body, opset, functions))
+        attrs = {k: v for k, v in n.attrs.items() if not isinstance(v, Graph)}
+        return helper.make_node(n.name, ins, outs, name=n.name, domain=n.domain, **dict(sorted(attrs.items())))
+    p = helper.make_node(n.op, ins, outs, name=n.name, domain=n.domain)
+    p.attribute.extend(_attribute(n, k, v) for k, v in sorted(n.attrs.items()))
+    return p
+
+
+def _function_proto(n: Node, body: Graph, opset: int, functions: list) -> onnx.FunctionProto:
+    """The local function of a fused function node: its body's nodes, with value types. Its
+    string attributes (``kind``, ``anchor``) are declared as the function's attribute
+    parameters, so the call node carries them (Netron shows them on the node)."""
+    def name_of(v: Value) -> str:
+        return v.name
+
+    nodes = [_node_proto(m, name_of, opset, functions) for m in body.nodes]
+    domains = sorted({m.domain for m in body.nodes if m.domain})
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, CUSTOM_DOMAIN_VERSION) for d in domains]
+    attr_names = sorted(k for k, v in n.attrs.items() if not isinstance(v, Graph))
+    f = helper.make_function(n.domain, n.name, [v.name for v in body.inputs], [v.name for v in body.outputs],
+                             nodes, imports, attributes=attr_names,
+                             doc_string=f"{n.qualified_op}: a group of fuse_ops, one kernel")
+    f.value_info.extend(helper.make_tensor_value_info(v.name, v.dtype.onnx, list(v.shape))
+                        for v in list(body.inputs) + [o for m in body.nodes for o in m.outputs])
+    return f
 
 
 def export_onnx(graph: Graph, path: str | os.PathLike, opset: int | None = None) -> onnx.ModelProto:

@@ -128,10 +128,16 @@ def lower_graph(graph: Graph) -> LoweredGraph:
         # in place only for the registry's own per-element lowering of elementwise/broadcast ops
         elementwise = (od.scalar is not None and od.kind <= OpPatternKind.BROADCAST
                        and len(ctx.kernels) == 1 and ctx.epilogue is None)
+        # a lowering may declare its one kernel elementwise (a fused loop of fuse_ops)
+        elementwise = elementwise or (len(ctx.kernels) == 1 and getattr(ctx, "elementwise_inplace", False))
+        covered = [n]
+        if isinstance(n.attrs.get("body"), Graph):     # a fused function covers its body's nodes
+            covered = n.attrs["body"].nodes
         for j, k in enumerate(ctx.kernels):
             lg.kernels.append(k)
             n_in = sum(1 for b in k.params if not any(b is o for o in outs))
-            lg.calls.append(KernelCall(k.name, [slot_by_buf[id(b)] for b in k.params], [n.name], [n.op],
+            lg.calls.append(KernelCall(k.name, [slot_by_buf[id(b)] for b in k.params],
+                                       [m.name for m in covered], [m.op for m in covered],
                                        flops if j == 0 else None,
                                        elementwise_inplace_pairs(k.params, n_in) if elementwise else []))
     for v, out_slot in copies:

@@ -4,7 +4,8 @@
 - O1: constant folding (shape subgraphs included), dead-node elimination, CSE, identity
   elimination and Transpose/Reshape chains (``SIMPLIFY_RULES``), repeated to a fixed point.
 - O2 (default): O1 + ``FOLD_RULES`` (BatchNorm folding) + ``FUSE_RULES`` (the fusion catalogue),
-  with folding and DCE between them.
+  with folding and DCE between them, then ``fuse_ops`` (compiler/passes/fuse_ops.py): the
+  remaining elementwise chains and anchor epilogues grouped into fused functions.
 - O3: O2 + ``O3_RULES`` and rules marked ``numerics_changing``.
 
 Every pass is ``graph -> bool changed``; :func:`optimize` times each, verifies the graph after
@@ -28,6 +29,8 @@ from ir.graph import Graph
 
 #: O1's cleanup passes run as a group until none changes the graph (at most this many rounds)
 CLEANUP_ROUNDS = 4
+#: passes that ``disabled_rules`` may name too, to switch them off like a rule
+SWITCHABLE_PASSES = ("fuse_ops",)
 
 
 @dataclass
@@ -92,11 +95,12 @@ def _select(rules: Iterable, level: int, disabled: set[str]) -> list:
 def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log: list | None = None,
                  fold_max_bytes: int = MAX_FOLD_BYTES) -> list[tuple[str, Callable[[Graph], bool]]]:
     """The named pass list of an optimisation level. A ``("cleanup", [...])`` entry is a group
-    run to a fixed point. Raises ValueError for an unknown level or rule name."""
+    run to a fixed point. ``disabled_rules`` names rules, or passes of ``SWITCHABLE_PASSES``
+    ("fuse_ops"), to leave out. Raises ValueError for an unknown level or rule name."""
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
     disabled = set(disabled_rules)
-    unknown = disabled - set(all_rules())
+    unknown = disabled - set(all_rules()) - set(SWITCHABLE_PASSES)
     if unknown:
         raise ValueError(f"disabled_rules names unknown rules {sorted(unknown)}; known: {sorted(all_rules())}")
     log = log if log is not None else []
@@ -117,7 +121,10 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
         fuse = sets["fuse"] + (sets["o3"] if opt_level >= 3 else [])
         passes += [("fuse", RewritePass("fuse", _select(fuse, opt_level, disabled), log)),
                    ("dce", eliminate_dead_nodes)]
-        # fuse_ops grouping (DESIGN.md "Grouping") joins here when it exists.
+        # DESIGN.md "Grouping": what the catalogue left becomes fused functions, one kernel each
+        if "fuse_ops" not in disabled:
+            from compiler.passes.fuse_ops import FuseOps
+            passes += [("fuse_ops", FuseOps())]
     return passes
 
 

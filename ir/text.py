@@ -21,6 +21,17 @@ most ``SMALL_CONST`` elements print values nested per shape, each the shortest t
 back to the same bits (NaN payloads and signs are not kept); larger ones print ``digest:`` and
 16 hex digits of the sha256 of their C-order bytes. ``#`` comments and blank lines are ignored.
 
+Graph-valued attributes (the ``body`` of a ``tensorfuse::FusedFunction`` made by fuse_ops) print
+as nested blocks after the node's line, each graph with a scope of its own::
+
+      %z: f32[4] = tensorfuse::FusedFunction(%x, %y) {anchor="", kind="BROADCAST"} @fused_0 {
+        body = graph fused_0(%x: f32[4], %y: f32[1]) {
+          %t: f32[4] = Add(%x, %y) @add_1
+          %z: f32[4] = Relu(%t) @relu_2
+          return %z
+        }
+      }
+
 Large constants read back from ``parse_graph``'s ``constants`` (name -> array; dtype, shape and
 digest must match the text). Without one, ``Value.data`` is a read-only array of zeros
 (``known`` stays None) that remembers its digest, so it prints back the same;
@@ -133,12 +144,26 @@ def node_text(n: Node) -> str:
     s = f"{op}({', '.join(_ref(v) for v in n.inputs)})"
     if n.outputs:
         s = f"{', '.join(_def(v) for v in n.outputs)} = {s}"
-    if n.attrs:
-        items = sorted(n.attrs.items())
+    items = sorted((k, v) for k, v in n.attrs.items() if not isinstance(v, Graph))
+    if items:
         s += " {" + ", ".join(f"{quote_name(k)}={attr_text(v)}" for k, v in items) + "}"
     if n.name:
         s += " @" + quote_name(n.name)
     return s
+
+
+def _node_lines(n: Node, indent: str) -> list[str]:
+    """A node's line; graph-valued attributes (a fused function's ``body``) follow as blocks
+    ``name = graph ... { ... }`` inside ``{`` ... ``}``, one indentation level deeper."""
+    subs = sorted((k, v) for k, v in n.attrs.items() if isinstance(v, Graph))
+    if not subs:
+        return [indent + node_text(n)]
+    lines = [indent + node_text(n) + " {"]
+    for k, sub in subs:
+        block = _graph_lines(sub, indent + "  ")
+        block[0] = f"{indent}  {quote_name(k)} = {block[0].lstrip()}"
+        lines += block
+    return lines + [indent + "}"]
 
 
 def _const_text(v: Value) -> str:
@@ -149,12 +174,17 @@ def _const_text(v: Value) -> str:
     return "digest:" + array_digest(v.data)
 
 
+def _graph_lines(g: Graph, indent: str = "") -> list[str]:
+    lines = [f"{indent}graph {quote_name(g.name)}({', '.join(_def(v) for v in g.inputs)}) {{"]
+    lines += [f"{indent}  const {_def(v)} = {_const_text(v)}" for v in g.constants.values()]
+    for n in g.nodes:
+        lines += _node_lines(n, indent + "  ")
+    lines += [(f"{indent}  return " + ", ".join(_ref(v) for v in g.outputs)).rstrip(), indent + "}"]
+    return lines
+
+
 def print_graph(g: Graph) -> str:
-    lines = [f"graph {quote_name(g.name)}({', '.join(_def(v) for v in g.inputs)}) {{"]
-    lines += [f"  const {_def(v)} = {_const_text(v)}" for v in g.constants.values()]
-    lines += ["  " + node_text(n) for n in g.nodes]
-    lines += [("  return " + ", ".join(_ref(v) for v in g.outputs)).rstrip(), "}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(_graph_lines(g)) + "\n"
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -299,6 +329,7 @@ class _Parser:
         self.constants = constants or {}
         self.env: dict[str, Value] = {}
         self.g: Graph | None = None
+        self.last: _Line | None = None
 
     def define(self, ln: _Line, name: str, t: TensorType, data=None) -> Value:
         if name in self.env:
@@ -338,7 +369,7 @@ class _Parser:
         ln.end()
         self.g.constants[name] = self.define(ln, name, t, data)
 
-    def node(self, ln: _Line) -> None:
+    def node(self, ln: _Line, lines=None) -> None:
         outs = ln.commas(lambda: ln.typed("an output name")) if ln.peek("%") else []
         if outs:
             ln.expect("=")
@@ -354,7 +385,14 @@ class _Parser:
                     ln.error(f"attribute {key} given twice")
                 attrs[key] = value
         node_name = ln.name("a node name") if ln.accept("@") else ""
-        ln.end()
+        if lines is not None and ln.accept("{"):
+            ln.end()
+            for key, sub in self.blocks(ln, lines):
+                if key in attrs:
+                    ln.error(f"attribute {key} given twice")
+                attrs[key] = sub
+        else:
+            ln.end()
         values = [self.define(ln, name, t) for name, t in outs]
         if node_name:
             self.g.reserve(node_name)
@@ -365,35 +403,66 @@ class _Parser:
         ln.end()
 
 
+    def blocks(self, opener: _Line, lines) -> list[tuple[str, Graph]]:
+        """Graph-valued attributes ``name = graph ... { ... }`` up to the node's closing ``}``."""
+        out = []
+        for ln in lines:
+            self.last = ln
+            if ln.accept("}"):
+                ln.end()
+                return out
+            key = ln.name("an attribute name")
+            ln.expect("=")
+            out.append((key, self.graph(ln, lines)))
+        self.last.error(f"missing closing '}}' of the node on line {opener.lineno}")
+
+    def graph(self, ln: _Line, lines) -> Graph:
+        """A ``graph NAME(...) {`` block from its header line to its ``}``; a nested graph has
+        a scope of its own (it reads no value of the graph around it)."""
+        outer_g, outer_env = self.g, self.env
+        self.env = {}
+        self.header(ln)
+        g, returned = self.g, False
+        for ln in lines:
+            self.last = ln
+            if ln.accept("}"):
+                if not returned:
+                    ln.error("missing 'return' before '}'")
+                ln.end()
+                break
+            if returned:
+                ln.error("expected '}' after 'return'")
+            if ln.match(_CONST):
+                self.const(ln)
+            elif ln.match(_RETURN):
+                self.ret(ln)
+                returned = True
+            else:
+                self.node(ln, lines)
+        else:
+            self.last.error("missing closing '}'")
+        self.g, self.env = outer_g, outer_env
+        return g
+
+
+def _lines(text: str):
+    """The lines that are not blank or comments, as cursors."""
+    for i, raw in enumerate(text.split("\n")):
+        ln = _Line(raw.rstrip("\r"), i + 1)
+        if not ln.at_end():
+            yield ln
+
+
 def parse_graph(text: str, constants: dict[str, np.ndarray] | None = None) -> Graph:
     """Read a graph from its text form (see the module docstring); ValueError names the line."""
     p = _Parser(constants)
-    state = "header"   # -> body -> after_return -> done
-    last = _Line("", 0)
-    for i, raw in enumerate(text.split("\n")):
-        ln = _Line(raw.rstrip("\r"), i + 1)
-        if ln.at_end():
-            continue
-        last = ln
-        if state == "header":
-            p.header(ln)
-            state = "body"
-        elif state == "done":
-            ln.error("text after the closing '}'")
-        elif ln.accept("}"):
-            if state != "after_return":
-                ln.error("missing 'return' before '}'")
-            ln.end()
-            state = "done"
-        elif state == "after_return":
-            ln.error("expected '}' after 'return'")
-        elif ln.match(_CONST):
-            p.const(ln)
-        elif ln.match(_RETURN):
-            p.ret(ln)
-            state = "after_return"
-        else:
-            p.node(ln)
-    if state != "done":
-        last.error("empty text, expected a graph" if p.g is None else "missing closing '}'")
-    return p.g
+    lines = _lines(text)
+    first = next(lines, None)
+    if first is None:
+        _Line("", 0).error("empty text, expected a graph")
+    p.last = first
+    g = p.graph(first, lines)
+    extra = next(lines, None)
+    if extra is not None:
+        extra.error("text after the closing '}'")
+    return g

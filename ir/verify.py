@@ -9,7 +9,8 @@ listing them; each line names the node (its name and op). It checks:
   is that node, inputs and constants have none; constants have data matching their type and
   are keyed by their own name;
 - every op is in the registry, and its type inference (``ir.registry.infer_types``) agrees
-  with the node's output types (dtype and shape).
+  with the node's output types (dtype and shape);
+- graph-valued attributes (a fused function's ``body``) pass these checks themselves.
 
 Inference of ops such as Reshape reads compile-time values (``Value.const_value()``). Where
 a graph lacks them (read from text, say), the verifier works them out like the Builder does
@@ -95,6 +96,11 @@ def verify_graph(g: Graph, *, check_types: bool = True) -> None:
                     other = "none" if o.producer is None else _desc(o.producer)
                     problems.append(f"{where}: output %{o.name} has another producer ({other})")
             _check_op(n, where, check_types and inputs_ok, problems, set_known)
+            for key, sub in sorted((k, a) for k, a in n.attrs.items() if isinstance(a, Graph)):
+                try:
+                    verify_graph(sub, check_types=check_types)
+                except VerifyError as e:
+                    problems += [f"{where}: attribute {key} (graph {sub.name}): {p}" for p in e.problems]
     finally:
         for v in set_known:
             v.known = None
@@ -171,6 +177,9 @@ def _attr_key(v):
         return ("tensor", str(v.dtype), v.shape, np.ascontiguousarray(v).tobytes())
     if isinstance(v, (list, tuple)):
         return ("list", tuple(_attr_key(x) for x in v))
+    if isinstance(v, Graph):    # a fused function's body: equal when it prints the same
+        from .text import print_graph
+        return ("graph", print_graph(v))
     return (type(v).__name__, v)
 
 

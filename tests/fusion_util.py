@@ -44,10 +44,13 @@ def ir_inputs(g: Graph, arrays: dict[str, np.ndarray]):
 
 
 # ----------------------------------------------------------------------------- rule tests
-def optimized(model, opt_level: int = 2, **kw) -> Graph:
-    """The model imported and run through the pipeline of ``opt_level`` (no code generation)."""
+def optimized(model, opt_level: int = 2, *, grouping: bool = False, **kw) -> Graph:
+    """The model imported and run through the pipeline of ``opt_level`` (no code generation).
+    The rule tests see what the catalogue made: fuse_ops grouping stays off unless ``grouping``."""
     from compiler.frontend.onnx import import_onnx
     from compiler.pipeline import optimize
+    if not grouping:
+        kw["disabled_rules"] = list(kw.get("disabled_rules", ())) + ["fuse_ops"]
     g = import_onnx(model)
     optimize(g, opt_level, **kw)
     return g

@@ -115,7 +115,7 @@ def test_rule_sets_by_level(monkeypatch):
     logs = {lvl: [a.rule for a in compiler.compile(m, opt_level=lvl, cache=False).rewrite_log] for lvl in (1, 2, 3)}
     assert logs == {1: [], 2: ["_MulByOneIsIdentity"], 3: ["_MulByOneIsIdentity", "_NumericsChanging"]}
     passes = [name for name, _ in build_passes(2)]
-    assert passes == ["cleanup", "fold_rules", "fold_constants", "dce", "fuse", "dce"]
+    assert passes == ["cleanup", "fold_rules", "fold_constants", "dce", "fuse", "dce", "fuse_ops"]
     assert build_passes(0) == []
 
 

@@ -1,0 +1,279 @@
+"""fuse_ops: group what remains after the fusion catalogue into fused functions, one kernel each
+(DESIGN.md "Grouping (fuse_ops)"; TVM's FuseOps in spirit).
+
+Grouping asks the registry only (``OpDef.kind``, ``OpDef.scalar``); it keeps no op names:
+
+- An **elementwise op** here is a one-output op of kind ELEMWISE or BROADCAST with a ``scalar``
+  function. Chains of them fuse into one group: one loop nest over the group's output shape,
+  each external input loaded with broadcasting.
+- An **anchor** is an op of kind OUT_ELEMWISE_FUSABLE (Conv, ConvTranspose, MatMul, Gemm, the
+  pools, FusedConv/FusedMatMul/FusedGemm ...): its lowering applies ``ctx.apply_epilogue``.
+  Elementwise ops after it join its epilogue when each keeps the anchor's output type (dtype
+  and shape), so the epilogue runs on the value the anchor is about to store. The anchor's own
+  value may have other consumers (or be a graph output): the epilogue then stores it too, in
+  the same kernel (TVM requires a single consumer instead; storing it costs no extra pass over
+  memory). An elementwise op next to both an anchored group and loop groups joins the anchor
+  (the anchor's output is the larger tensor).
+- Every other op (injective, reductions, opaque) stands alone.
+- A value used outside its group, or a graph output, is materialised: it becomes an output of
+  the group's fused function. Materialised values of a loop group all have the group's shape;
+  a loop group whose values are all consumed inside may widen to a larger broadcast shape (a
+  mask computed at [1,1,1,S] then added to [B,H,S,S] scores), its small values then recomputed
+  per element.
+- Groups never merge into a cycle (a path that leaves a group and comes back through other
+  groups): each merge is checked on the graph of groups.
+
+A group of two or more nodes becomes a ``tensorfuse::FusedFunction`` node (``ir/ops/fused.py``)
+whose ``body`` graph holds the group's nodes; a group of one stays a plain node. Its lowering
+is ``ir/fused_lowering.py``; its kernel call names the body's nodes, so profiles trace kernels
+back to the model. ``fuse_ops(graph, log)`` can also log each group like a rule application
+(``fuse_ops: members -> fused node``); the pipeline keeps its rule log for rules.
+"""
+from __future__ import annotations
+
+from ir.graph import Graph, Node, Value
+from ir.ops.fused import DOMAIN
+from ir.registry import OpPatternKind, find_op
+
+__all__ = ["fuse_ops", "FuseOps", "Group", "plan_groups"]
+
+
+class Group:
+    """A set of nodes that becomes one kernel: ``nodes`` in graph order, the ``anchor`` node
+    (or None for a loop group), ``shape`` (loop groups: the shape of their materialised
+    values; anchored groups: the anchor's output shape) and ``kind`` (the largest op pattern
+    kind of the members; OUT_ELEMWISE_FUSABLE with an anchor)."""
+
+    __slots__ = ("nodes", "anchor", "shape", "kind", "fusable")
+
+    def __init__(self, node: Node, kind: OpPatternKind, fusable: bool, anchor: Node | None = None):
+        self.nodes = [node]
+        self.anchor = anchor
+        self.shape = tuple(node.outputs[0].shape) if node.outputs else ()
+        self.kind = kind
+        self.fusable = fusable          # loop group of elementwise ops, or an anchored group
+
+    def __repr__(self) -> str:
+        return f"<Group {self.kind.name} anchor={self.anchor and self.anchor.name} {[n.name for n in self.nodes]}>"
+
+
+def _is_elementwise(n: Node, od) -> bool:
+    return (od is not None and od.kind <= OpPatternKind.BROADCAST and od.scalar is not None
+            and len(n.outputs) == 1 and any(v is not None for v in n.inputs))
+
+
+def _is_anchor(n: Node, od) -> bool:
+    return od is not None and od.kind == OpPatternKind.OUT_ELEMWISE_FUSABLE and od.lower is not None \
+        and len(n.outputs) >= 1
+
+
+class _Planner:
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.pos = {id(n): i for i, n in enumerate(graph.nodes)}
+        self.users = graph.users()
+        self.graph_outputs = {id(v) for v in graph.outputs}
+        self.group_of: dict[int, Group] = {}
+
+    # -- queries ------------------------------------------------------------------------------
+    def consumers(self, v: Value) -> list[Node]:
+        return self.users.get(v, [])
+
+    def closed(self, grp: Group, extra: Node) -> bool:
+        """Every value of ``grp`` is read only inside ``grp`` or by ``extra``, none a graph output."""
+        members = {id(m) for m in grp.nodes} | {id(extra)}
+        return all(id(o) not in self.graph_outputs and all(id(u) in members for u in self.consumers(o))
+                   for m in grp.nodes for o in m.outputs)
+
+    def makes_cycle(self, groups: list[Group], n: Node) -> bool:
+        """Whether merging ``groups`` and ``n`` would create a path that leaves the merged group
+        and comes back into it through other nodes or groups (the group graph must stay a DAG).
+        Only nodes before ``n`` can lie on such a path: they are grouped already."""
+        members = {id(m) for grp in groups for m in grp.nodes} | {id(n)}
+        limit = self.pos[id(n)]
+        seen: set[int] = {id(grp) for grp in groups}
+        stack = [u for grp in groups for m in grp.nodes for o in m.outputs for u in self.consumers(o)
+                 if id(u) not in members]
+        while stack:
+            x = stack.pop()
+            if self.pos[id(x)] >= limit:
+                continue
+            gx = self.group_of[id(x)]
+            if id(gx) in seen:
+                continue
+            seen.add(id(gx))
+            for m in gx.nodes:
+                for o in m.outputs:
+                    for u in self.consumers(o):
+                        if id(u) in members:
+                            return True
+                        stack.append(u)
+        return False
+
+    def can_join_anchor(self, grp: Group, n: Node) -> bool:
+        a = grp.anchor
+        out = a.outputs[0]
+        if n.outputs[0].type != out.type:
+            return False
+        # n may read the anchor's first output and epilogue values, not the anchor's other outputs
+        epilogue_values = {id(out)} | {id(m.outputs[0]) for m in grp.nodes[1:]}
+        for v in n.inputs:
+            if v is not None and v.producer is not None and self.group_of.get(id(v.producer)) is grp \
+                    and id(v) not in epilogue_values:
+                return False
+        return True
+
+    def can_join_loop(self, grp: Group, n: Node) -> bool:
+        return grp.shape == tuple(n.outputs[0].shape) or self.closed(grp, n)
+
+    # -- planning -----------------------------------------------------------------------------
+    def merge(self, groups: list[Group], n: Node) -> None:
+        target = groups[0]
+        for grp in groups[1:]:
+            target.nodes += grp.nodes
+            target.kind = max(target.kind, grp.kind)
+        target.nodes.append(n)
+        if len(groups) > 1:
+            target.nodes.sort(key=lambda m: self.pos[id(m)])
+        od = find_op(n.op, n.domain)
+        if target.anchor is None:
+            target.kind = max(target.kind, od.kind)
+            target.shape = tuple(n.outputs[0].shape)
+        for m in target.nodes:
+            self.group_of[id(m)] = target
+
+    def plan(self) -> list[Group]:
+        order: list[Group] = []
+        for n in self.g.nodes:
+            od = find_op(n.op, n.domain)
+            if _is_anchor(n, od):
+                grp = Group(n, OpPatternKind.OUT_ELEMWISE_FUSABLE, True, anchor=n)
+            elif _is_elementwise(n, od):
+                if self.join(n):
+                    continue
+                grp = Group(n, od.kind, True)
+            else:
+                grp = Group(n, od.kind if od is not None else OpPatternKind.OPAQUE, False)
+            self.group_of[id(n)] = grp
+            order.append(grp)
+        seen: set[int] = set()
+        out = []
+        for grp in order:     # merged groups live on in their first member's Group object
+            grp = self.group_of[id(grp.nodes[0])]
+            if id(grp) not in seen:
+                seen.add(id(grp))
+                out.append(grp)
+        return out
+
+    def join(self, n: Node) -> bool:
+        """Put elementwise node ``n`` into a producer's group; False when none can take it."""
+        cands: list[Group] = []
+        for v in n.inputs:
+            p = v.producer if v is not None else None
+            grp = self.group_of.get(id(p)) if p is not None else None
+            if grp is not None and grp.fusable and all(grp is not c for c in cands):
+                cands.append(grp)
+        cands.sort(key=lambda grp: -max(self.pos[id(m)] for m in grp.nodes))    # latest first
+        for grp in cands:
+            if grp.anchor is not None and self.can_join_anchor(grp, n) and not self.makes_cycle([grp], n):
+                self.merge([grp], n)
+                return True
+        loops = [grp for grp in cands if grp.anchor is None and self.can_join_loop(grp, n)]
+        choices = ([loops] if len(loops) > 1 else []) + [[grp] for grp in loops]
+        for choice in choices:
+            if not self.makes_cycle(choice, n):
+                self.merge(choice, n)
+                return True
+        return False
+
+
+def plan_groups(graph: Graph) -> list[Group]:
+    """The groups of ``graph`` in graph order of their first node (every node in exactly one;
+    see the module docstring for the rules). Does not change the graph."""
+    return _Planner(graph).plan()
+
+
+def _materialised(grp: Group, users, graph_outputs: set[int]) -> list[Value]:
+    members = {id(m) for m in grp.nodes}
+    out = []
+    for m in grp.nodes:
+        for k, o in enumerate(m.outputs):
+            extra = m is grp.anchor and k > 0           # an anchor's other outputs (MaxPool's Indices)
+            last = m is grp.nodes[-1] and grp.anchor is not None
+            if extra or last or id(o) in graph_outputs or any(id(u) not in members for u in users.get(o, ())):
+                out.append(o)
+    return out
+
+
+def _fused_node(graph: Graph, grp: Group, outputs: list[Value]) -> Node:
+    """The FusedFunction node for ``grp``: the body copies the members with fresh Values."""
+    ops: list[str] = []
+    for m in grp.nodes:
+        if m.op.lower() not in ops:
+            ops.append(m.op.lower())
+    name = graph.fresh_name("fused_" + "_".join(ops[:4]) + ("_etc" if len(ops) > 4 else ""))
+    body = Graph(name)
+    vmap: dict[int, Value] = {}
+    ext: list[Value] = []
+
+    def body_value(v: Value) -> Value:
+        bv = vmap.get(id(v))
+        if bv is None:          # read before defined in the group: an external input
+            bv = vmap[id(v)] = Value(v.name, v.type)
+            body.inputs.append(bv)
+            body.reserve(v.name)
+            ext.append(v)
+        return bv
+
+    for m in grp.nodes:
+        ins = [None if v is None else body_value(v) for v in m.inputs]
+        outs = []
+        for o in m.outputs:
+            bo = vmap[id(o)] = Value(o.name, o.type)
+            body.reserve(o.name)
+            outs.append(bo)
+        body.reserve(m.name)
+        body.nodes.append(Node(m.op, ins, outs, dict(m.attrs), m.name, m.domain))
+    body.outputs = [vmap[id(o)] for o in outputs]
+    attrs = {"body": body, "kind": grp.kind.name, "anchor": grp.anchor.name if grp.anchor is not None else ""}
+    return Node("FusedFunction", ext, outputs, attrs, name, DOMAIN)
+
+
+def fuse_ops(graph: Graph, log: list | None = None) -> bool:
+    """Replace each group of two or more nodes by a ``tensorfuse::FusedFunction`` node (see the
+    module docstring). Appends one ``compiler.rewrite.Application`` per fused function to
+    ``log`` when given. Returns whether the graph changed."""
+    groups = [grp for grp in plan_groups(graph) if len(grp.nodes) > 1]
+    if not groups:
+        return False
+    from compiler.rewrite import Application
+    users = graph.users()
+    graph_outputs = {id(v) for v in graph.outputs}
+    place: dict[int, Node | None] = {}
+    for grp in groups:
+        if grp.anchor is not None and not grp.anchor.name:
+            grp.anchor.name = graph.fresh_node_name(grp.anchor.op)
+        fused = _fused_node(graph, grp, _materialised(grp, users, graph_outputs))
+        for m in grp.nodes:
+            place[id(m)] = None
+        place[id(grp.nodes[-1])] = fused
+        if log is not None:
+            log.append(Application("fuse_ops", [m.name for m in grp.nodes], [fused.name]))
+    graph.nodes = [place.get(id(n), n) for n in graph.nodes if place.get(id(n), n) is not None]
+    defined = {id(v) for v in graph.inputs} | {id(v) for v in graph.constants.values()}
+    for n in graph.nodes:
+        if any(v is not None and id(v) not in defined for v in n.inputs):
+            graph.toposort()    # a group's early value read by a node placed before the group
+            break
+        defined.update(id(o) for o in n.outputs)
+    return True
+
+
+class FuseOps:
+    """fuse_ops as a pipeline pass: ``FuseOps(log)(graph) -> changed``."""
+
+    def __init__(self, log: list | None = None):
+        self.log = log
+
+    def __call__(self, graph: Graph) -> bool:
+        return fuse_ops(graph, self.log)

@@ -1,0 +1,240 @@
+"""Lowering of ``tensorfuse::FusedFunction`` nodes (the groups ``fuse_ops`` makes) to one kernel.
+
+A group's body nodes after the anchor (or all of them, without an anchor) are elementwise or
+broadcast ops with a ``scalar`` function in the registry; they are composed into one kernel-IR
+expression per output element:
+
+- **Anchored group** (``anchor`` names a body node, e.g. Conv, MatMul, a pool, FusedConv): the
+  anchor's own ``lower`` builds the kernel, with a :class:`LowerCtx` whose ``apply_epilogue``
+  runs the composed body on each output element before the anchor's single store. The anchor
+  writes straight into the group's main output (the last body node's value); other values the
+  group materialises (the anchor's own value included) are stored by the epilogue at the same
+  index. External epilogue inputs (a
+  residual, a bias) are kernel parameters (``ctx.epilogue_inputs``) loaded with numpy
+  broadcasting against the output index. An anchor that sets its own epilogue (FusedConv's
+  bias/activation) keeps it: the group's runs after it.
+- **Loop group** (no anchor): one loop nest over the outputs' common shape; flat (and
+  vectorisable) when every value has that shape or one element, else a grid with broadcasting
+  loads. Each output is stored at its element.
+
+Each body node's scalar is evaluated once per element: a value read more than once (or read
+and stored) is kept in a one-element local buffer, which LLVM turns into a register; kernel-IR
+expressions are trees, so sharing one would evaluate it again at each use. One-element
+constant inputs are inlined as immediates.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ir.graph import Node, Value
+from ir.kernel import Buffer, Const, Expr, KernelBuilder, Load, as_expr
+from ir.lowering import LowerCtx
+from ir.registry import ShapeError, get_op
+from ir.types import DType
+
+#: dtypes of one-element constant inputs that are inlined as immediates
+_INLINE_DTYPES = (DType.f32, DType.f64, DType.i32, DType.i64)
+
+
+class _Group:
+    """What the lowering needs of a FusedFunction node's body."""
+
+    def __init__(self, ctx: LowerCtx):
+        node = ctx.node
+        body = node.attrs["body"]
+        self.body = body
+        self.buf: dict[int, Buffer] = {}          # body input -> the node's input Buffer
+        self.outer: dict[int, Value] = {}         # body input -> the node's input Value
+        self.imm: dict[int, Expr] = {}            # body input -> inlined constant
+        for bv, v, b in zip(body.inputs, node.inputs, ctx.inputs):
+            self.buf[id(bv)], self.outer[id(bv)] = b, v
+            data = v.const_value()
+            if data is not None and data.size == 1 and bv.dtype in _INLINE_DTYPES:
+                x = np.asarray(data).reshape(()).item()
+                if not isinstance(x, float) or math.isfinite(x):
+                    self.imm[id(bv)] = as_expr(x, bv.dtype)
+        self.out: dict[int, Buffer] = {id(bv): b for bv, b in zip(body.outputs, ctx.outputs)}
+        # uses per body value: input slots of body nodes, plus one per store of it as an output
+        self.uses: dict[int, int] = {}
+        for n in body.nodes:
+            for v in n.inputs:
+                if v is not None:
+                    self.uses[id(v)] = self.uses.get(id(v), 0) + 1
+        for v in body.outputs:
+            self.uses[id(v)] = self.uses.get(id(v), 0) + 1
+        self._tmp: dict[tuple[int, int], Buffer] = {}
+
+    def compose(self, kb: KernelBuilder, nodes: list[Node], env: dict[int, Expr], load,
+                store, skip_store: Value | None = None) -> None:
+        """Evaluate ``nodes`` (elementwise, in order) into ``env`` (body value id -> Expr).
+
+        ``load(bv)`` gives the Expr of body input ``bv``; ``store(buf, expr)`` stores an output
+        at the current element (every output in ``self.out`` but ``skip_store``)."""
+        for n in nodes:
+            od = get_op(n.op, n.domain)
+            if od.scalar is None or len(n.outputs) != 1:
+                raise ShapeError(f"body node {n.name} ({n.qualified_op}) has no per-element scalar "
+                                 f"function; it cannot be fused into a loop or an epilogue")
+            args = []
+            for v in n.inputs:
+                if v is None:
+                    continue
+                if id(v) in env:
+                    args.append(env[id(v)])
+                elif id(v) in self.imm:
+                    args.append(self.imm[id(v)])
+                elif id(v) in self.buf:
+                    args.append(load(v))
+                else:
+                    raise ShapeError(f"body node {n.name} reads %{v.name}, which is neither a body "
+                                     f"input nor computed before it in the epilogue")
+            v = n.outputs[0]
+            e = as_expr(od.scalar(n, *args), v.dtype)
+            if e.dtype != v.dtype:
+                raise ShapeError(f"body node {n.name}: scalar gives {e.dtype}, the value is {v.dtype}")
+            env[id(v)] = e = self.shared(kb, v, e)
+            if id(v) in self.out and v is not skip_store:
+                store(self.out[id(v)], e)
+
+    def shared(self, kb: KernelBuilder, v: Value, e: Expr) -> Expr:
+        """``e`` itself, or a read of a local it was stored into when ``v`` is used again."""
+        if self.uses.get(id(v), 0) < 2 or isinstance(e, (Load, Const)):
+            return e
+        key = (id(kb), id(v))
+        tmp = self._tmp.get(key)
+        if tmp is None:
+            tmp = self._tmp[key] = kb.local(v.dtype, (1,), hint="v")
+        kb.store(tmp, 0, e)
+        return tmp[0]
+
+
+def lower_fused_function(ctx: LowerCtx) -> None:
+    """Lower a ``tensorfuse::FusedFunction`` node (see the module docstring).
+
+    Raises ShapeError when the body cannot be lowered this way: a non-anchor node without a
+    scalar function, outputs of different shapes in a loop group, an epilogue value whose type
+    differs from the anchor's output, or an anchor whose kernel never applies the epilogue."""
+    g = _Group(ctx)
+    anchor_name = ctx.node.attr("anchor", "")
+    if anchor_name:
+        _lower_anchored(ctx, g, anchor_name)
+    else:
+        _lower_loop(ctx, g)
+
+
+# ----------------------------------------------------------------------------- loop groups
+def _lower_loop(ctx: LowerCtx, g: _Group) -> None:
+    shapes = {tuple(v.shape) for v in g.body.outputs}
+    if len(shapes) != 1:
+        raise ShapeError(f"a fused loop needs outputs of one shape, got {sorted(map(list, shapes))}")
+    (shape,) = shapes
+    numel = math.prod(shape)
+    values = [v for v in g.body.inputs if id(v) not in g.imm] + [o for n in g.body.nodes for o in n.outputs]
+    flat = all(tuple(v.shape) == shape or v.type.numel == 1 for v in values)
+    kb = ctx.kernel()
+    if flat:
+        with kb.loop(numel, kind="vectorize") as i:
+            g.compose(kb, g.body.nodes, {},
+                      lambda bv: g.buf[id(bv)].flat(i if tuple(bv.shape) == shape else 0),
+                      lambda buf, e: kb.store(buf, i, e))
+    else:
+        with kb.grid(shape) as idx:
+            g.compose(kb, g.body.nodes, {}, lambda bv: g.buf[id(bv)].bcast(idx),
+                      lambda buf, e: kb.store(buf, idx, e))
+    # one output written at the element its same-shape inputs are read: may run in place
+    ctx.elementwise_inplace = len(ctx.outputs) == 1
+
+
+# ----------------------------------------------------------------------------- anchored groups
+class _AnchorCtx(LowerCtx):
+    """The anchor's lowering context: the group's epilogue runs after the anchor's own (if it
+    sets one), and may store materialised values through the kernel being built."""
+
+    def __init__(self, node, inputs, outputs, name, group_epilogue):
+        self._own = None
+        super().__init__(node, inputs, outputs, name)
+        self._group_epilogue = group_epilogue
+        self.current: KernelBuilder | None = None
+        self.applied = 0
+
+    @property
+    def epilogue(self):
+        return self._own
+
+    @epilogue.setter
+    def epilogue(self, fn):
+        self._own = fn
+
+    def apply_epilogue(self, value, out_idx):
+        self.applied += 1
+        idx = list(out_idx)
+        if self._own is not None:
+            value = self._own(value, idx)
+        return self._group_epilogue(self.current, value, idx)
+
+    def kernel(self, suffix: str = "", params: list[Buffer] | None = None) -> KernelBuilder:
+        kb = super().kernel(suffix, params)
+        self.current = kb
+        return kb
+
+
+def _lower_anchored(ctx: LowerCtx, g: _Group, anchor_name: str) -> None:
+    nodes = g.body.nodes
+    k = next(i for i, n in enumerate(nodes) if n.name == anchor_name)
+    anchor, epi = nodes[k], nodes[k + 1:]
+    if k != 0:
+        raise ShapeError(f"the anchor {anchor_name} must be the body's first node (no prologue fusion)")
+    if not epi:
+        raise ShapeError(f"the anchor {anchor_name} has no epilogue nodes")
+    a_out = anchor.outputs[0]
+    main = epi[-1].outputs[0]
+    if id(main) not in g.out:
+        raise ShapeError(f"the last body node's value %{main.name} must be a body output")
+    for n in epi:
+        if n.outputs[0].type != a_out.type:
+            raise ShapeError(f"epilogue node {n.name} gives {n.outputs[0].type}, the anchor {anchor_name} "
+                             f"gives {a_out.type}; an epilogue keeps the anchor's type")
+    # the anchor as a node of the outer graph: its inputs are the FusedFunction node's (so
+    # ctx.const works), its outputs fresh Values (the real producers stay intact)
+    proxy = Node(anchor.op, [None if v is None else g.outer[id(v)] for v in anchor.inputs],
+                 [Value(o.name, o.type) for o in anchor.outputs], dict(anchor.attrs), anchor.name,
+                 anchor.domain)
+    ins = [None if v is None else g.buf[id(v)] for v in anchor.inputs]
+    outs = [g.out[id(main)]]
+    for o in anchor.outputs[1:]:
+        if id(o) not in g.out:
+            raise ShapeError(f"the anchor's output %{o.name} must be a body output")
+        outs.append(g.out[id(o)])
+    anchor_vals = {id(v) for v in anchor.inputs if v is not None}
+    extra: list[Buffer] = []
+    for n in epi:
+        for v in n.inputs:
+            if v is not None and id(v) in g.buf and id(v) not in g.imm and id(v) not in anchor_vals:
+                extra.append(g.buf[id(v)])
+    side = [g.out[id(v)] for v in [a_out] + [n.outputs[0] for n in epi] if id(v) in g.out and v is not main]
+    for b in extra + side:
+        if all(b is not e for e in ctx.epilogue_inputs):
+            ctx.epilogue_inputs.append(b)
+
+    def group_epilogue(kb, value, idx):
+        if kb is None:
+            raise ShapeError(f"the anchor {anchor_name} applied its epilogue outside a kernel")
+        env = {id(a_out): g.shared(kb, a_out, value)}
+        if id(a_out) in g.out:          # the anchor's value is read outside the group too
+            kb.store(g.out[id(a_out)], idx, env[id(a_out)])
+        g.compose(kb, epi, env, lambda bv: g.buf[id(bv)].bcast(idx),
+                  lambda buf, e: kb.store(buf, idx, e), skip_store=main)
+        return env[id(main)]
+
+    sub = _AnchorCtx(proxy, ins, outs, ctx.name, group_epilogue)
+    sub.epilogue_inputs = list(ctx.epilogue_inputs)
+    od = get_op(anchor.op, anchor.domain)
+    if od.lower is None:
+        raise ShapeError(f"the anchor {anchor.qualified_op} has no lowering")
+    od.lower(sub)
+    if sub.applied == 0:
+        raise ShapeError(f"{anchor.qualified_op} is marked OUT_ELEMWISE_FUSABLE but its lowering never "
+                         f"calls ctx.apply_epilogue; it cannot anchor a fused group")
+    ctx.kernels.extend(sub.kernels)
