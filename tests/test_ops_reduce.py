@@ -40,7 +40,9 @@ def _x(op, shape, dtype=np.float32):
 @pytest.mark.parametrize("shape,axes,keepdims", CASES)
 def test_reduce_newest_form(op, shape, axes, keepdims):
     x = _x(op, shape)
-    assert_matches_ort(_model(op, x, axes, keepdims, 18), {"x": x}, rtol=RT, atol=AT)
+    # one case per op also at O2 (a single-node graph compiles to the same kernel)
+    levels = (0, 2) if (shape, axes) == ((2, 3, 4), [0, 2]) else (0,)
+    assert_matches_ort(_model(op, x, axes, keepdims, 18), {"x": x}, rtol=RT, atol=AT, opt_levels=levels)
 
 
 @pytest.mark.parametrize("op", REDUCES)
