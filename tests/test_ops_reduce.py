@@ -274,3 +274,10 @@ def test_topk_k_too_large():
     x = g.add_input("x", TensorType(DType.f32, (2, 3)))
     with pytest.raises(ShapeError, match="outside"):
         Builder(g).op("TopK", x, g.add_const(np.array([4], np.int64)), num_outputs=2)
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+def test_reduce_max_min_bool_opset20(op):
+    x = rand(3, 4, dtype=np.bool_)
+    m = node_model(op, {"x": x}, {"keepdims": 0}, opset=20, initializers={"axes": np.array([1], np.int64)})
+    assert_matches_ort(m, {"x": x}, rtol=0, atol=0, opt_levels=(0,))
