@@ -1,11 +1,12 @@
 """MaxPool, AveragePool, LpPool, the global pools and MaxUnpool against onnxruntime (ONNX spec,
 one section per op): every attribute at small sizes, N-D, older opsets, references, errors."""
 import numpy as np
+import onnx
 import pytest
 
 import compiler
 from ir.registry import ShapeError, get_op
-from tests.oracle import node_model, ort_run, rand
+from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 from tests.test_ops_conv import _check, _ref
 
 RT, AT = 1e-4, 1e-5
@@ -224,3 +225,42 @@ def test_pool_dtype_errors():
         _ref("AveragePool", [_x(1, 2, 5, 5).astype(np.int8)], kernel_shape=[2, 2])
     with pytest.raises(ShapeError, match="dtype"):
         _ref("MaxPool", [_x(1, 2, 5, 5).astype(np.int32)], kernel_shape=[2, 2])
+
+
+# ----------------------------------------------------------------------------- MaxUnpool
+def _pooled(shape, attrs, seed=0):
+    x = _x(*shape, seed=seed)
+    y, i = ort_run(node_model("MaxPool", {"x": x}, attrs, outputs=("y", "i")), {"x": x})
+    return y, i
+
+
+@pytest.mark.parametrize("shape,attrs", [
+    ((1, 2, 4, 4), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ((2, 3, 7, 6), {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 1, 0]}),
+    ((1, 2, 9), {"kernel_shape": [3], "strides": [3]}),
+    ((1, 2, 4, 6, 4), {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}),
+])
+def test_maxunpool(shape, attrs):
+    y, i = _pooled(shape, attrs)
+    _check("MaxUnpool", [y, i], attrs)
+
+
+def test_maxunpool_output_shape():
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    y, i = _pooled((1, 2, 5, 5), attrs)
+    shape = np.array([1, 2, 5, 5], np.int64)
+    m = node_model("MaxUnpool", {"p": y, "i": i}, attrs, initializers={"s": shape})
+    m.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 5, 5]))
+    assert_matches_ort(m, {"p": y, "i": i}, rtol=RT, atol=AT)
+
+
+def test_maxunpool_reference_and_errors():
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    y, i = _pooled((1, 2, 4, 4), attrs)
+    (got,), _ = _ref("MaxUnpool", [y, i], **attrs)
+    exp = ort_run(node_model("MaxUnpool", {"p": y, "i": i}, attrs), {"p": y, "i": i})[0]
+    np.testing.assert_array_equal(got, exp)
+    with pytest.raises(ShapeError, match="I must be i64"):
+        _ref("MaxUnpool", [y, i.astype(np.int32)], **attrs)
+    with pytest.raises(ShapeError, match="kernel_shape"):
+        _ref("MaxUnpool", [y, i])

@@ -407,3 +407,72 @@ class GlobalLpPool:
         emit_global_pool(ctx, ctx.inputs[0], ctx.outputs[0], "lp", _lp_p(ctx.node))
 
     flops = _global_flops
+
+
+# ----------------------------------------------------------------------------- MaxUnpool
+def _unpool_shape(node) -> tuple[int, ...]:
+    x, i = node.inputs[0], node.inputs[1]
+    if x.type.rank < 3:
+        raise ShapeError(f"X must be [N, C, D1, ...] with at least one spatial dim, got {list(x.shape)}")
+    if i.dtype != DType.i64 or tuple(i.shape) != tuple(x.shape):
+        raise ShapeError(f"I must be i64 with X's shape {list(x.shape)}, got {i.dtype}{list(i.shape)}")
+    nsp = x.type.rank - 2
+    ks = node.attr("kernel_shape")
+    if ks is None or len(ks) != nsp:
+        raise ShapeError(f"kernel_shape must have {nsp} values (one per spatial dim), got {ks}")
+    from ir.ops.conv import conv_pads, ints_attr
+    strides = ints_attr(node, "strides", nsp, 1)
+    pads = conv_pads(node, nsp)
+    natural = [(x.shape[2 + d] - 1) * strides[d] + int(ks[d]) - pads[d] - pads[nsp + d] for d in range(nsp)]
+    out = const_input(node, 2, "output_shape")
+    if out is None:
+        shape = tuple(x.shape[:2]) + tuple(natural)
+    else:
+        shape = tuple(int(v) for v in np.asarray(out).reshape(-1))
+        if len(shape) != x.type.rank:
+            raise ShapeError(f"output_shape {list(shape)} must have rank {x.type.rank}")
+        if shape[:2] != tuple(x.shape[:2]) or any(o < n for o, n in zip(shape[2:], natural)):
+            raise ShapeError(f"output_shape {list(shape)} must keep N, C {list(x.shape[:2])} and be at least "
+                             f"the unpooled size {natural}")
+    if any(d <= 0 for d in shape):
+        raise ShapeError(f"output shape {list(shape)} is empty")
+    return shape
+
+
+@op("MaxUnpool", OpPatternKind.OPAQUE, const_inputs=(2,))
+class MaxUnpool:
+    """Partial inverse of MaxPool: zeros, then Y.flat[I[j]] = X.flat[j] (I as MaxPool's Indices:
+    flat indices into Y). ONNX spec: MaxUnpool-22.
+
+    Inputs: X [N, C, D1..Dn] (float), I (i64, X's shape), optional output_shape (i64 [rank],
+    known at compile time). Attributes kernel_shape (required), strides, pads. Output Y: X's
+    dtype, shape output_shape or (D-1)*stride + kernel - pads per spatial dim. Indices outside Y
+    are skipped. Raises ShapeError for shape mismatches or a run-time output_shape.
+    """
+
+    def infer(node):
+        x = node.inputs[0]
+        _check_dtype(x, FLOAT_TYPES, "MaxUnpool")
+        return [TensorType(x.dtype, _unpool_shape(node))]
+
+    def reference(node, ins):
+        x, i = ins[0], ins[1]
+        y = np.zeros(_unpool_shape(node), x.dtype)
+        flat = i.reshape(-1)
+        ok = (flat >= 0) & (flat < y.size)
+        y.reshape(-1)[flat[ok]] = x.reshape(-1)[ok]
+        return [y]
+
+    def lower(ctx):
+        x, i = ctx.inputs[0], ctx.inputs[1]
+        y = ctx.outputs[0]
+        kb = ctx.kernel()
+        with kb.loop(y.numel, kind="vectorize", hint="z") as z:
+            kb.store(y, z, as_expr(0, y.dtype))
+        with kb.loop(x.numel, hint="j") as j:
+            t = i.flat(j)
+            with kb.if_((t >= 0) & (t < y.numel)):
+                kb.store(y, t, x.flat(j))
+
+    def flops(node):
+        return 0.0
