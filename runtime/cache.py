@@ -206,6 +206,8 @@ def store(parts: dict, module, d: pathlib.Path | None = None, external: dict | N
     """Write ``module`` under this key (``external``: {external data file: sha256}, checked on
     lookup); False (and one warning per place) when the place is unwritable."""
     from .artifact import ArtifactError
+    if not getattr(module, "_object_code", None):       # nothing a file could hold
+        return False
     d = d or cache_dir()
     digest = key_digest(parts)
     try:
