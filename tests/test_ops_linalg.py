@@ -7,7 +7,6 @@ from ir.graph import Graph
 from ir.registry import ShapeError, get_op, run_reference
 from ir.types import TensorType, DType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
-from compiler.errors import UnsupportedModelError
 
 RT, AT = 1e-4, 1e-5
 

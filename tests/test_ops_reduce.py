@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 
-from compiler.errors import UnsupportedModelError
 from ir.builder import Builder
 from ir.graph import Graph
 from ir.registry import ShapeError, get_op, run_reference

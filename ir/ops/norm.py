@@ -6,14 +6,13 @@ more accurate than E[x^2] - E[x]^2; f16 inputs are computed in f32.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
 
 from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
 from ir.lowering import LowerCtx
-from ir.ops._common import broadcast_shapes, norm_axis
+from ir.ops._common import norm_axis
 from ir.registry import OpPatternKind, ShapeError, op
 from ir.types import DType, TensorType
 

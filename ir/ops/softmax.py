@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 
-from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
+from ir.kernel import KernelBuilder, as_expr, maximum, minimum, select, unop
 from ir.lowering import LowerCtx
-from ir.ops._common import infer_same, norm_axis
+from ir.ops._common import norm_axis
 from ir.registry import OpPatternKind, ShapeError, op
 from ir.types import DType, TensorType
 
