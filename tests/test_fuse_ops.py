@@ -1,0 +1,460 @@
+"""fuse_ops (compiler/passes/fuse_ops.py): elementwise chains and anchor epilogues grouped into
+``tensorfuse::FusedFunction`` nodes, one kernel each (DESIGN.md "Grouping (fuse_ops)").
+
+Each case counts kernels before (O0, or O2 with fuse_ops switched off) and after, and compares
+every output with onnxruntime (optimisations off). The catalogue's own epilogue rules are
+switched off where a case wants fuse_ops to do the work.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import compiler
+from compiler.passes.fuse_ops import fuse_ops, plan_groups
+from fusion_util import graph_model
+from ir.graph import Graph, Node, Value
+from ir.registry import OpPatternKind, find_op, op
+from ir.text import parse_graph, print_graph
+from ir.types import DType, TensorType
+from ir.verify import VerifyError, graph_diff, verify_graph
+from oracle import ort_run, rand
+
+FUSED = "tensorfuse::FusedFunction"
+CONV_RULES = ["FuseConvAdd", "FuseConvActivation"]
+MATMUL_RULES = ["FuseMatMulBias", "FuseMatMulActivation", "FuseGemmActivation"]
+
+
+def N(op_type, ins, outs, **attrs):
+    return helper.make_node(op_type, ins, outs, **attrs)
+
+
+def check(m, feeds, *, kernels, before=None, disabled=(), rtol=1e-5, atol=1e-6):
+    """Compile at O2 (and before: O2 without fuse_ops), compare with onnxruntime; returns the
+    O2 module. ``kernels`` / ``before``: expected kernel counts."""
+    expected = ort_run(m, feeds)
+    mods = {}
+    for tag, dis in (("before", list(disabled) + ["fuse_ops"]), ("after", list(disabled))):
+        mod = compiler.compile(m, opt_level=2, disabled_rules=dis, cache=False)
+        got = mod.run(**feeds)
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert g.dtype == e.dtype and g.shape == e.shape, (tag, i, g.dtype, g.shape, e.dtype, e.shape)
+            np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"{tag} output {i}")
+        mods[tag] = mod
+    assert mods["after"].num_kernels == kernels, mods["after"].graph
+    if before is not None:
+        assert mods["before"].num_kernels == before, mods["before"].graph
+    return mods["after"]
+
+
+def fused_nodes(g: Graph) -> list[Node]:
+    return [n for n in g.nodes if n.qualified_op == FUSED]
+
+
+# ----------------------------------------------------------------------------- loop groups
+def test_add_mul_relu_chain_is_one_flat_kernel():
+    x, y = rand(2, 3, 4), rand(2, 3, 4, seed=1)
+    m = graph_model([N("Add", ["x", "y"], ["a"]), N("Mul", ["a", "x"], ["b"]), N("Relu", ["b"], ["z"])],
+                    {"x": x, "y": y}, ["z"])
+    mod = check(m, {"x": x, "y": y}, kernels=1, before=3)
+    (f,) = fused_nodes(mod.graph)
+    assert f.attr("kind") == "BROADCAST" and f.attr("anchor") == ""
+    assert [n.op for n in f.attrs["body"].nodes] == ["Add", "Mul", "Relu"]
+    text = str(mod.kernels[0])
+    assert "vectorize for" in text and text.count("] = ") == 1      # one flat loop, one store
+
+
+def test_broadcasting_chain_loads_each_input_with_broadcasting():
+    x, y, s = rand(2, 3, 4), rand(3, 1, seed=1), rand(4, seed=2)
+    m = graph_model([N("Sub", ["x", "y"], ["a"]), N("Div", ["a", "s"], ["b"]), N("Exp", ["b"], ["c"]),
+                     N("Neg", ["c"], ["z"])], {"x": x, "y": y, "s": s + 3}, ["z"])
+    mod = check(m, {"x": x, "y": y, "s": s + 3}, kernels=1, before=4)
+    assert "vectorize" not in str(mod.kernels[0])                   # a grid: y and s broadcast
+
+
+def test_value_used_outside_the_group_is_materialised():
+    x, y = rand(4, 4), rand(4, 4, seed=1)
+    # a is read by Transpose (not fusable) and is a graph output; b by the fused Relu only
+    m = graph_model([N("Add", ["x", "y"], ["a"]), N("Mul", ["a", "a"], ["b"]), N("Relu", ["b"], ["z"]),
+                     N("Transpose", ["a"], ["t"])], {"x": x, "y": y}, ["z", "t", "a"])
+    mod = check(m, {"x": x, "y": y}, kernels=2, before=4)
+    (f,) = fused_nodes(mod.graph)
+    assert sorted(o.name for o in f.outputs) == ["a", "z"]
+    assert [v.name for v in f.attrs["body"].outputs] == ["a", "z"]
+    # a multi-output loop may not run in place; a single-output one may
+    call = next(c for c in mod._lowered.calls if "Add_0" in c.nodes)
+    assert call.nodes == ["Add_0", "Mul_1", "Relu_2"] and call.inplace_ok == []
+
+
+def test_single_output_loop_may_run_in_place():
+    x = rand(4, 8)
+    m = graph_model([N("Exp", ["x"], ["a"]), N("Transpose", ["a"], ["t"]), N("Neg", ["t"], ["b"]),
+                     N("Sigmoid", ["b"], ["z"])], {"x": x}, ["z"])
+    mod = check(m, {"x": x}, kernels=3, before=4)
+    call = next(c for c in mod._lowered.calls if c.ops == ["Neg", "Sigmoid"])
+    assert call.inplace_ok == [(0, 1)]
+
+
+def test_loop_group_widens_to_a_larger_broadcast_shape_when_closed():
+    # a mask computed at [1,1,1,4], scaled, then added to [1,2,4,4] scores: one kernel
+    mask, s = (rand(1, 1, 1, 4, seed=3) > 0).astype(np.float32), rand(1, 2, 4, 4)
+    m = graph_model([N("Sub", ["one", "mask"], ["inv"]), N("Mul", ["inv", "big"], ["neg"]),
+                     N("Add", ["s", "neg"], ["z"])], {"mask": mask, "s": s}, ["z"],
+                    {"one": np.float32(1), "big": np.float32(-1e4)})
+    mod = check(m, {"mask": mask, "s": s}, kernels=1, before=3)
+    (f,) = fused_nodes(mod.graph)
+    assert f.outputs[0].shape == (1, 2, 4, 4)
+    assert "1.0" in str(mod.kernels[0]) and "-10000.0" in str(mod.kernels[0])   # scalars inlined
+
+
+def test_small_value_read_outside_is_not_widened():
+    mask, s = rand(1, 4, seed=3), rand(3, 4)
+    m = graph_model([N("Sub", ["one", "mask"], ["inv"]), N("Abs", ["inv"], ["a"]), N("Add", ["s", "a"], ["z"])],
+                    {"mask": mask, "s": s}, ["z", "a"], {"one": np.float32(1)})
+    mod = check(m, {"mask": mask, "s": s}, kernels=2, before=3)
+    shapes = sorted(o.shape for f in fused_nodes(mod.graph) for o in f.outputs)
+    assert shapes == [(1, 4)]          # Sub+Abs at [1,4] (a is an output); Add stands alone
+
+
+def test_groups_never_merge_into_a_cycle():
+    # c = Add(Exp(x), Neg(Transpose(Exp(x)))): Exp and Neg+Add cannot share a kernel (Transpose
+    # sits between them), so Neg and Add fuse and Exp is materialised
+    x = rand(3, 3)
+    m = graph_model([N("Exp", ["x"], ["a"]), N("Transpose", ["a"], ["t"]), N("Neg", ["t"], ["b"]),
+                     N("Add", ["a", "b"], ["z"])], {"x": x}, ["z"])
+    mod = check(m, {"x": x}, kernels=3, before=4)
+    (f,) = fused_nodes(mod.graph)
+    assert [n.op for n in f.attrs["body"].nodes] == ["Neg", "Add"]
+
+
+def test_direct_cycle_through_an_outside_node_is_refused():
+    x = rand(3, 3)
+    m = graph_model([N("Relu", ["x"], ["a"]), N("Transpose", ["a"], ["t"]), N("Add", ["a", "t"], ["z"])],
+                    {"x": x}, ["z"])
+    check(m, {"x": x}, kernels=3, before=3)
+
+
+def test_mixed_dtypes_comparisons_and_where_in_one_loop():
+    x, y = rand(2, 5), rand(2, 5, seed=1)
+    m = graph_model([N("Greater", ["x", "y"], ["g"]), N("Not", ["g"], ["ng"]), N("Cast", ["ng"], ["f"], to=1),
+                     N("Where", ["g", "x", "f"], ["w"]), N("Cast", ["w"], ["z"], to=7)],
+                    {"x": x, "y": y}, ["z", "g"])
+    mod = check(m, {"x": x, "y": y}, kernels=1, before=5)
+    assert [o.dtype for o in fused_nodes(mod.graph)[0].outputs] == [DType.bool, DType.i64]
+
+
+def test_float16_chain():
+    x, y = rand(3, 8, dtype=np.float16), rand(8, dtype=np.float16, seed=1)
+    m = graph_model([N("Mul", ["x", "y"], ["a"]), N("Tanh", ["a"], ["b"]), N("Add", ["b", "x"], ["z"])],
+                    {"x": x, "y": y}, ["z"])
+    check(m, {"x": x, "y": y}, kernels=1, before=3, rtol=2e-3, atol=2e-3)
+
+
+# ----------------------------------------------------------------------------- anchored groups
+def test_matmul_bias_relu_is_one_kernel_without_the_rules():
+    a, w, b = rand(5, 6), rand(6, 7, seed=1), rand(7, seed=2)
+    m = graph_model([N("MatMul", ["a", "w"], ["p"]), N("Add", ["p", "b"], ["q"]), N("Relu", ["q"], ["z"])],
+                    {"a": a}, ["z"], {"w": w, "b": b})
+    mod = check(m, {"a": a}, kernels=1, before=3, disabled=MATMUL_RULES)
+    (f,) = fused_nodes(mod.graph)
+    assert f.attr("kind") == "OUT_ELEMWISE_FUSABLE" and f.attrs["body"].node(f.attr("anchor")).op == "MatMul"
+
+
+def test_matmul_bias_along_a_non_last_axis_joins_the_epilogue():
+    # FuseMatMulBias refuses a [M,1] bias; fuse_ops loads it with broadcasting in the epilogue
+    a, w, b = rand(2, 5, 6), rand(6, 3, seed=1), rand(5, 1, seed=2)
+    m = graph_model([N("MatMul", ["a", "w"], ["p"]), N("Add", ["p", "b"], ["q"]), N("Sigmoid", ["q"], ["z"])],
+                    {"a": a, "b": b}, ["z"], {"w": w})
+    check(m, {"a": a, "b": b}, kernels=1, before=3)
+
+
+@pytest.mark.parametrize("extra_output", [False, True])
+def test_conv_residual_relu_is_one_kernel_without_the_rules(extra_output):
+    x, w, b = rand(1, 4, 6, 6), rand(4, 4, 3, 3, seed=1), rand(4, seed=2)
+    nodes = [N("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), N("Add", ["c", "x"], ["s"]),
+             N("Relu", ["s"], ["z"])]
+    outs = ["z"]
+    if extra_output:            # the sum is read again: the epilogue stores it as well
+        nodes.append(N("Sigmoid", ["s"], ["g"]))
+        outs = ["z", "g", "s"]
+    m = graph_model(nodes, {"x": x}, outs, {"w": w, "b": b})
+    mod = check(m, {"x": x}, kernels=1, before=len(nodes), disabled=CONV_RULES, rtol=1e-4, atol=1e-5)
+    (f,) = fused_nodes(mod.graph)
+    assert len(f.outputs) == len(outs)
+
+
+def test_anchor_output_read_elsewhere_is_stored_by_the_epilogue():
+    x, w = rand(1, 3, 5, 5), rand(2, 3, 3, 3, seed=1)
+    m = graph_model([N("Conv", ["x", "w"], ["c"]), N("Relu", ["c"], ["r"]), N("Transpose", ["c"], ["t"], perm=[0, 1, 3, 2])],
+                    {"x": x}, ["r", "t", "c"], {"w": w})
+    mod = check(m, {"x": x}, kernels=2, before=3, disabled=CONV_RULES, rtol=1e-4, atol=1e-5)
+    (f,) = fused_nodes(mod.graph)
+    assert sorted(o.name for o in f.outputs) == ["c", "r"]
+
+
+def test_siblings_of_an_anchor_share_its_epilogue():
+    x, w = rand(1, 3, 5, 5), rand(2, 3, 3, 3, seed=1)
+    m = graph_model([N("Conv", ["x", "w"], ["c"]), N("Relu", ["c"], ["r"]), N("Sigmoid", ["c"], ["s"])],
+                    {"x": x}, ["r", "s"], {"w": w})
+    check(m, {"x": x}, kernels=1, before=3, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_conv_anchor_keeps_its_own_epilogue():
+    # the rules make FusedConv(+Relu); the Mul after it joins as the group's epilogue
+    x, w, b = rand(1, 3, 6, 6), rand(4, 3, 3, 3, seed=1), rand(4, seed=2)
+    m = graph_model([N("Conv", ["x", "w", "b"], ["c"]), N("Relu", ["c"], ["r"]), N("Mul", ["r", "k"], ["z"])],
+                    {"x": x}, ["z"], {"w": w, "b": b, "k": rand(4, 1, 1, seed=3)})
+    mod = check(m, {"x": x}, kernels=1, before=2, rtol=1e-4, atol=1e-5)
+    (f,) = fused_nodes(mod.graph)
+    anchor = f.attrs["body"].node(f.attr("anchor"))
+    assert anchor.qualified_op == "tensorfuse::FusedConv" and anchor.attr("activation") == "Relu"
+
+
+def test_pool_anchors():
+    x = rand(1, 2, 6, 6)
+    m = graph_model([N("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2]), N("Relu", ["p"], ["r"]),
+                     N("GlobalAveragePool", ["x"], ["g"]), N("Neg", ["g"], ["n"]), N("Exp", ["n"], ["z"])],
+                    {"x": x}, ["r", "i", "z"])
+    mod = check(m, {"x": x}, kernels=2, before=5)
+    anchors = sorted(f.attrs["body"].node(f.attr("anchor")).op for f in fused_nodes(mod.graph))
+    assert anchors == ["GlobalAveragePool", "MaxPool"]
+
+
+def test_epilogue_keeps_the_anchor_type():
+    # a Cast after MatMul changes the dtype: it cannot run on the anchor's accumulator
+    a, w = rand(3, 4), rand(4, 5, seed=1)
+    m = graph_model([N("MatMul", ["a", "w"], ["p"]), N("Cast", ["p"], ["c"], to=11), N("Neg", ["c"], ["z"])],
+                    {"a": a}, ["z"], {"w": w})
+    mod = check(m, {"a": a}, kernels=2, before=3, disabled=MATMUL_RULES)
+    assert [n.op for n in fused_nodes(mod.graph)[0].attrs["body"].nodes] == ["Cast", "Neg"]
+
+
+def test_elementwise_op_prefers_the_anchor_over_a_loop_group():
+    a, w, y = rand(3, 4), rand(4, 5, seed=1), rand(3, 5, seed=2)
+    m = graph_model([N("MatMul", ["a", "w"], ["p"]), N("Exp", ["y"], ["e"]), N("Add", ["p", "e"], ["z"])],
+                    {"a": a, "y": y}, ["z"], {"w": w})
+    mod = check(m, {"a": a, "y": y}, kernels=2, before=3, disabled=MATMUL_RULES)
+    (f,) = fused_nodes(mod.graph)
+    assert [n.op for n in f.attrs["body"].nodes] == ["MatMul", "Add"]
+
+
+# ----------------------------------------------------------------------------- an anchor that ignores epilogues
+_TEST_DOMAIN = "test.fuse_ops"
+if find_op("NoEpilogue", _TEST_DOMAIN) is None:
+    @op("NoEpilogue", OpPatternKind.OUT_ELEMWISE_FUSABLE, domain=_TEST_DOMAIN, attrs={})
+    class _NoEpilogue:
+        """A copy whose lowering never applies ctx.apply_epilogue (a broken anchor)."""
+
+        def infer(node):
+            return [node.inputs[0].type]
+
+        def reference(node, ins):
+            return [ins[0].copy()]
+
+        def lower(ctx):
+            from ir.ops._common import lower_copy
+            lower_copy(ctx)
+
+
+def test_anchor_that_never_applies_the_epilogue_is_a_clear_error():
+    from compiler.errors import CompileError
+    from compiler.lower import lower_graph
+    g = parse_graph("""graph g(%x: f32[4]) {
+  %c: f32[4] = test.fuse_ops::NoEpilogue(%x) @copy
+  %z: f32[4] = Relu(%c) @relu
+  return %z
+}""")
+    assert fuse_ops(g)
+    with pytest.raises(CompileError, match="never calls ctx.apply_epilogue"):
+        lower_graph(g)
+
+
+# ----------------------------------------------------------------------------- the pass itself
+def test_plan_groups_covers_every_node_once_and_groups_of_one_stay_plain():
+    x = rand(2, 3)
+    m = graph_model([N("Relu", ["x"], ["a"]), N("Transpose", ["a"], ["t"]), N("Exp", ["t"], ["z"])],
+                    {"x": x}, ["z"])
+    from compiler.frontend.onnx import import_onnx
+    g = import_onnx(m)
+    groups = plan_groups(g)
+    assert sorted(n.name for grp in groups for n in grp.nodes) == sorted(n.name for n in g.nodes)
+    assert all(len(grp.nodes) == 1 for grp in groups)
+    assert not fuse_ops(g) and not fused_nodes(g)
+
+
+def test_disabled_rules_switches_fuse_ops_off():
+    x = rand(4)
+    m = graph_model([N("Relu", ["x"], ["a"]), N("Exp", ["a"], ["z"])], {"x": x}, ["z"])
+    assert compiler.compile(m, disabled_rules=["fuse_ops"], cache=False).num_kernels == 2
+    assert compiler.compile(m, cache=False).num_kernels == 1
+    with pytest.raises(ValueError, match="unknown rules"):
+        compiler.compile(m, disabled_rules=["fuse_opz"], cache=False)
+
+
+def test_fuse_ops_can_log_its_groups():
+    x = rand(4)
+    m = graph_model([N("Relu", ["x"], ["a"]), N("Exp", ["a"], ["z"])], {"x": x}, ["z"])
+    from compiler.frontend.onnx import import_onnx
+    g, log = import_onnx(m), []
+    assert fuse_ops(g, log)
+    assert [(a.rule, a.nodes, a.created) for a in log] == [("fuse_ops", ["Relu_0", "Exp_1"], [g.nodes[0].name])]
+
+
+# ----------------------------------------------------------------------------- text, verifier, export
+def _fused_graph(disabled=CONV_RULES) -> tuple[Graph, onnx.ModelProto, dict]:
+    x, w, b = rand(1, 2, 4, 4), rand(2, 2, 3, 3, seed=1), rand(2, seed=2)
+    m = graph_model([N("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), N("Add", ["c", "x"], ["s"]),
+                     N("Relu", ["s"], ["r"]), N("Transpose", ["s"], ["t"], perm=[0, 1, 3, 2]),
+                     N("Mul", ["t", "x"], ["u"]), N("Exp", ["u"], ["z"])],
+                    {"x": x}, ["r", "z"], {"w": w, "b": b})
+    mod = compiler.compile(m, disabled_rules=disabled, cache=False)
+    return mod.graph, m, {"x": x}
+
+
+def test_fused_graph_text_round_trips():
+    g, _, _ = _fused_graph()
+    assert len(fused_nodes(g)) == 2
+    text = print_graph(g)
+    assert "= tensorfuse::FusedFunction(" in text and "    body = graph fused_conv_add_relu(" in text
+    consts = {k: v.data for k, v in g.constants.items()}
+    g2 = parse_graph(text, consts)
+    assert print_graph(g2) == text and graph_diff(g, g2) == []
+    verify_graph(g2)
+    # the parsed graph lowers and runs like the original
+    from fusion_util import compile_graph
+    x = rand(1, 2, 4, 4)
+    for a, b in zip(compile_graph(g2).run(x=x), compile_graph(g).run(x=x)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_nested_block_syntax_errors_name_the_line():
+    good = """graph g(%x: f32[2]) {
+  %z: f32[2] = tensorfuse::FusedFunction(%x) {anchor="", kind="ELEMWISE"} @f {
+    body = graph f(%x: f32[2]) {
+      %a: f32[2] = Relu(%x) @r
+      %z: f32[2] = Exp(%a) @e
+      return %z
+    }
+  }
+  return %z
+}
+"""
+    g = parse_graph(good)
+    assert print_graph(g) == good
+    verify_graph(g)
+    with pytest.raises(ValueError, match="line 4, .*undefined value %y"):      # the body reads no outer value
+        parse_graph(good.replace("Relu(%x)", "Relu(%y)"))
+    with pytest.raises(ValueError, match="line 6, .*missing 'return'"):
+        parse_graph(good.replace("      return %z\n", ""))
+    with pytest.raises(ValueError, match="missing closing '}' of the node on line 2"):
+        parse_graph("\n".join(good.split("\n")[:7]) + "\n")
+
+
+def test_verifier_checks_fused_bodies():
+    g = parse_graph("""graph g(%x: f32[2]) {
+  %z: f32[2] = tensorfuse::FusedFunction(%x) {anchor="", kind="ELEMWISE"} @f {
+    body = graph f(%x: f32[3]) {
+      %z: f32[3] = Relu(%x) @r
+      return %z
+    }
+  }
+  return %z
+}""")
+    with pytest.raises(VerifyError, match="body input %x is f32\\[3\\]"):
+        verify_graph(g)
+    g = parse_graph("""graph g(%x: f32[2]) {
+  %z: f32[2] = tensorfuse::FusedFunction(%x) {anchor="nope", kind="ELEMWISE"} @f {
+    body = graph f(%x: f32[2]) {
+      %z: f32[2] = Relu(%x) @r
+      %w: f32[4] = Exp(%x) @e
+      return %z
+    }
+  }
+  return %z
+}""")
+    with pytest.raises(VerifyError) as e:
+        verify_graph(g)
+    msg = str(e.value)
+    assert "anchor 'nope' names no node" in msg and "attribute body (graph f): node e (Exp)" in msg
+
+
+def test_export_writes_local_functions_that_onnxruntime_runs(tmp_path):
+    g, m, feeds = _fused_graph()
+    out = compiler.export_onnx(g, tmp_path / "fused.onnx")
+    onnx.checker.check_model(str(tmp_path / "fused.onnx"), full_check=True)
+    calls = [n for n in out.graph.node if n.domain == "tensorfuse"]
+    assert len(calls) == 2 and {f.name for f in out.functions} == {n.op_type for n in calls}
+    attrs = {a.name: a.s.decode() for a in calls[0].attribute}
+    assert attrs["kind"] == "OUT_ELEMWISE_FUSABLE" and attrs["anchor"]
+    for a, b in zip(ort_run(onnx.load(str(tmp_path / "fused.onnx")), feeds), ort_run(m, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_export_of_a_body_with_fused_ops_is_valid(tmp_path):
+    g, _, _ = _fused_graph(disabled=())        # FusedConv inside a body: valid ONNX, custom domain
+    compiler.export_onnx(g, tmp_path / "f.onnx")
+    onnx.checker.check_model(str(tmp_path / "f.onnx"), full_check=True)
+
+
+def test_reference_evaluates_the_body():
+    from ir.registry import run_reference
+    g, _, feeds = _fused_graph()
+    f = fused_nodes(g)[0]
+    ins = [feeds["x"] if v.name == "x" else v.const_value() for v in f.inputs]
+    outs = run_reference(f, ins)
+    from fusion_util import compile_graph
+    got = compile_graph(g).run(**feeds)
+    np.testing.assert_allclose(outs[[o.name for o in f.outputs].index("r")], got[0], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the shared models
+def _entry(models_dir, file):
+    return next(e for e in json.loads((models_dir / "models.json").read_text())["models"] if e["file"] == file)
+
+
+def _feeds(entry):
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in entry["inputs"]:
+        if i["dtype"] == "int64":
+            lo, hi = i.get("range", [0, 2])
+            feeds[i["name"]] = rng.integers(lo, hi, size=i["shape"]).astype(np.int64)
+        else:
+            feeds[i["name"]] = rng.standard_normal(i["shape"]).astype(np.float32)
+    return feeds
+
+
+# kernels at O2 without / with fuse_ops; with the catalogue's epilogue rules off, fuse_ops alone
+# reaches the catalogue's count
+MODEL_CASES = {
+    "resnet18.unfolded.onnx": ((), 24, 24),
+    "mobilenet_v2.unfolded.onnx": ((), 55, 55),
+    "bert_mini.unfolded.onnx": ((), 77, 76),
+    "resnet18.unfolded.onnx/no-conv-rules": (CONV_RULES, 49, 24),
+    "mobilenet_v2.unfolded.onnx/no-conv-rules": (CONV_RULES, 100, 55),
+    "bert_mini.unfolded.onnx/no-matmul-rules": (MATMUL_RULES + ["GeluErf", "GeluTanh"], 122, 76),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(MODEL_CASES))
+def test_shared_models_match_onnxruntime_with_fewer_kernels(shared_models, case):
+    file = case.split("/")[0]
+    disabled, before, after = MODEL_CASES[case]
+    entry = _entry(shared_models, file)
+    feeds = _feeds(entry)
+    path = str(shared_models / file)
+    expected = ort_run(onnx.load(path), feeds)
+    counts = []
+    for extra in (["fuse_ops"], []):
+        mod = compiler.compile(path, opt_level=2, disabled_rules=list(disabled) + extra)
+        for o, g, e in zip(entry["outputs"], mod.run(**feeds), expected):
+            np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-4, err_msg=f"{case} {o['name']}")
+        counts.append(mod.num_kernels)
+        fuse_ms = [p.seconds for p in mod.pass_records if p.name == "fuse_ops"]
+        assert all(s < 1.0 for s in fuse_ms)
+    assert counts == [before, after]
