@@ -410,7 +410,8 @@ class GlobalLpPool:
 
 
 # ----------------------------------------------------------------------------- MaxUnpool
-def _unpool_shape(node) -> tuple[int, ...]:
+def _unpool_shapes(node) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the unpooled shape the attributes give, the output shape)."""
     x, i = node.inputs[0], node.inputs[1]
     if x.type.rank < 3:
         raise ShapeError(f"X must be [N, C, D1, ...] with at least one spatial dim, got {list(x.shape)}")
@@ -423,56 +424,70 @@ def _unpool_shape(node) -> tuple[int, ...]:
     from ir.ops.conv import conv_pads, ints_attr
     strides = ints_attr(node, "strides", nsp, 1)
     pads = conv_pads(node, nsp)
-    natural = [(x.shape[2 + d] - 1) * strides[d] + int(ks[d]) - pads[d] - pads[nsp + d] for d in range(nsp)]
+    natural = tuple(x.shape[:2]) + tuple((x.shape[2 + d] - 1) * strides[d] + int(ks[d]) - pads[d] - pads[nsp + d]
+                                         for d in range(nsp))
+    if any(d <= 0 for d in natural):
+        raise ShapeError(f"unpooled shape {list(natural)} is empty")
     out = const_input(node, 2, "output_shape")
     if out is None:
-        shape = tuple(x.shape[:2]) + tuple(natural)
-    else:
-        shape = tuple(int(v) for v in np.asarray(out).reshape(-1))
-        if len(shape) != x.type.rank:
-            raise ShapeError(f"output_shape {list(shape)} must have rank {x.type.rank}")
-        if shape[:2] != tuple(x.shape[:2]) or any(o < n for o, n in zip(shape[2:], natural)):
-            raise ShapeError(f"output_shape {list(shape)} must keep N, C {list(x.shape[:2])} and be at least "
-                             f"the unpooled size {natural}")
-    if any(d <= 0 for d in shape):
-        raise ShapeError(f"output shape {list(shape)} is empty")
-    return shape
+        return natural, natural
+    shape = tuple(int(v) for v in np.asarray(out).reshape(-1))
+    if len(shape) != x.type.rank:
+        raise ShapeError(f"output_shape {list(shape)} must have rank {x.type.rank}")
+    if shape[:2] != natural[:2] or any(o < n for o, n in zip(shape[2:], natural[2:])):
+        raise ShapeError(f"output_shape {list(shape)} must keep N, C {list(x.shape[:2])} and be at least "
+                         f"the unpooled size {list(natural[2:])}")
+    return natural, shape
 
 
 @op("MaxUnpool", OpPatternKind.OPAQUE, const_inputs=(2,))
 class MaxUnpool:
-    """Partial inverse of MaxPool: zeros, then Y.flat[I[j]] = X.flat[j] (I as MaxPool's Indices:
-    flat indices into Y). ONNX spec: MaxUnpool-22.
+    """Partial inverse of MaxPool. ONNX spec: MaxUnpool-22 (as onnx.reference and the ONNX node
+    tests define it).
 
     Inputs: X [N, C, D1..Dn] (float), I (i64, X's shape), optional output_shape (i64 [rank],
-    known at compile time). Attributes kernel_shape (required), strides, pads. Output Y: X's
-    dtype, shape output_shape or (D-1)*stride + kernel - pads per spatial dim. Indices outside Y
-    are skipped. Raises ShapeError for shape mismatches or a run-time output_shape.
+    known at compile time). Attributes kernel_shape (required), strides, pads. The unpooled
+    tensor U has shape [N, C, (D-1)*stride + kernel - pads ...]: zeros, then U.flat[I[j]] =
+    X.flat[j]. Y is U, or with output_shape given, U placed at the origin of a zero tensor of
+    that (not smaller) shape. onnxruntime instead scatters I straight into output_shape's
+    layout; both agree when output_shape equals U's shape. Indices outside U are skipped.
+    Raises ShapeError for shape mismatches or a run-time output_shape.
     """
 
     def infer(node):
         x = node.inputs[0]
         _check_dtype(x, FLOAT_TYPES, "MaxUnpool")
-        return [TensorType(x.dtype, _unpool_shape(node))]
+        return [TensorType(x.dtype, _unpool_shapes(node)[1])]
 
     def reference(node, ins):
         x, i = ins[0], ins[1]
-        y = np.zeros(_unpool_shape(node), x.dtype)
+        natural, shape = _unpool_shapes(node)
+        u = np.zeros(natural, x.dtype)
         flat = i.reshape(-1)
-        ok = (flat >= 0) & (flat < y.size)
-        y.reshape(-1)[flat[ok]] = x.reshape(-1)[ok]
+        ok = (flat >= 0) & (flat < u.size)
+        u.reshape(-1)[flat[ok]] = x.reshape(-1)[ok]
+        y = np.zeros(shape, x.dtype)
+        y[tuple(slice(0, d) for d in natural)] = u
         return [y]
 
     def lower(ctx):
         x, i = ctx.inputs[0], ctx.inputs[1]
         y = ctx.outputs[0]
+        natural, shape = _unpool_shapes(ctx.node)
         kb = ctx.kernel()
         with kb.loop(y.numel, kind="vectorize", hint="z") as z:
             kb.store(y, z, as_expr(0, y.dtype))
         with kb.loop(x.numel, hint="j") as j:
             t = i.flat(j)
-            with kb.if_((t >= 0) & (t < y.numel)):
-                kb.store(y, t, x.flat(j))
+            with kb.if_((t >= 0) & (t < math.prod(natural))):
+                if natural == shape:
+                    kb.store(y, t, x.flat(j))
+                else:   # coordinates in U, offset in Y
+                    coords, rest = [], t
+                    for d in reversed(natural):
+                        coords.append(rest % d)
+                        rest = rest / d
+                    kb.store(y, flat_offset(shape, list(reversed(coords))), x.flat(j))
 
     def flops(node):
         return 0.0
