@@ -90,9 +90,16 @@ def test_initializer_that_is_also_an_input_is_a_constant():
 
 def test_opset_out_of_range():
     m = _relu_model()
-    m.opset_import[0].version = 6
+    m.opset_import[0].version = 99
     with pytest.raises((compiler.UnsupportedModelError, compiler.ModelLoadError)):
         compiler.compile(m)
+
+
+def test_opset_6_is_upgraded_by_the_version_converter():
+    m = _relu_model()
+    m.opset_import[0].version = 6
+    x = rand(2, 3)
+    np.testing.assert_array_equal(compiler.compile(m).run(x)[0], np.maximum(x, 0))
 
 
 def test_constant_node_becomes_a_constant():
