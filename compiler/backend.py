@@ -83,10 +83,19 @@ class TensorfuseBackend(Backend):
         names = list(inputs) if isinstance(inputs, dict) else [n for n in node.input if n]
         vis = [onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
                for n, a in zip(names, arrays)]
-        outs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
         opset = kwargs.pop("opset_version", onnx.defs.onnx_opset_version())
+        outs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]
         graph = onnx.helper.make_graph([node], "run_node", vis, outs)
         model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+        # the checker wants typed outputs: take them from ONNX shape inference
+        inferred = onnx.shape_inference.infer_shapes(model)
+        types = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+        for o in model.graph.output:
+            vi = types.get(o.name)
+            if vi is None or not vi.type.HasField("tensor_type"):
+                raise UnsupportedModelError(f"run_node: ONNX shape inference gives no type for output '{o.name}' "
+                                            f"of {node.op_type}")
+            o.CopyFrom(vi)
         return cls.run_model(model, dict(zip(names, arrays)), device, **kwargs)
 
     @classmethod

@@ -82,3 +82,26 @@ def test_every_exclude_has_a_reason_and_matches_a_test():
         names.update(cat)
     for pat in excludes:
         assert any(re.search(pat, n) for n in names), f"exclude {pat!r} matches no test"
+
+
+def test_backend_interface_run_node_and_devices():
+    import numpy as np
+    from compiler import backend
+    node = onnx.helper.make_node("Add", ["a", "b"], ["c"])
+    (c,) = backend.run_node(node, [np.ones((2, 3), np.float32), np.arange(3, dtype=np.float32)])
+    np.testing.assert_array_equal(c, np.ones((2, 3)) + np.arange(3))
+    assert backend.supports_device("CPU")
+    assert not backend.supports_device("TPU")
+
+
+def test_backend_prepare_dynamic_shapes_compiles_at_run():
+    import numpy as np
+    from compiler import backend
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 3])
+    m = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                               opset_imports=[onnx.helper.make_opsetid("", 17)])
+    rep = backend.prepare(m, "CPU")
+    a = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    np.testing.assert_array_equal(rep.run([a])[0], np.maximum(a, 0))
+    np.testing.assert_array_equal(rep.run({"x": a[:1]}).y, np.maximum(a[:1], 0))

@@ -72,7 +72,7 @@ def opset_of(proto: onnx.ModelProto) -> int:
     for imp in proto.opset_import:
         if imp.domain in SUPPORTED_DOMAINS:
             return imp.version
-    return 1
+    return MAX_OPSET     # no default-domain import: the model uses no default-domain op
 
 
 def attr_value(a: onnx.AttributeProto) -> Any:
