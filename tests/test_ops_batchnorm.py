@@ -8,7 +8,7 @@ from onnx import helper
 import compiler
 from compiler.errors import UnsupportedModelError
 from ir.registry import ShapeError, get_op
-from tests.oracle import assert_matches_ort, node_model, ort_run, rand
+from tests.oracle import node_model, ort_run, rand
 from tests.test_ops_conv import _check, _ref
 
 RT, AT = 1e-4, 1e-5

@@ -2,12 +2,10 @@
 "ConvTranspose", "ConvInteger"): every attribute at small sizes, older opsets, the numpy
 references, and the errors for invalid nodes."""
 import numpy as np
-import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
 import compiler
-from compiler.errors import UnsupportedModelError
 from ir.builder import Builder
 from ir.graph import Graph
 from ir.registry import ShapeError, get_op, run_reference

@@ -17,7 +17,7 @@ import onnx
 
 from ir.ops.conv import FLOAT_TYPES
 from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from ir.types import DType
 from ir.kernel import as_expr, unop
 
 _NAMES = ("X", "scale", "B", "input_mean", "input_var")

@@ -21,9 +21,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, unop
+from ir.kernel import Buffer, Expr, KernelBuilder, as_expr, maximum, minimum, unop
 from ir.lowering import LowerCtx
-from ir.ops._common import present
 from ir.registry import OpPatternKind, ShapeError, op
 from ir.types import DType, TensorType
 
@@ -37,7 +36,7 @@ ROW_TILE = 512
 def ints_attr(node, name: str, n: int, default: int, what: str | None = None) -> list[int]:
     """An ints attribute of length ``n`` (the spatial rank), or ``[default] * n`` if absent."""
     v = node.attr(name)
-    if v is None or (len(v) == 0 and n > 0 and name != "pads"):
+    if v is None or len(v) == 0:
         return [default] * n
     v = [int(x) for x in v]
     if len(v) != n:
@@ -76,8 +75,7 @@ class Geometry:
         return len(self.kernel)
 
 
-def conv_geometry(node, in_sp: Sequence[int], kernel: Sequence[int], *, ceil_mode: bool = False,
-                  pool: bool = False) -> Geometry:
+def conv_geometry(node, in_sp: Sequence[int], kernel: Sequence[int], *, ceil_mode: bool = False) -> Geometry:
     """Output size and effective pads of a sliding window op (Conv, pools).
 
     auto_pad NOTSET: out = floor_or_ceil((in + pb + pe - ((k-1)*d + 1)) / s) + 1; with

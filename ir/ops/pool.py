@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from ir.kernel import Buffer, Expr, as_expr, maximum, select, unop, binop
+from ir.kernel import Buffer, as_expr, binop, maximum, select, unop
 from ir.lowering import LowerCtx
 from ir.ops._common import const_input
 from ir.ops.conv import (FLOAT_TYPES, ROW_TILE, Geometry, _tiles, conv_geometry, flat_offset,
@@ -44,7 +44,7 @@ def pool_geometry(node) -> Geometry:
     if len(ks) != x.type.rank - 2:
         raise ShapeError(f"kernel_shape {ks} has {len(ks)} dims, X has {x.type.rank - 2} spatial dims")
     ceil_mode = bool(node.attr("ceil_mode", 0))
-    return conv_geometry(node, x.shape[2:], ks, ceil_mode=ceil_mode, pool=True)
+    return conv_geometry(node, x.shape[2:], ks, ceil_mode=ceil_mode)
 
 
 def _lowest(dt: DType):
