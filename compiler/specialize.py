@@ -19,7 +19,6 @@ compiler gives.
 """
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from typing import Any
 
@@ -31,9 +30,6 @@ from compiler.errors import UnsupportedModelError
 
 #: compiled specialisations a module keeps (least recently used dropped first)
 MAX_SPECIALIZATIONS = 16
-
-# ir/ops/_common.const_input says: "... but '<value>' is computed at run time"
-_RUNTIME_VALUE = re.compile(r"'([^']+)' is computed at run time")
 
 
 class InputValuesNeeded(UnsupportedModelError):
@@ -47,14 +43,12 @@ class InputValuesNeeded(UnsupportedModelError):
         self.names = list(names)
 
 
-def graph_inputs_behind(graph, message: str) -> list[str]:
-    """Graph inputs whose values decide the run-time value named in a ShapeError ``message``
-    (``ir.ops._common.const_input`` wording), in graph-input order; [] when none is named or
-    the value does not depend on graph inputs."""
-    m = _RUNTIME_VALUE.search(message)
-    if m is None:
+def graph_inputs_behind(graph, name: str | None) -> list[str]:
+    """Graph inputs whose values decide the run-time value ``name`` (a ShapeError's
+    ``needs_value``), in graph-input order; [] when name is None or the value does not depend
+    on graph inputs."""
+    if name is None:
         return []
-    name = m.group(1)
     by_name = {v.name: v for v in graph.inputs}
     target = by_name.get(name)
     if target is None:

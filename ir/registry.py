@@ -39,7 +39,14 @@ class AttrSpec:
 
 
 class ShapeError(ValueError):
-    """Type or shape inference failed: the message names the op and what is wrong."""
+    """Type or shape inference failed: the message names the op and what is wrong.
+
+    ``needs_value`` is the name of the value whose compile-time value inference needed but
+    which is computed at run time (None for other failures)."""
+
+    def __init__(self, message: str, needs_value: str | None = None):
+        super().__init__(message)
+        self.needs_value = needs_value
 
 
 @dataclass
@@ -165,7 +172,7 @@ def infer_types(node) -> list[TensorType]:
     try:
         types = od.infer(node)
     except ShapeError as e:
-        raise ShapeError(f"{node.qualified_op} node '{node.name}': {e}") from None
+        raise ShapeError(f"{node.qualified_op} node '{node.name}': {e}", e.needs_value) from None
     except (ValueError, IndexError, TypeError, KeyError) as e:
         raise ShapeError(f"{node.qualified_op} node '{node.name}': {type(e).__name__}: {e}") from e
     return list(types)

@@ -263,7 +263,7 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
         except ShapeError as e:
             # a shape-deciding input computed from graph inputs: compile() specialises on them
             from compiler.specialize import InputValuesNeeded, graph_inputs_behind
-            needed = graph_inputs_behind(g, str(e))
+            needed = graph_inputs_behind(g, e.needs_value)
             if needed:
                 raise InputValuesNeeded(f"node '{n.name}' ({n.op_type}): {e}", needed) from None
             raise UnsupportedModelError(f"node '{n.name}' ({n.op_type}): {e}") from None

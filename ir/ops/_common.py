@@ -52,7 +52,7 @@ def const_input(node, i: int, what: str) -> np.ndarray | None:
     a = v.const_value()
     if a is None:
         raise ShapeError(f"input {i} ({what}) must be known at compile time (a constant or computed "
-                         f"from static shapes), but '{v.name}' is computed at run time")
+                         f"from static shapes), but '{v.name}' is computed at run time", needs_value=v.name)
     return a
 
 

@@ -444,7 +444,7 @@ class Compress:
         x, c = node.inputs[:2]
         if c.const_value() is None:
             raise ShapeError("the output shape depends on data: the condition input must be known at "
-                             f"compile time, but '{c.name}' is computed at run time")
+                             f"compile time, but '{c.name}' is computed at run time", needs_value=c.name)
         _, _, shape = _compress_plan(node, x.shape, c.const_value())
         return [TensorType(x.dtype, shape)]
 
@@ -490,7 +490,7 @@ class NonZero:
         v = x.const_value()
         if v is None:
             raise ShapeError("the output shape depends on data: the input must be known at compile time, "
-                             f"but '{x.name}' is computed at run time")
+                             f"but '{x.name}' is computed at run time", needs_value=x.name)
         return [TensorType(DType.i64, (max(x.type.rank, 1), int(np.count_nonzero(v))))]
 
     def reference(node, ins):
