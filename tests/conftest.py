@@ -27,8 +27,13 @@ import atexit as _atexit
 import shutil as _shutil
 import tempfile as _tempfile
 
-os.environ["TENSORFUSE_CACHE_DIR"] = _session_cache = _tempfile.mkdtemp(prefix="tensorfuse-test-cache-")
-_atexit.register(_shutil.rmtree, _session_cache, ignore_errors=True)
+# The first process (pytest itself, or the xdist controller before it starts its workers) makes
+# the folder and removes it at exit; xdist workers inherit it through the environment, so a model
+# compiled by one test (a light model-zoo graph, say) is a cache hit for the others.
+if os.environ.get("TENSORFUSE_TEST_CACHE_OWNER") is None:
+    os.environ["TENSORFUSE_TEST_CACHE_OWNER"] = str(os.getpid())
+    os.environ["TENSORFUSE_CACHE_DIR"] = _session_cache = _tempfile.mkdtemp(prefix="tensorfuse-test-cache-")
+    _atexit.register(_shutil.rmtree, _session_cache, ignore_errors=True)
 
 
 def shared_models_dir() -> pathlib.Path:
