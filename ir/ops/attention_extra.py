@@ -271,11 +271,9 @@ class _LinGeo:
                 raise ShapeError(f"decay must be [{self.B}, {self.T}, {hkv}] or [{self.B}, {self.T}, {hkv * self.dk}], "
                                  f"got {list(decay.shape)}")
             self.decay_per_head = decay.shape[2] == hkv
-        self.beta_shared = False
         if beta is not None:
             if beta.type.rank != 3 or beta.shape[:2] != (self.B, self.T) or beta.shape[2] not in (hkv, 1):
                 raise ShapeError(f"beta must be [{self.B}, {self.T}, {hkv}] or [{self.B}, {self.T}, 1], got {list(beta.shape)}")
-            self.beta_shared = beta.shape[2] == 1 and hkv != 1
         self.state_dtype = q.dtype
         if past is not None:
             _check_float(past, "past_state")
