@@ -284,10 +284,9 @@ def emit_deform_conv(ctx: LowerCtx, x: Buffer, w: Buffer, off: Buffer, b: Buffer
                     ch = g * taps + flat_offset(ks, k)
                     for d in range(nsp):
                         base = o[d] * geo.strides[d] + (k[d] * geo.dilations[d] - geo.pads_begin[d])
-                        p = base.cast(cdt) + off[[n, ch * nsp + d, *o]].cast(cdt)
-                        f = unop("floor", p)
-                        kb.store(lo, d, f.cast(I64))
-                        kb.store(fr, d, p - f)
+                        kb.store(fr, d, base.cast(cdt) + off[[n, ch * nsp + d, *o]].cast(cdt))
+                        kb.store(lo, d, unop("floor", fr[d]).cast(I64))
+                        kb.store(fr, d, fr[d] - lo[d].cast(cdt))
                     val = None
                     for corner in itertools.product((0, 1), repeat=nsp):
                         wt, ok, idx = None, None, []

@@ -235,8 +235,8 @@ class TensorScatter:
                 pos = pos % m
             elif s and (pos[0] < 0 or pos[-1] >= m):
                 raise IndexError(f"write index {pos[0]} + sequence length {s} is outside [0, {m}] (batch {b})")
-            sel = (b,) + (slice(None),) * (axis - 1)
-            out[sel + (pos,)] = update[sel + (slice(None),)]
+            view = out[b]      # a view: the one index array then keeps its place
+            view[(slice(None),) * (axis - 1) + (pos,)] = update[b]
         return [out]
 
     def lower(ctx):
