@@ -255,3 +255,79 @@ def test_tensorscatter_errors(past, upd, attrs, match):
     b = Builder(g)
     with pytest.raises(ShapeError, match=match):
         b.op("TensorScatter", b.const(np.zeros(past, np.float32)), b.const(np.zeros(upd, np.float32)), **attrs)
+
+
+# ----------------------------------------------------------------------------- ai.onnx.ml
+def ml_model(op, inputs, attrs=None, initializers=None, out_type=TensorProto.FLOAT, out_shape=None):
+    """A one-node ai.onnx.ml model (with a default-domain import too, as converters write)."""
+    from oracle import np_to_onnx_type
+    import onnx
+    initializers = initializers or {}
+    node = helper.make_node(op, list(inputs) + list(initializers), ["z"], domain="ai.onnx.ml", **(attrs or {}))
+    g_in = [helper.make_tensor_value_info(k, np_to_onnx_type(v.dtype), v.shape) for k, v in inputs.items()]
+    inits = [onnx.numpy_helper.from_array(v, k) for k, v in initializers.items()]
+    g = helper.make_graph([node], "ml", g_in, [helper.make_tensor_value_info("z", out_type, out_shape)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize("dt,threshold", [(np.float32, 1.0), (np.float32, 0.0), (np.float64, -0.25),
+                                          (np.int64, 0.5), (np.int32, -1.0)])
+def test_binarizer(dt, threshold):
+    x = rand(3, 4, 5, dtype=dt, low=-3, high=3)
+    m = ml_model("Binarizer", {"x": x}, {"threshold": threshold}, out_type=helper.np_dtype_to_tensor_dtype(np.dtype(dt)),
+                 out_shape=x.shape)
+    if dt == np.float32:
+        assert_matches_ort(m, {"x": x}, rtol=0, atol=0)
+    else:                  # onnxruntime implements Binarizer for float only
+        check_with_reference_evaluator(m, {"x": x})
+
+
+def test_binarizer_default_threshold_and_reference():
+    x = np.array([-1.0, 0.0, 1e-7, 2.0], np.float32)
+    m = ml_model("Binarizer", {"x": x}, out_shape=x.shape)
+    np.testing.assert_array_equal(assert_matches_ort(m, {"x": x}, rtol=0, atol=0)[0], [0, 0, 1, 1])
+    g = Graph()
+    b = Builder(g)
+    b.op("Binarizer", b.const(x), domain="ai.onnx.ml", threshold=0.5)
+    np.testing.assert_array_equal(run_reference(g.nodes[-1], [x])[0], [0, 0, 0, 1])
+
+
+@pytest.mark.parametrize("shape,ind,dt", [
+    ((3, 4), [0, 1], np.float32), ((3, 4), [[3, 0, 3]], np.float64), ((2, 3, 5), [4, 0, 2, 2], np.int64),
+    ((6,), [5, 1], np.int32), ((2, 4), [2], np.float32),
+])
+@pytest.mark.parametrize("const_ind", [False, True])
+def test_array_feature_extractor(shape, ind, dt, const_ind):
+    x = rand(*shape, dtype=dt, low=-5, high=5)
+    ind = np.asarray(ind, I64)
+    out_type = helper.np_dtype_to_tensor_dtype(np.dtype(dt))
+    out_shape = (*(shape[:-1] or (1,)), ind.size)
+    if const_ind:
+        m = ml_model("ArrayFeatureExtractor", {"x": x}, initializers={"i": ind}, out_type=out_type, out_shape=out_shape)
+        assert_matches_ort(m, {"x": x}, rtol=0, atol=0)
+    else:
+        m = ml_model("ArrayFeatureExtractor", {"x": x, "i": ind}, out_type=out_type, out_shape=out_shape)
+        assert_matches_ort(m, {"x": x, "i": ind}, rtol=0, atol=0)
+
+
+def test_array_feature_extractor_reference_and_errors():
+    x = rand(3, 4)
+    g = Graph()
+    b = Builder(g)
+    b.op("ArrayFeatureExtractor", b.const(x), b.const(np.array([3, 1], I64)), domain="ai.onnx.ml")
+    np.testing.assert_array_equal(run_reference(g.nodes[-1], [x, np.array([3, 1], I64)])[0], x[:, [3, 1]])
+    with pytest.raises(IndexError, match="out of range"):
+        run_reference(g.nodes[-1], [x, np.array([4], I64)])
+    with pytest.raises(ShapeError, match="Y must be int64"):
+        b.op("ArrayFeatureExtractor", b.const(x), b.const(np.array([1], np.int32)), domain="ai.onnx.ml")
+    with pytest.raises(ShapeError, match="X must be float"):
+        b.op("Binarizer", b.const(np.zeros(3, np.float16)), domain="ai.onnx.ml")
+
+
+def test_other_ml_ops_are_reported_unsupported():
+    x = rand(2, 3)
+    m = ml_model("Normalizer", {"x": x}, {"norm": "L2"}, out_shape=x.shape)
+    with pytest.raises(UnsupportedModelError, match="ai.onnx.ml::Normalizer"):
+        compiler.compile(m, target="llvm")

@@ -29,6 +29,13 @@ from ir.types import DType, TensorType
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
 SUPPORTED_DOMAINS = ("", "ai.onnx")
+#: further op domains whose ops the registry may hold (registered with that domain)
+EXTRA_DOMAINS = ("ai.onnx.ml",)
+
+
+def registry_domain(domain: str) -> str | None:
+    """The registry domain of an ONNX node domain ("" for the default one), None if unsupported."""
+    return "" if domain in SUPPORTED_DOMAINS else domain if domain in EXTRA_DOMAINS else None
 
 
 def load_model(model: Any) -> onnx.ModelProto:
@@ -148,7 +155,8 @@ class ImportCtx:
         names = [o if o else self.graph.fresh_name(f"{proto.name or proto.op_type}_unused{i}")
                  for i, o in enumerate(proto.output)]
         outs = self.builder.op(op or proto.op_type, *ins, name=self.node_name(proto), out_names=names,
-                               exact_names=True, attributes=self.attrs(proto) if attrs is None else attrs)
+                               exact_names=True, attributes=self.attrs(proto) if attrs is None else attrs,
+                               domain=registry_domain(proto.domain) or "")
         return outs
 
     def node_name(self, proto: onnx.NodeProto) -> str:
@@ -168,7 +176,8 @@ def unsupported_ops(proto: onnx.ModelProto) -> dict[str, list[str]]:
     for i, n in enumerate(proto.graph.node):
         if n.op_type == "Constant" and n.domain in SUPPORTED_DOMAINS:
             continue
-        if n.domain not in SUPPORTED_DOMAINS or find_op(n.op_type, "") is None:
+        dom = registry_domain(n.domain)
+        if dom is None or find_op(n.op_type, dom) is None:
             key = f"{n.domain}::{n.op_type}" if n.domain not in SUPPORTED_DOMAINS else n.op_type
             missing.setdefault(key, []).append(n.name or f"#{i}")
     return missing
@@ -253,8 +262,10 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
             g.constants[v.name] = v
             ctx.env[n.output[0]] = v
             continue
-        od = find_op(n.op_type, "")
-        version = onnx.defs.get_schema(n.op_type, opset, "").since_version
+        dom = registry_domain(n.domain)
+        od = find_op(n.op_type, dom)
+        dom_opset = opset if dom == "" else next((i.version for i in proto.opset_import if i.domain == dom), 1)
+        version = onnx.defs.get_schema(n.op_type, dom_opset, dom).since_version
         try:
             if od.importer is not None:
                 outs = od.importer(ctx, n, version)

@@ -1,5 +1,6 @@
 """Unique, Col2Im and TensorScatter (ONNX operator spec, sections "Unique" (Unique-11),
-"Col2Im" (Col2Im-18) and "TensorScatter" (TensorScatter-24)).
+"Col2Im" (Col2Im-18) and "TensorScatter" (TensorScatter-24)), and the ai.onnx.ml ops Binarizer and
+ArrayFeatureExtractor (ONNX-ML operator spec).
 
 Unique's output shapes depend on the values of X: X must be known at compile time (a graph
 input is specialised on by ``compiler.compile``; an X computed at run time inside the graph is
@@ -13,11 +14,11 @@ import math
 
 import numpy as np
 
-from ir.kernel import I64, as_expr
+from ir.kernel import as_expr, maximum, minimum, select
 from ir.ops._common import const_input, norm_axis
 from ir.ops.conv import conv_pads, flat_offset, ints_attr
 from ir.ops.detection import data_input, lower_data_dependent
-from ir.registry import OpPatternKind, ShapeError, op
+from ir.registry import OpPatternKind, ShapeError, onnx_attr_specs, op
 from ir.types import DType, TensorType
 
 
@@ -260,3 +261,82 @@ class TensorScatter:
                 dst[axis] = t
                 with kb.if_((t >= 0) & (t < m)):
                     kb.store(y, dst, update[idx])
+
+
+# ----------------------------------------------------------------------------- ai.onnx.ml
+ML = "ai.onnx.ml"
+ML_TYPES = (DType.f32, DType.f64, DType.i64, DType.i32)
+
+
+def _check_ml_type(v, what: str) -> None:
+    if v.dtype not in ML_TYPES:
+        raise ShapeError(f"{what} must be float, double, int64 or int32, got {v.dtype.value}")
+
+
+def _binarizer_infer(node):
+    _check_ml_type(node.inputs[0], "X")
+    return [node.inputs[0].type]
+
+
+@op("Binarizer", OpPatternKind.ELEMWISE, domain=ML, attrs=onnx_attr_specs("Binarizer", ML))
+class Binarizer:
+    """Y = 1 where X > threshold (attribute, default 0.0), else 0; X's dtype and shape.
+
+    X: f32, f64, int64 or int32 (integers compare as f64 with the threshold). Raises ShapeError
+    for other dtypes. ONNX-ML spec: ai.onnx.ml Binarizer-1.
+    """
+
+    infer = _binarizer_infer
+
+    def reference(node, ins):
+        x = np.asarray(ins[0])
+        t = float(node.attr("threshold", 0.0))
+        xs = x if x.dtype == np.float32 else x.astype(np.float64)
+        return [(xs > (np.float32(t) if x.dtype == np.float32 else t)).astype(x.dtype)]
+
+    def scalar(node, x):
+        t = float(node.attr("threshold", 0.0))
+        xs = x if x.dtype in (DType.f32, DType.f64) else x.cast(DType.f64)
+        return select(xs > as_expr(t, xs.dtype), as_expr(1, x.dtype), as_expr(0, x.dtype))
+
+
+@op("ArrayFeatureExtractor", OpPatternKind.INJECTIVE, domain=ML, attrs={})
+class ArrayFeatureExtractor:
+    """ArrayFeatureExtractor(X, Y) -> Z: the elements of X's last axis at the indices Y.
+
+    X: f32, f64, int64 or int32 [..., D]; Y: int64 indices of any shape (flattened), read at
+    run time (an index outside [0, D) is an ONNX error: the numpy reference raises IndexError,
+    the kernel clamps to stay in bounds). Z: X.shape[:-1] + [Y.size] (for 1-D X: [1, Y.size],
+    as onnxruntime). Raises ShapeError for bad dtypes or a scalar X. ONNX-ML spec: ai.onnx.ml
+    ArrayFeatureExtractor-1.
+    """
+
+    def infer(node):
+        x, y = node.inputs[0], node.inputs[1]
+        _check_ml_type(x, "X")
+        if y.dtype != DType.i64:
+            raise ShapeError(f"Y must be int64, got {y.dtype.value}")
+        if x.type.rank == 0:
+            raise ShapeError("X must have rank >= 1")
+        pre = x.shape[:-1] if x.type.rank > 1 else (1,)
+        return [TensorType(x.dtype, (*pre, y.type.numel))]
+
+    def reference(node, ins):
+        x, y = np.asarray(ins[0]), np.asarray(ins[1]).ravel()
+        d = x.shape[-1]
+        if ((y < 0) | (y >= d)).any():
+            raise IndexError(f"index {int(y[(y < 0) | (y >= d)][0])} is out of range for the last axis of size {d}")
+        z = x[..., y]
+        return [z.reshape(1, -1) if x.ndim == 1 else z]
+
+    def lower(ctx):
+        x, y = ctx.inputs
+        z = ctx.outputs[0]
+        d = x.shape[-1]
+        kb = ctx.kernel()
+        if z.numel == 0:
+            return
+        with kb.grid(z.shape) as idx:
+            k = maximum(minimum(y.flat(idx[-1]), d - 1), 0)
+            pre = idx[:-1] if len(x.shape) > 1 else []
+            kb.store(z, idx, x[[*pre, k]])
