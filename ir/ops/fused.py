@@ -14,6 +14,8 @@ Ops here:
   the sum of embedding Gathers and dense addends (BERT's embedding block).
 - ``FusedConv``, ``FusedMatMul``, ``FusedGemm`` (anchor + bias + residual + activation) reuse
   the anchor kernels through ``LowerCtx.epilogue``; see the second half of this module.
+- ``FusedFunction`` (attribute ``body``: a graph): a group made by the fuse_ops pass, one kernel
+  (lowered by ``ir/fused_lowering.py``).
 
 Activations shared by the anchored ops: :data:`ACTIVATIONS` (name -> parameters), with
 :func:`activation_expr` (kernel IR) and :func:`activation_np` (numpy) giving their meaning.
