@@ -47,6 +47,7 @@ from ir.types import DType, TensorType
 
 I64 = DType.i64
 LANES = 8           # partial sums of a dot product (vectorisable without reassociation)
+VEC_MIN = 2 * LANES  # shorter dot products run as scalar loops (less code, as fast)
 _FLOATS = (DType.f16, DType.bf16, DType.f32, DType.f64)
 
 #: gates per op, activation functions per direction, default activations, optional inputs
@@ -102,6 +103,7 @@ class Act:
         self.name, self.alpha, self.beta, self.clip = name, alpha, beta, clip
         spec = ACTIVATIONS[name.lower()]
         self._np, self._ex = spec[4], spec[5]
+        self.key = (name.lower(), alpha, beta, clip)
 
     def np(self, x: np.ndarray) -> np.ndarray:
         t = x.dtype.type
@@ -302,14 +304,14 @@ def _reference(node, ins) -> list[np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- lowering
-def _dot_into(kb: KernelBuilder, s: Buffer, n: int, la: Callable, lb: Callable) -> None:
-    """s[l] += sum over k = l (mod LANES) of la(k) * lb(k): LANES partial sums make the loop
-    vectorisable without reassociation; short dot products accumulate into s[0] alone."""
-    main = n - n % LANES if n >= 2 * LANES else 0
+def _dot_into(kb: KernelBuilder, s: Buffer, n: int, la: Callable, lb: Callable, lanes: int) -> None:
+    """s[l] += sum over k = l (mod lanes) of la(k) * lb(k). ``lanes`` partial sums make the
+    loop vectorisable without reassociating the sum; lanes=1 is a plain scalar loop."""
+    main = n - n % lanes if lanes > 1 else 0
     if main:
-        with kb.loop(main // LANES, hint="kb") as kb_:
-            with kb.loop(LANES, kind="vectorize", hint="l") as l:
-                k = kb_ * LANES + l
+        with kb.loop(main // lanes, hint="kb") as kb_:
+            with kb.loop(lanes, kind="vectorize", hint="l") as l:
+                k = kb_ * lanes + l
                 kb.store(s, l, s[l] + la(k) * lb(k))
     if main < n:
         with kb.loop(n, start=main, hint="k") as k:
@@ -354,14 +356,16 @@ def _lower(ctx: LowerCtx) -> None:
 
     def gate_sum(d, g, b, t, hvec, with_x=True, with_r=True, w_bias=True, r_bias=True):
         """bias + W[d, g, :] . x[t, b, :] + R[d, g, :] . hvec (each part optional)."""
-        with kb.loop(LANES, kind="vectorize", hint="l") as l:
+        n = max(I if with_x else 0, H if with_r else 0)
+        lanes = LANES if n >= VEC_MIN else 1
+        with kb.loop(lanes, kind="vectorize", hint="l") as l:
             kb.store(s, l, as_expr(0.0, cd))
         if with_x:
-            _dot_into(kb, s, I, lambda k: ld(w, (d * G * H + g) * I + k), lambda k: x_at(t, b, k))
+            _dot_into(kb, s, I, lambda k: ld(w, (d * G * H + g) * I + k), lambda k: x_at(t, b, k), lanes)
         if with_r:
-            _dot_into(kb, s, H, lambda k: ld(r, (d * G * H + g) * H + k), lambda k: hvec.flat(k))
+            _dot_into(kb, s, H, lambda k: ld(r, (d * G * H + g) * H + k), lambda k: hvec.flat(k), lanes)
         total = s.flat(0)
-        for l in range(1, LANES):
+        for l in range(1, lanes):
             total = total + s.flat(l)
         if w_bias:
             total = total + bias_at(d, g)
@@ -369,9 +373,17 @@ def _lower(ctx: LowerCtx) -> None:
             total = total + bias_at(d, G * H + g)
         return total
 
-    for d in range(nd):
-        acts = a["acts"][d]
-        rev = a["reverse"][d]
+    def directions():
+        """(direction index, reverse?, activations) per direction: one loop over both when
+        they share their activations (half the code), else each emitted on its own."""
+        if nd == 2 and [x.key for x in a["acts"][0]] == [x.key for x in a["acts"][1]]:
+            with kb.loop(2, hint="d") as dv:
+                yield dv, dv.eq(1), a["acts"][0]
+        else:
+            for d in range(nd):
+                yield d, a["reverse"][d], a["acts"][d]
+
+    for d, rev, acts in directions():
         with kb.loop(Bt, hint="b") as b:
             if sl is not None:
                 kb.store(ln, 0, minimum(maximum(sl.flat(b).cast(I64), 0), S))
@@ -383,7 +395,7 @@ def _lower(ctx: LowerCtx) -> None:
                 if cbuf is not None:
                     kb.store(cbuf, j, ld(c0, state_off(d, b, j)) if c0 is not None else as_expr(0.0, cd))
             with kb.loop(L, hint="s") as st:
-                t = (L - 1 - st) if rev else st
+                t = select(rev, L - 1 - st, st) if isinstance(rev, Expr) else (L - 1 - st) if rev else st
                 if node.op == "RNN":
                     with kb.loop(H, hint="g") as g:
                         kb.store(gates, g, gate_sum(d, g, b, t, hbuf))
