@@ -19,6 +19,7 @@ Example: a ReLU kernel::
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
@@ -203,10 +204,7 @@ class Buffer:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def strides(self) -> tuple[int, ...]:

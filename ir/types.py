@@ -7,6 +7,7 @@ Every IR value has a :class:`TensorType`: an element :class:`DType` and a static
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,10 +119,7 @@ class TensorType:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
