@@ -82,9 +82,14 @@ def opset_of(proto: onnx.ModelProto) -> int:
     return MAX_OPSET     # no default-domain import: the model uses no default-domain op
 
 
-def attr_value(a: onnx.AttributeProto) -> Any:
-    """An ONNX attribute as a Python value: strings decoded, tensors as numpy arrays."""
+def attr_value(a: onnx.AttributeProto, allow_graphs: bool = False) -> Any:
+    """An ONNX attribute as a Python value: strings decoded, tensors as numpy arrays.
+
+    Subgraph attributes (GRAPH, GRAPHS) come back as ``onnx.GraphProto`` (a list of them) when
+    ``allow_graphs`` (the control-flow importers inline them); otherwise they are refused."""
     if a.type == onnx.AttributeProto.GRAPH or a.type == onnx.AttributeProto.GRAPHS:
+        if allow_graphs:
+            return a.g if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
         raise UnsupportedModelError(f"attribute {a.name}: subgraph attributes are not supported")
     v = helper.get_attribute_value(a)
     if isinstance(v, bytes):
@@ -134,6 +139,7 @@ class ImportCtx:
         self.builder = Builder(graph)
         self.opset = opset
         self.env: dict[str, Value] = {}
+        self.opset_imports: list = []       # the model's opset_import (versions of other domains)
         self._node_names: set[str] = set()
 
     def value(self, name: str) -> Value | None:
@@ -170,16 +176,25 @@ class ImportCtx:
         return name
 
 
-def unsupported_ops(proto: onnx.ModelProto) -> dict[str, list[str]]:
-    """Every op type the registry lacks, with the names of its nodes."""
-    missing: dict[str, list[str]] = {}
-    for i, n in enumerate(proto.graph.node):
-        if n.op_type == "Constant" and n.domain in SUPPORTED_DOMAINS:
+#: ops the frontend imports itself by inlining their subgraphs (compiler/frontend/control_flow.py)
+CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
+
+
+def unsupported_ops(proto: onnx.ModelProto | onnx.GraphProto, _missing=None, _prefix: str = "") -> dict[str, list[str]]:
+    """Every op type the registry lacks, with the names of its nodes, subgraphs included
+    (their nodes named ``outer/inner``)."""
+    missing: dict[str, list[str]] = {} if _missing is None else _missing
+    graph = proto.graph if isinstance(proto, onnx.ModelProto) else proto
+    for i, n in enumerate(graph.node):
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                unsupported_ops(sub, missing, f"{_prefix}{n.name or f'#{i}'}/")
+        if n.domain in SUPPORTED_DOMAINS and n.op_type in ("Constant",) + CONTROL_FLOW_OPS:
             continue
         dom = registry_domain(n.domain)
         if dom is None or find_op(n.op_type, dom) is None:
             key = f"{n.domain}::{n.op_type}" if n.domain not in SUPPORTED_DOMAINS else n.op_type
-            missing.setdefault(key, []).append(n.name or f"#{i}")
+            missing.setdefault(key, []).append(_prefix + (n.name or f"#{i}"))
     return missing
 
 
@@ -206,6 +221,44 @@ def _constant_node_value(proto: onnx.NodeProto) -> np.ndarray:
     raise UnsupportedModelError(f"Constant node '{proto.name}': attribute {a.name} is not supported")
 
 
+def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
+    """Import one ONNX node into ``ctx.graph``, reading its inputs from ``ctx.env`` and binding
+    its output names there; returns the output Values. Constant nodes become graph constants;
+    If/Loop/Scan are inlined by compiler/frontend/control_flow.py. Raises InputValuesNeeded when
+    a shape-deciding input is computed from graph inputs, UnsupportedModelError otherwise."""
+    if n.op_type == "Constant" and n.domain in SUPPORTED_DOMAINS:
+        arr = _constant_node_value(n)
+        v = Value(n.output[0], TensorType.of(arr), data=arr)
+        ctx.graph.constants[v.name] = v
+        ctx.env[n.output[0]] = v
+        return [v]
+    dom = registry_domain(n.domain)
+    od = find_op(n.op_type, dom)
+    dom_opset = ctx.opset if dom == "" else next((i.version for i in ctx.opset_imports if i.domain == dom), 1)
+    version = onnx.defs.get_schema(n.op_type, dom_opset, dom).since_version
+    try:
+        if n.op_type in CONTROL_FLOW_OPS and dom == "":
+            from compiler.frontend.control_flow import import_control_flow
+            outs = import_control_flow(ctx, n, version)
+        elif od.importer is not None:
+            outs = od.importer(ctx, n, version)
+        else:
+            outs = ctx.default_import(n)
+    except ShapeError as e:
+        # a shape-deciding input computed from graph inputs: compile() specialises on them
+        from compiler.specialize import InputValuesNeeded, graph_inputs_behind
+        needed = graph_inputs_behind(ctx.graph, e.needs_value)
+        if needed:
+            raise InputValuesNeeded(f"node '{n.name}' ({n.op_type}): {e}", needed) from None
+        raise UnsupportedModelError(f"node '{n.name}' ({n.op_type}): {e}") from None
+    if isinstance(outs, Value):
+        outs = [outs]
+    for name, v in zip(n.output, outs):
+        if name and v is not None:
+            ctx.env[name] = v     # an importer's value may be named differently (a decomposition)
+    return outs
+
+
 def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: bool = True) -> Graph:
     """Import an ONNX model as an ir.Graph with static shapes.
 
@@ -230,6 +283,7 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
     g = Graph(proto.graph.name or "main")
     g.opset = opset
     ctx = ImportCtx(g, opset)
+    ctx.opset_imports = list(proto.opset_import)
     inits = {t.name: t for t in proto.graph.initializer}
     for t in proto.graph.initializer:
         try:
@@ -256,36 +310,7 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
             if o:
                 g.reserve(o)
     for n in proto.graph.node:
-        if n.op_type == "Constant" and n.domain in SUPPORTED_DOMAINS:
-            arr = _constant_node_value(n)
-            v = Value(n.output[0], TensorType.of(arr), data=arr)
-            g.constants[v.name] = v
-            ctx.env[n.output[0]] = v
-            continue
-        dom = registry_domain(n.domain)
-        od = find_op(n.op_type, dom)
-        dom_opset = opset if dom == "" else next((i.version for i in proto.opset_import if i.domain == dom), 1)
-        version = onnx.defs.get_schema(n.op_type, dom_opset, dom).since_version
-        try:
-            if od.importer is not None:
-                outs = od.importer(ctx, n, version)
-            else:
-                outs = ctx.default_import(n)
-        except ShapeError as e:
-            # a shape-deciding input computed from graph inputs: compile() specialises on them
-            from compiler.specialize import InputValuesNeeded, graph_inputs_behind
-            needed = graph_inputs_behind(g, e.needs_value)
-            if needed:
-                raise InputValuesNeeded(f"node '{n.name}' ({n.op_type}): {e}", needed) from None
-            raise UnsupportedModelError(f"node '{n.name}' ({n.op_type}): {e}") from None
-        if isinstance(outs, Value):
-            outs = [outs]
-        for name, v in zip(n.output, outs):
-            if name and v is not None:
-                if v.name != name and name not in ctx.env:
-                    # importer produced a differently-named value (a decomposition): alias it
-                    pass
-                ctx.env[name] = v
+        import_node(ctx, n)
     for vi in proto.graph.output:
         if vi.name not in ctx.env:
             raise UnsupportedModelError(f"graph output '{vi.name}' is never defined")
