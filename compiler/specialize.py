@@ -123,7 +123,7 @@ class SpecializingModule:
                                           for d, s in zip(dims, a.shape)):
                 want = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
                 raise ValueError(f"input '{vi.name}': expected shape {want}, got {list(a.shape)}")
-        return np.ascontiguousarray(a)
+        return np.ascontiguousarray(a).reshape(a.shape)   # ascontiguousarray makes 0-d arrays 1-d
 
     def module_for(self, *arrays, **named):
         """The compiled module specialised for these inputs' values, and the remaining inputs
