@@ -95,6 +95,15 @@ def test_shapes(op, S, Bt, I, H):
 
 
 @pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
+def test_long_sequence_wide_hidden(op):
+    """20 steps, hidden 64. Weights scaled down so the recurrence is not chaotic: with
+    uniform [-1, 1] weights at this width rounding differences grow to +-1 over the steps."""
+    m, ins, *_ = make(op, S=20, Bt=2, I=40, H=64, attrs={"direction": "bidirectional"}, lens=[20, 13])
+    ins = {k: (v * np.float32(0.1) if k in ("W", "R") else v) for k, v in ins.items()}
+    assert_matches_ort(m, ins, rtol=1e-4, atol=1e-5, opt_levels=(0,))
+
+
+@pytest.mark.parametrize("op", ["RNN", "GRU", "LSTM"])
 @pytest.mark.parametrize("const", [(), ("sequence_lens",)])
 def test_sequence_lens(op, const):
     """Per-batch lengths, at run time or as a constant: Y is zero past each length, Y_h (Y_c)
