@@ -182,6 +182,11 @@ def _stack(ctx, vals: list[Value], axis: int, name: str, what: str) -> Value:
     return b.op("Concat", *ups, axis=axis, name=ctx.graph.fresh_node_name(f"{name}/concat"))
 
 
+def _wanted(proto: onnx.NodeProto, i: int) -> bool:
+    """Whether the node uses its output i (outputs may be left off or named "")."""
+    return i < len(proto.output) and proto.output[i] != ""
+
+
 def _empty(ctx, dtype: DType, shape, hint: str) -> Value:
     return _const(ctx, np.zeros(tuple(shape), dtype=dtype.numpy), hint)
 
@@ -250,7 +255,8 @@ def _import_loop(ctx, proto, version, name):
             dt = DType.from_onnx(vi.type.tensor_type.elem_type)
             results.append(_empty(ctx, dt, (0,) + tuple(shapes[1 + n_state + k]), f"{name}_scan{k}"))
     else:
-        results += [_stack(ctx, vals, 0, f"{name}/scan{k}", f"scan output {k}") for k, vals in enumerate(scans)]
+        results += [_stack(ctx, vals, 0, f"{name}/scan{k}", f"scan output {k}") if _wanted(proto, n_state + k)
+                    else None for k, vals in enumerate(scans)]
     return results[:len(proto.output)]
 
 
@@ -332,6 +338,9 @@ def _import_scan(ctx, proto, version, name):
         final = list(state)
     results = list(final)
     for k in range(n_out):
+        if not _wanted(proto, n_state + k):
+            results.append(None)
+            continue
         if length == 0:
             elem = tuple(shapes[n_state + k])
             ax = _norm_axis(out_axes_raw[k], len(elem) + 1, "scan_output_axes entry", name)
@@ -414,5 +423,6 @@ def _import_scan8(ctx, proto, attrs, body, m, name):
             outs[k].append(parts[0] if len(parts) == 1 else
                            b.op("Concat", *parts, axis=0, name=ctx.graph.fresh_node_name(f"{name}/b{bi}/pad")))
     results = [_stack(ctx, f, 0, f"{name}/state{j}", f"final state {j}") for j, f in enumerate(finals)]
-    results += [_stack(ctx, o, 0, f"{name}/out{k}", f"scan output {k}") for k, o in enumerate(outs)]
+    results += [_stack(ctx, o, 0, f"{name}/out{k}", f"scan output {k}") if _wanted(proto, n_state + k) else None
+                for k, o in enumerate(outs)]
     return results[:len(proto.output)]
