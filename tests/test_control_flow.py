@@ -338,12 +338,16 @@ def test_scan9_zero_length_sequence():
 @pytest.mark.parametrize("opset", [9, 11, 16])
 def test_scan9_opsets_with_a_matmul_state(opset):
     # a tiny RNN: h_t = tanh(h_{t-1} @ W + x_t), W from the outer scope
-    body = h.make_graph([h.make_node("MatMul", ["h_in", "W"], ["hw"]), h.make_node("Add", ["hw", "xt"], ["a"]),
+    body = h.make_graph([h.make_node("MatMul", ["h_in", "W"], ["hw"]), h.make_node("Add", ["hw", "xt"], ["a0"]),
+                         h.make_node("Add", ["a0", "bias"], ["a"]),
                          h.make_node("Tanh", ["a"], ["h_out"]), h.make_node("Identity", ["h_out"], ["ys"])], "rnn",
-                        [vi("h_in", F, [1, 4]), vi("xt", F, [1, 4])], [vi("h_out", F, [1, 4]), vi("ys", F, [1, 4])])
+                        [vi("h_in", F, [1, 4]), vi("xt", F, [1, 4])], [vi("h_out", F, [1, 4]), vi("ys", F, [1, 4])],
+                        initializer=[onnx.numpy_helper.from_array(rand(4, seed=8), "bias")])
     m = model([h.make_node("Scan", ["h0", "x"], ["h", "y"], body=body, num_scan_inputs=1)],
               [vi("h0", F, [1, 4]), vi("x", F, [5, 1, 4])], [vi("h", F, [1, 4]), vi("y", F, [5, 1, 4])], opset=opset,
               initializers=[onnx.numpy_helper.from_array(rand(4, 4, seed=7, low=-0.5, high=0.5), "W")])
+    g = import_onnx(m)
+    assert len(g.constants) == 1 + 1 + 5 + 1       # W, the body's bias once, 5 step indices, stacking axes
     assert_matches_ort(m, {"h0": rand(1, 4), "x": rand(5, 1, 4, seed=3)})
 
 

@@ -106,10 +106,12 @@ def _declared_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...]:
     return (1,) if tt.HasField("shape") and len(tt.shape.dim) == 1 else ()
 
 
-def inline_graph(ctx, body: onnx.GraphProto, bindings: list[Value], prefix: str, owner: str) -> list[Value]:
+def inline_graph(ctx, body: onnx.GraphProto, bindings: list[Value], prefix: str, owner: str,
+                 inits: dict | None = None) -> list[Value]:
     """Import ``body``'s nodes into ``ctx.graph`` with its inputs bound (by position) to
     ``bindings``; outer-scope names resolve through ``ctx.env``. Node names and new value names
-    start with ``prefix``. Returns the Values of the body's outputs."""
+    start with ``prefix``. ``inits`` caches the body's initializers as constants across the
+    instances of one body (a Loop's or Scan's iterations). Returns the body's output Values."""
     from compiler.frontend.onnx import import_node
     if len(bindings) != len(body.input):
         raise UnsupportedModelError(f"node '{owner}': its subgraph '{body.name}' takes {len(body.input)} "
@@ -117,8 +119,11 @@ def inline_graph(ctx, body: onnx.GraphProto, bindings: list[Value], prefix: str,
     if len(body.sparse_initializer):
         raise UnsupportedModelError(f"node '{owner}': sparse initializers in subgraphs are not supported")
     scope: dict[str, Value] = {}
+    inits = {} if inits is None else inits
     for t in body.initializer:
-        scope[t.name] = ctx.graph.add_const(numpy_helper.to_array(t), prefix + t.name)
+        if t.name not in inits:
+            inits[t.name] = ctx.graph.add_const(numpy_helper.to_array(t), prefix + t.name)
+        scope[t.name] = inits[t.name]
     for vi, v in zip(body.input, bindings):
         tt = vi.type.tensor_type
         if vi.type.HasField("tensor_type") and tt.elem_type:
@@ -230,6 +235,7 @@ def _import_loop(ctx, proto, version, name):
         raise UnsupportedModelError(f"Loop node '{name}' has neither a trip count nor a condition: it never ends")
     i_shape, c_shape = _declared_shape(body.input[0]), _declared_shape(body.input[1])
     scans: list[list[Value]] = [[] for _ in range(n_scan)]
+    inits: dict = {}
     it = 0
     while cond and (trip is None or it < trip):
         if it >= MAX_UNROLL:
@@ -239,14 +245,14 @@ def _import_loop(ctx, proto, version, name):
         _count_instances(ctx, 1, name)
         i_val = _const(ctx, np.full(i_shape, it, np.int64), f"{name}_i{it}")
         c_val = _const(ctx, np.full(c_shape, cond, np.bool_), f"{name}_cond{it}")
-        outs = inline_graph(ctx, body, [i_val, c_val, *state], f"{name}/{it}/", name)
+        outs = inline_graph(ctx, body, [i_val, c_val, *state], f"{name}/{it}/", name, inits)
         state = outs[1:1 + n_state]
         for k in range(n_scan):
             scans[k].append(outs[1 + n_state + k])
         it += 1
         cond = bool(_scalar(_known(outs[0], "a condition", name, "Loop"), "the body's condition output", name, "Loop"))
     results = list(state)
-    if it == 0 and n_scan:
+    if it == 0 and any(_wanted(proto, n_state + k) for k in range(n_scan)):
         i_val = _const(ctx, np.zeros(i_shape, np.int64), f"{name}_i0")
         c_val = _const(ctx, np.ones(c_shape, np.bool_), f"{name}_cond0")
         shapes = _dry_run_shapes(ctx, body, [i_val, c_val, *state], f"{name}/dry/", name)
@@ -274,7 +280,7 @@ def _flags(attrs: dict, key: str, n: int, name: str) -> list[int]:
     return [int(x) for x in v]
 
 
-def _scan_steps(ctx, body, state, seqs, axes, dirs, length, name, prefix):
+def _scan_steps(ctx, body, state, seqs, axes, dirs, length, name, prefix, inits):
     """Run ``length`` steps of the body over ``seqs`` (sliced along ``axes``, read backwards
     where ``dirs`` is 1); returns the final states and the per-step scan-output values."""
     n_state = len(state)
@@ -289,7 +295,7 @@ def _scan_steps(ctx, body, state, seqs, axes, dirs, length, name, prefix):
                 idx[pos] = _const(ctx, np.array(pos, np.int64), f"{name}_t{pos}")
             slices.append(ctx.builder.op("Gather", x, idx[pos], axis=ax,
                                          name=ctx.graph.fresh_node_name(f"{prefix}{t}/slice")))
-        outs = inline_graph(ctx, body, [*state, *slices], f"{prefix}{t}/", name)
+        outs = inline_graph(ctx, body, [*state, *slices], f"{prefix}{t}/", name, inits)
         state = outs[:n_state]
         steps.append(outs[n_state:])
     return state, steps
@@ -332,7 +338,7 @@ def _import_scan(ctx, proto, version, name):
     if length > MAX_UNROLL:
         raise UnsupportedModelError(f"Scan node '{name}' runs {length} steps; tensorfuse unrolls scans at "
                                     f"compile time and stops at {MAX_UNROLL}")
-    final, steps = _scan_steps(ctx, body, state, seqs, axes, dirs, length, name, f"{name}/")
+    final, steps = _scan_steps(ctx, body, state, seqs, axes, dirs, length, name, f"{name}/", {})
     if length == 0:
         shapes = _dry_run_shapes(ctx, body, [*state, *_elem_dummies(ctx, seqs, axes, name)], f"{name}/dry/", name)
         final = list(state)
@@ -381,6 +387,8 @@ def _import_scan8(ctx, proto, attrs, body, m, name):
         raise UnsupportedModelError(f"Scan-8 node '{name}': the scan inputs' batch and sequence sizes differ: "
                                     f"{[list(x.shape[:2]) for x in seqs]}")
     batch, max_len = seqs[0].shape[:2]
+    if batch == 0:
+        raise UnsupportedModelError(f"Scan-8 node '{name}': the batch is empty")
     for s in state:
         if not s.shape or s.shape[0] != batch:
             raise UnsupportedModelError(f"Scan-8 node '{name}': state '{s.name}' must have batch size {batch} "
@@ -400,12 +408,13 @@ def _import_scan8(ctx, proto, attrs, body, m, name):
     finals: list[list[Value]] = [[] for _ in range(n_state)]
     outs: list[list[Value]] = [[] for _ in range(n_out)]
     elem_shapes = None
+    inits: dict = {}
     for bi in range(batch):
         bidx = _const(ctx, np.array(bi, np.int64), f"{name}_b{bi}")
         pick = [b.op("Gather", v, bidx, axis=0, name=ctx.graph.fresh_node_name(f"{name}/b{bi}/pick"))
                 for v in (*state, *seqs)]
         st, xs = pick[:n_state], pick[n_state:]
-        final, steps = _scan_steps(ctx, body, st, xs, [0] * m, dirs, lens[bi], name, f"{name}/b{bi}/")
+        final, steps = _scan_steps(ctx, body, st, xs, [0] * m, dirs, lens[bi], name, f"{name}/b{bi}/", inits)
         for j in range(n_state):
             finals[j].append(final[j])
         if lens[bi] < max_len and elem_shapes is None and n_out:
