@@ -331,6 +331,42 @@ def test_upsample(opset, mode):
     assert_matches_ort(m, {"x": x}, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("scales,sizes", [([1, 1, 0.6, 0.6], None), ([1, 1, 0.3, 0.45], None), ([1, 1, 0.5, 2.0], None),
+                                          (None, [1, 2, 3, 3]), (None, [1, 2, 4, 2]), (None, [1, 2, 1, 1])])
+def test_resize_antialias(mode, scales, sizes):
+    """antialias=1: downsampled axes use the filter stretched by 1/scale (upsampled axes are plain)."""
+    check_resize(rand(1, 2, 8, 9), {"mode": mode, "antialias": 1}, scales=scales, sizes=sizes, opset=18)
+
+
+@pytest.mark.parametrize("coord", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_antialias_coords(coord, mode):
+    check_resize(rand(1, 1, 9, 7), {"mode": mode, "antialias": 1, "coordinate_transformation_mode": coord},
+                 scales=[1, 1, 0.4, 0.7])
+
+
+@pytest.mark.parametrize("a", [-0.5, -0.75])
+@pytest.mark.parametrize("exclude_outside", [0, 1])
+def test_resize_antialias_cubic_attrs(a, exclude_outside):
+    check_resize(rand(1, 1, 10, 6), {"mode": "cubic", "antialias": 1, "cubic_coeff_a": a,
+                                     "exclude_outside": exclude_outside}, scales=[1, 1, 0.35, 0.5])
+
+
+def test_resize_antialias_axes_and_reference():
+    check_resize(rand(2, 3, 12), {"mode": "linear", "antialias": 1, "axes": [2]}, sizes=[5])
+    check_resize(rand(1, 2, 12, 5), {"mode": "cubic", "antialias": 1, "axes": [3, 2], "keep_aspect_ratio_policy": "not_larger"},
+                 sizes=[3, 4])
+    check_resize_onnx_reference(rand(3, 11, 7), {"mode": "linear", "antialias": 1}, scales=[1, 0.3, 0.6])
+    check_resize_onnx_reference(rand(11), {"mode": "cubic", "antialias": 1}, sizes=[4])
+    # a strong downscale: many taps per output (serial tap loops, not unrolled)
+    check_resize(rand(1, 1, 40, 33), {"mode": "cubic", "antialias": 1}, sizes=[1, 1, 3, 2])
+    ref_check("Resize", [rand(1, 1, 7, 9), None, np.array([1, 1, 0.4, 0.6], np.float32)],
+              {"mode": "linear", "antialias": 1}, rtol=1e-5, atol=1e-6)
+    ref_check("Resize", [rand(1, 1, 7, 9), None, None, np.array([1, 1, 3, 4], I64)],
+              {"mode": "cubic", "antialias": 1, "exclude_outside": 1}, rtol=1e-5, atol=1e-6)
+
+
 def test_resize_reference_and_errors():
     ref_check("Resize", [rand(1, 1, 4, 5), None, np.array([1, 1, 1.5, 0.6], np.float32)], {"mode": "linear"},
               rtol=1e-5, atol=1e-6)
@@ -340,7 +376,7 @@ def test_resize_reference_and_errors():
                          np.array([1, 1, 3, 6], I64)],
               {"mode": "nearest", "coordinate_transformation_mode": "tf_crop_and_resize", "extrapolation_value": 2.0})
     x = rand(1, 1, 4, 5)
-    bad = [({"mode": "linear", "antialias": 1}, [1, 1, 0.5, 0.5], None, "antialias"),
+    bad = [({"mode": "nearest", "antialias": 1}, [1, 1, 0.5, 0.5], None, "antialias"),
            ({"mode": "area"}, [1, 1, 2, 2], None, "mode"),
            ({"mode": "nearest"}, [1, 1, 2], None, "scales has 3"),
            ({"mode": "nearest"}, [1, 1, 2, 2], [1, 1, 8, 10], "exactly one"),

@@ -4,7 +4,10 @@ are imported as Resize).
 Every resized axis maps output index y to a source coordinate x (``coordinate_transformation_
 mode``), then to taps (input indices) and weights (``mode``): nearest gives one tap, linear two
 (the coordinate clamped into [0, in-1]), cubic four (indices edge-clamped, or dropped and the rest
-renormalised with ``exclude_outside``). The output element is the sum over the taps of every
+renormalised with ``exclude_outside``). With ``antialias`` (linear/cubic, an axis whose scale is
+below 1), the filter's support is stretched by 1/scale: 2 - 2*(floor(-support/scale) + 1) taps around x,
+weights filter((tap - x) * scale) normalised to sum 1 (indices edge-clamped, or dropped with
+``exclude_outside``), as onnx.reference computes it. The output element is the sum over the taps of every
 resized axis of the product of the weights times the input element. With tf_crop_and_resize, a
 source coordinate outside [0, in-1] on any axis yields ``extrapolation_value``.
 
@@ -57,6 +60,7 @@ class ResizePlan:
     cubic_a: float
     exclude_outside: bool
     extrapolation: float
+    antialias: bool = False
 
 
 # ----------------------------------------------------------------------------- planning
@@ -79,11 +83,11 @@ def resize_plan(node, shape, roi, scales, sizes) -> ResizePlan:
         raise ShapeError(f"nearest_mode {nearest!r} is not one of {', '.join(NEAREST_MODES[:4])}")
     if policy not in ("stretch", "not_larger", "not_smaller"):
         raise ShapeError(f"keep_aspect_ratio_policy {policy!r} is not stretch, not_larger or not_smaller")
-    if node.attr("antialias", 0):
-        if mode == "nearest":
-            raise ShapeError("antialias applies to linear and cubic modes, not nearest")
-        raise ShapeError("antialias=1 is not supported by tensorfuse yet (linear/cubic downsampling "
-                         "with an antialiasing filter)")
+    antialias = node.attr("antialias", 0)
+    if antialias not in (0, 1):
+        raise ShapeError(f"antialias {antialias!r} must be 0 or 1")
+    if antialias and mode == "nearest":
+        raise ShapeError("antialias applies to linear and cubic modes, not nearest")
     axes = node.attr("axes", None)
     axes = list(range(r)) if axes is None else axes_list(None, axes, r)
     n = len(axes)
@@ -136,7 +140,8 @@ def resize_plan(node, shape, roi, scales, sizes) -> ResizePlan:
             raise ShapeError(f"cannot resize the empty axis {a} to {out[a]}")
         plans.append(AxisPlan(a, shape[a], out[a], float(scl[a]), (rlo, rhi)))
     return ResizePlan(tuple(out), plans, mode, coord, nearest, float(node.attr("cubic_coeff_a", -0.75)),
-                      bool(node.attr("exclude_outside", 0)), float(node.attr("extrapolation_value", 0.0)))
+                      bool(node.attr("exclude_outside", 0)), float(node.attr("extrapolation_value", 0.0)),
+                      bool(antialias))
 
 
 # ----------------------------------------------------------------------------- per-axis math
@@ -152,6 +157,7 @@ class _NpMath:
 
     floor = staticmethod(np.floor)
     ceil = staticmethod(np.ceil)
+    abs = staticmethod(np.abs)
     where = staticmethod(np.where)
     minimum = staticmethod(np.minimum)
     maximum = staticmethod(np.maximum)
@@ -194,6 +200,10 @@ class _IrMath:
     @staticmethod
     def ceil(v):
         return unop("ceil", v)
+
+    @staticmethod
+    def abs(v):
+        return unop("abs", v)
 
     @staticmethod
     def where(c, a, b):
@@ -303,6 +313,80 @@ def axis_taps(m, y, ax: AxisPlan, p: ResizePlan):
     return [m.clampi(i, L) for i in raw], ws, ext
 
 
+# ----------------------------------------------------------------------------- antialias
+def antialias_window(ax: AxisPlan, p: ResizePlan):
+    """(start, count) of the taps of the stretched filter when ``antialias`` applies to this axis
+    (linear or cubic mode, scale < 1), else None. The filter's support (1 for linear, 2 for cubic)
+    is stretched by 1/scale: taps are base + start + k for k < count, where base is the input index
+    left of the source coordinate x (x - 1 when x is an integer) -- as onnx.reference does."""
+    if not p.antialias or p.mode == "nearest" or ax.scale >= 1.0:
+        return None
+    support = 1.0 if p.mode == "linear" else 2.0
+    start = int(np.floor(-support / ax.scale) + 1)
+    return start, 2 - 2 * start
+
+
+def _aa_filter(m, arg, p: ResizePlan):
+    """Unnormalised filter weight at distance ``arg`` (already multiplied by the scale)."""
+    a = m.abs(arg)
+    if p.mode == "linear":
+        return m.maximum(m.c(1.0) - a, m.c(0.0))
+    A = F32(p.cubic_a)
+    near = ((m.c(A + 2) * a - m.c(A + 3)) * a) * a + m.c(1.0)
+    far = ((m.c(A) * a - m.c(5 * A)) * a + m.c(8 * A)) * a - m.c(4 * A)
+    return m.where(a <= m.c(1.0), near, m.where(a < m.c(2.0), far, m.c(0.0)))
+
+
+def _aa_base_ratio(m, x):
+    f = m.floor(x)
+    base = m.where(m.eq(x, f), f - m.c(1.0), f)
+    return base, x - base
+
+
+def np_antialias_taps(y, ax: AxisPlan, p: ResizePlan):
+    """Numpy version of the antialiased taps: (indices, weights, extrapolated) as ``axis_taps``."""
+    start, n = antialias_window(ax, p)
+    x = source_coord(_NpMath, y, ax, p.coord)
+    ext = None
+    if p.coord == "tf_crop_and_resize":
+        ext = (x < F32(0.0)) | (x > F32(ax.in_len - 1))
+    base, ratio = _aa_base_ratio(_NpMath, x)
+    k = np.arange(start, start + n)
+    arg = (k.astype(np.float32)[None, :] - ratio[:, None]) * F32(ax.scale)
+    w = _aa_filter(_NpMath, arg, p).astype(np.float32)
+    raw = base.astype(np.int64)[:, None] + k[None, :]
+    if p.exclude_outside:
+        w = np.where((raw < 0) | (raw > ax.in_len - 1), F32(0.0), w)
+    w = (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
+    idx = np.clip(raw, 0, ax.in_len - 1)
+    return [idx[:, j] for j in range(n)], [w[:, j] for j in range(n)], ext
+
+
+def emit_antialias_taps(kb, i, ax: AxisPlan, p: ResizePlan, ix, w, ex) -> None:
+    """Kernel IR filling ``ix``/``w`` (length count) with the antialiased taps of output index ``i``."""
+    start, n = antialias_window(ax, p)
+    m = _IrMath
+    x = source_coord(m, i, ax, p.coord)
+    if ex is not None:
+        kb.store(ex, 0, (x < m.c(0.0)) | (x > m.c(ax.in_len - 1)))
+    br = kb.local(DType.f32, (3,), hint=f"aa{ax.axis}_")     # base, ratio, weight sum
+    base, ratio = _aa_base_ratio(m, x)
+    kb.store(br, 0, base)
+    kb.store(br, 1, ratio)
+    kb.store(br, 2, m.c(0.0))
+    with kb.loop(n, hint="k") as k:
+        arg = ((k + start).cast(DType.f32) - br.flat(1)) * m.c(ax.scale)
+        wt = _aa_filter(m, arg, p)
+        raw = br.flat(0).cast(I64) + (k + start)
+        if p.exclude_outside:
+            wt = select((raw < 0) | (raw > ax.in_len - 1), m.c(0.0), wt)
+        kb.store(w, k, wt)
+        kb.store(br, 2, br.flat(2) + wt)
+        kb.store(ix, k, m.clampi(raw, ax.in_len))
+    with kb.loop(n, hint="k") as k:
+        kb.store(w, k, w.flat(k) / br.flat(2))
+
+
 # ----------------------------------------------------------------------------- reference
 def np_resize(x: np.ndarray, p: ResizePlan) -> np.ndarray:
     ct = np.float64 if x.dtype == np.float64 else np.float32
@@ -315,7 +399,10 @@ def np_resize(x: np.ndarray, p: ResizePlan) -> np.ndarray:
             shp[ax.axis] = ax.out_len
             res = np.zeros(shp, res.dtype)
             continue
-        idx, ws, ext = axis_taps(_NpMath, y, ax, p)
+        if antialias_window(ax, p) is not None:
+            idx, ws, ext = np_antialias_taps(y, ax, p)
+        else:
+            idx, ws, ext = axis_taps(_NpMath, y, ax, p)
         bshape = [1] * x.ndim
         bshape[ax.axis] = -1
         if p.mode == "nearest":
@@ -344,12 +431,12 @@ def emit_resize(ctx, x, y, p: ResizePlan) -> None:
     if y.numel == 0:
         return
     ct = DType.f64 if y.dtype == DType.f64 else DType.f32
-    taps = TAPS[p.mode]
     by_axis = {ax.axis: ax for ax in p.axes}
+    ntaps = {ax.axis: (antialias_window(ax, p) or (0, TAPS[p.mode]))[1] for ax in p.axes}
     loc = {}
     for ax in p.axes:
-        ix = kb.local(I64, (taps,), hint=f"ix{ax.axis}_")
-        w = kb.local(DType.f32, (taps,), hint=f"w{ax.axis}_") if p.mode != "nearest" else None
+        ix = kb.local(I64, (ntaps[ax.axis],), hint=f"ix{ax.axis}_")
+        w = kb.local(DType.f32, (ntaps[ax.axis],), hint=f"w{ax.axis}_") if p.mode != "nearest" else None
         ex = kb.local(DType.bool, (1,), hint=f"ext{ax.axis}_") if p.coord == "tf_crop_and_resize" else None
         loc[ax.axis] = (ix, w, ex)
     acc = kb.local(ct, (1,)) if p.mode != "nearest" else None
@@ -375,7 +462,8 @@ def emit_resize(ctx, x, y, p: ResizePlan) -> None:
                 return
             ax = p.axes[k]
             ix, w, _ = loc[ax.axis]
-            with kb.loop(taps, kind="unroll", hint="t") as t:
+            nt = ntaps[ax.axis]
+            with kb.loop(nt, kind="unroll" if nt <= 4 else "serial", hint="t") as t:
                 wt = w.flat(t)
                 taps_loop(k + 1, {**src, ax.axis: ix.flat(t)}, wt if wprod is None else wprod * wt)
 
@@ -388,10 +476,13 @@ def emit_resize(ctx, x, y, p: ResizePlan) -> None:
             inner(idx)
             return
         with kb.loop(y.shape[d], hint=f"i{d}_") as i:
-            if d in by_axis:
+            if d in by_axis and antialias_window(by_axis[d], p) is not None:
+                ix, w, ex = loc[d]
+                emit_antialias_taps(kb, i, by_axis[d], p, ix, w, ex)
+            elif d in by_axis:
                 ix, w, ex = loc[d]
                 ids, ws, ext = axis_taps(_IrMath, i, by_axis[d], p)
-                for k in range(taps):
+                for k in range(TAPS[p.mode]):
                     kb.store(ix, k, ids[k])
                     if w is not None:
                         kb.store(w, k, ws[k])
@@ -428,9 +519,10 @@ class Resize:
     pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize with extrapolation_value),
     nearest_mode (round_prefer_floor, round_prefer_ceil, floor, ceil), cubic_coeff_a,
     exclude_outside, keep_aspect_ratio_policy (stretch, not_larger, not_smaller; with sizes),
-    axes. Output: floor(in * scale) per axis, or sizes (rounded through the common scale for
-    keep_aspect_ratio_policy). Raises ShapeError for invalid attributes or inputs and for
-    antialias=1 (not supported). ONNX spec: Resize-19 (Resize-10/11/13/18 imported).
+    axes, antialias (linear/cubic: downsampled axes use the filter stretched by 1/scale, weights
+    normalised). Output: floor(in * scale) per axis, or sizes (rounded through the common scale
+    for keep_aspect_ratio_policy). Raises ShapeError for invalid attributes or inputs (including
+    antialias=1 with mode nearest). ONNX spec: Resize-19 (Resize-10/11/13/18 imported).
     """
 
     def infer(node):
