@@ -277,7 +277,8 @@ class STFT:
 
     def lower(ctx: LowerCtx):
         step, length, frames, bins, _one = _stft_params(ctx.node)
-        x, win, y = ctx.inputs[0], ctx.inputs[2], ctx.outputs[0]
+        x, y = ctx.inputs[0], ctx.outputs[0]
+        win = ctx.inputs[2] if len(ctx.inputs) > 2 else None
         if y.numel == 0:
             return
         batch, slen, cin = x.shape
