@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, minimum, select, unop
+from ir.kernel import Const, KernelBuilder, as_expr, minimum, select, unop
 from ir.lowering import LowerCtx
 from ir.ops._common import const_input
 from ir.registry import OpPatternKind, ShapeError, op
