@@ -97,6 +97,7 @@ def _emit_dft(kb: KernelBuilder, outer: int, m: int, j_ext: int, inner: int, len
     nblk = -(-inner // chunk)
     acr = kb.local(F64, (chunk,), hint="re")
     aci = kb.local(F64, (chunk,), hint="im")
+    tw = kb.local(F64, (2,), hint="tw")
     step = 2.0 * math.pi / length
     with kb.loop(outer, hint="o") as o:
         with kb.loop(m, hint="k") as k:
@@ -107,10 +108,15 @@ def _emit_dft(kb: KernelBuilder, outer: int, m: int, j_ext: int, inner: int, len
                 with kb.loop(j_ext, hint="j") as j:
                     ang = ((k * j) % length).cast(F64) * step
                     c = unop("cos", ang)
-                    s = unop("sin", ang) * sign
+                    s = unop("sin", ang)
+                    if sign < 0:
+                        s = -s
                     if weight is not None:
                         wj = weight(j)
                         c, s = c * wj, s * wj
+                    kb.store(tw, 0, c)     # once per (k, j), not per inner position
+                    kb.store(tw, 1, s)
+                    c, s = tw[0], tw[1]
                     with kb.loop(width, kind="vectorize", hint="t") as t:
                         xr, xi = load(o, j, t0 + t)
                         if xi is None:
