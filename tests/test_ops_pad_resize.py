@@ -353,6 +353,29 @@ def test_resize_antialias_cubic_attrs(a, exclude_outside):
                                      "exclude_outside": exclude_outside}, scales=[1, 1, 0.35, 0.5])
 
 
+@pytest.mark.parametrize("dt", [np.uint8, np.int32])
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_resize_antialias_int_dtypes(dt, mode):
+    """Antialiased integers are rounded (onnx.reference); onnxruntime's fixed-point path rounds after
+    each axis, so it may differ by 1."""
+    x = rand(1, 1, 9, 10, dtype=dt, low=0, high=200)
+    check_resize_onnx_reference(x, {"mode": mode, "antialias": 1}, scales=[1, 1, 0.5, 0.4])
+    m = resize_model(x, {"mode": mode, "antialias": 1}, [1, 1, 0.5, 0.4], None, None, 19)
+    got = compiler.compile(m).run(x=x)[0]
+    exp = ort_run(m, {"x": x})[0]
+    assert got.dtype == exp.dtype and got.shape == exp.shape
+    assert np.abs(got.astype(np.int64) - exp.astype(np.int64)).max() <= 1
+
+
+def test_resize_antialias_crop_and_symmetric():
+    x = rand(1, 1, 9, 10)
+    for fn in (check_resize, check_resize_onnx_reference):
+        fn(x, {"mode": "linear", "antialias": 1, "coordinate_transformation_mode": "tf_crop_and_resize",
+               "extrapolation_value": 3.0}, sizes=[1, 1, 3, 4], roi=[0, 0, 0.1, -0.2, 1, 1, 0.9, 1.1])
+        fn(x, {"mode": "cubic", "antialias": 1, "coordinate_transformation_mode": "half_pixel_symmetric"},
+           sizes=[1, 1, 4, 3])
+
+
 def test_resize_antialias_axes_and_reference():
     check_resize(rand(2, 3, 12), {"mode": "linear", "antialias": 1, "axes": [2]}, sizes=[5])
     check_resize(rand(1, 2, 12, 5), {"mode": "cubic", "antialias": 1, "axes": [3, 2], "keep_aspect_ratio_policy": "not_larger"},

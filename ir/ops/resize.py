@@ -13,7 +13,9 @@ source coordinate outside [0, in-1] on any axis yields ``extrapolation_value``.
 
 Coordinates and weights are computed in float32 with the operation order onnxruntime uses, so
 nearest rounding ties resolve the same way; values accumulate in float32 (float64 for float64
-data). Integer outputs are truncated toward zero and saturated (as onnxruntime does). The same per-axis functions
+data). Integer outputs are truncated toward zero and saturated (as onnxruntime does; with antialias
+they are rounded half to even, as onnx.reference does -- onnxruntime's fixed-point antialias
+path for integers rounds after each axis and can differ by 1). The same per-axis functions
 build the numpy reference (on arrays) and the kernel (on kernel-IR expressions).
 
 Extensions of the IR op beyond Resize-19, used by the importer for older versions:
@@ -420,7 +422,8 @@ def np_resize(x: np.ndarray, p: ResizePlan) -> np.ndarray:
     if x.dtype.kind in "iu":
         if p.mode != "nearest":
             info = np.iinfo(x.dtype)
-            res = np.clip(np.trunc(res), info.min, info.max)
+            rnd = np.round if any(antialias_window(ax, p) for ax in p.axes) else np.trunc
+            res = np.clip(rnd(res), info.min, info.max)
         return np.ascontiguousarray(res.astype(x.dtype))
     return np.ascontiguousarray(np.asarray(res).astype(x.dtype))
 
@@ -468,7 +471,10 @@ def emit_resize(ctx, x, y, p: ResizePlan) -> None:
                 taps_loop(k + 1, {**src, ax.axis: ix.flat(t)}, wt if wprod is None else wprod * wt)
 
         taps_loop(0, {}, None)
-        v = acc.flat(0).cast(y.dtype)       # integers: truncated and saturated, as onnxruntime
+        v = acc.flat(0)
+        if y.dtype.is_int and any(antialias_window(ax, p) for ax in p.axes):
+            v = unop("round", v)            # antialiased integers are rounded (to even), as onnx.reference
+        v = v.cast(y.dtype)                 # integers: truncated and saturated, as onnxruntime
         kb.store(y, idx, v if ext is None else select(ext, fill, v))
 
     def nest(d, idx):
