@@ -1,6 +1,7 @@
 """Helpers shared by op definitions: inference, references and lowering building blocks."""
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -54,6 +55,17 @@ def const_input(node, i: int, what: str) -> np.ndarray | None:
         raise ShapeError(f"input {i} ({what}) must be known at compile time (a constant or computed "
                          f"from static shapes), but '{v.name}' is computed at run time", needs_value=v.name)
     return a
+
+
+def erf_np(x: np.ndarray) -> np.ndarray:
+    """The error function on an array, in x's dtype: scipy.special.erf where scipy is
+    installed, else math.erf element by element (as exact, slower). tensorfuse does not
+    depend on scipy."""
+    try:
+        from scipy.special import erf
+        return np.asarray(erf(x)).astype(x.dtype, copy=False)
+    except ImportError:
+        return np.vectorize(math.erf, otypes=[x.dtype])(x)
 
 
 # ----------------------------------------------------------------------------- lowering

@@ -14,7 +14,8 @@ import numpy as np
 
 from ir.kernel import as_expr, maximum, minimum, select, unop
 from ir.ops._common import broadcast_shapes
-from ir.ops.elementwise import BC, EW, F64, _erf_np, check_types, in_f32, infer_ew, np_in_f32, unary
+from ir.ops._common import erf_np
+from ir.ops.elementwise import BC, EW, F64, check_types, in_f32, infer_ew, np_in_f32, unary
 from ir.registry import ShapeError, op
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -80,7 +81,7 @@ def _gelu_infer(node):
 def _gelu_np(node, x):
     if _gelu_mode(node) == "tanh":
         return 0.5 * x * (1 + np.tanh(x.dtype.type(SQRT_2_OVER_PI) * (x + x.dtype.type(0.044715) * x ** 3)))
-    return 0.5 * x * (1 + _erf_np(x * x.dtype.type(1 / math.sqrt(2))))
+    return 0.5 * x * (1 + erf_np(x * x.dtype.type(1 / math.sqrt(2))))
 
 
 def _gelu_scalar(node, x):

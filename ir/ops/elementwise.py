@@ -23,7 +23,7 @@ import numpy as np
 import onnx.defs
 
 from ir.kernel import as_expr, binop, maximum, minimum, select, unop
-from ir.ops._common import broadcast_shapes, present
+from ir.ops._common import broadcast_shapes, erf_np, present
 from ir.registry import OpDef, OpPatternKind, ShapeError, op, register
 from ir.types import DType, TensorType
 
@@ -163,14 +163,6 @@ def unary(name: str, doc: str, np_fn, scalar_fn, kind: OpPatternKind = EW, f32: 
                           scalar=in_f32(scalar_fn) if f32 else scalar_fn, doc=f"{doc} {_spec(name)}", **kw))
 
 
-def _erf_np(x):
-    try:
-        from scipy.special import erf
-        return erf(x)
-    except ImportError:  # scipy is optional: math.erf is exact enough, just slower
-        return np.vectorize(math.erf, otypes=[x.dtype])(x)
-
-
 # ----------------------------------------------------------------------------- unary math
 def _u(opname):
     return lambda node, x: unop(opname, x)
@@ -188,7 +180,7 @@ _UNARY_MATH = [
     ("Exp", "y = e**x.", lambda n, x: np.exp(x), _u("exp"), True),
     ("Log", "y = ln(x) (-inf at 0, NaN below).", lambda n, x: np.log(x), _u("log"), True),
     ("Tanh", "y = tanh(x).", lambda n, x: np.tanh(x), _u("tanh"), True),
-    ("Erf", "y = erf(x), the Gauss error function.", lambda n, x: _erf_np(x), _u("erf"), True),
+    ("Erf", "y = erf(x), the Gauss error function.", lambda n, x: erf_np(x), _u("erf"), True),
     ("Sin", "y = sin(x).", lambda n, x: np.sin(x), _u("sin"), True),
     ("Cos", "y = cos(x).", lambda n, x: np.cos(x), _u("cos"), True),
     ("Tan", "y = tan(x).", lambda n, x: np.tan(x), _u("tan"), True),

@@ -28,7 +28,7 @@ import numpy as np
 
 from ir.graph import Node, Value
 from ir.kernel import Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
-from ir.ops._common import broadcast_shapes, norm_axis
+from ir.ops._common import broadcast_shapes, erf_np, norm_axis
 from ir.registry import AttrSpec, OpPatternKind, ShapeError, op
 from ir.types import DType, TensorType
 
@@ -123,8 +123,7 @@ def activation_np(name: str, params: list[float], x: np.ndarray) -> np.ndarray:
     elif name == "Tanh":
         y = np.tanh(x)
     elif name == "Gelu":
-        from scipy.special import erf
-        y = x * dt.type(0.5) * (1 + erf(x * dt.type(1 / math.sqrt(2))))
+        y = x * dt.type(0.5) * (1 + erf_np(x * dt.type(1 / math.sqrt(2))))
     elif name == "GeluTanh":
         y = x * dt.type(0.5) * (1 + np.tanh((x + dt.type(0.044715) * x * x * x) * dt.type(math.sqrt(2 / math.pi))))
     else:
