@@ -24,18 +24,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import compiler  # noqa: E402
 from oracle import model_inputs  # noqa: E402
+from runtime.profile import time_calls  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "models"
-
-
-def median_ms(fn, repeat: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(ts))
 
 
 def ort_session(path: str, threads: int, optimise: bool):
@@ -68,12 +59,12 @@ def main() -> int:
         t0 = time.perf_counter()
         mod = compiler.compile(path, target="llvm", opt_level=args.opt_level, **kw)
         compile_s = time.perf_counter() - t0
-        ours = median_ms(lambda: mod.run(**feeds), args.repeat)
+        ours = mod.benchmark(**feeds, repeat=args.repeat).median_ms
         ort_on = ort_session(path, args.threads, True)
         ort_off = ort_session(path, args.threads, False)
         err = max(float(np.max(np.abs(a - b))) for a, b in zip(mod.run(**feeds), ort_off.run(None, feeds)))
-        t_on = median_ms(lambda: ort_on.run(None, feeds), args.repeat)
-        t_off = median_ms(lambda: ort_off.run(None, feeds), args.repeat)
+        t_on = time_calls(lambda: ort_on.run(None, feeds), args.repeat).median_ms
+        t_off = time_calls(lambda: ort_off.run(None, feeds), args.repeat).median_ms
         rows.append((e["file"], compile_s, mod.num_kernels, ours, t_on, t_off, err))
         print(f"{e['file']:28s} compile {compile_s:6.2f} s  kernels {mod.num_kernels:4d}  "
               f"tensorfuse {ours:8.2f} ms  ort(opt) {t_on:7.2f} ms  ort(no opt) {t_off:7.2f} ms  "

@@ -16,16 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 import compiler  # noqa: E402
-
-
-def median_ms(fn, repeat: int = 20) -> float:
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(ts))
+from runtime.profile import time_calls  # noqa: E402
 
 
 def main() -> int:
@@ -46,8 +37,8 @@ def main() -> int:
     got = mod.run(**feeds)
     err = max(float(np.max(np.abs(g - e))) for g, e in zip(got, expected))
 
-    ours = median_ms(lambda: mod.run(**feeds))
-    theirs = median_ms(lambda: sess.run(None, feeds))
+    ours = mod.benchmark(**feeds, repeat=20).median_ms
+    theirs = time_calls(lambda: sess.run(None, feeds), repeat=20).median_ms
     print(f"model:           {os.path.basename(path)}")
     print(f"compile time:    {compile_s:.2f} s")
     print(f"kernels:         {mod.num_kernels}")

@@ -134,15 +134,21 @@ def profile_module(mod, arrays, named, repeat: int = 10, warmup: int = 1, show: 
     return rows
 
 
-def benchmark_module(mod, arrays, named, repeat: int = 20, warmup: int = 2) -> Benchmark:
-    """See ``Module.benchmark``."""
+def time_calls(fn, repeat: int = 20, warmup: int = 2) -> Benchmark:
+    """Wall times of ``fn()`` in ms over ``repeat`` calls after ``warmup`` calls: the one timing
+    method for tensorfuse and for what it is compared with (onnxruntime in benchmarks/)."""
     _check_repeat(repeat)
-    inputs = mod._check_inputs(arrays, named)
     for _ in range(warmup):
-        mod.run(*inputs)
+        fn()
     ts = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        mod.run(*inputs)
+        fn()
         ts.append((time.perf_counter() - t0) * 1e3)
     return Benchmark(statistics.median(ts), min(ts), max(ts), repeat)
+
+
+def benchmark_module(mod, arrays, named, repeat: int = 20, warmup: int = 2) -> Benchmark:
+    """See ``Module.benchmark``."""
+    inputs = mod._check_inputs(arrays, named)
+    return time_calls(lambda: mod.run(*inputs), repeat, warmup)
