@@ -65,8 +65,29 @@ def _ident(name: str) -> str:
     return s if s and not s[0].isdigit() else "v" + s
 
 
+#: dtypes the kernels of the llvm target cannot load or store yet
+UNSUPPORTED_DTYPES = (DType.bf16,)
+
+
+def _check_dtypes(graph: Graph) -> None:
+    bad: dict[str, list[str]] = {}
+    for v in list(graph.inputs) + list(graph.constants.values()):
+        if v.dtype in UNSUPPORTED_DTYPES:
+            bad.setdefault(v.dtype.value, []).append(f"'{v.name}'")
+    for n in graph.nodes:
+        for v in n.outputs:
+            if v.dtype in UNSUPPORTED_DTYPES:
+                bad.setdefault(v.dtype.value, []).append(f"{n.op} node '{n.name}'")
+                break
+    if bad:
+        lines = [f"  {dt}: {', '.join(where[:10])}{' ...' if len(where) > 10 else ''}" for dt, where in bad.items()]
+        raise UnsupportedModelError("the llvm target does not support these tensor dtypes yet:\n" + "\n".join(lines))
+
+
 def lower_graph(graph: Graph) -> LoweredGraph:
-    """Lower every node through its registry entry. Raises CompileError naming the node."""
+    """Lower every node through its registry entry. Raises CompileError naming the node, and
+    UnsupportedModelError for tensors of a dtype the llvm target cannot hold (bfloat16)."""
+    _check_dtypes(graph)
     lg = LoweredGraph()
     slot_of: dict[int, int] = {}
     buf_of: dict[int, Buffer] = {}

@@ -111,3 +111,12 @@ def test_constant_node_becomes_a_constant():
     graph = import_onnx(m)
     assert [n.op for n in graph.nodes] == ["Add"]
     np.testing.assert_array_equal(compiler.compile(m).run(np.zeros(2, np.float32))[0], [1.5, -2.0])
+
+
+def test_bfloat16_is_refused_clearly():
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(compiler.UnsupportedModelError, match=r"bf16: 'x', Relu node 'r'"):
+        compiler.compile(m, cache=False)
