@@ -248,9 +248,11 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
         # a shape-deciding input computed from graph inputs: compile() specialises on them
         from compiler.specialize import InputValuesNeeded, graph_inputs_behind
         needed = graph_inputs_behind(ctx.graph, e.needs_value)
+        where = (f"node '{n.name}' ({n.op_type})" if n.name else
+                 f"unnamed {n.op_type} node (first output '{n.output[0] if n.output else ''}')")
         if needed:
-            raise InputValuesNeeded(f"node '{n.name}' ({n.op_type}): {e}", needed) from None
-        raise UnsupportedModelError(f"node '{n.name}' ({n.op_type}): {e}") from None
+            raise InputValuesNeeded(f"{where}: {e}", needed) from None
+        raise UnsupportedModelError(f"{where}: {e}") from None
     if isinstance(outs, Value):
         outs = [outs]
     for name, v in zip(n.output, outs):
