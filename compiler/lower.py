@@ -58,6 +58,8 @@ class LoweredGraph:
     inputs: list[int] = field(default_factory=list)     # slot per graph input
     outputs: list[int] = field(default_factory=list)    # slot per graph output
     consts: dict[int, np.ndarray] = field(default_factory=dict)
+    status_slot: int | None = None                      # i64[2] run-time check word, if any
+    messages: list[str] = field(default_factory=list)   # check error k is messages[k-1]
 
 
 def _ident(name: str) -> str:
@@ -128,6 +130,7 @@ def lower_graph(graph: Graph) -> LoweredGraph:
         return b
 
     slot_by_buf: dict[int, int] = {}
+    status = Buffer("status", DType.i64, (2,))
     for i, n in enumerate(graph.nodes):
         od = get_op(n.op, n.domain)
         if od.lower is None:
@@ -138,13 +141,17 @@ def lower_graph(graph: Graph) -> LoweredGraph:
         for v in list(n.inputs) + list(n.outputs):
             if v is not None:
                 slot_by_buf[id(buf(v))] = slot_of[id(v)]
-        ctx = LowerCtx(n, ins, outs, f"{_ident(n.op).lower()}_{i}")
+        ctx = LowerCtx(n, ins, outs, f"{_ident(n.op).lower()}_{i}", status, lg.messages)
         try:
             od.lower(ctx)
         except (UnsupportedModelError, CompileError):
             raise
         except Exception as e:
             raise CompileError(f"lowering {n.qualified_op} node '{n.name}' failed: {type(e).__name__}: {e}") from e
+        if lg.messages and lg.status_slot is None:      # the first run-time check: its slot
+            lg.status_slot = len(lg.slots)
+            lg.slots.append(Slot(lg.status_slot, "status", "status", TensorType(DType.i64, (2,))))
+            slot_by_buf[id(status)] = lg.status_slot
         flops = od.flops(n) if od.flops is not None else None
         # in place only for the registry's own per-element lowering of elementwise/broadcast ops
         elementwise = (od.scalar is not None and od.kind <= OpPatternKind.BROADCAST

@@ -8,6 +8,7 @@ import numpy as np
 
 from .graph import Node
 from .kernel import Buffer, Kernel, KernelBuilder
+from .types import DType
 
 
 class LowerCtx:
@@ -18,8 +19,13 @@ class LowerCtx:
     compile-time value of input i (numpy) or None.
     """
 
-    def __init__(self, node: Node, inputs: list[Buffer | None], outputs: list[Buffer], name: str):
+    def __init__(self, node: Node, inputs: list[Buffer | None], outputs: list[Buffer], name: str,
+                 status: Buffer | None = None, messages: list[str] | None = None):
         self.node = node
+        #: the run's status word (i64[2]: error code, offending value) and the graph's error
+        #: messages (code k is messages[k-1]); see check_indices
+        self.status = status
+        self.messages = messages if messages is not None else []
         self.inputs = inputs
         self.outputs = outputs
         self.name = name
@@ -40,6 +46,36 @@ class LowerCtx:
     def const(self, i: int) -> np.ndarray | None:
         v = self.node.input(i)
         return None if v is None else v.const_value()
+
+    def check_indices(self, i: int, dims, what: str = "index") -> None:
+        """Emit a kernel that validates input ``i`` (integer indices) before the op's kernel: an
+        index outside [-dim, dim) sets the run's status word, and ``Module.run`` raises a
+        ValueError naming the node, the input and the offending value (as onnxruntime does:
+        ONNX calls such indices an error). ``dims`` is one bound, or one per position of the
+        innermost axis (GatherND/ScatterND tuples). Nothing is emitted for indices known at
+        compile time (the numpy reference checks those) or without a status word."""
+        ind = self.inputs[i]
+        if ind is None or self.const(i) is not None or self.status is None or ind.numel == 0:
+            return
+        dims = [int(d) for d in (dims if isinstance(dims, (list, tuple)) else [dims])]
+        code = len(self.messages) + 1
+        v = self.node.input(i)
+        bounds = f"[-{dims[0]}, {dims[0] - 1}]" if len(set(dims)) == 1 else f"[-d, d-1] for d in {dims}"
+        self.messages.append(f"{self.node.qualified_op} node '{self.node.name}': {what} in input "
+                             f"'{v.name}' out of range {bounds}")
+        kb = self.kernel(f"check{code}", params=[ind, self.status])
+        with kb.loop(ind.numel) as j:
+            k = ind.flat(j).cast(DType.i64)
+            d = dims[0] if len(dims) == 1 else None
+            if d is None:
+                from .kernel import select
+                pos = j % len(dims)
+                d = dims[-1]
+                for t in range(len(dims) - 2, -1, -1):
+                    d = select(pos.eq(t), dims[t], d)
+            with kb.if_((k < -d) | (k >= d)):
+                kb.store(self.status, 0, code)
+                kb.store(self.status, 1, k)
 
     def kernel(self, suffix: str = "", params: list[Buffer] | None = None) -> KernelBuilder:
         """Open a new kernel; its parameters default to every present input, then the outputs."""

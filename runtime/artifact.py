@@ -105,6 +105,7 @@ def save_module(mod: Module, path) -> None:
         "slots": [{"index": s.index, "name": s.name, "kind": s.kind, "dtype": s.dtype.str, "shape": list(s.shape)}
                   for s in prog.slots],
         "input_slots": prog.inputs, "output_slots": prog.outputs,
+        "status_slot": prog.status_slot, "messages": prog.messages,
         "calls": [{"kernel": c.kernel, "slots": c.slots, "nodes": c.nodes, "ops": c.ops, "flops": c.flops,
                    "inplace_ok": [list(p) for p in c.inplace_ok], "sources": mod.source_nodes(c)}
                   for c in prog.calls],
@@ -234,7 +235,8 @@ def load(path) -> Module:
             consts[e["slot"]] = a.reshape(e["shape"])
         calls = [CallInfo(c["kernel"], c["slots"], c["nodes"], c["ops"], c["flops"],
                           [tuple(p) for p in c.get("inplace_ok", [])], c.get("sources")) for c in meta["calls"]]
-        prog = Program(slots, meta["input_slots"], meta["output_slots"], calls, consts)
+        prog = Program(slots, meta["input_slots"], meta["output_slots"], calls, consts,
+                       meta.get("status_slot"), list(meta.get("messages", [])))
         plan = MemoryPlan.from_dict(meta["plan"])
         in_names = [i["name"] for i in meta["inputs"]]
         out_names = [o["name"] for o in meta["outputs"]]

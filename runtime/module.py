@@ -78,6 +78,8 @@ class Program:
     outputs: list[int]
     calls: list[CallInfo]
     consts: dict[int, np.ndarray]
+    status_slot: int | None = None       # i64[2] word the run-time checks write (code, value)
+    messages: list[str] = field(default_factory=list)   # check error k is messages[k-1]
 
     @staticmethod
     def from_lowered(lg) -> "Program":
@@ -85,7 +87,8 @@ class Program:
                  for s in lg.slots]
         calls = [CallInfo(c.kernel, list(c.slots), list(c.nodes), list(c.ops), c.flops,
                           [tuple(p) for p in getattr(c, "inplace_ok", None) or ()]) for c in lg.calls]
-        return Program(slots, list(lg.inputs), list(lg.outputs), calls, dict(lg.consts))
+        return Program(slots, list(lg.inputs), list(lg.outputs), calls, dict(lg.consts),
+                       getattr(lg, "status_slot", None), list(getattr(lg, "messages", ())))
 
 
 class _Arena:
@@ -102,6 +105,9 @@ class _Arena:
             self.table[i] = a.ctypes.data
         for s, off in plan.offsets.items():
             self.table[s] = base + off
+        self.status = np.zeros(2, np.int64)
+        if module._program.status_slot is not None:
+            self.table[module._program.status_slot] = self.status.ctypes.data
         self.addr = ctypes.addressof(self.table)
 
 
@@ -245,9 +251,13 @@ class Module:
         arena = self._acquire()
         try:
             self._bind(arena, inputs, outs)
+            arena.status[0] = 0
             self._entry(arena.addr)
+            code, value = int(arena.status[0]), int(arena.status[1])
         finally:
             self._release(arena)
+        if code:
+            raise ValueError(f"{self._program.messages[code - 1]}: got {value}")
         return outs
 
     __call__ = run

@@ -423,7 +423,7 @@ class EmbedLayerNormalization:
 
     Inputs: ``num_gathers`` pairs (table [V_i, H...], ids int32/int64 of any shape), then scale,
     B (optional) and any number of dense addends. Gather is on axis 0 (ONNX Gather-13, negative
-    ids count from the end; ids out of range are clamped, where ONNX leaves them undefined);
+    ids count from the end; ids out of range make ``Module.run`` raise a ValueError, as for Gather);
     every term broadcasts (numpy) to the sum's shape S; scale and B are unidirectionally
     broadcastable to S; LayerNormalization-17 with ``axis`` and ``epsilon``, statistics in f32.
     Outputs: Y [S] and optionally the sum [S]. Raises ShapeError on mixed float dtypes,
@@ -473,6 +473,8 @@ class EmbedLayerNormalization:
         k = int(ctx.attr("num_gathers"))
         ins = ctx.inputs
         gathers = [(ins[2 * i], ins[2 * i + 1]) for i in range(k)]
+        for i in range(k):
+            ctx.check_indices(2 * i + 1, ins[2 * i].shape[0], "id")
         scale = ins[2 * k]
         b = ins[2 * k + 1] if len(ins) > 2 * k + 1 else None
         addends = [a for a in ins[2 * k + 2:] if a is not None]

@@ -1,9 +1,10 @@
 """Indexing ops: Gather, GatherElements, GatherND, ScatterElements (and the deprecated Scatter),
 ScatterND, OneHot, Compress, NonZero (ONNX operator spec, opset 28 semantics).
 
-Indices are read at run time. ONNX makes an out-of-range index an error; a compiled kernel
-cannot raise, so after wrapping negative indices (i + dim) the kernels clamp indices into
-[0, dim-1] to stay memory-safe. The numpy references raise IndexError instead.
+Indices are read at run time. ONNX makes an out-of-range index an error: a check kernel
+(``LowerCtx.check_indices``) validates run-time indices first, and ``Module.run`` raises a
+ValueError naming the node and the value; the main kernels still clamp into [0, dim-1] after
+wrapping negative indices (i + dim), so memory stays safe. The numpy references raise IndexError.
 """
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ class Gather:
         y = ctx.outputs[0]
         a = norm_axis(ctx.attr("axis", 0), len(data.shape))
         q = len(ind.shape)
+        ctx.check_indices(1, data.shape[a])
         kb = ctx.kernel()
         if y.numel == 0:
             return
@@ -109,6 +111,7 @@ class GatherElements:
         data, ind = ctx.inputs
         y = ctx.outputs[0]
         a = _ge_axis(ctx.node, ctx.node.inputs[0], ctx.node.inputs[1])
+        ctx.check_indices(1, data.shape[a])
         kb = ctx.kernel()
         if y.numel == 0:
             return
@@ -167,6 +170,7 @@ class GatherND:
         y = ctx.outputs[0]
         b, k, _ = _gnd_shape(ctx.node, data.shape, ind.shape)
         q = len(ind.shape)
+        ctx.check_indices(1, list(data.shape[b:b + k]))
         kb = ctx.kernel()
         if y.numel == 0:
             return
@@ -249,6 +253,7 @@ def _se_lower(ctx):
     y = ctx.outputs[0]
     red = _check_reduction(ctx.node)
     a = norm_axis(ctx.attr("axis", 0), len(data.shape))
+    ctx.check_indices(1, data.shape[a])
 
     def body(kb):
         if upd.numel == 0:
@@ -338,6 +343,7 @@ class ScatterND:
         red = _check_reduction(ctx.node)
         k = _snd_check(ctx.node, data.shape, ind.shape, upd.shape)
         q = len(ind.shape)
+        ctx.check_indices(1, list(data.shape[:k]))
 
         def body(kb):
             if upd.numel == 0:
