@@ -73,7 +73,7 @@ class LowerCtx:
                 d = dims[-1]
                 for t in range(len(dims) - 2, -1, -1):
                     d = select(pos.eq(t), dims[t], d)
-            with kb.if_((k < -d) | (k >= d)):
+            with kb.if_(((k < -d) | (k >= d)) & self.status[0].eq(0)):   # the first error is reported
                 kb.store(self.status, 0, code)
                 kb.store(self.status, 1, k)
 
