@@ -45,8 +45,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--opt-level", type=int, default=2)
+    ap.add_argument("--models-dir", type=pathlib.Path, default=SHARED,
+                    help="folder with models.json and the .onnx files (default: ../shared/models)")
     args = ap.parse_args()
-    entries = json.loads((SHARED / "models.json").read_text())["models"]
+    if not (args.models_dir / "models.json").exists():
+        ap.error(f"{args.models_dir / 'models.json'} not found: give the shared models folder with --models-dir")
+    entries = json.loads((args.models_dir / "models.json").read_text())["models"]
     if args.models:
         entries = [e for e in entries if any(m in e["file"] for m in args.models)]
     kw = {}
@@ -54,7 +58,7 @@ def main() -> int:
         kw["cache"] = False
     rows = []
     for e in entries:
-        path = str(SHARED / e["file"])
+        path = str(args.models_dir / e["file"])
         feeds = model_inputs(e, seed=0)
         t0 = time.perf_counter()
         mod = compiler.compile(path, target="llvm", opt_level=args.opt_level, **kw)

@@ -1,6 +1,6 @@
 """Per model and optimisation level: node count, kernels, compile time and the rule-log summary.
 
-Usage: .venv/bin/python benchmarks/opt_levels.py [model-substring ...]
+Usage: .venv/bin/python benchmarks/opt_levels.py [--models-dir DIR] [model-substring ...]
 """
 from __future__ import annotations
 
@@ -20,12 +20,20 @@ SHARED = ROOT.parent / "shared" / "models"
 
 
 def main() -> int:
-    entries = json.loads((SHARED / "models.json").read_text())["models"]
-    wanted = sys.argv[1:]
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", help="substrings of model file names (default: all)")
+    ap.add_argument("--models-dir", type=pathlib.Path, default=SHARED,
+                    help="folder with models.json and the .onnx files (default: ../shared/models)")
+    args = ap.parse_args()
+    if not (args.models_dir / "models.json").exists():
+        ap.error(f"{args.models_dir / 'models.json'} not found: give the shared models folder with --models-dir")
+    entries = json.loads((args.models_dir / "models.json").read_text())["models"]
+    wanted = args.models
     for e in entries:
         if wanted and not any(w in e["file"] for w in wanted):
             continue
-        path = str(SHARED / e["file"])
+        path = str(args.models_dir / e["file"])
         imported = len(import_onnx(path).nodes)
         print(f"\n{e['file']}: {e['node_count']} ONNX nodes, {imported} after import")
         for level in (0, 1, 2, 3):
