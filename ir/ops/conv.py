@@ -181,7 +181,8 @@ def conv_geometry_of(node, w_index: int = 1) -> Geometry:
     return conv_geometry(node, x.shape[2:], conv_kernel_shape(node, w.shape))
 
 
-def _infer_conv_shape(node, x, w, b) -> tuple[int, ...]:
+def _check_ranks_and_group(node, x, w) -> int:
+    """X is [N, C, D1, ...] with W of the same rank, and group is positive; returns group."""
     if x.type.rank < 3:
         raise ShapeError(f"X must be [N, C, D1, ...] with at least one spatial dim, got {list(x.shape)}")
     if w.type.rank != x.type.rank:
@@ -189,6 +190,11 @@ def _infer_conv_shape(node, x, w, b) -> tuple[int, ...]:
     group = int(node.attr("group", 1))
     if group <= 0:
         raise ShapeError(f"group must be positive, got {group}")
+    return group
+
+
+def _infer_conv_shape(node, x, w, b) -> tuple[int, ...]:
+    group = _check_ranks_and_group(node, x, w)
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
     if c != cg * group:
@@ -517,13 +523,7 @@ class ConvTranspose:
                 _check_float(node, v, what)
                 if v.dtype != x.dtype:
                     raise ShapeError(f"{what} has dtype {v.dtype}, X has {x.dtype}; they must match")
-        if x.type.rank < 3:
-            raise ShapeError(f"X must be [N, C, D1, ...] with at least one spatial dim, got {list(x.shape)}")
-        if w.type.rank != x.type.rank:
-            raise ShapeError(f"W has rank {w.type.rank}, X has rank {x.type.rank}; they must match")
-        group = int(node.attr("group", 1))
-        if group <= 0:
-            raise ShapeError(f"group must be positive, got {group}")
+        group = _check_ranks_and_group(node, x, w)
         n, c = x.shape[:2]
         if w.shape[0] != c:
             raise ShapeError(f"W's first dim ({w.shape[0]}) must equal X's {c} channels")
