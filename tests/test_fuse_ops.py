@@ -428,15 +428,16 @@ def _feeds(entry):
     return feeds
 
 
-# kernels at O2 without / with fuse_ops; with the catalogue's epilogue rules off, fuse_ops alone
-# reaches the catalogue's count
+# kernel calls at O2 without / with fuse_ops; with the catalogue's epilogue rules off, fuse_ops
+# alone reaches the catalogue's count. bert's counts include the 2 run-time index checks of its
+# embedding (input_ids, token_type_ids: LowerCtx.check_indices).
 MODEL_CASES = {
     "resnet18.unfolded.onnx": ((), 24, 24),
     "mobilenet_v2.unfolded.onnx": ((), 55, 55),
-    "bert_mini.unfolded.onnx": ((), 77, 76),
+    "bert_mini.unfolded.onnx": ((), 79, 78),
     "resnet18.unfolded.onnx/no-conv-rules": (CONV_RULES, 49, 24),
     "mobilenet_v2.unfolded.onnx/no-conv-rules": (CONV_RULES, 100, 55),
-    "bert_mini.unfolded.onnx/no-matmul-rules": (MATMUL_RULES + ["GeluErf", "GeluTanh"], 122, 76),
+    "bert_mini.unfolded.onnx/no-matmul-rules": (MATMUL_RULES + ["GeluErf", "GeluTanh"], 124, 78),
 }
 
 
