@@ -1,7 +1,9 @@
 """Compile the bundled MobileNetV2 with tensorfuse, run it, and compare with onnxruntime.
 
-Prints the max abs error against onnxruntime (optimisations off), the time per run of both
-(median of 20 runs, ms, same thread count), and the number of kernels.
+Prints the max abs error against onnxruntime with its graph optimisations off (the reference
+semantics), the time per run of both (median of 20 runs, ms, 1 thread each; onnxruntime with
+its default optimisations, as users run it), the compile time (the compile cache is bypassed,
+so it is the real cost) and the number of kernels.
 Usage: python examples/demo.py [model.onnx]
 """
 from __future__ import annotations
@@ -24,16 +26,19 @@ def main() -> int:
     import onnxruntime as ort
 
     t0 = time.perf_counter()
-    mod = compiler.compile(path, target="llvm")
+    mod = compiler.compile(path, target="llvm", cache=False)
     compile_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     feeds = {i.name: rng.uniform(-1, 1, size=i.shape).astype(i.dtype) for i in mod.input_info}
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    expected = sess.run(None, feeds)
+    def session(level):
+        so = ort.SessionOptions()
+        so.graph_optimization_level = level
+        so.intra_op_num_threads = 1
+        return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+    expected = session(ort.GraphOptimizationLevel.ORT_DISABLE_ALL).run(None, feeds)
+    sess = session(ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     got = mod.run(**feeds)
     err = max(float(np.max(np.abs(g - e))) for g, e in zip(got, expected))
 
@@ -44,7 +49,7 @@ def main() -> int:
     print(f"kernels:         {mod.num_kernels}")
     print(f"max abs error:   {err:.3g} (vs onnxruntime, optimisations off)")
     print(f"time per run:    tensorfuse {ours:.2f} ms | onnxruntime {theirs:.2f} ms "
-          f"(1 thread each; ratio {ours / theirs:.2f}x)")
+          f"(onnxruntime with its optimisations; 1 thread each; ratio {ours / theirs:.2f}x)")
     return 0 if err <= 1e-4 else 1
 
 
