@@ -13,7 +13,7 @@ from compiler.target import Target
 
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
             input_shapes: dict[str, Any] | None = None, disabled_rules=(), dump_ir=None,
-            cache: bool = True):
+            cache: bool = True, num_threads: int | None = None):
     """Compile an ONNX model into an executable :class:`runtime.Module`.
 
     model: a path, bytes or ``onnx.ModelProto``. target: "llvm" (host CPU). opt_level: 0..3
@@ -23,6 +23,9 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     and the LLVM IR (``compiler.pipeline``). The module's ``graph`` is the optimised graph IR,
     ``rewrite_log`` the rule applications. cache: look the module up in (and store it into) the compile cache
     (``runtime.cache``; keyed by model content, target, every other option and the version).
+    num_threads: threads that run the parallel loops of each kernel (default:
+    ``$TENSORFUSE_NUM_THREADS``, else the cores this process may use, ``os.sched_getaffinity``);
+    ``Module.num_threads`` changes it after compiling. Raises ValueError if it is not >= 1.
 
     Raises ModelLoadError (not a valid ONNX model), UnsupportedModelError (unsupported ops, all
     listed with node names; dynamic shapes), CompileError (an internal failure, naming the pass
@@ -35,6 +38,8 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     # every option but these is part of the compile cache's key: keep this line first
     options = {k: v for k, v in locals().items() if k not in ("model", "target", "cache")}
     tgt = Target.parse(target)
+    from runtime.threads import resolve_num_threads
+    options["num_threads"] = num_threads = resolve_num_threads(num_threads)
     if tgt.kind != "llvm":
         raise CompileError(f"target {tgt.kind!r} is not available yet")
     if opt_level not in (0, 1, 2, 3):
@@ -56,8 +61,9 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     input_names = [v.name for v in graph.inputs]
     from compiler.pipeline import dump_kernels, optimize
     opt = optimize(graph, opt_level, disabled_rules=disabled_rules, dump_ir=dump_ir)
-    lowered = lower_graph(graph)
-    m = build_module(lowered, graph, input_names, output_names)
+    lowered = lower_graph(graph, tgt)
+    m = build_module(lowered, graph, input_names, output_names, tgt)
+    m.num_threads = num_threads
     m.rewrite_log, m.pass_records = opt.log, opt.passes
     if dump_ir is not None:
         dump_kernels(dump_ir, m)
@@ -104,7 +110,7 @@ def dedupe_kernels(lowered) -> int:
     return dropped
 
 
-def build_module(lowered, graph, input_names, output_names):
+def build_module(lowered, graph, input_names, output_names, target=None):
     from codegen.llvm.emit import emit_entry, emit_kernel
     from codegen.llvm.jit import compile_ir
     from runtime.module import Module

@@ -15,7 +15,7 @@ import numpy as np
 from compiler.errors import CompileError, UnsupportedModelError
 from ir.graph import Graph, Node, Value
 from ir.kernel import Buffer, Kernel, KernelBuilder
-from ir.lowering import LowerCtx
+from ir.lowering import LowerCtx, lowering_target
 from ir.registry import OpPatternKind, get_op
 from ir.types import DType, TensorType
 
@@ -86,9 +86,16 @@ def _check_dtypes(graph: Graph) -> None:
         raise UnsupportedModelError("the llvm target does not support these tensor dtypes yet:\n" + "\n".join(lines))
 
 
-def lower_graph(graph: Graph) -> LoweredGraph:
-    """Lower every node through its registry entry. Raises CompileError naming the node, and
-    UnsupportedModelError for tensors of a dtype the llvm target cannot hold (bfloat16)."""
+def lower_graph(graph: Graph, target=None) -> LoweredGraph:
+    """Lower every node through its registry entry for ``target`` (a ``compiler.target.Target``;
+    default: the host CPU). Raises CompileError naming the node, and UnsupportedModelError for
+    tensors of a dtype the llvm target cannot hold (bfloat16)."""
+    from compiler.target import Target
+    with lowering_target(Target.parse(target if target is not None else "llvm")):
+        return _lower_graph(graph)
+
+
+def _lower_graph(graph: Graph) -> LoweredGraph:
     _check_dtypes(graph)
     lg = LoweredGraph()
     slot_of: dict[int, int] = {}

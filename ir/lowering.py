@@ -2,6 +2,8 @@
 a way to open kernels. One op may emit several kernels; most emit one."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Any
 
 import numpy as np
@@ -9,6 +11,20 @@ import numpy as np
 from .graph import Node
 from .kernel import Buffer, Kernel, KernelBuilder
 from .types import DType
+
+
+#: the target being lowered for (a ``compiler.target.Target``); set by ``compiler.lower.lower_graph``
+_TARGET: contextvars.ContextVar = contextvars.ContextVar("tensorfuse_lower_target", default=None)
+
+
+@contextlib.contextmanager
+def lowering_target(target):
+    """Within the block, every :attr:`LowerCtx.target` is ``target``."""
+    tok = _TARGET.set(target)
+    try:
+        yield target
+    finally:
+        _TARGET.reset(tok)
 
 
 class LowerCtx:
@@ -35,6 +51,17 @@ class LowerCtx:
         #: ``epilogue_inputs`` are extra Buffers it reads (add them to the kernel params).
         self.epilogue = None
         self.epilogue_inputs: list[Buffer] = []
+
+    @property
+    def target(self):
+        """The target lowered for: lanes per vector (``target.lanes(dtype)``), cache sizes and
+        the thread count come from here, never from constants. Outside ``lower_graph`` (a test
+        building one LowerCtx) it is the host CPU target."""
+        t = _TARGET.get()
+        if t is None:
+            from compiler.target import Target   # the default only; lower_graph passes its own
+            t = Target.parse("llvm")
+        return t
 
     def apply_epilogue(self, value, out_idx):
         """The value to store at ``out_idx`` of output 0 after the fused epilogue (if any)."""
