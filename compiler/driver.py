@@ -111,7 +111,7 @@ def dedupe_kernels(lowered) -> int:
 
 
 def build_module(lowered, graph, input_names, output_names, target=None):
-    from codegen.llvm.emit import emit_entry, emit_kernel
+    from codegen.llvm.emit import emit_entry, emit_kernel, kernel_is_parallel
     from codegen.llvm.jit import compile_ir
     from runtime.module import Module
 
@@ -119,9 +119,10 @@ def build_module(lowered, graph, input_names, output_names, target=None):
     mod = lir.Module(name=graph.name)
     for k in lowered.kernels:
         emit_kernel(mod, k)
-    emit_entry(mod, "tf_run", [(c.kernel, c.slots) for c in lowered.calls])
+    emit_entry(mod, "tf_run", [(c.kernel, c.slots) for c in lowered.calls],
+               {k.name: kernel_is_parallel(k) for k in lowered.kernels})
     try:
-        lib, obj, opt_ir = compile_ir(str(mod), graph.name)
+        lib, obj, opt_ir = compile_ir(str(mod), graph.name, target=target)
     except Exception as e:
         raise CompileError(f"LLVM code generation failed: {e}") from e
     m = Module(lowered, lib, "tf_run", input_names, output_names, graph=graph, llvm_ir=str(mod))

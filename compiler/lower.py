@@ -17,6 +17,7 @@ from ir.graph import Graph, Node, Value
 from ir.kernel import Buffer, Kernel, KernelBuilder
 from ir.lowering import LowerCtx, lowering_target
 from ir.registry import OpPatternKind, get_op
+from ir.schedule import default_schedule
 from ir.types import DType, TensorType
 
 
@@ -169,6 +170,7 @@ def _lower_graph(graph: Graph) -> LoweredGraph:
         if isinstance(n.attrs.get("body"), Graph):     # a fused function covers its body's nodes
             covered = n.attrs["body"].nodes
         for j, k in enumerate(ctx.kernels):
+            default_schedule(k)
             lg.kernels.append(k)
             n_in = sum(1 for b in k.params if not any(b is o for o in outs))
             lg.calls.append(KernelCall(k.name, [slot_by_buf[id(b)] for b in k.params],
@@ -179,8 +181,8 @@ def _lower_graph(graph: Graph) -> LoweredGraph:
         src = Buffer(_ident(v.name), v.dtype, v.shape)
         dst = Buffer(_ident(v.name) + "_out", v.dtype, v.shape)
         kb = KernelBuilder(f"copy_output_{out_slot}", [src, dst], comment="copy to graph output")
-        with kb.loop(src.numel) as j:
+        with kb.grid([src.numel]) as (j,):
             kb.store(dst, j, src.flat(j))
-        lg.kernels.append(kb.kernel)
+        lg.kernels.append(default_schedule(kb.kernel))
         lg.calls.append(KernelCall(kb.kernel.name, [slot_of[id(v)], out_slot], [], ["copy"]))
     return lg

@@ -31,6 +31,8 @@ I64 = DType.i64
 # ----------------------------------------------------------------------------- expressions
 class Expr:
     dtype: DType
+    #: vector width: 1 for a scalar, n for a vector of n ``dtype`` elements (f32 x n)
+    lanes = 1
 
     # arithmetic (Python numbers adopt the other operand's dtype)
     def __add__(self, o): return binop("add", self, o)
@@ -75,12 +77,42 @@ class Var(Expr):
 
 @dataclass(eq=False)
 class Load(Expr):
+    """``buf[index]``; with ``lanes`` > 1 the contiguous vector ``buf[index : index+lanes]``."""
     buf: "Buffer"
-    index: Expr   # flat element offset
+    index: Expr   # flat element offset (of the first lane)
+    lanes: int = 1
 
     @property
     def dtype(self):
         return self.buf.dtype
+
+
+@dataclass(eq=False)
+class Broadcast(Expr):
+    """A scalar expression repeated in every lane of a vector."""
+    a: Expr
+    lanes: int
+
+    @property
+    def dtype(self):
+        return self.a.dtype
+
+
+@dataclass(eq=False)
+class FMA(Expr):
+    """``a * b + c`` with one rounding where the target has fused multiply-add (llvm.fmuladd:
+    fused when the target has FMA, else a multiply and an add). Float dtypes only."""
+    a: Expr
+    b: Expr
+    c: Expr
+
+    @property
+    def dtype(self):
+        return self.a.dtype
+
+    @property
+    def lanes(self):
+        return self.a.lanes
 
 
 BINOPS_ARITH = ("add", "sub", "mul", "div", "rem", "min", "max", "pow", "and", "or", "xor",
@@ -101,6 +133,10 @@ class Bin(Expr):
     def dtype(self):
         return DType.bool if self.op in BINOPS_CMP else self.a.dtype
 
+    @property
+    def lanes(self):
+        return self.a.lanes
+
 
 @dataclass(eq=False)
 class Un(Expr):
@@ -111,11 +147,19 @@ class Un(Expr):
     def dtype(self):
         return DType.bool if self.op in ("isnan", "isinf") else self.a.dtype
 
+    @property
+    def lanes(self):
+        return self.a.lanes
+
 
 @dataclass(eq=False)
 class Cast(Expr):
     dtype: DType
     a: Expr
+
+    @property
+    def lanes(self):
+        return self.a.lanes
 
 
 @dataclass(eq=False)
@@ -127,6 +171,10 @@ class Select(Expr):
     @property
     def dtype(self):
         return self.a.dtype
+
+    @property
+    def lanes(self):
+        return self.a.lanes
 
 
 def as_expr(x, like: DType | None = None) -> Expr:
@@ -142,6 +190,14 @@ def as_expr(x, like: DType | None = None) -> Expr:
     return Const(int(x), like)
 
 
+def _same_lanes(what: str, *xs: Expr) -> list[Expr]:
+    """Broadcast scalar operands to the vector width of the others; mixed widths are an error."""
+    n = max(x.lanes for x in xs)
+    if any(x.lanes not in (1, n) for x in xs):
+        raise TypeError(f"{what}: operand vector widths differ ({[x.lanes for x in xs]})")
+    return [Broadcast(x, n) if x.lanes != n else x for x in xs]
+
+
 def binop(op: str, a, b) -> Expr:
     if not isinstance(a, Expr) and not isinstance(b, Expr):
         raise TypeError("binop needs at least one Expr")
@@ -149,6 +205,8 @@ def binop(op: str, a, b) -> Expr:
     b = as_expr(b, a.dtype)
     if a.dtype != b.dtype:
         raise TypeError(f"{op}: operand dtypes differ ({a.dtype} vs {b.dtype}); cast first")
+    if a.lanes != b.lanes:
+        a, b = _same_lanes(op, a, b)
     # fold the integer index arithmetic that lowering produces in bulk
     if isinstance(a, Const) and isinstance(b, Const) and a.dtype == I64:
         fold = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y}
@@ -179,7 +237,30 @@ def select(cond, a, b) -> Expr:
     b = as_expr(b, a.dtype)
     if a.dtype != b.dtype:
         raise TypeError(f"select: branch dtypes differ ({a.dtype} vs {b.dtype})")
-    return Select(as_expr(cond, DType.bool), a, b)
+    cond = as_expr(cond, DType.bool)
+    if not (cond.lanes == a.lanes == b.lanes):
+        cond, a, b = _same_lanes("select", cond, a, b)
+    return Select(cond, a, b)
+
+
+def broadcast(x, lanes: int) -> Expr:
+    """``x`` (a scalar Expr) in each of ``lanes`` lanes; ``lanes`` == 1 returns ``x``."""
+    x = as_expr(x)
+    if lanes == 1 or x.lanes == lanes:
+        return x
+    if x.lanes != 1:
+        raise TypeError(f"broadcast of a {x.lanes}-lane vector to {lanes} lanes")
+    return Broadcast(x, lanes)
+
+
+def fma(a, b, c) -> Expr:
+    """``a * b + c`` (see :class:`FMA`); scalars broadcast to the vector operand's width."""
+    a = as_expr(a, next((x.dtype for x in (b, c) if isinstance(x, Expr)), None))
+    b, c = as_expr(b, a.dtype), as_expr(c, a.dtype)
+    if not (a.dtype == b.dtype == c.dtype) or not a.dtype.is_float:
+        raise TypeError(f"fma takes one float dtype, got {a.dtype}, {b.dtype}, {c.dtype}")
+    a, b, c = _same_lanes("fma", a, b, c)
+    return FMA(a, b, c)
 
 
 def minimum(a, b) -> Expr:
@@ -229,6 +310,10 @@ class Buffer:
     def flat(self, i) -> Load:
         return Load(self, as_expr(i, I64))
 
+    def vload(self, i, lanes: int) -> Load:
+        """The contiguous vector of ``lanes`` elements at flat offset ``i``."""
+        return Load(self, as_expr(i, I64), lanes)
+
     def bcast(self, out_idx: Sequence) -> Load:
         """Load with numpy broadcasting against an output indexed by ``out_idx``."""
         r = len(self.shape)
@@ -245,6 +330,12 @@ class Stmt:
     pass
 
 
+#: loop kinds codegen implements: parallel (split across the thread team), vectorize (the
+#: innermost loop left to LLVM's loop vectoriser), unroll (the body repeated per iteration;
+#: constant extents only)
+LOOP_KINDS = ("serial", "parallel", "vectorize", "unroll")
+
+
 @dataclass(eq=False)
 class For(Stmt):
     var: Var
@@ -253,6 +344,9 @@ class For(Stmt):
     kind: str = "serial"        # serial | parallel | vectorize | unroll
     start: Expr = field(default_factory=lambda: Const(0, I64))
     comment: str = ""
+    #: "spatial": iterations write disjoint outputs (may run in parallel); "reduce": they
+    #: accumulate into the same values (ordered); "" unknown: treated as "reduce"
+    role: str = ""
 
 
 @dataclass(eq=False)
@@ -300,10 +394,17 @@ class KernelBuilder:
         return Var(f"{hint}{self._n}")
 
     @contextlib.contextmanager
-    def loop(self, extent, kind: str = "serial", start=0, hint: str = "i", comment: str = ""):
-        """``for v in start..extent`` (extent is the exclusive end). Yields the loop Var."""
+    def loop(self, extent, kind: str = "serial", start=0, hint: str = "i", comment: str = "",
+             role: str = ""):
+        """``for v in start..extent`` (extent is the exclusive end). Yields the loop Var.
+        ``kind``: serial | parallel | vectorize | unroll (see :data:`LOOP_KINDS`); ``role``:
+        "spatial" | "reduce" | "" (a ``parallel`` loop is spatial by its author's word)."""
+        if kind not in LOOP_KINDS:
+            raise ValueError(f"loop kind must be one of {LOOP_KINDS}, got {kind!r}")
+        if kind == "parallel":
+            role = "spatial"
         v = self.var(hint)
-        f = For(v, as_expr(extent, I64), [], kind, as_expr(start, I64), comment)
+        f = For(v, as_expr(extent, I64), [], kind, as_expr(start, I64), comment, role)
         self._emit(f)
         self._stack.append(f.body)
         try:
@@ -317,8 +418,15 @@ class KernelBuilder:
         with contextlib.ExitStack() as st:
             idx = []
             for d, n in enumerate(shape):
-                idx.append(st.enter_context(self.loop(n, kind if d == 0 else "serial", hint=f"i{d}_")))
+                idx.append(st.enter_context(self.loop(n, kind if d == 0 else "serial", hint=f"i{d}_",
+                                                      role="spatial")))
             yield idx
+
+    @contextlib.contextmanager
+    def reduce(self, extent, kind: str = "serial", start=0, hint: str = "r"):
+        """A reduction loop: its iterations accumulate into the same values, in order."""
+        with self.loop(extent, kind, start, hint, role="reduce") as v:
+            yield v
 
     @contextlib.contextmanager
     def if_(self, cond: Expr):
@@ -347,12 +455,14 @@ class KernelBuilder:
 
     def store(self, buf: Buffer, idx, value) -> None:
         off = buf.offset(idx) if isinstance(idx, (list, tuple)) else as_expr(idx, I64)
-        value = as_expr(value, buf.dtype)
+        value = as_expr(value, buf.dtype)   # a vector value stores its lanes contiguously
         if value.dtype != buf.dtype:
             raise TypeError(f"store of {value.dtype} into {buf.dtype} buffer {buf.name}")
         self._emit(Store(buf, off, value))
 
     # convenience re-exports
+    fma = staticmethod(fma)
+    broadcast = staticmethod(broadcast)
     max = staticmethod(maximum)
     min = staticmethod(minimum)
     select = staticmethod(select)

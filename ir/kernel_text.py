@@ -1,7 +1,7 @@
 """Printing kernel IR as a small Python-like script (DESIGN.md, IR level 3)."""
 from __future__ import annotations
 
-from .kernel import Bin, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+from .kernel import FMA, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
 
 _SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "lt": "<", "le": "<=",
         "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^",
@@ -14,7 +14,13 @@ def print_expr(e) -> str:
     if isinstance(e, Var):
         return e.name
     if isinstance(e, Load):
+        if e.lanes > 1:
+            return f"{e.buf.name}[{print_expr(e.index)} : +{e.lanes}]"
         return f"{e.buf.name}[{print_expr(e.index)}]"
+    if isinstance(e, Broadcast):
+        return f"broadcast({print_expr(e.a)}, {e.lanes})"
+    if isinstance(e, FMA):
+        return f"fma({print_expr(e.a)}, {print_expr(e.b)}, {print_expr(e.c)})"
     if isinstance(e, Bin):
         if e.op in _SYM:
             return f"({print_expr(e.a)} {_SYM[e.op]} {print_expr(e.b)})"
@@ -22,7 +28,8 @@ def print_expr(e) -> str:
     if isinstance(e, Un):
         return f"{e.op}({print_expr(e.a)})"
     if isinstance(e, Cast):
-        return f"{e.dtype.value}({print_expr(e.a)})"
+        t = e.dtype.value + (f"x{e.lanes}" if e.lanes > 1 else "")
+        return f"{t}({print_expr(e.a)})"
     if isinstance(e, Select):
         return f"select({print_expr(e.cond)}, {print_expr(e.a)}, {print_expr(e.b)})"
     raise TypeError(f"not an expression: {e!r}")
@@ -33,12 +40,15 @@ def _print_body(stmts, depth, out):
     for s in stmts:
         if isinstance(s, For):
             kind = "" if s.kind == "serial" else s.kind + " "
+            if s.role == "reduce" and s.kind == "serial":
+                kind = "reduce "
             start = print_expr(s.start)
             cm = f"    # {s.comment}" if s.comment else ""
             out.append(f"{pad}{kind}for {s.var.name} in {start}..{print_expr(s.extent)}:{cm}")
             _print_body(s.body, depth + 1, out)
         elif isinstance(s, Store):
-            out.append(f"{pad}{s.buf.name}[{print_expr(s.index)}] = {print_expr(s.value)}")
+            span = f" : +{s.value.lanes}" if s.value.lanes > 1 else ""
+            out.append(f"{pad}{s.buf.name}[{print_expr(s.index)}{span}] = {print_expr(s.value)}")
         elif isinstance(s, If):
             out.append(f"{pad}if {print_expr(s.cond)}:")
             _print_body(s.then, depth + 1, out)

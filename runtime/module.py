@@ -25,7 +25,9 @@ import numpy as np
 
 from .memory_plan import MemoryPlan, plan_memory
 
-_ENTRY_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+#: ``void entry(ptr slots, ptr team)`` and ``void kernel(ptr args, ptr team)``; a null team
+#: runs everything on the calling thread
+_ENTRY_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,19 @@ class _Arena:
         if module._program.status_slot is not None:
             self.table[module._program.status_slot] = self.status.ctypes.data
         self.addr = ctypes.addressof(self.table)
+        self.team = None
+        if module.num_threads > 1:
+            import weakref
+
+            from .threads import ThreadTeam
+            self.team = ThreadTeam(module.num_threads)
+            weakref.finalize(self, self.team.close)   # the workers exit with their arena
+
+    def call(self, entry) -> None:
+        if self.team is None:
+            entry(self.addr, None)
+        else:
+            self.team.run(entry, self.addr)
 
 
 class Module:
@@ -146,6 +161,24 @@ class Module:
         self._pool: list[_Arena] = []
         self._pool_lock = threading.Lock()
         self._kernel_fns: dict[str, object] = {}
+        from .threads import resolve_num_threads
+        self._num_threads = resolve_num_threads(None)
+
+    @property
+    def num_threads(self) -> int:
+        """Threads that run each run's parallel loops (``compile(num_threads=...)``, else
+        ``$TENSORFUSE_NUM_THREADS``, else the cores this process may use). Settable; raises
+        ValueError for a count below 1."""
+        return self._num_threads
+
+    @num_threads.setter
+    def num_threads(self, n: int) -> None:
+        from .threads import resolve_num_threads
+        n = resolve_num_threads(n)
+        if n != self._num_threads:
+            with self._pool_lock:
+                self._num_threads = n
+                self._pool = []                 # arenas own teams of the old size
 
     # -- introspection ------------------------------------------------------------------
     def _rebuilt(self) -> "Module | None":
@@ -234,7 +267,8 @@ class Module:
 
     def _release(self, arena: _Arena) -> None:
         with self._pool_lock:
-            self._pool.append(arena)
+            if (arena.team.size if arena.team else 1) == self._num_threads:
+                self._pool.append(arena)
 
     def _bind(self, arena: _Arena, inputs, outs) -> None:
         table = arena.table
@@ -252,7 +286,7 @@ class Module:
         try:
             self._bind(arena, inputs, outs)
             arena.status[0] = 0
-            self._entry(arena.addr)
+            arena.call(self._entry)
             code, value = int(arena.status[0]), int(arena.status[1])
         finally:
             self._release(arena)

@@ -111,13 +111,13 @@ def profile_module(mod, arrays, named, repeat: int = 10, warmup: int = 1, show: 
             calls.append((mod._kernel_fn(c.kernel), ctypes.addressof(args), args))
         for _ in range(warmup):
             for fn, addr, _a in calls:
-                fn(addr)
+                fn(addr, None)
         times = [[0.0] * repeat for _ in calls]
         clock = time.perf_counter
         for r in range(repeat):
             for k, (fn, addr, _a) in enumerate(calls):
                 t0 = clock()
-                fn(addr)
+                fn(addr, None)
                 times[k][r] = clock() - t0
     finally:
         mod._release(arena)

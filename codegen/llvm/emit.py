@@ -1,9 +1,21 @@
 """Kernel IR -> LLVM IR (llvmlite.ir).
 
-Every kernel becomes ``void @name(ptr %args)``, ``args`` being an array of buffer pointers in
-the kernel's parameter order. :func:`emit_entry` adds ``void @<entry>(ptr %slots)`` that calls
-kernels in sequence, each with its buffers picked from the slot table (the runtime's memory
-plan fills the table), so one native call runs the whole graph.
+Every kernel becomes ``void @name(ptr %args, ptr %team)``, ``args`` being an array of buffer
+pointers in the kernel's parameter order. :func:`emit_entry` adds ``void @<entry>(ptr %slots,
+ptr %team)`` that calls kernels in sequence, each with its buffers picked from the slot table
+(the runtime's memory plan fills the table), so one native call runs the whole graph.
+
+Threads (SPMD): the runtime calls the entry once per thread of a team, each with its own
+``team`` record (:data:`TEAM_FIELDS`: thread index, team size, the shared barrier, the thread's
+barrier sense). A kernel's top-level ``parallel`` loop is cut into one contiguous chunk per
+thread; a kernel without one runs on thread 0 alone. Barriers (a sense-reversing counter,
+spinning then ``sched_yield``) separate kernels wherever a thread may read what another wrote.
+``team`` may be null: the kernel then runs every iteration itself (the profiler does this).
+
+Loop kinds: ``parallel`` as above; ``unroll`` repeats the body once per iteration (constant
+extents up to :data:`MAX_UNROLL`); ``vectorize`` marks the innermost loop that LLVM's loop
+vectoriser widens to the target's lanes (it runs at every optimisation level we use); vector
+types (``Load.lanes``, ``Broadcast``, vector ``Store``) become LLVM vector instructions directly.
 
 Semantics of the expression ops on integers follow C with two guards that C lacks: division
 or remainder by zero gives 0 (numpy's result) and INT_MIN / -1 wraps, rather than trapping.
@@ -14,8 +26,13 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ir.kernel import Bin, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+from ir.kernel import FMA, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
 from ir.types import DType
+
+try:
+    from . import vmath
+except ImportError:      # TEMPORARY until codegen/llvm/vmath.py lands
+    vmath = None
 
 PTR = ir.PointerType()
 I1 = ir.IntType(1)
@@ -24,11 +41,24 @@ I64 = ir.IntType(64)
 F32 = ir.FloatType()
 
 
+#: the team record's i64 fields: thread index, team size, barrier address, barrier sense
+TEAM_FIELDS = ("tid", "nthreads", "barrier", "sense")
+#: the most iterations an ``unroll`` loop may have
+MAX_UNROLL = 64
+#: spins on the barrier's sense word before each sched_yield
+BARRIER_SPINS = 2000
+
+
 class CodegenError(Exception):
     """Kernel IR the LLVM backend cannot emit; names the kernel."""
 
 
-def ltype(dt: DType, memory: bool = False) -> ir.Type:
+def ltype(dt: DType, memory: bool = False, lanes: int = 1) -> ir.Type:
+    t = _scalar_ltype(dt, memory)
+    return ir.VectorType(t, lanes) if lanes > 1 else t
+
+
+def _scalar_ltype(dt: DType, memory: bool = False) -> ir.Type:
     if dt == DType.bool:
         return I8 if memory else I1
     if dt == DType.f32:
@@ -57,10 +87,12 @@ class _FnEmitter:
         fn = module.globals.get(kernel.name)
         if fn is not None:
             raise CodegenError(f"kernel name {kernel.name} emitted twice")
-        self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=kernel.name)
+        self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR]), name=kernel.name)
         self.fn.args[0].name = "args"
+        self.fn.args[1].name = "team"
         entry = self.fn.append_basic_block("entry")
         self.b = ir.IRBuilder(entry)
+        self.split_ok = False
         self.ptrs: dict[int, ir.Value] = {}
         self.vars: dict[int, ir.Value] = {}
         for i, buf in enumerate(kernel.params):
@@ -71,6 +103,7 @@ class _FnEmitter:
         for buf in kernel.locals:
             self.ptrs[id(buf)] = self.b.alloca(ltype(buf.dtype, True), size=max(buf.numel, 1),
                                                name=buf.name)
+        self.tid, self.nth = _team_ids(self.b, self.fn.args[1])     # after the allocas: entry block
 
     # -- helpers --------------------------------------------------------------------------
     def _decl(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
@@ -80,8 +113,16 @@ class _FnEmitter:
         return f
 
     def _intrinsic(self, base: str, t: ir.Type, nargs: int = 1) -> ir.Function:
-        suffix = {"float": "f32", "double": "f64", "half": "f16"}[str(t)]
-        return self._decl(f"llvm.{base}.{suffix}", t, [t] * nargs)
+        return self._decl(f"llvm.{base}.{_suffix(t)}", t, [t] * nargs)
+
+    def _scalarised(self, x: ir.Value, fn) -> ir.Value:
+        """Apply a scalar emitter ``fn`` to each lane of vector ``x`` (libm calls)."""
+        b = self.b
+        out = ir.Constant(x.type, ir.Undefined)
+        for i in range(x.type.count):
+            lane = fn(b.extract_element(x, ir.Constant(ir.IntType(32), i)))
+            out = b.insert_element(out, lane, ir.Constant(ir.IntType(32), i))
+        return out
 
     def _libm(self, name: str, t: ir.Type, nargs: int = 1) -> ir.Function:
         cname = name + ("f" if str(t) == "float" else "")
@@ -101,16 +142,26 @@ class _FnEmitter:
             if e.dtype.is_float:
                 return ir.Constant(t, float(e.value))
             return ir.Constant(t, int(e.value))
+        if isinstance(e, Broadcast):
+            return _splat(b, self.expr(e.a), e.lanes)
+        if isinstance(e, FMA):
+            x, y, z = self.expr(e.a), self.expr(e.b), self.expr(e.c)
+            if e.dtype == DType.f16:
+                return b.fadd(b.fmul(x, y), z)
+            return b.call(self._intrinsic("fmuladd", x.type, 3), [x, y, z])
         if isinstance(e, Var):
             try:
                 return self.vars[id(e)]
             except KeyError:
                 raise CodegenError(f"kernel {self.k.name}: variable {e.name} used outside its loop") from None
         if isinstance(e, Load):
-            p = b.gep(self._ptr(e.buf), [self.expr(e.index)], source_etype=ltype(e.buf.dtype, True))
-            v = b.load(p, typ=ltype(e.buf.dtype, True))
+            et = ltype(e.buf.dtype, True)
+            p = b.gep(self._ptr(e.buf), [self.expr(e.index)], source_etype=et)
+            vt = ltype(e.buf.dtype, True, e.lanes)
+            v = b.load(p, typ=vt, align=e.buf.dtype.itemsize)
             if e.buf.dtype == DType.bool:
-                v = b.icmp_unsigned("!=", v, ir.Constant(I8, 0))
+                v = b.icmp_unsigned("!=", v, ir.Constant(vt, 0) if e.lanes == 1 else
+                                    ir.Constant(vt, [0] * e.lanes))
             return v
         if isinstance(e, Bin):
             return self.binop(e.op, e.a.dtype, self.expr(e.a), self.expr(e.b))
@@ -126,7 +177,8 @@ class _FnEmitter:
         b = self.b
         if dt.is_float:
             if dt == DType.f16 and op in ("pow", "atan2", "rem"):
-                return b.fptrunc(self.binop(op, DType.f32, b.fpext(x, F32), b.fpext(y, F32)), x.type)
+                f32 = _like(x.type, F32)
+                return b.fptrunc(self.binop(op, DType.f32, b.fpext(x, f32), b.fpext(y, f32)), x.type)
             if op == "add": return b.fadd(x, y)
             if op == "sub": return b.fsub(x, y)
             if op == "mul": return b.fmul(x, y)
@@ -135,7 +187,10 @@ class _FnEmitter:
             if op == "min": return b.call(self._intrinsic("minimum", x.type, 2), [x, y])
             if op == "max": return b.call(self._intrinsic("maximum", x.type, 2), [x, y])
             if op == "pow": return b.call(self._intrinsic("pow", x.type, 2), [x, y])
-            if op == "atan2": return b.call(self._libm("atan2", x.type, 2), [x, y])
+            if op == "atan2":
+                if isinstance(x.type, ir.VectorType):
+                    raise CodegenError(f"kernel {self.k.name}: atan2 of vectors is not supported")
+                return b.call(self._libm("atan2", x.type, 2), [x, y])
             if op == "ne": return b.fcmp_unordered("!=", x, y)
             if op in _FCMP: return b.fcmp_ordered(_FCMP[op], x, y)
             raise CodegenError(f"kernel {self.k.name}: float op {op} unsupported")
@@ -152,7 +207,7 @@ class _FnEmitter:
             zero = ir.Constant(x.type, 0)
             bad = b.icmp_unsigned("==", y, zero)
             if signed:
-                minv = ir.Constant(x.type, -(1 << (x.type.width - 1)))
+                minv = ir.Constant(x.type, -(1 << (_elem(x.type).width - 1)))
                 ovf = b.and_(b.icmp_signed("==", x, minv), b.icmp_signed("==", y, ir.Constant(x.type, -1)))
                 bad = b.or_(bad, ovf)
             safe_y = b.select(bad, ir.Constant(x.type, 1), y)
@@ -173,13 +228,13 @@ class _FnEmitter:
         if op == "or": return b.or_(x, y)
         if op == "xor": return b.xor(x, y)
         if op == "shl":
-            big = b.icmp_unsigned(">=", y, ir.Constant(y.type, x.type.width))
+            big = b.icmp_unsigned(">=", y, ir.Constant(y.type, _elem(x.type).width))
             return b.select(big, ir.Constant(x.type, 0), b.shl(x, y))
         if op == "shr":
-            big = b.icmp_unsigned(">=", y, ir.Constant(y.type, x.type.width))
+            big = b.icmp_unsigned(">=", y, ir.Constant(y.type, _elem(x.type).width))
             return b.select(big, ir.Constant(x.type, 0), b.ashr(x, y) if signed else b.lshr(x, y))
         if op == "pow":
-            f64 = ir.DoubleType()
+            f64 = _like(x.type, ir.DoubleType())
             fx = b.sitofp(x, f64) if signed else b.uitofp(x, f64)
             fy = b.sitofp(y, f64) if signed else b.uitofp(y, f64)
             r = b.call(self._intrinsic("pow", f64, 2), [fx, fy])
@@ -198,10 +253,17 @@ class _FnEmitter:
                 a = b.call(self._intrinsic("fabs", x.type), [x])
                 return b.fcmp_ordered("==", a, ir.Constant(x.type, float("inf")))
             if dt == DType.f16:
-                return b.fptrunc(self.unop(op, DType.f32, b.fpext(x, F32)), x.type)
+                return b.fptrunc(self.unop(op, DType.f32, b.fpext(x, _like(x.type, F32))), x.type)
+            if dt == DType.f32 and vmath is not None:
+                v = vmath.emit_unary(b, op, x)
+                if v is not None:
+                    return v
             if op in _INTRINSIC_UNARY:
                 return b.call(self._intrinsic(_INTRINSIC_UNARY[op], x.type), [x])
             if op in _LIBM_UNARY:
+                if isinstance(x.type, ir.VectorType):
+                    f = self._libm(op, x.type.element)
+                    return self._scalarised(x, lambda lane: b.call(f, [lane]))
                 return b.call(self._libm(op, x.type), [x])
             raise CodegenError(f"kernel {self.k.name}: float op {op} unsupported")
         if op == "neg": return b.neg(x)
@@ -235,30 +297,32 @@ class _FnEmitter:
         b = self.b
         if src == dst:
             return x
-        t = ltype(dst)
+        t = _like(x.type, ltype(dst))
         if dst == DType.bool:
             if src.is_float:
                 return b.fcmp_unordered("!=", x, ir.Constant(x.type, 0.0))
             return b.icmp_unsigned("!=", x, ir.Constant(x.type, 0))
         if src.is_float and dst.is_float:
             if src == DType.f64 and dst == DType.f16:
+                if isinstance(x.type, ir.VectorType):
+                    raise CodegenError(f"kernel {self.k.name}: f64 -> f16 casts of vectors are not supported")
                 return b.fptrunc(self._f64_to_f32_round_odd(x), t)
             return b.fpext(x, t) if src.itemsize < dst.itemsize else b.fptrunc(x, t)
         if src.is_float:
             if src == DType.f16:
-                x, src = b.fpext(x, F32), DType.f32
+                x, src = b.fpext(x, _like(x.type, F32)), DType.f32
             name = "fptosi" if dst.is_signed else "fptoui"
-            sfx = {"float": "f32", "double": "f64"}[str(x.type)]
-            f = self._decl(f"llvm.{name}.sat.i{t.width}.{sfx}", t, [x.type])
+            t = _like(x.type, t)
+            f = self._decl(f"llvm.{name}.sat.{_suffix(t)}.{_suffix(x.type)}", t, [x.type])
             return b.call(f, [x])
         if dst.is_float:
             if src == DType.bool or not src.is_signed:
                 return b.uitofp(x, t)
             return b.sitofp(x, t)
         # int -> int
-        if x.type.width > t.width:
+        if _elem(x.type).width > _elem(t).width:
             return b.trunc(x, t)
-        if x.type.width < t.width:
+        if _elem(x.type).width < _elem(t).width:
             return b.sext(x, t) if (src.is_signed and src != DType.bool) else b.zext(x, t)
         return x
 
@@ -267,17 +331,49 @@ class _FnEmitter:
         for s in body:
             self.stmt(s)
 
+    def top(self, body) -> None:
+        """The kernel body: each top-level statement holding the parallel loop runs on every
+        thread (the loop split into chunks); any other runs on thread 0; a barrier separates
+        statements wherever a parallel one is involved."""
+        b = self.b
+        kinds = [_has_parallel(s) for s in body]
+        for i, (s, par) in enumerate(zip(body, kinds)):
+            if i and (par or kinds[i - 1]):
+                b.call(barrier_fn(self.m), [self.fn.args[1]])
+            self.split_ok = par          # only this nest's first parallel loop is split
+            if par:
+                self.stmt(s)
+            else:
+                with b.if_then(b.icmp_signed("==", self.tid, ir.Constant(I64, 0))):
+                    self.stmt(s)
+            self.split_ok = False
+
     def stmt(self, s) -> None:
         b = self.b
         if isinstance(s, Store):
             v = self.expr(s.value)
+            lanes = s.value.lanes
             if s.buf.dtype == DType.bool:
-                v = b.zext(v, I8)
+                v = b.zext(v, ltype(DType.bool, True, lanes))
             p = b.gep(self._ptr(s.buf), [self.expr(s.index)], source_etype=ltype(s.buf.dtype, True))
-            b.store(v, p)
+            b.store(v, p, align=s.buf.dtype.itemsize)
         elif isinstance(s, For):
+            if s.kind not in ("serial", "parallel", "vectorize", "unroll"):
+                raise CodegenError(f"kernel {self.k.name}: loop kind {s.kind!r} has no LLVM lowering")
+            if s.kind == "unroll":
+                self._unrolled(s)
+                return
             start = self.expr(s.start)
             stop = self.expr(s.extent)
+            if s.kind == "parallel" and self.split_ok:
+                self.split_ok = False
+                # this thread's chunk of [start, stop): ceil(n / nthreads) iterations each
+                n = b.sub(stop, start)
+                chunk = b.sdiv(b.add(n, b.sub(self.nth, ir.Constant(I64, 1))), self.nth)
+                lo = b.add(start, b.mul(self.tid, chunk))
+                hi = b.add(lo, chunk)
+                start = b.select(b.icmp_signed("<", lo, stop), lo, stop)
+                stop = b.select(b.icmp_signed("<", hi, stop), hi, stop)
             pre = b.block
             header = self.fn.append_basic_block(f"{s.var.name}.head")
             body = self.fn.append_basic_block(f"{s.var.name}.body")
@@ -308,26 +404,185 @@ class _FnEmitter:
         else:
             raise CodegenError(f"kernel {self.k.name}: unknown statement {s!r}")
 
+    def _unrolled(self, s: For) -> None:
+        if not (isinstance(s.start, Const) and isinstance(s.extent, Const)):
+            raise CodegenError(f"kernel {self.k.name}: unroll loop {s.var.name} needs constant bounds")
+        n = int(s.extent.value) - int(s.start.value)
+        if n > MAX_UNROLL:
+            raise CodegenError(f"kernel {self.k.name}: unroll loop {s.var.name} has {n} iterations "
+                               f"(at most {MAX_UNROLL})")
+        for i in range(int(s.start.value), int(s.extent.value)):
+            self.vars[id(s.var)] = ir.Constant(I64, i)
+            self.stmts(s.body)
+
+
+def _elem(t: ir.Type) -> ir.Type:
+    return t.element if isinstance(t, ir.VectorType) else t
+
+
+def _like(shape_of: ir.Type, scalar: ir.Type) -> ir.Type:
+    """``scalar`` as a vector of ``shape_of``'s width when that is a vector type."""
+    return ir.VectorType(scalar, shape_of.count) if isinstance(shape_of, ir.VectorType) else scalar
+
+
+def _suffix(t: ir.Type) -> str:
+    """LLVM's intrinsic type suffix: f32, f64, f16, i32, v8f32 ..."""
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{_suffix(t.element)}"
+    if isinstance(t, ir.IntType):
+        return f"i{t.width}"
+    return {"float": "f32", "double": "f64", "half": "f16"}[str(t)]
+
+
+def _splat(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
+    i32 = ir.IntType(32)
+    v = b.insert_element(ir.Constant(ir.VectorType(x.type, lanes), ir.Undefined), x, ir.Constant(i32, 0))
+    return b.shuffle_vector(v, ir.Constant(ir.VectorType(x.type, lanes), ir.Undefined),
+                            ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+
+
+def _has_parallel(s) -> bool:
+    """Whether a top-level statement is a perfect nest ending in a parallel loop."""
+    while isinstance(s, For):
+        if s.kind == "parallel":
+            return True
+        if len(s.body) != 1:
+            return False
+        s = s.body[0]
+    return False
+
+
+def kernel_is_parallel(kernel: Kernel) -> bool:
+    """Whether any top-level statement of ``kernel`` splits its iterations across threads."""
+    return any(_has_parallel(s) for s in kernel.body)
+
+
+def _team_ids(b: ir.IRBuilder, team: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(thread index, team size) from the team record; (0, 1) when ``team`` is null."""
+    null = b.icmp_unsigned("==", team, ir.Constant(PTR, None))
+    with b.if_else(null) as (alone, shared):
+        with alone:
+            a_blk = b.block
+        with shared:
+            tid = b.load(team, typ=I64)
+            nth = b.load(b.gep(team, [ir.Constant(I64, 1)], source_etype=I64), typ=I64)
+            s_blk = b.block
+    t = b.phi(I64, name="tid")
+    t.add_incoming(ir.Constant(I64, 0), a_blk)
+    t.add_incoming(tid, s_blk)
+    n = b.phi(I64, name="nthreads")
+    n.add_incoming(ir.Constant(I64, 1), a_blk)
+    n.add_incoming(nth, s_blk)
+    return t, n
+
+
+def _store_atomic(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, ordering: str) -> None:
+    # IRBuilder.store_atomic still compares typed pointees, which opaque pointers lack
+    from llvmlite.ir import instructions
+    b._insert(instructions.StoreAtomicInstr(b.block, value, ptr, ordering, value.type.width // 8))
+
+
+def barrier_fn(module: ir.Module) -> ir.Function:
+    """``void @tf_barrier(ptr team)``: wait until every thread of the team has arrived.
+
+    A sense-reversing counter barrier: each thread flips its own sense (team field 3); the last
+    to arrive resets the count and publishes the new sense (release); the others spin on the
+    sense word (acquire), calling ``sched_yield`` every :data:`BARRIER_SPINS` spins so that an
+    oversubscribed machine still makes progress. Null team or one thread: returns at once."""
+    fn = module.globals.get("tf_barrier")
+    if fn is not None:
+        return fn
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name="tf_barrier")
+    fn.linkage = "internal"
+    team = fn.args[0]
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    done = fn.append_basic_block("done")
+    work = fn.append_basic_block("work")
+    null = b.icmp_unsigned("==", team, ir.Constant(PTR, None))
+    b.cbranch(null, done, work)
+    b.position_at_end(work)
+    nth = b.load(b.gep(team, [ir.Constant(I64, 1)], source_etype=I64), typ=I64)
+    many = fn.append_basic_block("many")
+    b.cbranch(b.icmp_signed("<=", nth, ir.Constant(I64, 1)), done, many)
+    b.position_at_end(many)
+    bar = b.load(b.gep(team, [ir.Constant(I64, 2)], source_etype=I64), typ=PTR)
+    sense_p = b.gep(team, [ir.Constant(I64, 3)], source_etype=I64)
+    sense = b.sub(ir.Constant(I64, 1), b.load(sense_p, typ=I64))
+    b.store(sense, sense_p)
+    count_p = bar
+    flag_p = b.gep(bar, [ir.Constant(I64, 1)], source_etype=I64)
+    old = b.atomic_rmw("add", count_p, ir.Constant(I64, 1), "acq_rel")
+    last = fn.append_basic_block("last")
+    wait = fn.append_basic_block("wait")
+    b.cbranch(b.icmp_signed("==", old, b.sub(nth, ir.Constant(I64, 1))), last, wait)
+    b.position_at_end(last)
+    _store_atomic(b, ir.Constant(I64, 0), count_p, "monotonic")
+    _store_atomic(b, sense, flag_p, "release")
+    b.branch(done)
+    b.position_at_end(wait)
+    spin = fn.append_basic_block("spin")
+    yld = fn.append_basic_block("yield")
+    b.branch(spin)
+    b.position_at_end(spin)
+    k = b.phi(I64, name="k")
+    k.add_incoming(ir.Constant(I64, 0), wait)
+    flag = b.load_atomic(flag_p, "acquire", 8, typ=I64)
+    again = fn.append_basic_block("again")
+    b.cbranch(b.icmp_signed("==", flag, sense), done, again)
+    b.position_at_end(again)
+    k1 = b.add(k, ir.Constant(I64, 1))
+    b.cbranch(b.icmp_signed(">=", k1, ir.Constant(I64, BARRIER_SPINS)), yld, spin)
+    k.add_incoming(k1, again)
+    b.position_at_end(yld)
+    sched_yield = module.globals.get("sched_yield") or ir.Function(
+        module, ir.FunctionType(ir.IntType(32), []), name="sched_yield")
+    b.call(sched_yield, [])
+    b.branch(spin)
+    k.add_incoming(ir.Constant(I64, 0), yld)
+    b.position_at_end(done)
+    b.ret_void()
+    return fn
+
 
 def emit_kernel(module: ir.Module, kernel: Kernel) -> ir.Function:
     """Add one kernel to ``module``; raises CodegenError naming the kernel."""
     em = _FnEmitter(module, kernel)
-    em.stmts(kernel.body)
+    em.top(kernel.body)
     em.b.ret_void()
     return em.fn
 
 
-def emit_entry(module: ir.Module, name: str, calls: list[tuple[str, list[int]]]) -> ir.Function:
-    """``void @name(ptr %slots)``: calls each kernel with args gathered from the slot table."""
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name=name)
+def emit_entry(module: ir.Module, name: str, calls: list[tuple[str, list[int]]],
+               parallel: dict[str, bool] | None = None) -> ir.Function:
+    """``void @name(ptr %slots, ptr %team)``: calls each kernel with args gathered from the
+    slot table. ``parallel[kernel]`` says whether a kernel splits work across the team; a
+    serial kernel runs on thread 0 alone (team null), and a barrier separates two calls
+    whenever either of them is parallel."""
+    parallel = parallel or {}
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR]), name=name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
+    team = fn.args[1]
+    tid, _ = _team_ids(b, team)
     width = max([len(s) for _, s in calls] + [1])
     args = b.alloca(PTR, size=width, name="args")
+    prev_par = None
     for kname, slots in calls:
+        par = bool(parallel.get(kname))
+        if prev_par is not None and (par or prev_par):
+            b.call(barrier_fn(module), [team])
+        prev_par = par
         callee = module.globals[kname]
-        for j, slot in enumerate(slots):
-            p = b.load(b.gep(fn.args[0], [ir.Constant(I64, slot)], source_etype=PTR), typ=PTR)
-            b.store(p, b.gep(args, [ir.Constant(I64, j)], source_etype=PTR))
-        b.call(callee, [args])
+
+        def call():
+            for j, slot in enumerate(slots):
+                p = b.load(b.gep(fn.args[0], [ir.Constant(I64, slot)], source_etype=PTR), typ=PTR)
+                b.store(p, b.gep(args, [ir.Constant(I64, j)], source_etype=PTR))
+            b.call(callee, [args, team if par else ir.Constant(PTR, None)])
+
+        if par:
+            call()
+        else:
+            with b.if_then(b.icmp_signed("==", tid, ir.Constant(I64, 0))):
+                call()
     b.ret_void()
     return fn
