@@ -1,20 +1,72 @@
-"""Targets: what code is generated for. ``Target.parse("llvm")`` or ``Target.parse("cuda")``."""
+"""Targets: what code is generated for.
+
+``Target.parse("llvm")`` is this machine's CPU (its name and features as llvmlite detects them);
+options pick another CPU or change features, with LLVM's names::
+
+    Target.parse("llvm -mcpu=znver3")                       # AMD Zen 3: AVX2 and FMA, no AVX-512
+    Target.parse("llvm -mcpu=skylake-avx512 -mattr=-avx512f,+fma")
+    Target.parse("llvm -mattr=-avx512f")                    # this CPU without AVX-512
+    Target.parse("cuda")                                    # NVIDIA GPU (not available yet)
+
+Code generation (vector width, FMA and AVX-512 use, cache blocking) reads :attr:`Target.vector_bits`,
+:meth:`Target.lanes`, :attr:`Target.has_fma`, :attr:`Target.has_avx512`, :attr:`Target.l1d_bytes`
+and :attr:`Target.l2_bytes`, never constants, so one build serves AVX2 and AVX-512 machines.
+"""
 from __future__ import annotations
 
+import difflib
+import functools
+import os
+import re
 from dataclasses import dataclass, field
+
+_LLVM_OPTIONS = ("-mcpu=<cpu>", "-mattr=<+feature,-feature,...>", "-mtriple=<this machine's triple>")
+_DEFAULT_L1D = 32 * 1024
+_DEFAULT_L2 = 512 * 1024
+_SUGGESTED_CPUS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "znver3", "znver4", "skylake-avx512",
+                   "icelake-server", "sapphirerapids", "generic", "neoverse-v1", "apple-m1")
+
+
+def _jit():
+    import codegen.llvm.jit as jit      # looked up at each use: tests may replace jit.host_info
+    return jit
 
 
 @dataclass(frozen=True)
 class Target:
-    """kind: "llvm" (host CPU, NCHW) or "cuda" (NVIDIA GPU through numba.cuda, NHWC)."""
+    """A code generation target; make one with :meth:`parse`.
+
+    ``kind``: "llvm" (a CPU through LLVM, NCHW) or "cuda" (NVIDIA GPU through numba.cuda, NHWC).
+    ``options``: the canonical option tuple, e.g. ``("-mcpu=znver3", "-mattr=-avx512f,+fma")``
+    (every ``-mattr`` merged into one, in the order given; ``-mtriple`` dropped, as it can only
+    be this machine's). ``str(target)`` is the canonical string (``"llvm -mcpu=znver3"``), used
+    in cache keys; targets compare and hash by it.
+
+    Constructing a Target validates it: ValueError for an unknown kind or option, a CPU or
+    feature name LLVM does not know, another triple, or a combination LLVM cannot generate
+    code for.
+    """
 
     kind: str
     options: tuple = field(default=())
 
     KINDS = ("llvm", "cuda")
 
+    def __post_init__(self):
+        if self.kind not in Target.KINDS:
+            raise ValueError(f"unknown target {self.kind!r}; expected one of {', '.join(Target.KINDS)}")
+        object.__setattr__(self, "options", _canonical_options(self.kind, tuple(self.options)))
+        if self.kind == "llvm" and self.options:
+            _resolve(self.options)          # validates the CPU and features with LLVM (cached)
+
     @staticmethod
     def parse(target: "str | Target") -> "Target":
+        """A Target from a string such as ``"llvm"``, ``"llvm -mcpu=znver3 -mattr=-avx512f"`` or
+        ``"cuda"`` (a Target is returned as is). Options of the llvm kind: ``-mcpu=NAME`` (an
+        LLVM CPU name; default this machine's CPU), ``-mattr=+a,-b`` (features to turn on or
+        off, LLVM's names, applied in order; may be repeated), ``-mtriple=T`` (only this
+        machine's triple). Raises TypeError for a non-string, ValueError for an unknown kind,
+        option, CPU or feature (the message names it and lists valid ones)."""
         if isinstance(target, Target):
             return target
         if not isinstance(target, str):
@@ -27,6 +79,213 @@ class Target:
 
     def __str__(self) -> str:
         return " ".join((self.kind,) + self.options)
+
+    @staticmethod
+    def cpu_names() -> list[str]:
+        """Every CPU name LLVM accepts for ``-mcpu`` on this machine's triple."""
+        return list(_jit().query_target(_jit().host_info()["triple"])["cpus"])
+
+    @staticmethod
+    def feature_names() -> list[str]:
+        """Every feature name ``-mattr`` accepts: this machine's feature detection's and LLVM's
+        (which adds tuning flags such as ``prefer-256-bit``), sorted."""
+        jit = _jit()
+        q = jit.query_target(jit.host_info()["triple"])
+        return sorted(set(jit.isa_feature_names()) | set(q["llvm_features"]))
+
+    # -- what the code is generated for (llvm kind) --------------------------------------
+    def _llvm(self) -> "_Resolved":
+        if self.kind != "llvm":
+            raise ValueError(f"the {self.kind} target has no CPU properties")
+        return _host_resolved() if not self.options else _resolve(self.options)
+
+    @property
+    def triple(self) -> str:
+        """The LLVM target triple (always this machine's, e.g. ``"x86_64-unknown-linux-gnu"``)."""
+        return self._llvm().triple
+
+    @property
+    def cpu(self) -> str:
+        """The LLVM CPU name: the ``-mcpu`` option, else this machine's CPU (``"znver3"``)."""
+        return self._llvm().cpu
+
+    @property
+    def is_host(self) -> bool:
+        """True when no ``-mcpu`` is given: the code is for this machine's CPU as detected
+        (``-mattr`` may still change its features)."""
+        return not any(o.startswith("-mcpu=") for o in self.options)
+
+    @property
+    def features(self) -> str:
+        """The LLVM feature string the code is generated with: ``"+avx2,-avx512f,..."``, every
+        feature of this machine's feature detection, on or off, sorted (for this machine's CPU,
+        llvmlite's host features; for another ``-mcpu``, the features LLVM gives that CPU),
+        with the ``-mattr`` changes applied (and their implications: ``-avx2`` also turns off
+        AVX-512); ``-mattr`` features outside that list (tuning flags) follow, as given."""
+        return self._llvm().features
+
+    @property
+    def feature_set(self) -> frozenset:
+        """Names of the enabled features (those with ``+`` in :attr:`features`)."""
+        return self._llvm().enabled
+
+    @property
+    def vector_bits(self) -> int:
+        """Width in bits of the widest SIMD registers the code may use: 512 with AVX-512F, 256
+        with AVX (or AVX2), 128 with SSE or AArch64 NEON, 0 without SIMD."""
+        on = self.feature_set
+        if "avx512f" in on:
+            return 512
+        if "avx" in on or "avx2" in on:
+            return 256
+        if on & {"sse", "sse2", "neon", "altivec", "simd128"}:
+            return 128
+        return 0
+
+    def lanes(self, dtype) -> int:
+        """Elements of ``dtype`` (an ``ir.types.DType``, numpy dtype or anything ``np.dtype``
+        takes) in one vector register: ``vector_bits // (8 * itemsize)``, at least 1."""
+        itemsize = getattr(dtype, "itemsize", None)
+        if not isinstance(itemsize, int):
+            import numpy as np
+            itemsize = np.dtype(dtype).itemsize
+        return max(1, self.vector_bits // (8 * itemsize))
+
+    @property
+    def has_fma(self) -> bool:
+        """Fused multiply-add instructions are available (x86 FMA3; always with AArch64 NEON)."""
+        on = self.feature_set
+        return "fma" in on or ("neon" in on and self.triple.startswith(("aarch64", "arm64")))
+
+    @property
+    def has_avx512(self) -> bool:
+        """AVX-512 Foundation (512-bit vectors, ``zmm`` registers) is enabled."""
+        return "avx512f" in self.feature_set
+
+    @property
+    def l1d_bytes(self) -> int:
+        """Level-1 data cache size in bytes, per core: read from
+        ``/sys/devices/system/cpu/cpu0/cache`` when the target CPU is this machine's CPU, else
+        (or when unreadable) 32 KiB."""
+        return _cache_sizes()[0] if self._on_this_cpu() else _DEFAULT_L1D
+
+    @property
+    def l2_bytes(self) -> int:
+        """Level-2 cache size in bytes (as :attr:`l1d_bytes`; default 512 KiB)."""
+        return _cache_sizes()[1] if self._on_this_cpu() else _DEFAULT_L2
+
+    def _on_this_cpu(self) -> bool:
+        return self.is_host or self.cpu == _jit().host_info()["cpu"]
+
+
+# ----------------------------------------------------------------------------- options
+def _canonical_options(kind: str, opts: tuple) -> tuple:
+    if kind == "cuda":
+        if opts:
+            raise ValueError(f"unknown option {opts[0]!r} for the cuda target: it takes no options")
+        return ()
+    cpu, attrs = None, []
+    for o in opts:
+        if not isinstance(o, str):
+            raise TypeError(f"target options are strings, got {o!r}")
+        name, eq, value = o.partition("=")
+        if name == "-mcpu" and eq:
+            if not value:
+                raise ValueError("-mcpu= needs a CPU name, e.g. -mcpu=znver3")
+            if cpu is not None and cpu != value:
+                raise ValueError(f"-mcpu given twice ({cpu!r} and {value!r})")
+            cpu = value
+        elif name == "-mattr" and eq:
+            for a in value.split(","):
+                if not re.fullmatch(r"[+-][A-Za-z0-9_.\-]+", a):
+                    raise ValueError(f"bad -mattr item {a!r}: items are +feature or -feature, e.g. "
+                                     f"-mattr=-avx512f,+fma")
+                attrs.append(a)
+        elif name == "-mtriple" and eq:
+            host = _jit().host_info()["triple"]
+            if value != host:
+                raise ValueError(f"-mtriple={value} is not this machine's triple ({host}): tensorfuse "
+                                 f"generates code for this machine's architecture only")
+        else:
+            raise ValueError(f"unknown option {o!r} for the llvm target; valid options: {', '.join(_LLVM_OPTIONS)}")
+    return ((f"-mcpu={cpu}",) if cpu is not None else ()) + ((f"-mattr={','.join(attrs)}",) if attrs else ())
+
+
+# ----------------------------------------------------------------------------- resolving
+@dataclass(frozen=True)
+class _Resolved:
+    triple: str
+    cpu: str
+    features: str
+    enabled: frozenset
+
+
+def _host_resolved() -> _Resolved:
+    info = _jit().host_info()
+    enabled = frozenset(f[1:] for f in info["features"].split(",") if f.startswith("+"))
+    return _Resolved(info["triple"], info["cpu"], info["features"], enabled)
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(options: tuple) -> _Resolved:
+    """CPU, features and enabled features of the llvm target with these (canonical) options,
+    asked of LLVM once per option tuple; ValueError for what LLVM does not know."""
+    jit = _jit()
+    host = jit.host_info()
+    cpu = next((o.split("=", 1)[1] for o in options if o.startswith("-mcpu=")), None)
+    attrs = next((o.split("=", 1)[1].split(",") for o in options if o.startswith("-mattr=")), [])
+    keys = jit.isa_feature_names()
+    base = host["features"] if cpu is None else ""
+    features = ",".join(([base] if base else []) + attrs)
+    q = jit.query_target(host["triple"], cpu or host["cpu"], features)
+    if cpu is not None and cpu not in q["cpus"]:
+        near = difflib.get_close_matches(cpu, q["cpus"], n=6, cutoff=0.6)
+        some = list(dict.fromkeys(near + [c for c in (host["cpu"],) + _SUGGESTED_CPUS if c in q["cpus"]]))
+        raise ValueError(f"unknown CPU {cpu!r} (-mcpu): LLVM does not know it for {host['triple']}; valid names "
+                         f"include {', '.join(some[:8])} (Target.cpu_names() lists all {len(q['cpus'])})")
+    known = set(keys) | set(q["llvm_features"])
+    unknown = [a[1:] for a in attrs if a[1:] not in known]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], sorted(known), n=4, cutoff=0.6)
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        raise ValueError(f"unknown CPU feature{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                         f"(-mattr){hint}; Target.feature_names() lists the {len(known)} names LLVM knows here")
+    if "error" in q:
+        raise ValueError(f"LLVM cannot generate code for target 'llvm {' '.join(options)}': {q['error']}")
+    enabled = frozenset(q["enabled"])
+    extra = [a for a in attrs if a[1:] not in set(keys)]
+    flat = ",".join([("+" if k in enabled else "-") + k for k in keys] + extra)
+    return _Resolved(host["triple"], cpu or host["cpu"], flat, enabled)
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, int]:
+    """(L1 data, L2) cache sizes in bytes of this machine's first CPU, defaults where unreadable."""
+    l1d, l2 = _DEFAULT_L1D, _DEFAULT_L2
+    try:
+        entries = sorted(e for e in os.listdir(root) if e.startswith("index"))
+    except OSError:
+        return l1d, l2
+    for e in entries:
+        try:
+            def read(name):
+                with open(os.path.join(root, e, name), encoding="ascii") as f:
+                    return f.read().strip()
+            level, kind, size = int(read("level")), read("type"), _parse_size(read("size"))
+        except (OSError, ValueError):
+            continue
+        if level == 1 and kind in ("Data", "Unified"):
+            l1d = size
+        elif level == 2 and kind in ("Data", "Unified"):
+            l2 = size
+    return l1d, l2
+
+
+def _parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*([KMG]?)B?", text.strip(), re.I)
+    if not m:
+        raise ValueError(f"bad cache size {text!r}")
+    return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
 
 
 def cuda_available() -> bool:
