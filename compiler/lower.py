@@ -156,6 +156,11 @@ def _lower_graph(graph: Graph) -> LoweredGraph:
             raise
         except Exception as e:
             raise CompileError(f"lowering {n.qualified_op} node '{n.name}' failed: {type(e).__name__}: {e}") from e
+        for pbuf, arr in ctx.packed:            # packed constants: slots of their own
+            ps = len(lg.slots)
+            lg.slots.append(Slot(ps, pbuf.name, "const", TensorType(pbuf.dtype, pbuf.shape)))
+            lg.consts[ps] = arr
+            slot_by_buf[id(pbuf)] = ps
         if lg.messages and lg.status_slot is None:      # the first run-time check: its slot
             lg.status_slot = len(lg.slots)
             lg.slots.append(Slot(lg.status_slot, "status", "status", TensorType(DType.i64, (2,))))

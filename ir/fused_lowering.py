@@ -238,3 +238,4 @@ def _lower_anchored(ctx: LowerCtx, g: _Group, anchor_name: str) -> None:
         raise ShapeError(f"{anchor.qualified_op} is marked OUT_ELEMWISE_FUSABLE but its lowering never "
                          f"calls ctx.apply_epilogue; it cannot anchor a fused group")
     ctx.kernels.extend(sub.kernels)
+    ctx.packed.extend(sub.packed)

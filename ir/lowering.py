@@ -51,6 +51,18 @@ class LowerCtx:
         #: ``epilogue_inputs`` are extra Buffers it reads (add them to the kernel params).
         self.epilogue = None
         self.epilogue_inputs: list[Buffer] = []
+        #: constants made while lowering (packed weights): (Buffer, array) pairs that
+        #: ``lower_graph`` turns into constant slots
+        self.packed: list[tuple[Buffer, np.ndarray]] = []
+
+    def pack(self, array: np.ndarray, hint: str = "packed") -> Buffer:
+        """A new compile-time constant (e.g. weights repacked for a micro-kernel) as a Buffer
+        that kernels of this node may take as a parameter."""
+        a = np.ascontiguousarray(array)
+        from .types import DType
+        buf = Buffer(f"{self.name}_{hint}{len(self.packed)}", DType.from_numpy(a.dtype), tuple(a.shape))
+        self.packed.append((buf, a))
+        return buf
 
     @property
     def target(self):
@@ -104,18 +116,21 @@ class LowerCtx:
                 kb.store(self.status, 0, code)
                 kb.store(self.status, 1, k)
 
+    def default_params(self) -> list[Buffer]:
+        """Every present input, the epilogue's inputs, then the outputs, each once."""
+        params = [b for b in self.inputs if b is not None]
+        params += list(self.epilogue_inputs)
+        params += [b for b in self.outputs if b is not None]
+        uniq: list[Buffer] = []          # a buffer passed twice (Add(x, x)) is one parameter
+        for b in params:
+            if all(b is not u for u in uniq):
+                uniq.append(b)
+        return uniq
+
     def kernel(self, suffix: str = "", params: list[Buffer] | None = None) -> KernelBuilder:
         """Open a new kernel; its parameters default to every present input, then the outputs."""
         if params is None:
-            params = [b for b in self.inputs if b is not None]
-            params += list(self.epilogue_inputs)
-            params += [b for b in self.outputs if b is not None]
-            # a buffer passed twice (Add(x, x)) is one parameter
-            uniq: list[Buffer] = []
-            for b in params:
-                if all(b is not u for u in uniq):
-                    uniq.append(b)
-            params = uniq
+            params = self.default_params()
         name = self.name + (f"_{suffix}" if suffix else "")
         kb = KernelBuilder(name, params, comment=f"{self.node.qualified_op} {self.node.name}")
         self.kernels.append(kb.kernel)

@@ -101,8 +101,9 @@ class _FnEmitter:
             p.name = buf.name
             self.ptrs[id(buf)] = p
         for buf in kernel.locals:
-            self.ptrs[id(buf)] = self.b.alloca(ltype(buf.dtype, True), size=max(buf.numel, 1),
-                                               name=buf.name)
+            a = self.b.alloca(ir.ArrayType(ltype(buf.dtype, True), max(buf.numel, 1)), name=buf.name)
+            a.align = 64
+            self.ptrs[id(buf)] = a
         self.tid, self.nth = _team_ids(self.b, self.fn.args[1])     # after the allocas: entry block
 
     # -- helpers --------------------------------------------------------------------------
@@ -356,7 +357,7 @@ class _FnEmitter:
             if s.buf.dtype == DType.bool:
                 v = b.zext(v, ltype(DType.bool, True, lanes))
             p = b.gep(self._ptr(s.buf), [self.expr(s.index)], source_etype=ltype(s.buf.dtype, True))
-            b.store(v, p, align=s.buf.dtype.itemsize)
+            _store(b, v, p, s.buf.dtype.itemsize)
         elif isinstance(s, For):
             if s.kind not in ("serial", "parallel", "vectorize", "unroll"):
                 raise CodegenError(f"kernel {self.k.name}: loop kind {s.kind!r} has no LLVM lowering")
@@ -474,6 +475,14 @@ def _team_ids(b: ir.IRBuilder, team: ir.Value) -> tuple[ir.Value, ir.Value]:
     n.add_incoming(ir.Constant(I64, 1), a_blk)
     n.add_incoming(nth, s_blk)
     return t, n
+
+
+def _store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, align: int) -> None:
+    # IRBuilder.store compares typed pointees (an alloca's), which vector stores do not match
+    from llvmlite.ir import instructions
+    st = instructions.StoreInstr(b.block, value, ptr)
+    st.align = align
+    b._insert(st)
 
 
 def _store_atomic(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, ordering: str) -> None:

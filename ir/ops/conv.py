@@ -253,6 +253,10 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     elements to ``acc_dtype`` (ConvInteger subtracts zero points there; ``c`` is the input
     channel); ``finish(acc, oc)`` turns the accumulator (bias added) into y's dtype.
     """
+    from ir.ops.conv_blocked import blocked_conv_ok, emit_conv_blocked
+    if (blocked_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
+            and ctx.const(1) is not None and ctx.inputs[1] is w):
+        return emit_conv_blocked(ctx, x, w, b, y, geo, params=params)
     if acc_dtype is None:
         acc_dtype = DType.f32 if x.dtype in (DType.f16, DType.bf16) else x.dtype
     load_x = load_x or (lambda v, c: v.cast(acc_dtype))

@@ -1,0 +1,162 @@
+"""The register-blocked schedule of 2-D float32 convolution (DESIGN.md "CPU codegen").
+
+Graph layout stays NCHW; inside the kernel the output channels are the vector lanes:
+
+- W [M, C/g, KH, KW] is packed once at compile time into ``Wp [MB, C/g, KH, KW, OB*L]``
+  (``L`` lanes of the target, ``OB`` vectors per block, ``MB`` blocks covering M, zero-padded),
+  so the weights of one reduction step are ``OB`` contiguous vector loads.
+- The micro-kernel keeps an ``OB x P`` tile of accumulators (OB*L output channels x P
+  consecutive output columns) in vector registers over the whole C/g x KH x KW reduction:
+  per step it loads OB weight vectors, broadcasts P input pixels and issues OB*P FMAs.
+- Kernel taps are unrolled. Rows: the tap range is clamped per output row. Columns: interior
+  tiles (every tap inside the image) run in a loop; the columns near the borders form tiles at
+  known positions, whose taps outside the image are dropped at compile time. No padded copy.
+- Bias, the fused epilogue (folded BatchNorm, activation, residual Add) run per element on the
+  accumulators before the single store of each output element.
+- Parallel over (n, channel block, output row).
+
+Tile sizes come from the target: L = ``target.lanes(f32)``; the accumulator tile takes at most
+the vector registers the target has (16 with AVX2, 32 with AVX-512) less a few for operands.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ir.kernel import Buffer, Expr, KernelBuilder, as_expr, fma
+from ir.lowering import LowerCtx
+from ir.ops.conv import window_hi, window_lo
+from ir.types import DType
+
+
+def vector_registers(target) -> int:
+    """Vector registers of the target's ISA (x86: 32 with AVX-512, else 16)."""
+    return 32 if getattr(target, "has_avx512", False) else 16
+
+
+def choose_tile(target, m_group: int, ow: int) -> tuple[int, int, int]:
+    """(L, OB, P): lanes per vector, vectors of output channels, output columns per tile.
+    The accumulators OB*P plus OB weight vectors and one broadcast fit the registers."""
+    L = target.lanes(DType.f32)
+    regs = vector_registers(target)
+    ob = 2 if m_group >= 2 * L else 1
+    pmax = (regs - ob - 2) // ob
+    p = min(pmax, ow)
+    if ob == 2 and ow < pmax and ow * 2 < regs // 2:       # narrow rows: more channels per tile
+        ob = min(max(1, -(-m_group // L)), max(1, (regs - 2) // (ow + 1)), 4)
+        p = min((regs - ob - 2) // ob, ow)
+    return L, ob, max(1, p)
+
+
+def blocked_conv_ok(x: Buffer, w: Buffer, y: Buffer, group: int, geo, acc_dtype, hooks) -> bool:
+    """Whether :func:`emit_conv_blocked` applies: f32, 2-D, no custom load/finish hooks, and
+    a group that is the whole channel set (depthwise and other grouped convs keep the row
+    schedule)."""
+    return (x.dtype == DType.f32 and y.dtype == DType.f32 and w.dtype == DType.f32
+            and acc_dtype in (None, DType.f32) and not any(hooks) and geo.rank == 2 and group == 1
+            and max(geo.kernel) <= 11)
+
+
+def pack_weights(w: np.ndarray, L: int, ob: int) -> np.ndarray:
+    """W [M, C, KH, KW] -> Wp [MB, C, KH, KW, ob*L] (zeros beyond M)."""
+    m, c, kh, kw = w.shape
+    blk = ob * L
+    mb = -(-m // blk)
+    wp = np.zeros((mb * blk, c, kh, kw), np.float32)
+    wp[:m] = w
+    return np.ascontiguousarray(wp.reshape(mb, blk, c, kh, kw).transpose(0, 2, 3, 4, 1))
+
+
+def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
+                      params: list[Buffer] | None = None) -> KernelBuilder:
+    """Emit the register-blocked kernel for y = conv(x, w) + b with the fused epilogue.
+    X [N, C, H, W], W [M, C, KH, KW] (a compile-time constant), Y [N, M, OH, OW], all f32.
+    Returns the KernelBuilder."""
+    n_, c_ = x.shape[:2]
+    m_ = y.shape[1]
+    H, W = geo.in_shape
+    OH, OW = geo.out_shape
+    KH, KW = geo.kernel
+    sh, sw = geo.strides
+    dh, dw = geo.dilations
+    ph, pw = geo.pads_begin
+    L, OB, P = choose_tile(ctx.target, m_, OW)
+    blk = OB * L
+    MB = -(-m_ // blk)
+    wp = ctx.pack(pack_weights(ctx.const(1), L, OB), "wpack")
+    params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
+    kb = ctx.kernel(params=params)
+    kb.kernel.comment += f"  [register tile {OB}x{L} channels x {P} columns, weights packed {list(wp.shape)}]"
+    acc = kb.local(DType.f32, (OB * P * L,), hint="acc")
+    out = kb.local(DType.f32, (L,), hint="lanes")
+
+    def valid_col(ow: int, kw: int) -> bool:
+        iw = ow * sw - pw + kw * dw
+        return 0 <= iw < W
+
+    # interior columns: every tap inside the image
+    lo = 0
+    while lo < OW and not all(valid_col(lo, k) for k in range(KW)):
+        lo += 1
+    hi = OW
+    while hi > lo and not all(valid_col(hi - 1, k) for k in range(KW)):
+        hi -= 1
+    n_int = (hi - lo) // P if hi > lo else 0
+    edges: list[tuple[int, int]] = []            # (first column, width) of border/rest tiles
+    for a, z in ((0, lo), (lo + n_int * P, OW)):
+        c0 = a
+        while c0 < z:
+            wd = min(P, z - c0)
+            edges.append((c0, wd))
+            c0 += wd
+
+    with kb.loop(n_ * MB * OH, kind="parallel", hint="nbh") as t:
+        oh = t % OH
+        nb = t / OH
+        mb = nb % MB if MB > 1 else as_expr(0)
+        n = nb / MB if MB > 1 else nb
+        ih0 = oh * sh - ph
+        kh_lo = window_lo(-ih0, dh)
+        kh_hi = window_hi(H - ih0, dh, KH)
+
+        def tile(ow0: Expr, width: int, static_cols: int | None):
+            for i in range(OB * width):
+                kb.store(acc, i * L, kb.broadcast(as_expr(0.0, DType.f32), L))
+            with kb.reduce(c_, hint="ic") as ic, kb.reduce(kh_hi, start=kh_lo, hint="kh") as kh:
+                ih = ih0 + kh * dh
+                xrow = ((n * c_ + ic) * H + ih) * W
+                wrow = ((mb * c_ + ic) * KH + kh) * KW
+                for kw in range(KW):
+                    cols = [p for p in range(width)
+                            if static_cols is None or valid_col(static_cols + p, kw)]
+                    if not cols:
+                        continue
+                    wv = [wp.vload((wrow + kw) * blk + o * L, L) for o in range(OB)]
+                    for p in cols:
+                        xv = x.flat(xrow + (ow0 + p) * sw + (kw * dw - pw))
+                        for o in range(OB):
+                            a = (o * width + p) * L
+                            kb.store(acc, a, fma(wv[o], xv, acc.vload(a, L)))
+            for o in range(OB):
+                for p in range(width):
+                    kb.store(out, 0, acc.vload((o * width + p) * L, L))
+                    for ln in range(L):
+                        oc = (mb * OB + o) * L + ln
+                        idx = [n, oc, oh, ow0 + p]
+
+                        def emit_store(oc=oc, idx=idx, ln=ln):
+                            v = out[ln]
+                            if b is not None:
+                                v = v + b[oc]
+                            kb.store(y, idx, ctx.apply_epilogue(v, idx))
+                        if m_ % blk:
+                            with kb.if_(oc < m_):
+                                emit_store()
+                        else:
+                            emit_store()
+
+        if n_int:
+            with kb.loop(n_int, hint="tw") as tw:
+                tile(lo + tw * P, P, None)
+        for c0, wd in edges:
+            tile(as_expr(c0), wd, c0)
+    return kb
