@@ -3,8 +3,9 @@
 The file is a zip archive (stored, not compressed: weights do not compress), with no pickled
 code anywhere:
 
-- ``tensorfuse.json``: metadata. Format name and version, tensorfuse version, target, the host
-  the code was generated for (triple, CPU name, CPU features), entry symbol, input and output
+- ``tensorfuse.json``: metadata. Format name and version, tensorfuse version, target string,
+  what the code was generated for (``host``: target string, triple, CPU name, LLVM feature
+  string, and ``needs``, the CPU features the code may use), entry symbol, input and output
   info, the slot table, the kernel call table (for the profiler), the memory plan, the layout
   of the constants blob, the SHA-256 of the code and the CRC-32 of the constants.
 - ``code.o``: the relocatable object code llvmlite's ``TargetMachine.emit_object`` produced.
@@ -12,7 +13,8 @@ code anywhere:
   read into one aligned buffer and the constants are views into it (held once, never copied).
 
 ``load(path)`` checks, in this order, that the file is a complete zip holding those members,
-the format, the tensorfuse version, the target triple and the CPU features, then each member's
+the format, the tensorfuse version, the target triple and that this CPU has every feature the
+code needs (compared with llvmlite's host features), then each member's
 checksum (SHA-256 for the code; CRC-32, as zip itself uses, for the constants, which are read
 straight from the file into place), and only then links the object code into the process (no
 LLVM code generation).
@@ -68,6 +70,16 @@ def _host_info() -> dict:
     return host_info()
 
 
+def _compiled_for(mod: Module) -> dict:
+    """What the module's code was generated for: recorded by ``compile_ir`` on its library, or
+    read from the file it was loaded from; this machine when unknown."""
+    info = mod._host or getattr(mod._lib, "target_info", None)
+    if info is None:
+        from codegen.llvm.jit import target_info
+        info = target_info(None)
+    return dict(info)
+
+
 def _sha(b) -> str:
     return hashlib.sha256(b).hexdigest()
 
@@ -94,11 +106,12 @@ def save_module(mod: Module, path) -> None:
         raise ArtifactError(f"cannot save to {path}: this module has no object code")
     prog = mod._program
     blob, layout = _pack_consts(mod._consts)
+    compiled_for = _compiled_for(mod)
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "tensorfuse_version": tensorfuse_version(),
-        "target": mod.target,
-        "host": mod._host or _host_info(),
+        "target": compiled_for.get("target") or mod.target,
+        "host": compiled_for,
         "entry": mod._entry_name,
         "inputs": [{"name": i.name, "dtype": i.dtype.str, "shape": list(i.shape)} for i in mod.input_info],
         "outputs": [{"name": o.name, "dtype": o.dtype.str, "shape": list(o.shape)} for o in mod.output_info],
@@ -152,8 +165,20 @@ def _read_meta(z: zipfile.ZipFile, path: str) -> dict:
     return meta
 
 
+def needed_features(saved: dict) -> set[str]:
+    """The CPU features the saved code needs: its ``needs`` list, or for a file without one,
+    every ``+feature`` of its feature string but the system-only ones the code never uses
+    (``codegen.llvm.jit.SYSTEM_ONLY_FEATURES``)."""
+    if isinstance(saved.get("needs"), list):
+        return {str(f) for f in saved["needs"]}
+    from codegen.llvm.jit import SYSTEM_ONLY_FEATURES
+    return {f[1:] for f in (saved.get("features") or "").split(",") if f.startswith("+")} - SYSTEM_ONLY_FEATURES
+
+
 def check_compatible(meta: dict, path: str = "the file") -> None:
-    """Raise ArtifactError unless this tensorfuse and this CPU can run the saved module."""
+    """Raise ArtifactError unless this tensorfuse and this CPU can run the saved module: the
+    format and tensorfuse version match, the triple is this machine's, and this CPU has every
+    feature the code needs (the message names the missing ones)."""
     if meta.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{path} has module format version {meta.get('format_version')}; this tensorfuse "
                             f"reads version {FORMAT_VERSION}")
@@ -164,12 +189,13 @@ def check_compatible(meta: dict, path: str = "the file") -> None:
     saved, host = meta.get("host") or {}, _host_info()
     if saved.get("triple") != host["triple"]:
         raise ArtifactError(f"{path} holds machine code for {saved.get('triple')}, this machine is {host['triple']}")
-    need = {f[1:] for f in (saved.get("features") or "").split(",") if f.startswith("+")}
     have = {f[1:] for f in host["features"].split(",") if f.startswith("+")}
-    lacking = sorted(need - have)
+    lacking = sorted(needed_features(saved) - have)
     if lacking:
-        raise ArtifactError(f"{path} holds machine code for CPU {saved.get('cpu')} that needs CPU features this CPU "
-                            f"({host['cpu']}) lacks: {', '.join(lacking)}; recompile the model on this machine")
+        target = saved.get("target") or meta.get("target") or "llvm"
+        raise ArtifactError(f"{path}: this module was compiled for {saved.get('cpu')} (target {target!r}) and needs "
+                            f"{', '.join(lacking)}; this CPU ({host['cpu']}) lacks {'them' if len(lacking) > 1 else 'it'}: "
+                            "recompile it here")
 
 
 def read_artifact(path) -> tuple[dict, bytes, np.ndarray]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import platform
+import re
 import subprocess
 import sys
 import zipfile
@@ -146,16 +148,89 @@ def test_other_version_is_refused(mlp, tmp_path):
         runtime.load(tmp_path / "old.tfm")
 
 
+HOST_ON = {f[1:] for f in jit.host_info()["features"].split(",") if f.startswith("+")}
+#: CPU features this machine lacks (the first is claimed by rewritten files)
+LACKING = [f for f in ("amx-tile", "avx512fp16", "avx10.2", "sm4", "sve2", "sme") if f not in HOST_ON]
+
+
+def test_metadata_records_what_the_code_was_compiled_for(mlp, tmp_path):
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+    with zipfile.ZipFile(tmp_path / "m.tfm") as z:
+        meta = json.loads(z.read(META))
+    assert meta["target"] == meta["host"]["target"] == "llvm"
+    needs = meta["host"]["needs"]
+    assert needs == sorted(needs) and set(needs) <= HOST_ON and not set(needs) & jit.SYSTEM_ONLY_FEATURES
+    assert set(needs) == {f[1:] for f in meta["host"]["features"].split(",") if f.startswith("+")} \
+        - jit.SYSTEM_ONLY_FEATURES
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 CPU names")
+def test_module_for_another_cpu_saves_its_target_and_loads(tmp_path):
+    target = "llvm -mcpu=x86-64 -mattr=-avx,-avx2"
+    model = mlp_model(n=4, d=64)
+    mod = compiler.compile(model, target=target, cache=False)
+    mod.save(tmp_path / "m.tfm")
+    with zipfile.ZipFile(tmp_path / "m.tfm") as z:
+        meta = json.loads(z.read(META))
+    assert meta["target"] == meta["host"]["target"] == target
+    assert meta["host"]["cpu"] == "x86-64" and "-avx" in meta["host"]["features"].split(",")
+    assert "sse2" in meta["host"]["needs"] and "avx" not in meta["host"]["needs"]
+    loaded = runtime.load(tmp_path / "m.tfm")
+    assert loaded.target == target
+    x = x_input(3, n=4, d=64)
+    np.testing.assert_array_equal(loaded.run(x)[0], mod.run(x)[0])
+    np.testing.assert_allclose(loaded.run(x)[0], mlp_ref(model, x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not LACKING, reason="this CPU has every feature the test could claim")
 def test_missing_cpu_features_are_named(mlp, tmp_path):
     _, mod = mlp
     mod.save(tmp_path / "m.tfm")
+    lack = LACKING[0]
 
     def other_cpu(meta):
         meta["host"]["cpu"] = "futurecpu"
-        meta["host"]["features"] += ",+amx-fp64,+warp-drive"
+        meta["host"]["features"] += f",+{lack},+warp-drive"
+        meta["host"]["needs"] = sorted(meta["host"]["needs"] + [lack, "warp-drive"])
     _rewrite(tmp_path / "m.tfm", tmp_path / "cpu.tfm", meta_change=other_cpu)
-    with pytest.raises(ArtifactError, match=r"CPU futurecpu .* lacks: amx-fp64, warp-drive"):
+    host_cpu = jit.host_info()["cpu"]
+    names = ", ".join(sorted([lack, "warp-drive"]))
+    with pytest.raises(ArtifactError, match=rf"this module was compiled for futurecpu \(target 'llvm'\) and needs "
+                                            rf"{re.escape(names)}; this CPU \({host_cpu}\) lacks them: recompile it here"):
         runtime.load(tmp_path / "cpu.tfm")
+    runtime.load(tmp_path / "m.tfm")                    # the file as saved still loads
+
+
+@pytest.mark.skipif(not LACKING, reason="this CPU has every feature the test could claim")
+def test_file_without_needs_is_checked_on_its_features(mlp, tmp_path):
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+
+    def old_file(meta):
+        del meta["host"]["needs"]
+        meta["host"]["features"] += f",+{LACKING[0]}"
+    _rewrite(tmp_path / "m.tfm", tmp_path / "old.tfm", meta_change=old_file)
+    with pytest.raises(ArtifactError, match=rf"needs {re.escape(LACKING[0])}; this CPU .* lacks it"):
+        runtime.load(tmp_path / "old.tfm")
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 CPU features")
+def test_system_only_features_are_not_needed(mlp, tmp_path):
+    # CPU features virtual machines hide (Zen's mwaitx, rdpru) that the code never uses are
+    # not a reason to refuse a module compiled for that CPU
+    from compiler.target import Target
+    info = jit.target_info(Target.parse("llvm -mcpu=znver3"))
+    assert "+mwaitx" in info["features"].split(",") and "mwaitx" not in info["needs"] and "avx2" in info["needs"]
+    _, mod = mlp
+    mod.save(tmp_path / "m.tfm")
+
+    def vm(meta):
+        del meta["host"]["needs"]           # a file without the list: judged on its features
+        meta["host"]["features"] = meta["host"]["features"].replace("-mwaitx", "+mwaitx").replace("-rdpru", "+rdpru")
+    _rewrite(tmp_path / "m.tfm", tmp_path / "vm.tfm", meta_change=vm)
+    x = x_input(4, n=4, d=64)
+    np.testing.assert_array_equal(runtime.load(tmp_path / "vm.tfm").run(x)[0], mod.run(x)[0])
 
 
 def test_other_triple_is_refused(mlp, tmp_path):
