@@ -8,8 +8,9 @@ can be explained (:func:`cache_info`). The key's parts:
 - ``model``: SHA-256 of the serialized model (a path: the file's bytes; bytes as given; a
   ModelProto: its serialization). External data files of a model path are hashed when the
   entry is written and checked when it is found;
-- ``target``: the target string, and for "llvm" the host triple, CPU name and CPU features
-  (the code is generated for this CPU);
+- ``target``: the canonical target string, and for "llvm" the triple, CPU name and feature
+  string the code is generated for (``compiler.target.Target``: this CPU's, or ``-mcpu``'s with
+  the ``-mattr`` changes) and the L1d/L2 cache sizes;
 - ``options``: every compile option but ``cache`` (``opt_level``, ``input_shapes`` ...),
   canonicalised (dicts sorted, tuples as lists);
 - ``version``: the tensorfuse version and a digest of tensorfuse's own source files, so a changed
@@ -121,10 +122,15 @@ def _canon(v: Any) -> Any:
 
 
 def _target_part(target: str) -> dict:
-    part = {"target": str(target)}
-    if str(target).split()[0] == "llvm":
-        from codegen.llvm.jit import host_info
-        part.update(host_info())
+    """The target string (canonical) and, for "llvm", what the code is generated for: triple,
+    CPU name, LLVM feature string (this CPU's, or the ``-mcpu``'s with the ``-mattr`` changes)
+    and the cache sizes kernels are blocked for."""
+    from compiler.target import Target
+    tgt = Target.parse(target)
+    part = {"target": str(tgt)}
+    if tgt.kind == "llvm":
+        part.update(triple=tgt.triple, cpu=tgt.cpu, features=tgt.features, l1d_bytes=tgt.l1d_bytes,
+                    l2_bytes=tgt.l2_bytes)
     return part
 
 

@@ -117,6 +117,30 @@ def test_cache_info_target_and_host_parts(cache, model, monkeypatch):
     assert [d.split(":")[0] for d in info.differences] == ["target.cpu"]
 
 
+def test_target_cpu_and_features_split_entries(cache, model):
+    """A module compiled for other CPU features is never served for plain "llvm" (and back)."""
+    from compiler.target import Target
+    other = "llvm -mattr=-avx2" if "+avx2" in jit.host_info()["features"].split(",") else "llvm -mattr=+avx2"
+    m1 = compiler.compile(model, target=other)
+    assert m1.cache_hit is False
+    plain = compiler.compile(model)
+    assert plain.cache_hit is False and len(entries(cache)) == 4
+    assert compiler.compile(model, target=other).cache_hit is True
+    assert compiler.compile(model, target=other.replace(" ", "   ")).cache_hit is True      # canonical string
+    assert compiler.compile(model).cache_hit is True
+    parts = rc.make_key(model, other, {})["target"]
+    t = Target.parse(other)
+    assert parts == {"target": str(t), "triple": t.triple, "cpu": t.cpu, "features": t.features,
+                     "l1d_bytes": t.l1d_bytes, "l2_bytes": t.l2_bytes}
+    plain_parts = rc.make_key(model, "llvm", {})["target"]
+    assert plain_parts["features"] == jit.host_info()["features"] and plain_parts["features"] != parts["features"]
+    from runtime.threads import resolve_num_threads
+    info = compiler.cache_info(model, target=other, opt_level=1, num_threads=resolve_num_threads(None))
+    assert [d.split(":")[0] for d in info.differences] == ["options.opt_level"]
+    x = x_input(5)
+    check(m1, x)
+
+
 def test_default_places(tmp_path, monkeypatch, model):
     monkeypatch.setattr(rc, "_warned", set())
     monkeypatch.delenv("TENSORFUSE_CACHE_DIR", raising=False)
