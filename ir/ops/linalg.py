@@ -81,8 +81,8 @@ def emit_matmul_core(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, *, M: int, N: 
             lanes = LANES if K >= 2 * LANES else 1
             kmain = K - K % lanes
             s = kb.local(acc, (lanes,), hint="dot")
-            with kb.loop(M, hint="i") as i:
-                with kb.loop(N, hint="j") as j:
+            with kb.loop(M, hint="i", role="spatial") as i:
+                with kb.loop(N, hint="j", role="spatial") as j:
                     with kb.loop(lanes, kind="vectorize", hint="l") as l:
                         kb.store(s, l, as_expr(0, acc))
                     with kb.loop(kmain // lanes, hint="kb") as kb_:
@@ -121,7 +121,7 @@ def emit_matmul_core(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, *, M: int, N: 
 
         def all_rows(j0: Expr, width):
             if full:
-                with kb.loop(full, hint="ib") as ib:
+                with kb.loop(full, hint="ib", role="spatial") as ib:
                     rows_block(ib * rb, rb, j0, width)
             for r in range(full * rb, M):   # at most ROWS-1 leftover rows
                 rows_block(Const(r, DType.i64), 1, j0, width)
@@ -129,7 +129,7 @@ def emit_matmul_core(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, *, M: int, N: 
         if nblk == 1:
             all_rows(Const(0, DType.i64), N)
         else:
-            with kb.loop(nblk, hint="jb") as jb:
+            with kb.loop(nblk, hint="jb", role="spatial") as jb:
                 j0 = jb * cols
                 all_rows(j0, minimum(as_expr(cols), N - j0))
 
@@ -138,8 +138,27 @@ def _scale(e: Expr, alpha: float) -> Expr:
     return e if alpha == 1.0 else e * as_expr(alpha, e.dtype)
 
 
+def _constant_b(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer):
+    """B as numpy when the register-blocked f32 schedule applies (B a 2-D constant)."""
+    if not (a.dtype == b.dtype == y.dtype == DType.f32) or len(b.shape) != 2 or len(a.shape) < 2:
+        return None
+    if ctx.inputs[1] is not b:
+        return None
+    return ctx.const(1)
+
+
 def emit_matmul(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer) -> None:
-    """MatMul kernel with numpy.matmul semantics (1-D operands, broadcast batch dims)."""
+    """MatMul kernel with numpy.matmul semantics (1-D operands, broadcast batch dims). An f32
+    MatMul by a constant 2-D B uses the register-blocked schedule (:mod:`ir.ops.matmul_blocked`)."""
+    bc = _constant_b(ctx, a, b, y)
+    if bc is not None:
+        from ir.ops.matmul_blocked import emit_matmul_blocked, unravel
+        K, N = b.shape
+        rows = a.numel // K
+        emit_matmul_blocked(ctx, y, bc, rows=rows, N=N, K=K, a_elem=lambda i, k: a.flat(i * K + k),
+                            out_index=lambda i, j: unravel(i, y.shape[:-1]) + [j],
+                            finish=lambda v, i, j: v, drop=b)
+        return
     kb = ctx.kernel()
     a_sh = (1,) + a.shape if len(a.shape) == 1 else a.shape
     b_sh = b.shape + (1,) if len(b.shape) == 1 else b.shape
@@ -169,10 +188,22 @@ def emit_gemm(ctx: LowerCtx, a: Buffer, b: Buffer, c: Buffer | None, y: Buffer, 
 
     Integer types combine alpha and beta in f64 and cast back (as the ONNX reference does).
     """
-    kb = ctx.kernel()
     M, N = y.shape
     K = a.shape[0] if trans_a else a.shape[1]
     acc = acc_dtype(y.dtype)
+    bc = _constant_b(ctx, a, b, y)
+    if bc is not None:
+        from ir.ops.matmul_blocked import emit_matmul_blocked
+        use_c = c is not None and beta != 0.0
+
+        def fin(v, i, j):
+            r = _scale(v, alpha)
+            return r + _scale(c.bcast([i, j]), beta) if use_c else r
+        emit_matmul_blocked(ctx, y, bc.T if trans_b else bc, rows=M, N=N, K=K,
+                            a_elem=lambda i, k: a[k, i] if trans_a else a[i, k],
+                            out_index=lambda i, j: [i, j], finish=fin, drop=b)
+        return
+    kb = ctx.kernel()
 
     def load_a(_, i, k):
         return (a[k, i] if trans_a else a[i, k]).cast(acc)
