@@ -95,9 +95,13 @@ class Target:
 
     # -- what the code is generated for (llvm kind) --------------------------------------
     def _llvm(self) -> "_Resolved":
-        if self.kind != "llvm":
-            raise ValueError(f"the {self.kind} target has no CPU properties")
-        return _host_resolved() if not self.options else _resolve(self.options)
+        r = self.__dict__.get("_resolved")
+        if r is None:
+            if self.kind != "llvm":
+                raise ValueError(f"the {self.kind} target has no CPU properties")
+            r = _host_resolved() if not self.options else _resolve(self.options)
+            object.__setattr__(self, "_resolved", r)    # not a field: equality and hash ignore it
+        return r
 
     @property
     def triple(self) -> str:
