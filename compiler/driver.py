@@ -36,10 +36,11 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     first run for those inputs' values (see that module).
     """
     # every option but these is part of the compile cache's key: keep this line first
-    options = {k: v for k, v in locals().items() if k not in ("model", "target", "cache")}
+    # (the thread count is a run-time setting of the module: the code does not depend on it)
+    options = {k: v for k, v in locals().items() if k not in ("model", "target", "cache", "num_threads")}
     tgt = Target.parse(target)
     from runtime.threads import resolve_num_threads
-    options["num_threads"] = num_threads = resolve_num_threads(num_threads)
+    num_threads = resolve_num_threads(num_threads)
     if tgt.kind != "llvm":
         raise CompileError(f"target {tgt.kind!r} is not available yet")
     if opt_level not in (0, 1, 2, 3):
@@ -48,15 +49,17 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     if cache:
         from runtime.cache import cached_compile
         try:    # cache=None: the inner call leaves specialising to this one
-            return cached_compile(model, str(tgt), options, lambda: compile(model, target, cache=None, **options))
+            m = cached_compile(model, str(tgt), options, lambda: compile(model, target, cache=None, **options))
+            m.num_threads = num_threads
+            return m
         except InputValuesNeeded as e:
-            return specialize(e, model, target, options)
+            return specialize(e, model, target, {**options, "num_threads": num_threads})
     try:
         graph = import_onnx(model, input_shapes=input_shapes)
     except InputValuesNeeded as e:
         if cache is None:
             raise
-        return specialize(e, model, target, options)
+        return specialize(e, model, target, {**options, "num_threads": num_threads})
     output_names = list(graph.output_names or [v.name for v in graph.outputs])
     input_names = [v.name for v in graph.inputs]
     from compiler.pipeline import dump_kernels, optimize

@@ -314,6 +314,7 @@ def cache_info(model: Any, *args, **kwargs) -> CacheInfo:
     bound.apply_defaults()
     opts = dict(bound.arguments)
     opts.pop("model", None)
+    opts.pop("num_threads", None)          # a run-time setting, not part of the key
     target = opts.pop("target", "llvm")
     extra = opts.pop("kwargs", None)
     if isinstance(extra, dict):
