@@ -3,7 +3,7 @@ the pipeline (:mod:`compiler.pipeline`) times them, and an error inside one name
 the node (:class:`PassError`).
 
 - :func:`fold_constants` (fold.py): evaluate nodes whose inputs are known, through the registry's
-  numpy references; shape subgraphs included.
+  numpy references; shape subgraphs included; large results only when weights alone read them.
 - :func:`eliminate_dead_nodes` (dce.py): remove nodes nothing reads; graph outputs stay.
 - :func:`eliminate_common_subexpressions` (cse.py): merge equal constants and equal nodes.
 - :data:`SIMPLIFY_RULES` (simplify.py): identity elimination, Transpose and Reshape chains.
