@@ -102,12 +102,12 @@ class _Group:
         """``e`` itself, or a read of a local it was stored into when ``v`` is used again."""
         if self.uses.get(id(v), 0) < 2 or isinstance(e, (Load, Const)):
             return e
-        key = (id(kb), id(v))
+        key = (id(kb), id(v), e.lanes)
         tmp = self._tmp.get(key)
         if tmp is None:
-            tmp = self._tmp[key] = kb.local(v.dtype, (1,), hint="v")
+            tmp = self._tmp[key] = kb.local(v.dtype, (e.lanes,), hint="v")
         kb.store(tmp, 0, e)
-        return tmp[0]
+        return tmp.vload(0, e.lanes) if e.lanes > 1 else tmp[0]
 
 
 def lower_fused_function(ctx: LowerCtx) -> None:
@@ -135,7 +135,7 @@ def _lower_loop(ctx: LowerCtx, g: _Group) -> None:
     flat = all(tuple(v.shape) == shape or v.type.numel == 1 for v in values)
     kb = ctx.kernel()
     if flat:
-        with kb.loop(numel, kind="vectorize") as i:
+        with kb.loop(numel, kind="vectorize", role="spatial") as i:
             g.compose(kb, g.body.nodes, {},
                       lambda bv: g.buf[id(bv)].flat(i if tuple(bv.shape) == shape else 0),
                       lambda buf, e: kb.store(buf, i, e))

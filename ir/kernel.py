@@ -88,6 +88,16 @@ class Load(Expr):
 
 
 @dataclass(eq=False)
+class Ramp(Expr):
+    """The index vector ``base, base+1, ..., base+lanes-1``, as the last entry of a buffer
+    index list: ``buf[[i, Ramp(j0, 8)]]`` is the contiguous vector ``buf[i, j0 : j0+8]`` and a
+    store through such an index writes a vector (vector epilogues index outputs this way)."""
+    base: Expr
+    lanes: int
+    dtype: DType = I64
+
+
+@dataclass(eq=False)
 class Broadcast(Expr):
     """A scalar expression repeated in every lane of a vector."""
     a: Expr
@@ -296,16 +306,29 @@ class Buffer:
         return tuple(reversed(out))
 
     def offset(self, idx: Sequence) -> Expr:
+        """Flat offset of an index list (of a vector's first lane when the last index is a
+        :class:`Ramp`)."""
         idx = list(idx) if isinstance(idx, (list, tuple)) else [idx]
         if len(idx) != len(self.shape):
             raise IndexError(f"buffer {self.name} of rank {len(self.shape)} indexed with {len(idx)} indices")
         off: Expr = Const(0, I64)
-        for i, s in zip(idx, self.strides):
+        for k, (i, s) in enumerate(zip(idx, self.strides)):
+            if isinstance(i, Ramp):
+                if k != len(idx) - 1:
+                    raise IndexError(f"buffer {self.name}: a Ramp index must be the last (contiguous) one")
+                i = i.base
             off = off + as_expr(i, I64) * s
         return off
 
+    @staticmethod
+    def index_lanes(idx) -> int:
+        """Vector width an index list addresses: its last entry's Ramp width, else 1."""
+        last = idx[-1] if isinstance(idx, (list, tuple)) and idx else idx
+        return last.lanes if isinstance(last, Ramp) else 1
+
     def __getitem__(self, idx) -> Load:
-        return Load(self, self.offset(idx if isinstance(idx, (list, tuple)) else [idx]))
+        idx = idx if isinstance(idx, (list, tuple)) else [idx]
+        return Load(self, self.offset(idx), self.index_lanes(idx))
 
     def flat(self, i) -> Load:
         return Load(self, as_expr(i, I64))
@@ -456,6 +479,11 @@ class KernelBuilder:
     def store(self, buf: Buffer, idx, value) -> None:
         off = buf.offset(idx) if isinstance(idx, (list, tuple)) else as_expr(idx, I64)
         value = as_expr(value, buf.dtype)   # a vector value stores its lanes contiguously
+        n = Buffer.index_lanes(idx)
+        if n > 1 and value.lanes == 1:
+            value = Broadcast(value, n)
+        elif value.lanes != n and n > 1:
+            raise TypeError(f"store of a {value.lanes}-lane value through a {n}-lane index into {buf.name}")
         if value.dtype != buf.dtype:
             raise TypeError(f"store of {value.dtype} into {buf.dtype} buffer {buf.name}")
         self._emit(Store(buf, off, value))

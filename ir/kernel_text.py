@@ -1,7 +1,7 @@
 """Printing kernel IR as a small Python-like script (DESIGN.md, IR level 3)."""
 from __future__ import annotations
 
-from .kernel import FMA, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+from .kernel import FMA, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
 
 _SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "lt": "<", "le": "<=",
         "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^",
@@ -17,6 +17,8 @@ def print_expr(e) -> str:
         if e.lanes > 1:
             return f"{e.buf.name}[{print_expr(e.index)} : +{e.lanes}]"
         return f"{e.buf.name}[{print_expr(e.index)}]"
+    if isinstance(e, Ramp):
+        return f"ramp({print_expr(e.base)}, {e.lanes})"
     if isinstance(e, Broadcast):
         return f"broadcast({print_expr(e.a)}, {e.lanes})"
     if isinstance(e, FMA):

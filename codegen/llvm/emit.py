@@ -116,13 +116,17 @@ class _FnEmitter:
     def _intrinsic(self, base: str, t: ir.Type, nargs: int = 1) -> ir.Function:
         return self._decl(f"llvm.{base}.{_suffix(t)}", t, [t] * nargs)
 
-    def _scalarised(self, x: ir.Value, fn) -> ir.Value:
-        """Apply a scalar emitter ``fn`` to each lane of vector ``x`` (libm calls)."""
+    def _scalarised(self, x: ir.Value, fn, *more: ir.Value) -> ir.Value:
+        """Apply a scalar emitter ``fn(lane of x, lanes of more...)`` to each lane of vectors
+        (libm calls and casts that have no vector form)."""
         b = self.b
-        out = ir.Constant(x.type, ir.Undefined)
+        out = None
         for i in range(x.type.count):
-            lane = fn(b.extract_element(x, ir.Constant(ir.IntType(32), i)))
-            out = b.insert_element(out, lane, ir.Constant(ir.IntType(32), i))
+            k = ir.Constant(ir.IntType(32), i)
+            lane = fn(b.extract_element(x, k), *[b.extract_element(m, k) for m in more])
+            if out is None:
+                out = ir.Constant(ir.VectorType(lane.type, x.type.count), ir.Undefined)
+            out = b.insert_element(out, lane, k)
         return out
 
     def _libm(self, name: str, t: ir.Type, nargs: int = 1) -> ir.Function:
@@ -190,7 +194,8 @@ class _FnEmitter:
             if op == "pow": return b.call(self._intrinsic("pow", x.type, 2), [x, y])
             if op == "atan2":
                 if isinstance(x.type, ir.VectorType):
-                    raise CodegenError(f"kernel {self.k.name}: atan2 of vectors is not supported")
+                    f = self._libm("atan2", x.type.element, 2)
+                    return self._scalarised(x, lambda u, v: b.call(f, [u, v]), y)
                 return b.call(self._libm("atan2", x.type, 2), [x, y])
             if op == "ne": return b.fcmp_unordered("!=", x, y)
             if op in _FCMP: return b.fcmp_ordered(_FCMP[op], x, y)
@@ -306,7 +311,7 @@ class _FnEmitter:
         if src.is_float and dst.is_float:
             if src == DType.f64 and dst == DType.f16:
                 if isinstance(x.type, ir.VectorType):
-                    raise CodegenError(f"kernel {self.k.name}: f64 -> f16 casts of vectors are not supported")
+                    return self._scalarised(x, lambda u: b.fptrunc(self._f64_to_f32_round_odd(u), t.element))
                 return b.fptrunc(self._f64_to_f32_round_odd(x), t)
             return b.fpext(x, t) if src.itemsize < dst.itemsize else b.fptrunc(x, t)
         if src.is_float:

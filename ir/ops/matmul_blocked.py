@@ -9,8 +9,9 @@ codegen"): Y[i, j] = finish(sum_k A[i, k] * B[k, j], i, j).
   R*NB FMAs. Rows of every batch of A are one row range (A [..., M, K] is [rows, K]).
 - Parallel over (row block, column panel) tiles; the rows left over (rows % R) form a second
   parallel loop over panels with a smaller tile.
-- ``finish`` (alpha, beta*C) and the fused epilogue run per element on the accumulators
-  before the single store.
+- ``finish`` (alpha, beta*C) and the fused epilogue run on whole accumulator vectors (the
+  output index's last entry is a :class:`~ir.kernel.Ramp`) before one vector store; a vector
+  that crosses N runs them per lane.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from ir.kernel import Buffer, Expr, KernelBuilder, as_expr, fma
+from ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma
 from ir.lowering import LowerCtx
 from ir.types import DType
 
@@ -77,20 +78,32 @@ def emit_matmul_blocked(ctx: LowerCtx, y: Buffer, b_packed: np.ndarray | None, *
                     q = (r * NB + v) * L
                     kb.store(acc, q, fma(av, bv[v], acc.vload(q, L)))
         for r in range(nrows):
+            i = i0 + r
             for v in range(NB):
-                kb.store(lanes, 0, acc.vload((r * NB + v) * L, L))
-                for ln in range(L):
-                    j = jb * blk + (v * L + ln)
-                    i = i0 + r
+                j0 = jb * blk + v * L
+                vec = acc.vload((r * NB + v) * L, L)
 
-                    def emit_store(i=i, j=j, ln=ln):
-                        idx = out_index(i, j)
-                        kb.store(y, idx, ctx.apply_epilogue(finish(lanes[ln], i, j), idx))
-                    if N % blk:
-                        with kb.if_(j < N):
-                            emit_store()
-                    else:
-                        emit_store()
+                def vector_store(vec=vec, j0=j0, i=i):
+                    idx = out_index(i, Ramp(j0, L))
+                    kb.store(y, idx, ctx.apply_epilogue(finish(vec, i, Ramp(j0, L)), idx))
+
+                def lane_stores(vec=vec, j0=j0, i=i):
+                    kb.store(lanes, 0, vec)
+                    for ln in range(L):
+                        with kb.if_(j0 + ln < N):
+                            idx = out_index(i, j0 + ln)
+                            kb.store(y, idx, ctx.apply_epilogue(finish(lanes[ln], i, j0 + ln), idx))
+                if N % blk == 0:
+                    vector_store()
+                    continue
+                if N % L == 0:               # vectors of the last panel are whole or past N
+                    with kb.if_(j0 < N):
+                        vector_store()
+                    continue
+                with kb.if_(j0 + L <= N) as full_vec:
+                    vector_store()
+                with kb.else_(full_vec):
+                    lane_stores()
 
     full = rows // R
     if full:
