@@ -79,7 +79,7 @@ def lower_elementwise(ctx: LowerCtx, fn: Callable[..., Expr], inputs: Sequence[i
     bufs = [b for b in ctx.inputs if b is not None] if inputs is None else [ctx.inputs[i] for i in inputs]
     kb = ctx.kernel()
     if all(b is None or b.shape == out.shape for b in bufs):
-        with kb.loop(out.numel, kind="vectorize") as i:
+        with kb.loop(out.numel, kind="vectorize", role="spatial") as i:
             kb.store(out, i, as_expr(fn(*[None if b is None else b.flat(i) for b in bufs]), out.dtype))
         return
     with kb.grid(out.shape) as idx:
@@ -90,7 +90,7 @@ def lower_copy(ctx: LowerCtx, src: int = 0, dst: int = 0) -> None:
     """Flat element copy (Reshape, Flatten, Squeeze, Identity ...: same row-major data)."""
     a, y = ctx.inputs[src], ctx.outputs[dst]
     kb = ctx.kernel(params=[a, y])
-    with kb.loop(y.numel, kind="vectorize") as i:
+    with kb.loop(y.numel, kind="vectorize", role="spatial") as i:
         kb.store(y, i, a.flat(i))
 
 
