@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.kernel import Buffer, Expr, KernelBuilder, as_expr, fma
+from ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma
 from ir.lowering import LowerCtx
 from ir.ops.conv import window_hi, window_lo
 from ir.types import DType
@@ -79,6 +79,8 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
     sh, sw = geo.strides
     dh, dw = geo.dilations
     ph, pw = geo.pads_begin
+    if pointwise_ok(ctx, x, y, geo):
+        return emit_conv_pointwise(ctx, x, w, b, y, params)
     L, OB, P = choose_tile(ctx.target, m_, OW)
     blk = OB * L
     MB = -(-m_ // blk)
@@ -159,4 +161,96 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
                 tile(lo + tw * P, P, None)
         for c0, wd in edges:
             tile(as_expr(c0), wd, c0)
+    return kb
+
+
+# ----------------------------------------------------------------------------- 1x1 convolution
+def pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo) -> bool:
+    """Whether a blocked-eligible convolution is a pointwise one (1x1, stride 1, no padding)
+    whose epilogue operands all broadcast over the spatial dims as a whole (shape [..., H, W]
+    or [..., 1, 1]), so one flat pixel index addresses them."""
+    if geo.kernel != [1, 1] or geo.strides != [1, 1] or any(geo.pads_begin) or any(geo.pads_end):
+        return False
+    sp = tuple(y.shape[2:])
+    for buf in ctx.default_params():
+        if len(buf.shape) >= 2 and buf is not x and tuple(buf.shape[-2:]) not in (sp, (1, 1)):
+            if len(buf.shape) > 2 or tuple(buf.shape) != sp:
+                return False
+    return True
+
+
+def choose_pointwise_tile(target, m: int) -> tuple[int, int, int]:
+    """(L, R, NB): lanes, output channels per tile, pixel vectors per tile."""
+    L = target.lanes(DType.f32)
+    if vector_registers(target) >= 32:
+        return L, min(8, max(1, m)), 3
+    return L, min(6, max(1, m)), 2
+
+
+def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer,
+                        params: list[Buffer] | None = None) -> KernelBuilder:
+    """A 1x1 convolution as Y[n] = W [M, C] @ X[n] [C, H*W], vectorised over pixels (contiguous
+    in NCHW): an R x NB tile (R output channels x NB*L pixels) of accumulators over the C
+    reduction, the weights packed at compile time as [MB, C, R] and broadcast, the inputs
+    loaded as vectors, and bias plus the fused epilogue run on whole vectors before one vector
+    store. Pixels beyond the last whole vector run the same tile one lane at a time."""
+    n_, c_ = x.shape[:2]
+    m_ = y.shape[1]
+    hw = int(np.prod(y.shape[2:]))
+    L, R, NB = choose_pointwise_tile(ctx.target, m_)
+    MB = -(-m_ // R)
+    wmat = np.zeros((MB * R, c_), np.float32)
+    wmat[:m_] = ctx.const(1).reshape(m_, c_)
+    wp = ctx.pack(np.ascontiguousarray(wmat.reshape(MB, R, c_).transpose(0, 2, 1)), "wpack")
+    params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
+    kb = ctx.kernel(params=params)
+    kb.kernel.comment += f"  [pointwise: register tile {R} channels x {NB}x{L} pixels, weights packed {list(wp.shape)}]"
+    acc = kb.local(DType.f32, (R * NB * L,), hint="acc")
+    pix = NB * L
+    nfull = hw // pix
+
+    def tile(n: Expr, mb: Expr, p0: Expr, nvec: int, lanes: int):
+        for q in range(R * nvec):
+            kb.store(acc, q * lanes, kb.broadcast(as_expr(0.0, DType.f32), lanes))
+        with kb.reduce(c_, hint="ic") as ic:
+            xv = [x.vload((n * c_ + ic) * hw + p0 + v * lanes, lanes) for v in range(nvec)]
+            for r in range(R):
+                wv = wp.flat((mb * c_ + ic) * R + r)
+                for v in range(nvec):
+                    q = (r * nvec + v) * lanes
+                    kb.store(acc, q, fma(wv, xv[v], acc.vload(q, lanes)))
+        for r in range(R):
+            oc = mb * R + r
+
+            def row(r=r, oc=oc):
+                for v in range(nvec):
+                    idx = [n, oc] + [as_expr(0)] * (len(y.shape) - 3) + [Ramp(p0 + v * lanes, lanes)]
+                    val = acc.vload((r * nvec + v) * lanes, lanes)
+                    if b is not None:
+                        val = val + b[oc]
+                    kb.store(y, idx, ctx.apply_epilogue(val, idx))
+            if m_ % R:
+                with kb.if_(oc < m_):
+                    row()
+            else:
+                row()
+
+    def split(t):
+        mb = t % MB if MB > 1 else as_expr(0)
+        return (t / MB if MB > 1 else t), mb
+
+    if nfull:
+        with kb.loop(n_ * MB * nfull, kind="parallel", hint="t") as t:
+            pb = t % nfull if nfull > 1 else as_expr(0)
+            n, mb = split(t / nfull if nfull > 1 else t)
+            tile(n, mb, pb * pix, NB, L)
+    rest = hw - nfull * pix
+    if rest:
+        with kb.loop(n_ * MB, kind="parallel", hint="t") as t:
+            n, mb = split(t)
+            p0 = nfull * pix
+            if rest // L:
+                tile(n, mb, as_expr(p0), rest // L, L)
+            for p in range(p0 + (rest // L) * L, hw):
+                tile(n, mb, as_expr(p), 1, 1)
     return kb
