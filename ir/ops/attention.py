@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from ir.kernel import as_expr, maximum, minimum, select, unop
+from ir.kernel import as_expr, fma, maximum, minimum, select, unop
 from ir.lowering import LowerCtx
 from ir.registry import OpPatternKind, ShapeError, op
 from ir.types import DType, TensorType
@@ -318,7 +318,21 @@ def _lower(ctx: LowerCtx) -> None:
     yacc = kb.local(acc, (max(Dv, 1),), hint="yacc")
     ninf = as_expr(-math.inf, acc)
     scale = as_expr(g.scale, acc)
-    with kb.loop(g.B, kind="parallel", hint="b") as b, kb.loop(g.Hq, hint="h") as h, kb.loop(Sq, hint="i") as i:
+    # dot products of contiguous f32 rows: L-lane partial sums (FMA), added up at the end
+    L = ctx.target.lanes(DType.f32)
+    vec_dot = (dt == acc == DType.f32 and D >= L and (pres_k is not None or pk is None or P == 0))
+    dv = kb.local(acc, (L,), hint="dotv") if vec_dot else None
+
+    def key_row(b, hk, j, d):
+        buf = pres_k if pres_k is not None else k
+        idx = [b, hk, j, d] if (pres_k is not None or not rank3) else [b, j, hk * D + d]
+        return buf.vload(buf.offset(idx), L)
+
+    def query_row(b, h, i, d):
+        return q.vload(q.offset([b, i, h * D + d] if rank3 else [b, h, i, d]), L)
+
+    with kb.loop(g.B, kind="parallel", hint="b") as b, kb.loop(g.Hq, hint="h", role="spatial") as h, \
+            kb.loop(Sq, hint="i", role="spatial") as i:
         hk = h // rep if rep > 1 else h
         if nonpad is not None:
             npad = nonpad[b]
@@ -330,7 +344,15 @@ def _lower(ctx: LowerCtx) -> None:
         kb.store(live, 0, as_expr(False, DType.bool))
         with kb.loop(T, hint="j") as j:
             kb.store(dot, 0, as_expr(0.0, acc))
-            with kb.loop(D, kind="vectorize", hint="d") as d:
+            if vec_dot:
+                kb.store(dv, 0, kb.broadcast(as_expr(0.0, acc), L))
+                with kb.reduce(D // L, hint="dq") as dq:
+                    kb.store(dv, 0, fma(query_row(b, h, i, dq * L), key_row(b, hk, j, dq * L), dv.vload(0, L)))
+                total = dv[0]
+                for ln in range(1, L):
+                    total = total + dv[ln]
+                kb.store(dot, 0, total)
+            with kb.loop(D, start=(D // L) * L if vec_dot else 0, kind="vectorize", hint="d") as d:
                 if lowp:    # Q and K scaled by sqrt(scale) in their own dtype, as the spec's function body
                     qs = (query(b, h, i, d) * as_expr(g.sqrt_scale, dt)).cast(acc)
                     kb.store(dot, 0, dot[0] + qs * (key(b, hk, j, d) * as_expr(g.sqrt_scale, dt)).cast(acc))

@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from ir.graph import Node, Value
-from ir.kernel import Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
+from ir.kernel import Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum, select, unop
 from ir.ops._common import broadcast_shapes, erf_np, norm_axis
 from ir.registry import AttrSpec, OpPatternKind, ShapeError, op
 from ir.types import DType, TensorType
@@ -297,11 +297,17 @@ class Attention:
                 sc = sc + mask.bcast(list(b) + [i, j])
             kb.store(scores, j, sc.cast(ct))
 
+        L = ctx.target.lanes(DType.f32)
+        vec = transpose_k and ct == y.dtype == DType.f32 and sk % L == 0 and dv % L == 0
+
         with kb.grid(batch) as b:
             if transpose_k:
                 with kb.loop(sk, hint="k") as j:
                     with kb.loop(d, hint="d") as c:
                         kb.store(kt, c * sk + j, k[bidx(k, b, [j, c])].cast(ct))
+            if vec:
+                _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale, L)
+                return
             with kb.loop(sq, hint="q") as i:
                 if transpose_k:
                     with kb.loop(sk, kind="vectorize", hint="k") as j:
@@ -342,6 +348,70 @@ class Attention:
         sq, dv = y.shape[-2:]
         sk, d = node.inputs[1].shape[-2:]
         return float(b * sq * sk * (2 * d + 2 * dv + 5))
+
+
+#: vector accumulators of one register tile in the attention rows
+ATTENTION_TILE_VECTORS = 8
+
+
+def _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale: float, L: int) -> None:
+    """Rows of f32 attention with vector registers (keys and value columns in whole vectors).
+
+    Per query row: scores in tiles of up to :data:`ATTENTION_TILE_VECTORS` vectors of keys held
+    in registers over the d reduction (Q[i, c] broadcast, K^T rows loaded), scaled and masked
+    on the vectors; the row max as a vector max (exact); exp and the sum as vectors (the sum is
+    added up in L partial sums); P @ V in tiles of value columns over the keys."""
+    sq, dv = y.shape[-2:]
+    d = q.shape[-1]
+    sk = scores.shape[0]
+    T = ATTENTION_TILE_VECTORS
+    f32 = DType.f32
+    accv = kb.local(f32, (T * L,), hint="accv")
+    red = kb.local(f32, (L,), hint="red")
+    zero = kb.broadcast(as_expr(0.0, f32), L)
+    with kb.loop(sq, hint="q", role="spatial") as i:
+        for c0 in range(0, sk // L, T):
+            nv = min(T, sk // L - c0)
+            for t in range(nv):
+                kb.store(accv, t * L, zero)
+            with kb.reduce(d, hint="d") as c:
+                qv = q[bidx(q, b, [i, c])]
+                for t in range(nv):
+                    kb.store(accv, t * L, fma(qv, kt.vload(c * sk + (c0 + t) * L, L), accv.vload(t * L, L)))
+            for t in range(nv):
+                j0 = (c0 + t) * L
+                sc = accv.vload(t * L, L) * scale
+                if mask is not None:
+                    sc = sc + mask.bcast(list(b) + [i, Ramp(as_expr(j0), L)])
+                kb.store(scores, j0, sc)
+        kb.store(red, 0, scores.vload(0, L))
+        with kb.reduce(sk // L, start=1, hint="k") as t:
+            kb.store(red, 0, maximum(red.vload(0, L), scores.vload(t * L, L)))
+        mx = red[0]
+        for ln in range(1, L):
+            mx = maximum(mx, red[ln])
+        kb.store(accv, 0, kb.broadcast(mx, L))       # the row max, read once per vector
+        kb.store(red, 0, zero)
+        with kb.reduce(sk // L, hint="k") as t:
+            e = unop("exp", scores.vload(t * L, L) - accv.vload(0, L))
+            kb.store(scores, t * L, e)
+            kb.store(red, 0, red.vload(0, L) + scores.vload(t * L, L))
+        tot = red[0]
+        for ln in range(1, L):
+            tot = tot + red[ln]
+        kb.store(red, 0, kb.broadcast(1.0 / tot, L))
+        for c0 in range(0, dv // L, T - 1):          # one vector keeps 1/sum
+            nv = min(T - 1, dv // L - c0)
+            for t in range(nv):
+                kb.store(accv, (t + 1) * L, zero)
+            with kb.reduce(sk, hint="k") as j:
+                pj = scores[j]
+                for t in range(nv):
+                    row = v.vload(v.offset(bidx(v, b, [j, (c0 + t) * L])), L)
+                    kb.store(accv, (t + 1) * L, fma(pj, row, accv.vload((t + 1) * L, L)))
+            for t in range(nv):
+                kb.store(y, list(b) + [i, Ramp(as_expr((c0 + t) * L), L)],
+                         accv.vload((t + 1) * L, L) * red.vload(0, L))
 
 
 # ----------------------------------------------------------------------------- SkipLayerNorm
