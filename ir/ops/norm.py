@@ -66,7 +66,7 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
     store to ``y`` per element. Optional per-row stats outputs."""
     m = kb.local(ct, (1,), hint="mean")
     v = kb.local(ct, (1,), hint="var")
-    with kb.loop(rows, hint="o") as o:
+    with kb.loop(rows, hint="o", role="spatial") as o:       # rows are independent
         base = o * n
         kb.store(m, 0, as_expr(0.0, ct))
         with kb.loop(n, hint="j") as j:

@@ -44,11 +44,12 @@ def axis_blocks(kb: KernelBuilder, shape, axis: int, body) -> None:
     outer, n, inner = split_axis(shape, axis)
     chunk = min(inner, CHUNK)
     nblk = -(-inner // chunk) if inner else 0
-    with kb.loop(outer, hint="o") as o:
+    # blocks write disjoint outputs (each reduces along axis alone): spatial, may run in parallel
+    with kb.loop(outer, hint="o", role="spatial") as o:
         if nblk == 1:
             body(o * (n * inner), inner, inner, n, o * inner)
         elif nblk > 1:
-            with kb.loop(nblk, hint="ib") as ib:
+            with kb.loop(nblk, hint="ib", role="spatial") as ib:
                 t0 = ib * chunk
                 body(o * (n * inner) + t0, minimum(as_expr(chunk), inner - t0), inner, n, o * inner + t0)
 
