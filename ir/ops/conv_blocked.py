@@ -57,13 +57,14 @@ def blocked_conv_ok(x: Buffer, w: Buffer, y: Buffer, group: int, geo, acc_dtype,
 
 
 def pack_weights(w: np.ndarray, L: int, ob: int) -> np.ndarray:
-    """W [M, C, KH, KW] -> Wp [MB, C, KH, KW, ob*L] (zeros beyond M)."""
+    """W [M, C, KH, KW] -> Wp [MB, KW, C, KH, ob*L] (zeros beyond M): the reduction order of
+    the interior tiles (kw outermost), so their weights stream contiguously."""
     m, c, kh, kw = w.shape
     blk = ob * L
     mb = -(-m // blk)
     wp = np.zeros((mb * blk, c, kh, kw), np.float32)
     wp[:m] = w
-    return np.ascontiguousarray(wp.reshape(mb, blk, c, kh, kw).transpose(0, 2, 3, 4, 1))
+    return np.ascontiguousarray(wp.reshape(mb, blk, c, kh, kw).transpose(0, 4, 2, 3, 1))
 
 
 def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
@@ -123,21 +124,24 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
         def tile(ow0: Expr, width: int, static_cols: int | None):
             for i in range(OB * width):
                 kb.store(acc, i * L, kb.broadcast(as_expr(0.0, DType.f32), L))
-            with kb.reduce(c_, hint="ic") as ic, kb.reduce(kh_hi, start=kh_lo, hint="kh") as kh:
-                ih = ih0 + kh * dh
-                xrow = ((n * c_ + ic) * H + ih) * W
-                wrow = ((mb * c_ + ic) * KH + kh) * KW
-                for kw in range(KW):
-                    cols = [p for p in range(width)
-                            if static_cols is None or valid_col(static_cols + p, kw)]
-                    if not cols:
-                        continue
-                    wv = [wp.vload((wrow + kw) * blk + o * L, L) for o in range(OB)]
+            def taps(kw, cols):
+                # kw outside the (ic, kh) reduction: one tap per loop body, so the input loads of
+                # neighbouring taps (the same pixels at stride 1) are not kept live across taps,
+                # which would take more registers than the accumulators leave (spills)
+                with kb.reduce(c_, hint="ic") as ic, kb.reduce(kh_hi, start=kh_lo, hint="kh") as kh:
+                    xrow = ((n * c_ + ic) * H + ih0 + kh * dh) * W
+                    wrow = (((mb * KW + kw) * c_ + ic) * KH + kh) * blk
+                    wv = [wp.vload(wrow + o * L, L) for o in range(OB)]
                     for p in cols:
                         xv = x.flat(xrow + (ow0 + p) * sw + (kw * dw - pw))
                         for o in range(OB):
                             a = (o * width + p) * L
                             kb.store(acc, a, fma(wv[o], xv, acc.vload(a, L)))
+
+            for kw in range(KW):
+                cols = [p for p in range(width) if static_cols is None or valid_col(static_cols + p, kw)]
+                if cols:                 # border tiles: taps outside the image dropped
+                    taps(kw, cols)
             for o in range(OB):
                 for p in range(width):
                     kb.store(out, 0, acc.vload((o * width + p) * L, L))
