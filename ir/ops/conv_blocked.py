@@ -20,6 +20,8 @@ the vector registers the target has (16 with AVX2, 32 with AVX-512) less a few f
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma
@@ -56,15 +58,22 @@ def blocked_conv_ok(x: Buffer, w: Buffer, y: Buffer, group: int, geo, acc_dtype,
             and max(geo.kernel) <= 11)
 
 
-def pack_weights(w: np.ndarray, L: int, ob: int) -> np.ndarray:
-    """W [M, C, KH, KW] -> Wp [MB, KW, C, KH, ob*L] (zeros beyond M): the reduction order of
-    the interior tiles (kw outermost), so their weights stream contiguously."""
+#: below this many input channels the kernel rows (kh) go outside the channel loop: a long
+#: channel loop then has too few iterations, and the few input planes stay in cache anyway
+KH_OUTER_CHANNELS = 16
+
+
+def pack_weights(w: np.ndarray, L: int, ob: int, kh_outer: bool) -> np.ndarray:
+    """W [M, C, KH, KW] -> Wp [MB, KW, C, KH, ob*L], or [MB, KW, KH, C, ob*L] with
+    ``kh_outer`` (zeros beyond M): the tiles' reduction order (taps outside; see
+    :data:`KH_OUTER_CHANNELS`), so the weights stream contiguously."""
     m, c, kh, kw = w.shape
     blk = ob * L
     mb = -(-m // blk)
     wp = np.zeros((mb * blk, c, kh, kw), np.float32)
     wp[:m] = w
-    return np.ascontiguousarray(wp.reshape(mb, blk, c, kh, kw).transpose(0, 4, 2, 3, 1))
+    order = (0, 4, 3, 2, 1) if kh_outer else (0, 4, 2, 3, 1)
+    return np.ascontiguousarray(wp.reshape(mb, blk, c, kh, kw).transpose(order))
 
 
 def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
@@ -85,7 +94,8 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
     L, OB, P = choose_tile(ctx.target, m_, OW)
     blk = OB * L
     MB = -(-m_ // blk)
-    wp = ctx.pack(pack_weights(ctx.const(1), L, OB), "wpack")
+    kh_outer = c_ < KH_OUTER_CHANNELS
+    wp = ctx.pack(pack_weights(ctx.const(1), L, OB, kh_outer), "wpack")
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += f"  [register tile {OB}x{L} channels x {P} columns, weights packed {list(wp.shape)}]"
@@ -96,22 +106,19 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
         iw = ow * sw - pw + kw * dw
         return 0 <= iw < W
 
-    # interior columns: every tap inside the image
-    lo = 0
-    while lo < OW and not all(valid_col(lo, k) for k in range(KW)):
-        lo += 1
-    hi = OW
-    while hi > lo and not all(valid_col(hi - 1, k) for k in range(KW)):
-        hi -= 1
-    n_int = (hi - lo) // P if hi > lo else 0
-    edges: list[tuple[int, int]] = []            # (first column, width) of border/rest tiles
-    for a, z in ((0, lo), (lo + n_int * P, OW)):
-        c0 = a
-        while c0 < z:
-            wd = min(P, z - c0)
-            edges.append((c0, wd))
-            c0 += wd
+    # column tiles of P (the last one narrower; measured: balancing the widths, e.g. 4 + 3 for
+    # 7 columns, was slower than 6 + 1); a tile whose taps all fall inside the image is
+    # interior, and a run of interior tiles becomes a loop
+    tiles = [(c0, min(P, OW - c0)) for c0 in range(0, OW, P)]
 
+    def interior(c0: int, wd: int) -> bool:
+        return all(valid_col(c, k) for c in (c0, c0 + wd - 1) for k in range(KW))
+
+    run = [t for t in tiles if t[1] == P and interior(*t)]
+    first = run[0][0] if run else 0
+    run = [t for t in run if (t[0] - first) // P < len(run)]    # contiguous from the first
+    n_int = len(run)
+    edges = [t for t in tiles if t not in run]
     with kb.loop(n_ * MB * OH, kind="parallel", hint="nbh") as t:
         oh = t % OH
         nb = t / OH
@@ -128,9 +135,16 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
                 # kw outside the (ic, kh) reduction: one tap per loop body, so the input loads of
                 # neighbouring taps (the same pixels at stride 1) are not kept live across taps,
                 # which would take more registers than the accumulators leave (spills)
-                with kb.reduce(c_, hint="ic") as ic, kb.reduce(kh_hi, start=kh_lo, hint="kh") as kh:
+                with contextlib.ExitStack() as st:
+                    if kh_outer:
+                        kh = st.enter_context(kb.reduce(kh_hi, start=kh_lo, hint="kh"))
+                        ic = st.enter_context(kb.reduce(c_, hint="ic"))
+                        wrow = (((mb * KW + kw) * KH + kh) * c_ + ic) * blk
+                    else:
+                        ic = st.enter_context(kb.reduce(c_, hint="ic"))
+                        kh = st.enter_context(kb.reduce(kh_hi, start=kh_lo, hint="kh"))
+                        wrow = (((mb * KW + kw) * c_ + ic) * KH + kh) * blk
                     xrow = ((n * c_ + ic) * H + ih0 + kh * dh) * W
-                    wrow = (((mb * KW + kw) * c_ + ic) * KH + kh) * blk
                     wv = [wp.vload(wrow + o * L, L) for o in range(OB)]
                     for p in cols:
                         xv = x.flat(xrow + (ow0 + p) * sw + (kw * dw - pw))
@@ -162,7 +176,7 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
 
         if n_int:
             with kb.loop(n_int, hint="tw") as tw:
-                tile(lo + tw * P, P, None)
+                tile(first + tw * P, P, None)
         for c0, wd in edges:
             tile(as_expr(c0), wd, c0)
     return kb
