@@ -1,0 +1,73 @@
+"""Test helpers: what codegen produced for a module (LLVM IR text), not how its kernels print.
+
+A kernel is *parallel* when ``codegen.llvm.emit.kernel_is_parallel`` says its top-level nest
+splits work across threads AND the module's entry (``emit_entry``) hands it the team record:
+``call void @"<kernel>"(ptr %"args", ptr %"<entry's team parameter>")``; a serial kernel gets
+``ptr null`` (it then runs every iteration on thread 0).
+"""
+from __future__ import annotations
+
+import re
+
+from codegen.llvm.emit import kernel_is_parallel
+from codegen.llvm.jit import compile_ir
+
+ENTRY = "tf_run"
+_NAME = r'(?:"([^"]+)"|([\w.$-]+))'
+
+
+def function_ir(ir_text: str, name: str) -> str:
+    """The ``define ... @name(...) { ... }`` text of one function (quoted or bare name)."""
+    pat = r'^define [^\n]*@(?:"%s"|%s)\(.*?^}' % (re.escape(name), re.escape(name))
+    m = re.search(pat, ir_text, re.S | re.M)
+    assert m is not None, f"no function {name} in the IR"
+    return m.group(0)
+
+
+def _unq(m, i=1) -> str:
+    return m.group(i) if m.group(i) is not None else m.group(i + 1)
+
+
+def entry_calls(ir_text: str, entry: str = ENTRY) -> list[tuple[str, bool]]:
+    """(callee, team passed) for each call the entry makes, in order; tf_barrier included
+    (its one argument being the team)."""
+    body = function_ir(ir_text, entry)
+    head = body.splitlines()[0]
+    params = re.findall(r'ptr (?:[\w() ]+ )?%' + _NAME, head)
+    assert len(params) == 2, head
+    team = params[1][0] or params[1][1]
+    out = []
+    for m in re.finditer(r'call void @' + _NAME + r'\(([^)]*)\)', body):
+        callee = _unq(m)
+        last = m.group(3).split(",")[-1].strip()
+        passed = last in (f'ptr %"{team}"', f"ptr %{team}")
+        assert passed or last == "ptr null", f"unexpected argument {last!r} in {m.group(0)}"
+        out.append((callee, passed))
+    return out
+
+
+def team_kernels(ir_text: str, entry: str = ENTRY) -> set[str]:
+    """Kernels the entry calls with the team record (every one of their calls)."""
+    calls = [(k, p) for k, p in entry_calls(ir_text, entry) if k != "tf_barrier"]
+    return {k for k, _ in calls} - {k for k, p in calls if not p}
+
+
+def parallel_kernels(mod) -> set[str]:
+    """Names of the module's kernels that split work across the thread team: parallel in the
+    kernel IR and handed the team by the entry."""
+    return {k.name for k in mod.kernels if kernel_is_parallel(k)} & team_kernels(mod.llvm_ir)
+
+
+def optimized_ir(mod) -> str:
+    """The module's LLVM IR after optimisation, for the module's target (the Module keeps
+    only the unoptimised text: ``compile_ir`` returns the optimised one, which we regenerate)."""
+    return compile_ir(mod.llvm_ir, "inspect", target=mod.target)[2]
+
+
+def float_vectors(ir_text: str) -> set[int]:
+    """Widths n of the ``<n x float>`` types in an IR text."""
+    return {int(n) for n in re.findall(r"<(\d+) x float>", ir_text)}
+
+
+def calls_fmuladd(ir_text: str, lanes: int) -> bool:
+    return re.search(r'@"?llvm\.fmuladd\.v%df32"?\(' % lanes, ir_text) is not None

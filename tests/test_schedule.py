@@ -1,0 +1,476 @@
+"""Schedules and threads (ir/schedule.py, codegen/llvm/emit.py, runtime/threads.py).
+
+* default_schedule / parallel_violations / verify_schedule on hand-built and lowered kernels.
+* What codegen produced (module.llvm_ir and the optimised IR, never the printed kernel):
+  vector types of the target's width and llvm.fmuladd in the register-blocked kernels, the team
+  handed to parallel kernels, barriers, unrolled loops, errors for loop kinds codegen lacks.
+* Modules compiled once and run at 1..4 threads against onnxruntime, and equal bit for bit
+  across thread counts (each output element is computed by one thread, in one order).
+* Several Python threads running one module at once.
+No timings are asserted anywhere.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from llvmlite import ir as lir
+from onnx import TensorProto, helper, numpy_helper
+
+import compiler
+from codegen.llvm.emit import CodegenError, emit_entry, emit_kernel, kernel_is_parallel
+from codegen.llvm.jit import compile_ir
+from codegen_util import (calls_fmuladd, entry_calls, float_vectors, function_ir, optimized_ir,
+                          parallel_kernels)
+from compiler.target import Target
+from ir.kernel import Const, For, KernelBuilder, Buffer, Store, Var
+from ir.schedule import (MIN_PARALLEL_EXTENT, ScheduleError, default_schedule, parallel_violations,
+                         verify_schedule)
+from ir.types import DType
+from oracle import ort_run
+from runtime.threads import ThreadTeam
+
+F32 = DType.f32
+RTOL, ATOL = 1e-4, 1e-5
+THREADS = (1, 2, 3, 4)
+
+
+def loops(stmts):
+    for s in stmts:
+        if isinstance(s, For):
+            yield s
+            yield from loops(s.body)
+
+
+def parallel_loops(kernel) -> list[For]:
+    return [f for f in loops(kernel.body) if f.kind == "parallel"]
+
+
+def lanes() -> int:
+    return Target.parse("llvm").lanes(F32)
+
+
+# ----------------------------------------------------------------------------- default_schedule
+def _grid_kernel(shape, name="ew"):
+    x, y = Buffer("x", F32, tuple(shape)), Buffer("y", F32, tuple(shape))
+    kb = KernelBuilder(name, [x, y])
+    with kb.grid(shape) as idx:
+        kb.store(y, idx, kb.max(x[idx], 0.0))
+    return kb.kernel
+
+
+def _check_one_spatial_parallel_loop(kernel):
+    (par,) = parallel_loops(kernel)
+    assert par.role == "spatial"
+    assert par.extent.value - par.start.value >= MIN_PARALLEL_EXTENT
+    assert kernel_is_parallel(kernel)
+    verify_schedule(kernel)
+
+
+def test_elementwise_grid_kernel_gets_one_spatial_parallel_loop():
+    k = default_schedule(_grid_kernel((1, 64, 56, 56)))
+    _check_one_spatial_parallel_loop(k)
+    assert parallel_loops(k)[0] is k.body[0].body[0]      # the first loop of >= 16: channels
+
+
+def test_lowered_elementwise_kernels_get_one_spatial_parallel_loop():
+    """The lowering's own kernels (a flat loop for same-shape operands, a grid when one
+    broadcasts) as compile() schedules them."""
+    shape = (1, 64, 56, 56)
+    rng = np.random.default_rng(4)
+    for ins, ishapes in ((("a", "b"), (shape, shape)), (("a", "b"), (shape, (64, 1, 1))), (("a",), (shape,))):
+        op = "Add" if len(ins) == 2 else "Relu"
+        g = helper.make_graph([helper.make_node(op, list(ins), ["y"])], "g",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in zip(ins, ishapes)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 10
+        mod = compiler.compile(m, opt_level=0, num_threads=2)
+        (k,) = mod.kernels
+        _check_one_spatial_parallel_loop(k)
+        assert parallel_kernels(mod) == {k.name}
+        feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in zip(ins, ishapes)}
+        np.testing.assert_array_equal(mod.run(**feeds)[0], ort_run(m, feeds)[0])
+
+
+@pytest.mark.parametrize("shape", [(10,), (2, 5), (1, 1, 10)])
+def test_tiny_kernel_stays_serial(shape):
+    k = default_schedule(_grid_kernel(shape))
+    assert parallel_loops(k) == [] and not kernel_is_parallel(k)
+
+
+def test_reduction_written_with_grid_is_not_parallel():
+    """out[0] += x[i, j] over a grid: every iteration writes out[0], so no loop of the nest
+    may be split, whatever its role says."""
+    x, out = Buffer("x", F32, (64, 128)), Buffer("out", F32, (1,))
+    kb = KernelBuilder("sum_by_mistake", [x, out])
+    with kb.grid([64, 128]) as (i, j):
+        kb.store(out, 0, out[0] + x[[i, j]])
+    k = kb.kernel
+    top = k.body[0]
+    assert top.role == "spatial" and top.body[0].role == "spatial"
+    for f in (top, top.body[0]):
+        why = parallel_violations(k, f)
+        assert why == [f"store to out does not depend on {f.var.name}"]
+    default_schedule(k)
+    assert parallel_loops(k) == [] and not kernel_is_parallel(k)
+    verify_schedule(k)
+
+
+def test_hand_marked_parallel_outside_the_perfect_nest_is_made_serial():
+    x, y = Buffer("x", F32, (64, 128)), Buffer("y", F32, (64, 128))
+    kb = KernelBuilder("k", [x, y])
+    with kb.loop(64, hint="i", role="spatial") as i:
+        kb.store(y, [i, 0], x[[i, 0]])
+        with kb.loop(127, start=1, kind="parallel", hint="j") as j:
+            kb.store(y, [i, j], x[[i, j]] * 2.0)
+    k = kb.kernel
+    with pytest.raises(ScheduleError, match="not the first parallel loop"):
+        verify_schedule(k)
+    default_schedule(k)
+    assert [f.var.name for f in parallel_loops(k)] == [k.body[0].var.name]
+    verify_schedule(k)
+
+
+def _store_loop(var, extent, body, kind="serial"):
+    return For(var, Const(extent), body, kind, role="spatial")
+
+
+def test_verify_schedule_rejects_nested_parallel_loops():
+    x, y = Buffer("x", F32, (64, 64)), Buffer("y", F32, (64, 64))
+    i, j = Var("i"), Var("j")
+    inner = _store_loop(j, 64, [Store(y, i * 64 + j, x.flat(i * 64 + j))], "parallel")
+    k = KernelBuilder("nested", [x, y]).kernel
+    k.body = [_store_loop(i, 64, [inner], "parallel")]
+    with pytest.raises(ScheduleError, match=r"kernel nested: parallel loop j is not the first"):
+        verify_schedule(k)
+
+
+def test_verify_schedule_rejects_parallel_loop_in_imperfect_nest():
+    x, y = Buffer("x", F32, (64, 64)), Buffer("y", F32, (64, 64))
+    i, j = Var("i"), Var("j")
+    inner = _store_loop(j, 63, [Store(y, i * 64 + j + 1, x.flat(i * 64 + j))], "parallel")
+    k = KernelBuilder("imperfect", [x, y]).kernel
+    k.body = [_store_loop(i, 64, [Store(y, i * 64, x.flat(i * 64)), inner])]
+    with pytest.raises(ScheduleError, match=r"kernel imperfect: parallel loop j is not the first"):
+        verify_schedule(k)
+
+
+def test_verify_schedule_rejects_parallel_loop_whose_stores_ignore_its_variable():
+    x, y, out = Buffer("x", F32, (64,)), Buffer("y", F32, (64,)), Buffer("out", F32, (1,))
+    i = Var("i")
+    k = KernelBuilder("racy", [x, y, out]).kernel
+    k.body = [_store_loop(i, 64, [Store(y, i, x.flat(i)), Store(out, Const(0), x.flat(i))], "parallel")]
+    with pytest.raises(ScheduleError, match=r"kernel racy: loop i cannot be parallel: store to out does not depend on i"):
+        verify_schedule(k)
+    k.body[0].body.pop()
+    verify_schedule(k)                          # y[i] alone is fine
+
+
+# ----------------------------------------------------------------------------- models
+def _c(rng, name, *shape, scale=0.2):
+    return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+
+
+def _model(nodes, name, inputs, outputs, inits):
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
+                          initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    onnx.checker.check_model(m)
+    return m
+
+
+def conv_model(chain: int = 2) -> onnx.ModelProto:
+    """``chain`` 3x3 Convs [1, 16, 14, 14] -> 32 -> 32 ... channels, weights constant."""
+    rng = np.random.default_rng(0)
+    nodes, inits, src, c = [], [], "x", 16
+    for i in range(chain):
+        dst = "y" if i == chain - 1 else f"h{i}"
+        nodes.append(helper.make_node("Conv", [src, f"w{i}"], [dst], pads=[1, 1, 1, 1]))
+        inits.append(_c(rng, f"w{i}", 32, c, 3, 3))
+        src, c = dst, 32
+    return _model(nodes, "convs", [("x", [1, 16, 14, 14])], [("y", [1, 32, 14, 14])], inits)
+
+
+def cnn_model() -> onnx.ModelProto:
+    """Conv+Relu, MaxPool, Conv + residual Add, GlobalAveragePool, Flatten, Gemm."""
+    rng = np.random.default_rng(1)
+    N = helper.make_node
+    nodes = [N("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), N("Relu", ["c1"], ["r1"]),
+             N("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             N("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]), N("Add", ["c2", "p1"], ["s"]),
+             N("GlobalAveragePool", ["s"], ["g"]), N("Flatten", ["g"], ["f"]),
+             N("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
+    inits = [_c(rng, "w1", 16, 3, 3, 3), _c(rng, "b1", 16), _c(rng, "w2", 16, 16, 3, 3), _c(rng, "b2", 16),
+             _c(rng, "wf", 10, 16), _c(rng, "bf", 10)]
+    return _model(nodes, "cnn", [("x", [2, 3, 32, 32])], [("y", [2, 10])], inits)
+
+
+def mlp_model(rows=(2, 35), k=128, n=256) -> onnx.ModelProto:
+    """MatMul by a constant [k, n], Softmax over the last axis, LayerNormalization."""
+    rng = np.random.default_rng(2)
+    N = helper.make_node
+    nodes = [N("MatMul", ["x", "w"], ["h"]), N("Softmax", ["h"], ["s"], axis=-1),
+             N("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    inits = [_c(rng, "w", k, n), _c(rng, "g", n, scale=1.0), _c(rng, "b", n)]
+    return _model(nodes, "mlp", [("x", [*rows, k])], [("y", [*rows, n])], inits)
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    m = cnn_model()
+    return m, compiler.compile(m, num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    m = mlp_model()
+    return m, compiler.compile(m, num_threads=1)
+
+
+# ----------------------------------------------------------------------------- codegen inspection
+def test_blocked_conv_codegen_vectors_fmuladd_barrier():
+    L = lanes()
+    assert L in (4, 8, 16)
+    mod = compiler.compile(conv_model(), num_threads=2)
+    assert [c.ops for c in mod.calls] == [["Conv"], ["Conv"]]
+    names = [c.kernel for c in mod.calls]
+    assert parallel_kernels(mod) == set(names)
+    ir_text = mod.llvm_ir
+    opt = optimized_ir(mod)
+    for name in names:
+        body = function_ir(ir_text, name)
+        assert float_vectors(body) == {L}, f"{name}: vectors {float_vectors(body)} for {L} lanes"
+        assert calls_fmuladd(body, L)
+        obody = function_ir(opt, name)
+        assert L in float_vectors(obody) and calls_fmuladd(obody, L)
+    # the entry: both convs get the team, a barrier between them
+    assert entry_calls(ir_text) == [(names[0], True), ("tf_barrier", True), (names[1], True)]
+    # optimised, the internal tf_barrier may be inlined: its atomic arrival sits between the calls
+    entry = function_ir(opt, "tf_run")
+    first, second = (re.search(r'call void @"?%s"?\(' % re.escape(n), entry) for n in names)
+    between = entry[first.end():second.start()]
+    assert re.search(r'call void @"?tf_barrier"?\(', between) or "atomicrmw add" in between
+
+
+def test_blocked_matmul_codegen_vectors_fmuladd_barrier():
+    """MatMul by a constant [256, 512] (rows 16: one parallel loop over whole row tiles and
+    one over the rows left over, with a barrier between them), then a Softmax kernel."""
+    L = lanes()
+    rng = np.random.default_rng(3)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=-1)],
+               "mm", [("x", [16, 256])], [("y", [16, 512])], [_c(rng, "w", 256, 512)])
+    mod = compiler.compile(m, num_threads=2)
+    assert [c.ops for c in mod.calls] == [["MatMul"], ["Softmax"]]
+    mm, sm = (c.kernel for c in mod.calls)
+    assert parallel_kernels(mod) == {mm, sm}
+    body = function_ir(mod.llvm_ir, mm)
+    assert L in float_vectors(body) and max(float_vectors(body)) == L
+    assert calls_fmuladd(body, L)
+    k = next(k for k in mod.kernels if k.name == mm)
+    if len(k.body) > 1:                      # leftover rows: the kernel's own barrier
+        assert re.search(r'call void @"tf_barrier"\(ptr %"team"\)', body)
+    obody = function_ir(optimized_ir(mod), mm)
+    assert L in float_vectors(obody) and calls_fmuladd(obody, L)
+    assert entry_calls(mod.llvm_ir) == [(mm, True), ("tf_barrier", True), (sm, True)]
+    x = rng.standard_normal((16, 256)).astype(np.float32)
+    np.testing.assert_allclose(mod.run(x=x)[0], ort_run(m, {"x": x})[0], rtol=RTOL, atol=ATOL)
+
+
+def test_serial_kernel_gets_null_team_and_runs_on_thread_zero():
+    """A tiny kernel stays serial: the entry passes it a null team (no barrier needed
+    between serial kernels)."""
+    m = _model([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["h"], ["y"])], "tiny",
+               [("x", [2, 5])], [("y", [2, 5])], [])
+    mod = compiler.compile(m, opt_level=0, num_threads=2)
+    assert not parallel_kernels(mod)
+    assert entry_calls(mod.llvm_ir) == [(c.kernel, False) for c in mod.calls]
+    x = np.linspace(-2, 2, 10, dtype=np.float32).reshape(2, 5)
+    np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])
+
+
+def _native(kernel, nslots: int):
+    """Compile one kernel with an entry over slots 0..nslots-1; returns (unoptimised IR, entry)."""
+    mod = lir.Module(name="t")
+    emit_kernel(mod, kernel)
+    emit_entry(mod, "tf_run", [(kernel.name, list(range(nslots)))], {kernel.name: kernel_is_parallel(kernel)})
+    lib, _, _ = compile_ir(str(mod), "t")
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(lib.address("tf_run"))
+    return str(mod), fn, lib
+
+
+def _call(fn, arrays, threads: int = 1):
+    table = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    if threads == 1:
+        fn(ctypes.addressof(table), None)
+    else:
+        team = ThreadTeam(threads)
+        try:
+            team.run(fn, ctypes.addressof(table))
+        finally:
+            team.close()
+
+
+def test_unroll_loop_has_no_loop_in_llvm_ir():
+    x, y = Buffer("x", F32, (4, 64)), Buffer("y", F32, (4, 64))
+    kb = KernelBuilder("unrolled", [x, y])
+    with kb.loop(4, kind="unroll", hint="u") as u:
+        with kb.loop(64, hint="j") as j:
+            kb.store(y, [u, j], x[[u, j]] * 2.0 + u.cast(F32))
+    k = kb.kernel
+    text, fn, _lib = _native(k, 2)
+    body = function_ir(text, "unrolled")
+    uname, jname = u.name, j.name
+    assert not re.search(r'%%"%s" = phi' % uname, body) and f'"{uname}.head"' not in body
+    # the serial loop inside is a loop (one phi), emitted once per unrolled iteration
+    assert len(re.findall(r'%%"%s(?:\.\d+)?" = phi' % jname, body)) == 4
+    xa = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    ya = np.zeros_like(xa)
+    _call(fn, [xa, ya])
+    np.testing.assert_array_equal(ya, xa * np.float32(2) + np.arange(4, dtype=np.float32)[:, None])
+
+
+def test_unroll_errors():
+    y = Buffer("y", F32, (100,))
+    kb = KernelBuilder("too_long", [y])
+    with kb.loop(100, kind="unroll") as u:
+        kb.store(y, u, 1.0)
+    with pytest.raises(CodegenError, match="too_long.*100 iterations"):
+        emit_kernel(lir.Module(), kb.kernel)
+    n = Buffer("n", DType.i64, (1,))
+    kb = KernelBuilder("dynamic", [n, y])
+    with kb.loop(n[0], kind="unroll") as u:
+        kb.store(y, u, 1.0)
+    with pytest.raises(CodegenError, match="dynamic.*constant bounds"):
+        emit_kernel(lir.Module(), kb.kernel)
+
+
+def test_unknown_loop_kind():
+    y = Buffer("y", F32, (8,))
+    kb = KernelBuilder("k", [y])
+    with pytest.raises(ValueError, match="loop kind must be one of"):
+        with kb.loop(8, kind="tiled"):
+            pass
+    i = Var("i")
+    k = KernelBuilder("odd_kind", [y]).kernel
+    k.body = [For(i, Const(8), [Store(y, i, Const(1.0, F32))], kind="tiled")]
+    with pytest.raises(CodegenError, match=r"kernel odd_kind: loop kind 'tiled' has no LLVM lowering"):
+        emit_kernel(lir.Module(), k)
+
+
+def test_parallel_kernel_split_covers_every_iteration():
+    """A parallel loop whose extent is not a multiple of the team size: every element is
+    written once, by the chunks of 1..5 threads (the output starts as NaN)."""
+    x, y = Buffer("x", F32, (1001, 7)), Buffer("y", F32, (1001, 7))
+    kb = KernelBuilder("split", [x, y])
+    with kb.grid([1001, 7]) as idx:
+        kb.store(y, idx, x[idx] + 1.0)
+    k = default_schedule(kb.kernel)
+    assert kernel_is_parallel(k)
+    text, fn, _lib = _native(k, 2)
+    assert entry_calls(text) == [("split", True)]
+    xa = np.random.default_rng(0).standard_normal((1001, 7)).astype(np.float32)
+    for n in (1, 2, 3, 4, 5):
+        ya = np.full_like(xa, np.nan)
+        _call(fn, [xa, ya], threads=n)
+        np.testing.assert_array_equal(ya, xa + np.float32(1))
+
+
+@pytest.mark.xfail(strict=True, reason="latent codegen hazard: a top-level statement that is not "
+                   "parallel runs on thread 0 alone, so a local it fills is unset in the other "
+                   "threads' copies when a parallel statement reads it (no lowering emits this "
+                   "pattern today; verify_schedule does not catch it)")
+def test_local_filled_serially_then_read_by_parallel_loop():
+    x, y = Buffer("x", F32, (64, 128)), Buffer("y", F32, (64, 128))
+    kb = KernelBuilder("table", [x, y])
+    t = kb.local(F32, (128,), hint="t")
+    with kb.loop(128, role="spatial") as j:
+        kb.store(t, j, x[[0, j]])
+    with kb.grid([64, 128]) as (i, j):
+        kb.store(y, [i, j], x[[i, j]] + t[j])
+    k = default_schedule(kb.kernel)
+    verify_schedule(k)
+    _, fn, _lib = _native(k, 2)
+    xa = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
+    ya = np.zeros_like(xa)
+    _call(fn, [xa, ya], threads=2)
+    np.testing.assert_array_equal(ya, xa + xa[0])
+
+
+# ----------------------------------------------------------------------------- threads vs onnxruntime
+def _check_threads(model, mod, feeds):
+    expected = ort_run(model, feeds)
+    assert parallel_kernels(mod), "no kernel splits work: the thread counts would test nothing"
+    for k in mod.kernels:
+        verify_schedule(k)
+    outs = {}
+    for n in THREADS:
+        mod.num_threads = n
+        assert mod.num_threads == n
+        outs[n] = mod.run(**feeds)
+        for i, (g, e) in enumerate(zip(outs[n], expected)):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL, err_msg=f"{n} threads, output {i}")
+    for n in THREADS[1:]:
+        for i, (g, g1) in enumerate(zip(outs[n], outs[1])):
+            assert np.array_equal(g, g1), f"output {i}: {n} threads differ from 1 thread"
+
+
+def test_cnn_threads_match_onnxruntime_and_each_other(cnn):
+    model, mod = cnn
+    kinds = {c.kernel: c.ops for c in mod.calls}
+    par = parallel_kernels(mod)
+    assert any("Conv" in op for k in par for op in kinds[k]) and any("MaxPool" in kinds[k] for k in par)
+    x = np.random.default_rng(10).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    _check_threads(model, mod, {"x": x})
+
+
+def test_matmul_softmax_layernorm_threads_match_onnxruntime_and_each_other(mlp):
+    model, mod = mlp
+    kinds = {c.kernel: c.ops[0] for c in mod.calls}
+    assert {kinds[k] for k in parallel_kernels(mod)} >= {"MatMul", "Softmax", "LayerNormalization"}
+    x = np.random.default_rng(11).standard_normal((2, 35, 128)).astype(np.float32)
+    _check_threads(model, mod, {"x": x})
+
+
+def test_concurrent_runs_with_thread_teams(cnn):
+    """4 Python threads x 20 runs each, different inputs, num_threads=2: every result equals
+    the single-threaded run of the same input (which matches onnxruntime)."""
+    model, mod = cnn
+    rng = np.random.default_rng(12)
+    inputs = [[rng.standard_normal((2, 3, 32, 32)).astype(np.float32) for _ in range(20)] for _ in range(4)]
+    mod.num_threads = 1
+    refs = [[mod.run(x=x)[0] for x in xs] for xs in inputs]
+    for xs, rs in ((inputs[0][:2], refs[0][:2]), (inputs[3][-1:], refs[3][-1:])):
+        for x, r in zip(xs, rs):
+            np.testing.assert_allclose(r, ort_run(model, {"x": x})[0], rtol=RTOL, atol=ATOL)
+    mod.num_threads = 2
+    got = [[None] * 20 for _ in range(4)]
+    errors = []
+    start = threading.Barrier(4)
+
+    def work(t):
+        try:
+            start.wait()
+            for i, x in enumerate(inputs[t]):
+                got[t][i] = mod.run(x=x)[0]
+        except BaseException as e:           # reported below, not lost in the thread
+            errors.append(e)
+
+    ths = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join(timeout=300)
+    assert not any(th.is_alive() for th in ths), "a run did not finish"
+    assert not errors, errors
+    for t in range(4):
+        for i in range(20):
+            assert np.array_equal(got[t][i], refs[t][i]), f"thread {t}, run {i}"
+    assert len(mod._pool) <= 4                 # one arena (and team) per simultaneous run, kept
