@@ -18,6 +18,7 @@ import compiler
 from compiler.passes.fuse_ops import fuse_ops, plan_groups
 from fusion_util import graph_model
 from ir.graph import Graph, Node, Value
+from ir.kernel import For, Store
 from ir.registry import OpPatternKind, find_op, op
 from ir.text import parse_graph, print_graph
 from ir.types import DType, TensorType
@@ -64,8 +65,11 @@ def test_add_mul_relu_chain_is_one_flat_kernel():
     (f,) = fused_nodes(mod.graph)
     assert f.attr("kind") == "BROADCAST" and f.attr("anchor") == ""
     assert [n.op for n in f.attrs["body"].nodes] == ["Add", "Mul", "Relu"]
-    text = str(mod.kernels[0])
-    assert "vectorize for" in text and text.count("] = ") == 1      # one flat loop, one store
+    (k,) = mod.kernels                          # one flat loop over the 24 elements, one store
+    (top,) = k.body
+    assert isinstance(top, For) and (top.start.value, top.extent.value) == (0, 24)
+    (st,) = top.body
+    assert isinstance(st, Store) and st.buf.name == "z" and st.index is top.var
 
 
 def test_broadcasting_chain_loads_each_input_with_broadcasting():
@@ -73,7 +77,13 @@ def test_broadcasting_chain_loads_each_input_with_broadcasting():
     m = graph_model([N("Sub", ["x", "y"], ["a"]), N("Div", ["a", "s"], ["b"]), N("Exp", ["b"], ["c"]),
                      N("Neg", ["c"], ["z"])], {"x": x, "y": y, "s": s + 3}, ["z"])
     mod = check(m, {"x": x, "y": y, "s": s + 3}, kernels=1, before=4)
-    assert "vectorize" not in str(mod.kernels[0])                   # a grid: y and s broadcast
+    (k,) = mod.kernels                          # a grid over z's shape: y and s broadcast
+    (top,) = k.body
+    nest = [top]
+    while len(nest[-1].body) == 1 and isinstance(nest[-1].body[0], For):
+        nest.append(nest[-1].body[0])
+    assert [f.extent.value for f in nest] == [2, 3, 4]
+    assert [type(st) for st in nest[-1].body] == [Store]
 
 
 def test_value_used_outside_the_group_is_materialised():

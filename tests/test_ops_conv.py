@@ -145,11 +145,45 @@ def test_conv_flops():
 
 
 def test_conv_kernel_reads_rows():
-    """The innermost loop runs over contiguous output columns, into a local row accumulator."""
+    """The row schedule (W not a constant): a local row accumulator; what codegen produced:
+    the kernel is split across the thread team (the entry hands it the team), and LLVM widened
+    the innermost loop over contiguous output columns to vector multiplies and adds."""
+    import re
+
+    from ir.kernel import Bin, For, Load, Store
+    from tests.codegen_util import function_ir, optimized_ir, parallel_kernels
     x, w = _u(1, 3, 8, 8), _u(4, 3, 3, 3, seed=1)
-    mod = compiler.compile(node_model("Conv", {"x": x, "w": w}, {"pads": [1, 1, 1, 1]}), opt_level=0)
-    text = str(mod.kernels[0])
-    assert "local row" in text and "parallel for" in text and "vectorize for ow" in text
+    m = node_model("Conv", {"x": x, "w": w}, {"pads": [1, 1, 1, 1]})
+    mod = compiler.compile(m, opt_level=0, num_threads=2)
+    (k,) = mod.kernels
+    (row,) = k.locals
+    assert row.name.startswith("row") and row.shape == (8,)
+    assert parallel_kernels(mod) == {k.name}
+
+    def loops(stmts):
+        for s in stmts:
+            if isinstance(s, For):
+                yield s
+                yield from loops(s.body)
+
+    def nodes(e):
+        yield e
+        for f in ("a", "b", "c", "index"):
+            if hasattr(e, f) and not isinstance(getattr(e, f), (str, int)):
+                yield from nodes(getattr(e, f))
+
+    def accumulates(s):      # row[v] = row[v] + w[...] * x[...]
+        return (isinstance(s, Store) and s.buf is row and isinstance(s.value, Bin) and s.value.op == "add"
+                and isinstance(s.value.a, Load) and s.value.a.buf is row)
+    (acc,) = [f for f in loops(k.body) if not any(isinstance(s, For) for s in f.body)
+              and any(accumulates(s) for s in f.body)]
+    (st,) = acc.body
+    x_loads = [e for e in nodes(st.value.b) if isinstance(e, Load) and e.buf.name == "x"]
+    assert len(x_loads) == 1 and any(e is acc.var for e in nodes(x_loads[0].index))
+    assert any(e is acc.var for e in nodes(st.index))      # the column loop is innermost
+    body = function_ir(optimized_ir(mod), k.name)
+    assert re.search(r"fmul <\d+ x float>", body) and re.search(r"fadd <\d+ x float>", body)
+    np.testing.assert_allclose(mod.run(x=x, w=w)[0], ort_run(m, {"x": x, "w": w})[0], rtol=RT, atol=AT)
 
 
 @pytest.mark.parametrize("xs,ws,attrs,msg", [
