@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from .kernel import Bin, Broadcast, Cast, FMA, For, If, Kernel, Load, Select, Store, Un, Var
 
-#: a nest whose estimated iteration count is below this stays on one thread (a barrier costs
-#: about a microsecond; a few thousand scalar iterations cost about as much)
-MIN_PARALLEL_WORK = 4096
+#: a nest whose estimated iteration count is below this stays on one thread (benchmarks/
+#: dispatch.py measured 3-6 microseconds per parallel kernel at 2 threads on a 2-core Zen 3;
+#: a 4096-element kernel ran slower at 2 threads than at 1)
+MIN_PARALLEL_WORK = 32768
 #: the parallel loop is the first of its nest with at least this many iterations, if any
 MIN_PARALLEL_EXTENT = 16
 
@@ -128,12 +129,91 @@ def default_schedule(kernel: Kernel) -> Kernel:
         _demote([top], chosen)
         if chosen is not None:
             chosen.kind = "parallel"
+    if _thread0_fills_locals(kernel):
+        _demote(kernel.body, None)
     return kernel
+
+
+def _thread0_fills_locals(kernel: Kernel) -> bool:
+    """Whether a top-level statement that runs on thread 0 alone (serial, storing to global
+    memory) fills a local that a parallel statement reads before writing it: the other
+    threads' copies would be unset. (A serial statement that stores only to locals runs on
+    every thread, so each fills its own copy; see :func:`runs_on_thread0_only`.)"""
+    filled = {id(st.buf) for s in kernel.body if runs_on_thread0_only(s)
+              for st in _stores([s], []) if st.buf.scope == "local"}
+    if not filled:
+        return False
+    return any(_first_access([s], b) == "load" for s in kernel.body if statement_is_parallel(s)
+               for b in kernel.locals if id(b) in filled)
+
+
+def _loads(e, buf, out: list) -> list:
+    if isinstance(e, Load):
+        if e.buf is buf:
+            out.append(e)
+        _loads(e.index, buf, out)
+    elif isinstance(e, Bin):
+        _loads(e.a, buf, out), _loads(e.b, buf, out)
+    elif isinstance(e, (Un, Cast, Broadcast)):
+        _loads(e.a, buf, out)
+    elif isinstance(e, Select):
+        _loads(e.cond, buf, out), _loads(e.a, buf, out), _loads(e.b, buf, out)
+    elif isinstance(e, FMA):
+        _loads(e.a, buf, out), _loads(e.b, buf, out), _loads(e.c, buf, out)
+    return out
+
+
+def _first_access(stmts, buf) -> str | None:
+    """"load" or "store": how ``stmts`` first touch ``buf`` in program order (a load in either
+    branch of an If, or in a loop's bounds, counts as first); None if they do not."""
+    for s in stmts:
+        if isinstance(s, Store):
+            if _loads(s.value, buf, []) or _loads(s.index, buf, []):
+                return "load"
+            if s.buf is buf:
+                return "store"
+        elif isinstance(s, For):
+            if _loads(s.start, buf, []) or _loads(s.extent, buf, []):
+                return "load"
+            r = _first_access(s.body, buf)
+            if r:
+                return r
+        elif isinstance(s, If):
+            if _loads(s.cond, buf, []):
+                return "load"
+            a, b = _first_access(s.then, buf), _first_access(s.orelse, buf)
+            if "load" in (a, b):
+                return "load"
+            if a == b == "store":
+                return "store"
+    return None
+
+
+def statement_is_parallel(s) -> bool:
+    """Whether a top-level statement is a perfect loop nest whose loops down to a parallel one
+    each hold just the next: codegen splits that loop across the thread team."""
+    while isinstance(s, For):
+        if s.kind == "parallel":
+            return True
+        if len(s.body) != 1:
+            return False
+        s = s.body[0]
+    return False
+
+
+def runs_on_thread0_only(s) -> bool:
+    """Whether codegen runs a top-level statement on thread 0 alone: it is not parallel and
+    stores to global memory (a statement that stores only to locals runs on every thread)."""
+    return not statement_is_parallel(s) and any(st.buf.scope != "local" for st in _stores([s], []))
 
 
 def verify_schedule(kernel: Kernel) -> None:
     """Raise ScheduleError when a parallel loop sits where codegen cannot split it (outside a
-    top-level perfect nest, or a second one in a nest) or may write one element twice."""
+    top-level perfect nest, or a second one in a nest) or may write one element twice, or when
+    a statement on thread 0 alone fills locals that a parallel statement reads."""
+    if _thread0_fills_locals(kernel):
+        raise ScheduleError(f"kernel {kernel.name}: a statement on thread 0 alone fills locals that the "
+                            f"other threads of a parallel statement would read unset")
     for top in kernel.body:
         nest = _nest(top)
         first = next((f for f in nest if f.kind == "parallel"), None)

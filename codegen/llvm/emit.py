@@ -27,6 +27,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ir.kernel import FMA, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+from ir.schedule import runs_on_thread0_only, statement_is_parallel
 from ir.types import DType
 
 from . import vmath
@@ -342,16 +343,16 @@ class _FnEmitter:
         thread (the loop split into chunks); any other runs on thread 0; a barrier separates
         statements wherever a parallel one is involved."""
         b = self.b
-        kinds = [_has_parallel(s) for s in body]
+        kinds = [statement_is_parallel(s) for s in body]
         for i, (s, par) in enumerate(zip(body, kinds)):
             if i and (par or kinds[i - 1]):
                 b.call(barrier_fn(self.m), [self.fn.args[1]])
             self.split_ok = par          # only this nest's first parallel loop is split
-            if par:
-                self.stmt(s)
-            else:
+            if runs_on_thread0_only(s):
                 with b.if_then(b.icmp_signed("==", self.tid, ir.Constant(I64, 0))):
                     self.stmt(s)
+            else:                        # parallel, or filling this thread's own locals
+                self.stmt(s)
             self.split_ok = False
 
     def stmt(self, s) -> None:
@@ -447,20 +448,9 @@ def _splat(b: ir.IRBuilder, x: ir.Value, lanes: int) -> ir.Value:
                             ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
 
 
-def _has_parallel(s) -> bool:
-    """Whether a top-level statement is a perfect nest ending in a parallel loop."""
-    while isinstance(s, For):
-        if s.kind == "parallel":
-            return True
-        if len(s.body) != 1:
-            return False
-        s = s.body[0]
-    return False
-
-
 def kernel_is_parallel(kernel: Kernel) -> bool:
     """Whether any top-level statement of ``kernel`` splits its iterations across threads."""
-    return any(_has_parallel(s) for s in kernel.body)
+    return any(statement_is_parallel(s) for s in kernel.body)
 
 
 def _team_ids(b: ir.IRBuilder, team: ir.Value) -> tuple[ir.Value, ir.Value]:
