@@ -110,7 +110,7 @@ def test_matmul_loop_order_is_ikj():
     import compiler
     from ir.kernel import For, Load
     from tests.codegen_util import function_ir, optimized_ir, parallel_kernels
-    a, b = rand(8, 16), rand(16, 32, seed=1)
+    a, b = rand(32, 64), rand(64, 64, seed=1)   # enough work to be split across threads
     m = node_model("MatMul", {"a": a, "b": b})
     mod = compiler.compile(m, opt_level=0, num_threads=2)
     (k,) = mod.kernels
