@@ -77,10 +77,12 @@ class Var(Expr):
 
 @dataclass(eq=False)
 class Load(Expr):
-    """``buf[index]``; with ``lanes`` > 1 the contiguous vector ``buf[index : index+lanes]``."""
+    """``buf[index]``; with ``lanes`` > 1 the vector of elements ``index + l * stride`` for
+    l < lanes (``stride`` 1: the contiguous ``buf[index : index+lanes]``; else a gather)."""
     buf: "Buffer"
     index: Expr   # flat element offset (of the first lane)
     lanes: int = 1
+    stride: int = 1
 
     @property
     def dtype(self):
@@ -89,8 +91,9 @@ class Load(Expr):
 
 @dataclass(eq=False)
 class Ramp(Expr):
-    """The index vector ``base, base+1, ..., base+lanes-1``, as the last entry of a buffer
-    index list: ``buf[[i, Ramp(j0, 8)]]`` is the contiguous vector ``buf[i, j0 : j0+8]`` and a
+    """The index vector ``base, base+1, ..., base+lanes-1`` as one entry of a buffer index list:
+    ``buf[[i, Ramp(j0, 8)]]`` is the contiguous vector ``buf[i, j0 : j0+8]``; in another
+    position, the vector strided by that dim (``buf[[Ramp(c0, 8), h, w]]``: 8 channels). A
     store through such an index writes a vector (vector epilogues index outputs this way)."""
     base: Expr
     lanes: int
@@ -306,29 +309,37 @@ class Buffer:
         return tuple(reversed(out))
 
     def offset(self, idx: Sequence) -> Expr:
-        """Flat offset of an index list (of a vector's first lane when the last index is a
-        :class:`Ramp`)."""
+        """Flat offset of an index list (of a vector's first lane when an entry is a
+        :class:`Ramp`; at most one may be)."""
         idx = list(idx) if isinstance(idx, (list, tuple)) else [idx]
         if len(idx) != len(self.shape):
             raise IndexError(f"buffer {self.name} of rank {len(self.shape)} indexed with {len(idx)} indices")
+        if sum(isinstance(i, Ramp) for i in idx) > 1:
+            raise IndexError(f"buffer {self.name}: at most one Ramp index")
         off: Expr = Const(0, I64)
-        for k, (i, s) in enumerate(zip(idx, self.strides)):
-            if isinstance(i, Ramp):
-                if k != len(idx) - 1:
-                    raise IndexError(f"buffer {self.name}: a Ramp index must be the last (contiguous) one")
-                i = i.base
-            off = off + as_expr(i, I64) * s
+        for i, s in zip(idx, self.strides):
+            off = off + as_expr(i.base if isinstance(i, Ramp) else i, I64) * s
         return off
+
+    def index_vector(self, idx) -> tuple[int, int]:
+        """(lanes, element stride) an index list addresses: its Ramp's width and the stride of
+        the Ramp's dim, else (1, 1)."""
+        idx = idx if isinstance(idx, (list, tuple)) else [idx]
+        for i, s in zip(idx, self.strides):
+            if isinstance(i, Ramp):
+                return i.lanes, s
+        return 1, 1
 
     @staticmethod
     def index_lanes(idx) -> int:
-        """Vector width an index list addresses: its last entry's Ramp width, else 1."""
-        last = idx[-1] if isinstance(idx, (list, tuple)) and idx else idx
-        return last.lanes if isinstance(last, Ramp) else 1
+        """Vector width an index list addresses (its Ramp's width, else 1)."""
+        idx = idx if isinstance(idx, (list, tuple)) else [idx]
+        return next((i.lanes for i in idx if isinstance(i, Ramp)), 1)
 
     def __getitem__(self, idx) -> Load:
         idx = idx if isinstance(idx, (list, tuple)) else [idx]
-        return Load(self, self.offset(idx), self.index_lanes(idx))
+        lanes, stride = self.index_vector(idx)
+        return Load(self, self.offset(idx), lanes, stride if lanes > 1 else 1)
 
     def flat(self, i) -> Load:
         return Load(self, as_expr(i, I64))
@@ -374,9 +385,11 @@ class For(Stmt):
 
 @dataclass(eq=False)
 class Store(Stmt):
+    """``buf[index] = value``; a vector value of n lanes writes ``index + l * stride``."""
     buf: Buffer
     index: Expr
     value: Expr
+    stride: int = 1
 
 
 @dataclass(eq=False)
@@ -479,14 +492,14 @@ class KernelBuilder:
     def store(self, buf: Buffer, idx, value) -> None:
         off = buf.offset(idx) if isinstance(idx, (list, tuple)) else as_expr(idx, I64)
         value = as_expr(value, buf.dtype)   # a vector value stores its lanes contiguously
-        n = Buffer.index_lanes(idx)
+        n, stride = buf.index_vector(idx) if isinstance(idx, (list, tuple)) else (1, 1)
         if n > 1 and value.lanes == 1:
             value = Broadcast(value, n)
         elif value.lanes != n and n > 1:
             raise TypeError(f"store of a {value.lanes}-lane value through a {n}-lane index into {buf.name}")
         if value.dtype != buf.dtype:
             raise TypeError(f"store of {value.dtype} into {buf.dtype} buffer {buf.name}")
-        self._emit(Store(buf, off, value))
+        self._emit(Store(buf, off, value, stride if n > 1 else 1))
 
     # convenience re-exports
     fma = staticmethod(fma)

@@ -15,7 +15,8 @@ def print_expr(e) -> str:
         return e.name
     if isinstance(e, Load):
         if e.lanes > 1:
-            return f"{e.buf.name}[{print_expr(e.index)} : +{e.lanes}]"
+            st = f" : {e.stride}" if e.stride != 1 else ""
+            return f"{e.buf.name}[{print_expr(e.index)} : +{e.lanes}{st}]"
         return f"{e.buf.name}[{print_expr(e.index)}]"
     if isinstance(e, Ramp):
         return f"ramp({print_expr(e.base)}, {e.lanes})"
@@ -50,6 +51,7 @@ def _print_body(stmts, depth, out):
             _print_body(s.body, depth + 1, out)
         elif isinstance(s, Store):
             span = f" : +{s.value.lanes}" if s.value.lanes > 1 else ""
+            span += f" : {s.stride}" if s.value.lanes > 1 and s.stride != 1 else ""
             out.append(f"{pad}{s.buf.name}[{print_expr(s.index)}{span}] = {print_expr(s.value)}")
         elif isinstance(s, If):
             out.append(f"{pad}if {print_expr(s.cond)}:")

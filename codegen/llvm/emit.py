@@ -164,7 +164,14 @@ class _FnEmitter:
             et = ltype(e.buf.dtype, True)
             p = b.gep(self._ptr(e.buf), [self.expr(e.index)], source_etype=et)
             vt = ltype(e.buf.dtype, True, e.lanes)
-            v = b.load(p, typ=vt, align=e.buf.dtype.itemsize)
+            if e.lanes > 1 and e.stride != 1:            # a gather: one load per lane
+                v = ir.Constant(vt, ir.Undefined)
+                for ln in range(e.lanes):
+                    q = b.gep(p, [ir.Constant(I64, ln * e.stride)], source_etype=et)
+                    v = b.insert_element(v, b.load(q, typ=et, align=e.buf.dtype.itemsize),
+                                         ir.Constant(ir.IntType(32), ln))
+            else:
+                v = b.load(p, typ=vt, align=e.buf.dtype.itemsize)
             if e.buf.dtype == DType.bool:
                 v = b.icmp_unsigned("!=", v, ir.Constant(vt, 0) if e.lanes == 1 else
                                     ir.Constant(vt, [0] * e.lanes))
@@ -362,8 +369,14 @@ class _FnEmitter:
             lanes = s.value.lanes
             if s.buf.dtype == DType.bool:
                 v = b.zext(v, ltype(DType.bool, True, lanes))
-            p = b.gep(self._ptr(s.buf), [self.expr(s.index)], source_etype=ltype(s.buf.dtype, True))
-            _store(b, v, p, s.buf.dtype.itemsize)
+            et = ltype(s.buf.dtype, True)
+            p = b.gep(self._ptr(s.buf), [self.expr(s.index)], source_etype=et)
+            if lanes > 1 and s.stride != 1:              # a scatter: one store per lane
+                for ln in range(lanes):
+                    q = b.gep(p, [ir.Constant(I64, ln * s.stride)], source_etype=et)
+                    _store(b, b.extract_element(v, ir.Constant(ir.IntType(32), ln)), q, s.buf.dtype.itemsize)
+            else:
+                _store(b, v, p, s.buf.dtype.itemsize)
         elif isinstance(s, For):
             if s.kind not in ("serial", "parallel", "vectorize", "unroll"):
                 raise CodegenError(f"kernel {self.k.name}: loop kind {s.kind!r} has no LLVM lowering")

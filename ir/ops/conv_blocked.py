@@ -157,22 +157,34 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
                 if cols:                 # border tiles: taps outside the image dropped
                     taps(kw, cols)
             for o in range(OB):
+                oc0 = (mb * OB + o) * L
                 for p in range(width):
-                    kb.store(out, 0, acc.vload((o * width + p) * L, L))
-                    for ln in range(L):
-                        oc = (mb * OB + o) * L + ln
-                        idx = [n, oc, oh, ow0 + p]
+                    vec = acc.vload((o * width + p) * L, L)
 
-                        def emit_store(oc=oc, idx=idx, ln=ln):
-                            v = out[ln]
-                            if b is not None:
-                                v = v + b[oc]
-                            kb.store(y, idx, ctx.apply_epilogue(v, idx))
-                        if m_ % blk:
-                            with kb.if_(oc < m_):
-                                emit_store()
-                        else:
-                            emit_store()
+                    def vector_store(vec=vec, oc0=oc0, p=p):
+                        # lanes are output channels: the epilogue's operands and the store
+                        # are strided by the channel dim (gathers / scatters)
+                        idx = [n, Ramp(oc0, L), oh, ow0 + p]
+                        v = vec + b[[Ramp(oc0, L)]] if b is not None else vec
+                        kb.store(y, idx, ctx.apply_epilogue(v, idx))
+
+                    def lane_stores(vec=vec, oc0=oc0, p=p):
+                        kb.store(out, 0, vec)
+                        for ln in range(L):
+                            with kb.if_(oc0 + ln < m_):
+                                idx = [n, oc0 + ln, oh, ow0 + p]
+                                v = out[ln] + b[oc0 + ln] if b is not None else out[ln]
+                                kb.store(y, idx, ctx.apply_epilogue(v, idx))
+                    if m_ % blk == 0:
+                        vector_store()
+                    elif m_ % L == 0:
+                        with kb.if_(oc0 < m_):
+                            vector_store()
+                    else:
+                        with kb.if_(oc0 + L <= m_) as whole:
+                            vector_store()
+                        with kb.else_(whole):
+                            lane_stores()
 
         if n_int:
             with kb.loop(n_int, hint="tw") as tw:
