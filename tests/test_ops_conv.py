@@ -152,12 +152,12 @@ def test_conv_kernel_reads_rows():
 
     from ir.kernel import Bin, For, Load, Store
     from tests.codegen_util import function_ir, optimized_ir, parallel_kernels
-    x, w = _u(1, 3, 8, 8), _u(4, 3, 3, 3, seed=1)
+    x, w = _u(1, 3, 32, 32), _u(8, 3, 3, 3, seed=1)      # enough work for the team to split
     m = node_model("Conv", {"x": x, "w": w}, {"pads": [1, 1, 1, 1]})
     mod = compiler.compile(m, opt_level=0, num_threads=2)
     (k,) = mod.kernels
     (row,) = k.locals
-    assert row.name.startswith("row") and row.shape == (8,)
+    assert row.name.startswith("row") and row.shape == (32,)
     assert parallel_kernels(mod) == {k.name}
 
     def loops(stmts):
