@@ -1,19 +1,27 @@
-"""The register-blocked schedule of 2-D float32 convolution (DESIGN.md "CPU codegen").
+"""The register-blocked schedules of 2-D float32 convolution with group 1 (DESIGN.md "CPU
+codegen"). Graph layout stays NCHW.
 
-Graph layout stays NCHW; inside the kernel the output channels are the vector lanes:
+General convolutions (:func:`emit_conv_blocked`): inside the kernel the output channels are
+the vector lanes.
 
-- W [M, C/g, KH, KW] is packed once at compile time into ``Wp [MB, C/g, KH, KW, OB*L]``
-  (``L`` lanes of the target, ``OB`` vectors per block, ``MB`` blocks covering M, zero-padded),
-  so the weights of one reduction step are ``OB`` contiguous vector loads.
+- W [M, C, KH, KW] is packed once at compile time into ``Wp [MB, KW, C, KH, OB*L]`` (or
+  ``[MB, KW, KH, C, OB*L]`` for few input channels; ``L`` lanes of the target, ``OB`` vectors
+  per block, ``MB`` blocks covering M, zero-padded beyond M), so the weights of one reduction
+  step are ``OB`` contiguous vector loads.
 - The micro-kernel keeps an ``OB x P`` tile of accumulators (OB*L output channels x P
-  consecutive output columns) in vector registers over the whole C/g x KH x KW reduction:
-  per step it loads OB weight vectors, broadcasts P input pixels and issues OB*P FMAs.
-- Kernel taps are unrolled. Rows: the tap range is clamped per output row. Columns: interior
-  tiles (every tap inside the image) run in a loop; the columns near the borders form tiles at
-  known positions, whose taps outside the image are dropped at compile time. No padded copy.
-- Bias, the fused epilogue (folded BatchNorm, activation, residual Add) run per element on the
-  accumulators before the single store of each output element.
+  consecutive output columns) in vector registers over the whole C x KH x KW reduction: per
+  step it loads OB weight vectors, broadcasts P input pixels and issues OB*P FMAs. Taps (kw)
+  are the outermost reduction loop, so each loop body holds one tap.
+- Rows: the tap range is clamped per output row. Columns: interior tiles (every tap inside
+  the image) run in a loop; tiles at the borders sit at known positions, and their taps
+  outside the image are dropped at compile time. No padded copy of the input.
+- Bias and the fused epilogue (folded BatchNorm, activation, residual Add) run on each
+  accumulator vector (its lanes are channels: operands and the store are strided by the
+  channel dim) before the single store of each output element.
 - Parallel over (n, channel block, output row).
+
+Pointwise convolutions (1x1, stride 1, no padding; :func:`emit_conv_pointwise`) are a GEMM
+vectorised over pixels instead, with the epilogue on contiguous vectors.
 
 Tile sizes come from the target: L = ``target.lanes(f32)``; the accumulator tile takes at most
 the vector registers the target has (16 with AVX2, 32 with AVX-512) less a few for operands.
