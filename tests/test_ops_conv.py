@@ -151,7 +151,7 @@ def test_conv_kernel_reads_rows():
     import re
 
     from ir.kernel import Bin, For, Load, Store
-    from tests.codegen_util import function_ir, optimized_ir, parallel_kernels
+    from tests.codegen_util import expr_nodes as nodes, function_ir, kernel_loops as loops, optimized_ir, parallel_kernels
     x, w = _u(1, 3, 32, 32), _u(8, 3, 3, 3, seed=1)      # enough work for the team to split
     m = node_model("Conv", {"x": x, "w": w}, {"pads": [1, 1, 1, 1]})
     mod = compiler.compile(m, opt_level=0, num_threads=2)
@@ -160,17 +160,6 @@ def test_conv_kernel_reads_rows():
     assert row.name.startswith("row") and row.shape == (32,)
     assert parallel_kernels(mod) == {k.name}
 
-    def loops(stmts):
-        for s in stmts:
-            if isinstance(s, For):
-                yield s
-                yield from loops(s.body)
-
-    def nodes(e):
-        yield e
-        for f in ("a", "b", "c", "index"):
-            if hasattr(e, f) and not isinstance(getattr(e, f), (str, int)):
-                yield from nodes(getattr(e, f))
 
     def accumulates(s):      # row[v] = row[v] + w[...] * x[...]
         return (isinstance(s, Store) and s.buf is row and isinstance(s.value, Bin) and s.value.op == "add"

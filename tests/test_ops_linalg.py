@@ -109,23 +109,12 @@ def test_matmul_loop_order_is_ikj():
 
     import compiler
     from ir.kernel import For, Load
-    from tests.codegen_util import function_ir, optimized_ir, parallel_kernels
+    from tests.codegen_util import expr_nodes as nodes, function_ir, kernel_loops as loops, optimized_ir, parallel_kernels
     a, b = rand(32, 64), rand(64, 64, seed=1)   # enough work to be split across threads
     m = node_model("MatMul", {"a": a, "b": b})
     mod = compiler.compile(m, opt_level=0, num_threads=2)
     (k,) = mod.kernels
 
-    def loops(stmts):
-        for s in stmts:
-            if isinstance(s, For):
-                yield s
-                yield from loops(s.body)
-
-    def nodes(e):
-        yield e
-        for f in ("a", "b", "c", "index"):
-            if hasattr(e, f) and not isinstance(getattr(e, f), (str, int)):
-                yield from nodes(getattr(e, f))
 
     (kl,) = [f for f in loops(k.body) if f.var.name.startswith("k")]
     inner = [s for s in kl.body if isinstance(s, For)]
