@@ -231,7 +231,9 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     in NCHW): an R x NB tile (R output channels x NB*L pixels) of accumulators over the C
     reduction, the weights packed at compile time as [MB, C, R] and broadcast, the inputs
     loaded as vectors, and bias plus the fused epilogue run on whole vectors before one vector
-    store. Pixels beyond the last whole vector run the same tile one lane at a time."""
+    store. The pixels after the last whole tile are covered by whole vectors ending at the last
+    pixel (recomputing, with the same result, a few pixels of the tile before); an image of
+    fewer pixels than a vector runs the tile one lane at a time."""
     n_, c_ = x.shape[:2]
     m_ = y.shape[1]
     hw = int(np.prod(y.shape[2:]))
@@ -286,9 +288,12 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     if rest:
         with kb.loop(n_ * MB, kind="parallel", hint="t") as t:
             n, mb = split(t)
-            p0 = nfull * pix
-            if rest // L:
-                tile(n, mb, as_expr(p0), rest // L, L)
-            for p in range(p0 + (rest // L) * L, hw):
-                tile(n, mb, as_expr(p), 1, 1)
+            nvec = -(-rest // L)
+            if hw >= nvec * L:
+                # whole vectors ending at the last pixel: the first lanes overlap pixels done
+                # above and store the same values again (no scalar tail over all of C)
+                tile(n, mb, as_expr(hw - nvec * L), nvec, L)
+            else:                       # fewer pixels than a vector
+                for p in range(nfull * pix, hw):
+                    tile(n, mb, as_expr(p), 1, 1)
     return kb
