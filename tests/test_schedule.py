@@ -497,3 +497,23 @@ def test_concurrent_runs_with_thread_teams(cnn):
         for i in range(20):
             assert np.array_equal(got[t][i], refs[t][i]), f"thread {t}, run {i}"
     assert len(mod._pool) <= 4                 # one arena (and team) per simultaneous run, kept
+
+
+def test_structurally_identical_kernels_share_code():
+    """Two Conv+Relu layers of the same shapes with different weights: one native kernel serves
+    both calls (the packed weights are separate constants), and the results match onnxruntime."""
+    rng = np.random.default_rng(21)
+    N = helper.make_node
+    nodes = [N("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), N("Relu", ["c1"], ["r1"]),
+             N("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]), N("Relu", ["c2"], ["y"])]
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32) * 0.2, n)
+             for n in ("w1", "w2")]
+    inits += [numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), n) for n in ("b1", "b2")]
+    m = _model(nodes, "twice", [("x", [1, 16, 20, 20])], [("y", [1, 16, 20, 20])], inits)
+    mod = compiler.compile(m, num_threads=2)
+    convs = [c.kernel for c in mod.calls if any("Conv" in op for op in c.ops)]
+    assert len(convs) == 2 and convs[0] == convs[1]
+    assert len(re.findall(r"define [^@]*@\"?%s\"?\(" % re.escape(convs[0]), mod.llvm_ir)) == 1
+    assert len(mod.kernels) == 1
+    x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
+    np.testing.assert_allclose(mod.run(x=x)[0], ort_run(m, {"x": x})[0], rtol=RTOL, atol=ATOL)
