@@ -204,6 +204,238 @@ def test_global_pool_reference_matches_ort(op, attrs):
     assert get_op(op).flops(node) == x.size
 
 
+# ----------------------------------------------------------------------------- 2-D float32 rows schedule
+# emit_pool2d_rows (vertical then horizontal pass over one output row, L-lane vectors, L from
+# the target): widths that are no multiple of 8 or 16 (vector tails), rows narrower than one
+# vector, strides 1/2/3, pads, ceil_mode, dilations, 2x2 to 7x7 and non-square kernels, N > 1
+ROWS_CASES = [
+    ((1, 3, 12, 37), {"kernel_shape": [3, 3]}),
+    ((2, 3, 13, 40), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ((1, 4, 11, 33), {"kernel_shape": [3, 3], "strides": [2, 2]}),
+    ((1, 2, 15, 50), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}),
+    ((1, 2, 16, 55), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 2, 17, 52), {"kernel_shape": [3, 3], "strides": [3, 3], "pads": [1, 2, 1, 0]}),
+    ((1, 2, 13, 49), {"kernel_shape": [3, 3], "strides": [3, 3], "pads": [2, 1, 2, 2], "ceil_mode": 1}),
+    ((1, 2, 14, 47), {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    ((1, 2, 9, 19), {"kernel_shape": [2, 2]}),
+    ((1, 2, 9, 34), {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 0, 1], "ceil_mode": 1}),
+    ((1, 3, 16, 45), {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}),
+    ((1, 2, 18, 41), {"kernel_shape": [5, 5], "strides": [2, 2], "pads": [2, 2, 2, 2], "ceil_mode": 1}),
+    ((1, 2, 10, 39), {"kernel_shape": [3, 5], "strides": [1, 2], "pads": [1, 2, 0, 2]}),
+    ((1, 2, 12, 29), {"kernel_shape": [5, 2], "strides": [2, 1], "pads": [2, 0, 2, 1]}),
+    ((1, 2, 13, 35), {"kernel_shape": [3, 3], "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 2, 11, 64), {"kernel_shape": [2, 3], "dilations": [1, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ((1, 2, 8, 5), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),                 # row < one vector
+    ((1, 2, 7, 11), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 1, 9, 21), {"kernel_shape": [7, 7], "pads": [3, 3, 3, 3]}),
+    ((1, 2, 20, 26), {"kernel_shape": [7, 7], "strides": [2, 2], "pads": [3, 3, 3, 3]}),
+    ((1, 2, 6, 16), {"kernel_shape": [4, 4], "strides": [4, 4]}),
+    ((1, 2, 6, 24), {"kernel_shape": [1, 1], "strides": [2, 3]}),                   # 1x1: a strided copy
+    ((3, 5, 9, 26), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    # large enough for default_schedule's parallel loop: 2 threads split the output rows
+    ((2, 8, 30, 61), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((1, 16, 33, 70), {"kernel_shape": [3, 3]}),
+    ((1, 12, 31, 53), {"kernel_shape": [5, 5], "pads": [2, 2, 2, 2]}),
+    ((2, 7, 41, 87), {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+]
+ROWS_IDS = [f"{s[2]}x{s[3]}-k{a['kernel_shape'][0]}x{a['kernel_shape'][1]}-{i}" for i, (s, a) in enumerate(ROWS_CASES)]
+
+
+def _rows_kernels(mod):
+    return [k for k in mod.kernels if "[rows:" in k.comment]
+
+
+def _check_threads(model, inputs, rtol=RT, atol=AT, expect_rows=True, opt_levels=(0, 2), expected=None):
+    """Compare with onnxruntime (or ``expected``) at each opt level and at 1 and 2 threads; the
+    two thread counts give the same bits."""
+    if expected is None:
+        expected = ort_run(model, inputs)
+    for lvl in opt_levels:
+        mod = compiler.compile(model, opt_level=lvl)
+        assert bool(_rows_kernels(mod)) == expect_rows, [k.comment for k in mod.kernels]
+        runs = []
+        for nt in (1, 2):
+            mod.num_threads = nt
+            got = mod.run(**inputs)
+            for g, e in zip(got, expected):
+                assert g.dtype == e.dtype and g.shape == e.shape, f"O{lvl} {nt} threads: {g.dtype}{g.shape}"
+                np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"O{lvl}, {nt} threads")
+            runs.append(got)
+        for a, b in zip(*runs):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape,attrs", ROWS_CASES, ids=ROWS_IDS)
+def test_maxpool_rows(shape, attrs):
+    x = _x(*shape, seed=1)
+    _check_threads(node_model("MaxPool", {"x": x}, attrs), {"x": x}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+@pytest.mark.parametrize("shape,attrs", ROWS_CASES, ids=ROWS_IDS)
+def test_averagepool_rows(shape, attrs, count_include_pad):
+    x = _x(*shape, seed=2)
+    attrs = dict(attrs, count_include_pad=count_include_pad)
+    m = node_model("AveragePool", {"x": x}, attrs, opset=19 if _uses_dilation(attrs) else 17)
+    _check_threads(m, {"x": x})
+
+
+def _with_specials(shape, seed, nan=True):
+    """Random values with +-inf (and NaN, both signs) sprinkled in."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, shape).astype(np.float32)
+    u = rng.random(shape)
+    x[u < 0.03] = np.inf
+    x[(u >= 0.03) & (u < 0.06)] = -np.inf
+    if nan:
+        x[(u >= 0.06) & (u < 0.09)] = np.nan
+        x[(u >= 0.09) & (u < 0.10)] = -np.nan
+    return x
+
+
+@pytest.mark.parametrize("shape,attrs", [ROWS_CASES[i] for i in (0, 3, 5, 8, 10, 12, 16, 22)])
+def test_maxpool_rows_nan(shape, attrs):
+    """NaN anywhere in a window gives NaN (numpy.maximum's rule, which the numpy reference and
+    the generic kernel's llvm.maximum follow): onnxruntime drops NaN depending on where it sits
+    in the window, so it is the oracle only for the windows without NaN; +-inf everywhere."""
+    x = _with_specials(shape, seed=3)
+    m = node_model("MaxPool", {"x": x}, attrs)
+    (ref,), _ = _ref("MaxPool", [x], **attrs)
+    has_nan = np.isnan(ref)
+    assert has_nan.any() and not has_nan.all()
+    ort = ort_run(m, {"x": x})[0]
+    np.testing.assert_array_equal(ref[~has_nan], ort[~has_nan])
+    for lvl in (0, 2):
+        mod = compiler.compile(m, opt_level=lvl)
+        assert _rows_kernels(mod)
+        for nt in (1, 2):
+            mod.num_threads = nt
+            got = mod.run(x)[0]
+            np.testing.assert_array_equal(got, ref, err_msg=f"O{lvl}, {nt} threads")
+    xi = _with_specials(shape, seed=4, nan=False)            # +-inf only: onnxruntime throughout
+    _check_threads(node_model("MaxPool", {"x": xi}, attrs), {"x": xi}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("count_include_pad", [0, 1])
+def test_averagepool_rows_nan_inf(count_include_pad):
+    x = _with_specials((1, 3, 14, 37), seed=5)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": count_include_pad}
+    _check_threads(node_model("AveragePool", {"x": x}, attrs), {"x": x})
+
+
+def _pool_chain_model(op, attrs, x, tail):
+    """op(x) followed by ``tail`` nodes (fused into the pool's epilogue at O2)."""
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node(op, ["x"], ["p"], **attrs)] + tail
+    y = _ref(op, [x], **attrs)[0][0]
+    res = helper.make_tensor_value_info("res", TensorProto.FLOAT, list(y.shape))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape)), res],
+                          [helper.make_empty_tensor_value_info("y")],
+                          initializer=[onnx.numpy_helper.from_array(
+                              np.linspace(0.5, 1.5, x.shape[1], dtype=np.float32).reshape(1, -1, 1, 1), "scale")])
+    m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    m.ir_version = min(m.ir_version, 10)
+    m = onnx.shape_inference.infer_shapes(m)
+    m.graph.output[0].CopyFrom(next(v for v in list(m.graph.value_info) + list(m.graph.output) if v.name == "y"))
+    return m, y.shape
+
+
+@pytest.mark.parametrize("op,shape,attrs", [
+    ("MaxPool", (1, 4, 14, 30), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", (2, 3, 15, 29), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ("AveragePool", (1, 4, 14, 30), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", (1, 3, 16, 35), {"kernel_shape": [2, 2], "strides": [2, 2], "count_include_pad": 1}),
+])
+def test_pool_rows_fused_epilogue(op, shape, attrs):
+    """Pool -> Mul (per channel) -> Add (a residual of the output's shape) -> Relu: at O2 one
+    kernel, the epilogue on vectors and on the tail lanes."""
+    from onnx import helper
+    tail = [helper.make_node("Mul", ["p", "scale"], ["m"]), helper.make_node("Add", ["m", "res"], ["a"]),
+            helper.make_node("Relu", ["a"], ["y"])]
+    x = _x(*shape, seed=6)
+    m, yshape = _pool_chain_model(op, attrs, x, tail)
+    res = rand(*yshape, seed=7, low=-1, high=1)
+    _check_threads(m, {"x": x, "res": res})
+    mod = compiler.compile(m, opt_level=2)
+    assert len(mod.kernels) == 1 and _rows_kernels(mod), [k.name for k in mod.kernels]
+
+
+def _vector_widths(kernel) -> set[int]:
+    """Widths of the vector loads and stores in a kernel's IR."""
+    from ir.kernel import Expr, For, If, Load, Store
+    out: set[int] = set()
+
+    def expr(e):
+        if isinstance(e, Load) and e.lanes > 1:
+            out.add(e.lanes)
+        for v in vars(e).values():
+            if isinstance(v, Expr):
+                expr(v)
+
+    def stmts(body):
+        for s in body:
+            if isinstance(s, Store):
+                expr(s.value)
+                if s.value.lanes > 1:
+                    out.add(s.value.lanes)
+            elif isinstance(s, For):
+                stmts(s.body)
+            elif isinstance(s, If):
+                stmts(s.then), stmts(s.orelse)
+    stmts(kernel.body)
+    return out
+
+
+def test_pool_rows_schedule():
+    """The rows kernel is parallel over (n, c, output row) and uses the target's vector width;
+    the generic kernel stays for what the rows schedule does not cover (f16, 1-D, 3-D, the
+    Indices output, kernels wider than ROWS_MAX_KW, LpPool), which still match onnxruntime."""
+    from codegen.llvm.emit import kernel_is_parallel
+    from compiler.target import Target
+    from ir.kernel import For
+    from tests.codegen_util import float_vectors, function_ir, optimized_ir, parallel_kernels
+    L = Target.parse("llvm").lanes(np.float32)
+    x = _x(2, 16, 40, 45)
+    for op in ("MaxPool", "AveragePool"):
+        mod = compiler.compile(node_model(op, {"x": x}, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+                               num_threads=2)
+        (k,) = _rows_kernels(mod)
+        assert kernel_is_parallel(k) and k.name in parallel_kernels(mod)
+        (top,) = [s for s in k.body if isinstance(s, For)]
+        assert top.kind == "parallel" and top.extent.value == 2 * 16 * 40     # (n, c, output row)
+        assert _vector_widths(k) == {L}
+        assert L in float_vectors(function_ir(optimized_ir(mod), k.name))
+    for shape, attrs in ROWS_CASES[-4:]:            # the cases the tests run on 2 threads split
+        mod = compiler.compile(node_model("MaxPool", {"x": _x(*shape)}, attrs))
+        assert all(kernel_is_parallel(k) for k in _rows_kernels(mod)), (shape, attrs)
+    for op, xs, attrs, outs in [
+        ("MaxPool", _x(1, 2, 9, 20).astype(np.float16), {"kernel_shape": [3, 3]}, ("y",)),
+        ("MaxPool", _x(1, 2, 30), {"kernel_shape": [3]}, ("y",)),
+        ("MaxPool", _x(1, 2, 5, 6, 20), {"kernel_shape": [2, 2, 2]}, ("y",)),
+        ("MaxPool", _x(1, 2, 9, 20), {"kernel_shape": [3, 3]}, ("y", "i")),
+        ("MaxPool", _x(1, 2, 20, 40), {"kernel_shape": [3, 17]}, ("y",)),
+        ("AveragePool", _x(1, 2, 9, 20).astype(np.float16), {"kernel_shape": [3, 3]}, ("y",)),
+        ("LpPool", _x(1, 2, 9, 20), {"kernel_shape": [3, 3]}, ("y",)),
+    ]:
+        m = node_model(op, {"x": xs}, attrs, outputs=outs)
+        _check_threads(m, {"x": xs}, rtol=2e-3 if xs.dtype == np.float16 else RT,
+                       atol=2e-3 if xs.dtype == np.float16 else AT, expect_rows=False, opt_levels=(2,))
+
+
+def test_pool_rows_lanes_follow_target():
+    """For a 16-lane target (AVX-512) the rows kernel's vectors are 16 wide (lowered only: this
+    machine may not run it)."""
+    from compiler.lower import lower_graph
+    from compiler.target import Target
+    t = Target.parse("llvm -mcpu=skylake-avx512")
+    assert t.lanes(np.float32) == 16
+    for op in ("MaxPool", "AveragePool"):
+        m = node_model(op, {"x": _x(1, 4, 20, 45)}, {"kernel_shape": [3, 3], "strides": [2, 2]})
+        graph = compiler.compile(m, opt_level=0).graph
+        (k,) = [k for k in lower_graph(graph, t).kernels if "[rows:" in k.comment]
+        assert _vector_widths(k) == {16}
+
+
 # ----------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("op,shape,attrs,msg", [
     ("MaxPool", (1, 2, 5, 5), {}, "kernel_shape attribute is required"),

@@ -10,7 +10,10 @@ input (``count_include_pad=1``, onnxruntime's rule: taps beyond the end padding,
 ``ceil_mode`` can add, are not counted).
 
 Kernels follow the convolution's row scheme: a local accumulator per output row, the window
-taps outside, the contiguous output columns innermost with clamped ranges.
+taps outside, the contiguous output columns innermost with clamped ranges. 2-D float32
+MaxPool/AveragePool without Indices take :func:`emit_pool2d_rows` instead: per output row a
+vertical pass (the window's rows reduced into a padded local row) and a horizontal one, in
+L-lane vectors, parallel over (n, c, output row).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import math
 
 import numpy as np
 
-from ir.kernel import Buffer, as_expr, binop, maximum, select, unop
+from ir.kernel import Buffer, Ramp, as_expr, binop, maximum, select, unop
 from ir.lowering import LowerCtx
 from ir.ops._common import const_input
 from ir.ops.conv import (FLOAT_TYPES, ROW_TILE, Geometry, _tiles, conv_geometry, flat_offset,
@@ -284,8 +287,11 @@ class MaxPool:
 
     def lower(ctx):
         indices = ctx.outputs[1] if len(ctx.outputs) > 1 else None
-        emit_pool(ctx, ctx.inputs[0], ctx.outputs[0], pool_geometry(ctx.node), "max", indices=indices,
-                  storage_order=int(ctx.attr("storage_order", 0)))
+        x, y, geo = ctx.inputs[0], ctx.outputs[0], pool_geometry(ctx.node)
+        if pool2d_rows_ok(ctx, x, y, geo, "max", indices):
+            emit_pool2d_rows(ctx, x, y, geo, "max")
+            return
+        emit_pool(ctx, x, y, geo, "max", indices=indices, storage_order=int(ctx.attr("storage_order", 0)))
 
     flops = _pool_flops
 
@@ -310,8 +316,12 @@ class AveragePool:
                                count_include_pad=int(node.attr("count_include_pad", 0)))]
 
     def lower(ctx):
-        emit_pool(ctx, ctx.inputs[0], ctx.outputs[0], pool_geometry(ctx.node), "avg",
-                  count_include_pad=int(ctx.attr("count_include_pad", 0)))
+        x, y, geo = ctx.inputs[0], ctx.outputs[0], pool_geometry(ctx.node)
+        cip = int(ctx.attr("count_include_pad", 0))
+        if pool2d_rows_ok(ctx, x, y, geo, "avg", None):
+            emit_pool2d_rows(ctx, x, y, geo, "avg", count_include_pad=cip)
+            return
+        emit_pool(ctx, x, y, geo, "avg", count_include_pad=cip)
 
     flops = _pool_flops
 
@@ -491,3 +501,188 @@ class MaxUnpool:
 
     def flops(node):
         return 0.0
+
+
+# ----------------------------------------------------------------------------- 2-D float32 rows
+#: the separable 2-D schedule unrolls the kernel columns; wider kernels keep emit_pool
+ROWS_MAX_KW = 16
+#: and keeps one padded input row in a local (stack) buffer of at most this many floats
+ROWS_MAX_ROW = 16384
+
+
+def nan_max_blend(a, b):
+    """max(a, b) with NaN from either operand propagated (a NaN result is the default quiet
+    NaN), as numpy.maximum, as a compare, a NaN test and a blend: three instructions on x86
+    (vmaxps, vcmpunordps, vblendvps) where llvm.maximum's lowering takes five. Of two equal
+    values (-0.0 and +0.0) it gives ``a``. For vectors, and for scalars in a loop LLVM
+    vectorises: a float select left scalar becomes a branch, mispredicted on random data."""
+    return select(unop("isnan", b), as_expr(float("nan"), b.dtype), select(b > a, b, a))
+
+
+def nan_max(a, b):
+    """:func:`nan_max_blend` for vectors, llvm.maximum (no branch) for scalars."""
+    if a.lanes == 1 and b.lanes == 1:
+        return maximum(a, b)
+    return nan_max_blend(a, b)
+
+
+def _rows_layout(geo: Geometry, L: int) -> tuple[int, int]:
+    """(OWp, span): the output columns computed per row, OW rounded up to whole L-lane vectors,
+    and the padded input columns [0, span) their windows cover (input column w at position
+    pads_begin + w; positions outside the input hold the padding value)."""
+    owp = -(-geo.out_shape[1] // L) * L
+    return owp, (owp - 1) * geo.strides[1] + (geo.kernel[1] - 1) * geo.dilations[1] + 1
+
+
+def pool2d_rows_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: str,
+                   indices: Buffer | None) -> bool:
+    """Whether :func:`emit_pool2d_rows` applies: MaxPool or AveragePool over 2-D windows of a
+    float32 X without the Indices output, kernel width up to :data:`ROWS_MAX_KW`, a padded row
+    of at most :data:`ROWS_MAX_ROW` floats."""
+    if not (kind in ("max", "avg") and indices is None and geo.rank == 2 and x.dtype == DType.f32
+            and y.dtype == DType.f32 and geo.kernel[1] <= ROWS_MAX_KW):
+        return False
+    return _rows_layout(geo, ctx.target.lanes(DType.f32))[1] <= ROWS_MAX_ROW
+
+
+def emit_pool2d_rows(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: str, *,
+                     count_include_pad: int = 0, params: list[Buffer] | None = None):
+    """MaxPool ("max") / AveragePool ("avg") of X f32 [N, C, H, W] into Y f32 [N, C, OH, OW]
+    as two separable passes per output row (ONNX MaxPool-22 / AveragePool-22 semantics, as
+    :func:`emit_pool`): max and sum are associative and commutative (max propagates NaN as
+    numpy.maximum), so the window's reduction may run over its rows first.
+
+    Parallel over (n, c, output row). For each output row, with L = ``ctx.target.lanes(f32)``:
+
+    1. vertical: the input rows of the window (clamped to the image) reduced column by column
+       into a local padded row ``r`` (L-lane vectors, the last one overlapping the one before,
+       so no scalar tail; ``pads_begin`` and the end padding hold -inf / 0);
+    2. horizontal: ``reduce over kw of r[ow*stride + kw*dilation]``. Stride 1: L-lane vectors
+       for OW rounded up to whole vectors (the extra columns read padding, never stored).
+       Larger strides: a loop LLVM vectorises over strided loads of the local row (the kernel
+       IR has no strided vector load), straight into Y for MaxPool (a scalar tail), into a
+       local row of sums for AveragePool;
+    3. AveragePool: divided by (window rows counted) x (window columns counted), the rows from
+       the clamped range (or the padded-input rule with ``count_include_pad``), the columns a
+       compile-time f32 [OWp] constant;
+    4. Y's row stored as L-lane vectors through the fused epilogue; the last partial vector
+       goes through a local and out one lane at a time.
+
+    Locals are read back with the offsets and widths they were stored with where possible: a
+    load spanning two recent stores waits for them (store-to-load forwarding fails)."""
+    n_, c_ = x.shape[:2]
+    H, W = geo.in_shape
+    OH, OW = geo.out_shape
+    KH, KW = geo.kernel
+    sh, sw = geo.strides
+    dh, dw = geo.dilations
+    ph, pw = geo.pads_begin
+    L = ctx.target.lanes(DType.f32)
+    owp, span = _rows_layout(geo, L)
+    wu = max(0, min(W, span - pw))            # input columns some window reads
+    init = as_expr(float("-inf") if kind == "max" else 0.0, DType.f32)
+    red = nan_max if kind == "max" else (lambda a, b: a + b)
+
+    def ld(buf, i, lanes):
+        return buf.vload(i, lanes) if lanes > 1 else buf.flat(i)
+
+    cnt_w = None
+    if kind == "avg":
+        lim = (0, W) if not count_include_pad else (-pw, W + geo.pads_end[1])
+        cols = [sum(1 for k in range(KW) if lim[0] <= ow * sw - pw + k * dw < lim[1]) for ow in range(OW)]
+        cnt_w = ctx.pack(np.asarray(cols + [1] * (owp - OW), np.float32), "cols")
+    params = list(params or ctx.default_params()) + ([cnt_w] if cnt_w is not None else [])
+    kb = ctx.kernel(params=params)
+    kb.kernel.comment += f"  [rows: vertical then horizontal pass, {L} lanes]"
+    r = kb.local(DType.f32, (span + L,), hint="row")
+    o = kb.local(DType.f32, (owp,), hint="out") if sw > 1 and kind == "avg" else None
+    acc = kb.local(DType.f32, (L,), hint="acc")
+    last = kb.local(DType.f32, (L,), hint="last")
+    with kb.loop(n_ * c_ * OH, kind="parallel", hint="nch") as t:
+        oh = t % OH
+        nc = t / OH
+        ih0 = oh * sh - ph
+        kh_lo = window_lo(-ih0, dh)
+        kh_hi = window_hi(H - ih0, dh, KH)
+        xrow = (nc * H + ih0) * W              # flat offset of (padded) input row ih0
+        # padding of the row buffer: before the first and after the last input column read
+        for p in range(min(pw, span)):
+            kb.store(r, p, init)
+        for p in range(pw + wu, span, L):
+            kb.store(r, p, kb.broadcast(init, L))
+
+        def vertical(c0, lanes):
+            a = ld(acc, 0, lanes)
+            kb.store(acc, 0, ld(x, xrow + kh_lo * (dh * W) + c0, lanes))
+            with kb.reduce(kh_hi, start=kh_lo + 1, hint="kh") as kh:
+                kb.store(acc, 0, red(a, ld(x, xrow + kh * (dh * W) + c0, lanes)))
+            kb.store(r, pw + c0, a)
+
+        if wu >= L:
+            with kb.if_(kh_lo < kh_hi) as rows:
+                with kb.loop(wu // L, hint="cv") as cv:
+                    vertical(cv * L, L)
+                if wu % L:
+                    vertical(as_expr(wu - L), L)          # overlaps the vector before
+            with kb.else_(rows):                          # every window row in the padding
+                with kb.loop(wu, kind="vectorize", hint="cz") as cz:
+                    kb.store(r, pw + cz, init)
+        elif wu:
+            with kb.loop(wu, hint="cs") as cs:
+                kb.store(acc, 0, init)
+                with kb.reduce(kh_hi, start=kh_lo, hint="kh") as kh:
+                    kb.store(acc, 0, red(acc[0], x.flat(xrow + kh * (dh * W) + cs)))
+                kb.store(r, pw + cs, acc[0])
+
+        n_i = nc / c_ if n_ > 1 else as_expr(0)
+        c_i = nc % c_ if n_ > 1 else nc
+        def strided(ow, rd):
+            v = r[ow * sw]
+            for k in range(1, KW):
+                v = rd(v, r[ow * sw + k * dw])
+            return v
+
+        # strided taps: loops LLVM's vectoriser widens (interleaved loads of the local row),
+        # over whole vectors of outputs (MaxPool: straight into Y, the tail scalar; AveragePool:
+        # the sums into a local, divided below)
+        if sw > 1 and kind == "max":
+            if OW >= L:
+                with kb.loop((OW // L) * L, kind="vectorize", hint="ow") as ow:
+                    kb.store(y, [n_i, c_i, oh, ow], ctx.apply_epilogue(strided(ow, nan_max_blend),
+                                                                       [n_i, c_i, oh, ow]))
+            if OW % L:
+                with kb.loop(OW, start=(OW // L) * L, hint="ot") as ow:
+                    kb.store(y, [n_i, c_i, oh, ow], ctx.apply_epilogue(strided(ow, nan_max), [n_i, c_i, oh, ow]))
+        elif sw > 1:
+            with kb.loop(owp, kind="vectorize", hint="ow") as ow:
+                kb.store(o, ow, strided(ow, red))
+        if kind == "avg":
+            if count_include_pad:
+                rlo, rhi = _tap_range(oh, geo, 0, -ph, H + geo.pads_end[0])
+            else:
+                rlo, rhi = kh_lo, kh_hi
+            cnt_h = (as_expr(rhi) - rlo).cast(DType.f32)
+
+        def value(o0):
+            if o is not None:
+                v = o.vload(o0, L)
+            else:
+                v = r.vload(o0, L)
+                for k in range(1, KW):
+                    v = red(v, r.vload(o0 + k * dw, L))
+            if kind == "avg":
+                v = v / (cnt_w.vload(o0, L) * cnt_h)
+            return v
+
+        if not (sw > 1 and kind == "max"):                # else stored by the strided loop
+            if OW >= L:
+                with kb.loop(OW // L, hint="ov") as ov:
+                    idx = [n_i, c_i, oh, Ramp(ov * L, L)]
+                    kb.store(y, idx, ctx.apply_epilogue(value(ov * L), idx))
+            if OW % L:
+                o0 = (OW // L) * L
+                kb.store(last, 0, value(as_expr(o0)))
+                with kb.loop(OW % L, hint="ot") as ot:
+                    idx = [n_i, c_i, oh, ot + o0]
+                    kb.store(y, idx, ctx.apply_epilogue(last[ot], idx))
+    return kb
