@@ -422,18 +422,41 @@ def test_pool_rows_schedule():
                        atol=2e-3 if xs.dtype == np.float16 else AT, expect_rows=False, opt_levels=(2,))
 
 
-def test_pool_rows_lanes_follow_target():
-    """For a 16-lane target (AVX-512) the rows kernel's vectors are 16 wide (lowered only: this
-    machine may not run it)."""
-    from compiler.lower import lower_graph
+@pytest.fixture(params=["sse-4-lanes", "host", "avx512-16-lanes"])
+def width(request, monkeypatch):
+    """(target, lanes): SSE (4 lanes, runs here), the host, and the 16-lane layout of AVX-512 on
+    any host (``vector_bits`` says 512, LLVM splits the vectors for this CPU), as in
+    tests/test_vector_widths.py."""
     from compiler.target import Target
-    t = Target.parse("llvm -mcpu=skylake-avx512")
-    assert t.lanes(np.float32) == 16
-    for op in ("MaxPool", "AveragePool"):
-        m = node_model(op, {"x": _x(1, 4, 20, 45)}, {"kernel_shape": [3, 3], "strides": [2, 2]})
-        graph = compiler.compile(m, opt_level=0).graph
-        (k,) = [k for k in lower_graph(graph, t).kernels if "[rows:" in k.comment]
-        assert _vector_widths(k) == {16}
+    if request.param == "sse-4-lanes":
+        return Target.parse("llvm -mattr=-avx,-avx2,-fma"), 4
+    if request.param == "avx512-16-lanes":
+        monkeypatch.setattr(Target, "vector_bits", property(lambda self: 512))
+        monkeypatch.setattr(Target, "has_avx512", property(lambda self: True))
+        return Target.parse("llvm"), 16
+    t = Target.parse("llvm")
+    return t, t.lanes(np.float32)
+
+
+@pytest.mark.parametrize("op,shape,attrs", [
+    ("MaxPool", (1, 3, 13, 37), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", (1, 3, 15, 69), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}),
+    ("MaxPool", (1, 2, 7, 11), {"kernel_shape": [2, 2], "strides": [3, 3], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", (1, 3, 13, 37), {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", (1, 3, 15, 69), {"kernel_shape": [5, 3], "strides": [2, 2], "pads": [2, 1, 2, 1],
+                                     "count_include_pad": 1}),
+])
+def test_pool_rows_at_each_vector_width(width, op, shape, attrs):
+    """The rows kernel's vectors are the target's width (4, 8, 16 lanes) and its tails and
+    padded rows give onnxruntime's values at each."""
+    target, lanes = width
+    x = _x(*shape, seed=8)
+    m = node_model(op, {"x": x}, attrs)
+    for nt in (1, 2):
+        mod = compiler.compile(m, target=target, cache=False, num_threads=nt)
+        (k,) = _rows_kernels(mod)
+        assert f"{lanes} lanes]" in k.comment and _vector_widths(k) == {lanes}
+        np.testing.assert_allclose(mod.run(x)[0], ort_run(m, {"x": x})[0], rtol=RT, atol=AT)
 
 
 # ----------------------------------------------------------------------------- errors
