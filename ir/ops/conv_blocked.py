@@ -43,18 +43,43 @@ def vector_registers(target) -> int:
     return 32 if getattr(target, "has_avx512", False) else 16
 
 
+#: rows at most this wide may use tiles of one channel vector (all columns in one tile)
+NARROW_ROW = 8
+
+
+def _step_cycles(ob: int, w: int) -> float:
+    """Estimated cycles of one reduction step of an ``ob`` x ``w`` tile on a core with two FMA
+    pipes of latency 4 (Zen 3/4, Skylake and later): the FMAs, or the latency of each
+    accumulator's chain when there are fewer than 8, or the loads; plus loop overhead."""
+    return max(ob * w / 2, 4.0, (ob + w) / 2) + 1.0
+
+
 def choose_tile(target, m_group: int, ow: int) -> tuple[int, int, int]:
     """(L, OB, P): lanes per vector, vectors of output channels, output columns per tile.
-    The accumulators OB*P plus OB weight vectors and one broadcast fit the registers."""
+
+    The accumulators OB*P plus OB weight vectors and two more fit the vector registers; among
+    those (OB = 2 channel vectors, or 1 for rows of at most :data:`NARROW_ROW` columns or a
+    single vector of channels), the tile with the fewest estimated cycles per output row
+    (:func:`_step_cycles` over the row's column tiles of width P, times the channel blocks),
+    ties to the wider tile.
+    Measured on a Zen 3: 6 columns x 16 channels for wide rows, 7 x 8 for 7-column rows, 5 x 16
+    for 14-column rows."""
     L = target.lanes(DType.f32)
     regs = vector_registers(target)
-    ob = 2 if m_group >= 2 * L else 1
-    pmax = (regs - ob - 2) // ob
-    p = min(pmax, ow)
-    if ob == 2 and ow < pmax and ow * 2 < regs // 2:       # narrow rows: more channels per tile
-        ob = min(max(1, -(-m_group // L)), max(1, (regs - 2) // (ow + 1)), 4)
-        p = min((regs - ob - 2) // ob, ow)
-    return L, ob, max(1, p)
+    best = None
+    for ob in (1, 2):
+        if ob == 1 and ow > NARROW_ROW and m_group > L:
+            continue                # measured: one channel vector x many columns is slower
+        if ob > 1 and (ob - 1) * L >= m_group:
+            break
+        mb = -(-m_group // (ob * L))
+        for p in range(1, min(ow, (regs - ob - 2) // ob) + 1):
+            widths = [min(p, ow - c) for c in range(0, ow, p)]
+            cost = mb * sum(_step_cycles(ob, w) for w in widths)
+            key = (cost, -p, ob)
+            if best is None or key < best[0]:
+                best = (key, ob, p)
+    return L, best[1], best[2]
 
 
 def blocked_conv_ok(x: Buffer, w: Buffer, y: Buffer, group: int, geo, acc_dtype, hooks) -> bool:
