@@ -26,7 +26,7 @@ def main() -> int:
     import onnxruntime as ort
 
     t0 = time.perf_counter()
-    mod = compiler.compile(path, target="llvm", cache=False)
+    mod = compiler.compile(path, target="llvm", cache=False, num_threads=1)
     compile_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     feeds = {i.name: rng.uniform(-1, 1, size=i.shape).astype(i.dtype) for i in mod.input_info}
