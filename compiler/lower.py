@@ -17,7 +17,7 @@ from ir.graph import Graph, Node, Value
 from ir.kernel import Buffer, Kernel, KernelBuilder
 from ir.lowering import LowerCtx, lowering_target
 from ir.registry import OpPatternKind, get_op
-from ir.schedule import default_schedule
+from ir.schedule import ScheduleError, default_schedule, verify_schedule
 from ir.types import DType, TensorType
 
 
@@ -176,6 +176,10 @@ def _lower_graph(graph: Graph) -> LoweredGraph:
             covered = n.attrs["body"].nodes
         for j, k in enumerate(ctx.kernels):
             default_schedule(k)
+            try:
+                verify_schedule(k)
+            except ScheduleError as e:
+                raise CompileError(f"{n.qualified_op} node '{n.name}': {e}") from e
             lg.kernels.append(k)
             n_in = sum(1 for b in k.params if not any(b is o for o in outs))
             lg.calls.append(KernelCall(k.name, [slot_by_buf[id(b)] for b in k.params],
