@@ -312,6 +312,111 @@ def test_split_errors():
         compiler.compile(m)
 
 
+# ----------------------------------------------------------------------------- Concat/Split block copies
+# emit_row_copies: every contiguous run at least one vector -> L-lane copies in blocks of
+# COPY_BLOCK_VECTORS*L elements, scalar tails, one parallel loop over all inputs' blocks
+ROW_COPY_CASES = [
+    ([(1, 16, 9, 13), (1, 24, 9, 13)], 1),                    # channel concat: one run per input
+    ([(2, 5, 7, 11), (2, 3, 7, 11), (2, 1, 7, 11)], 1),       # N = 2 rows, 3 inputs
+    ([(3, 4, 20), (3, 4, 9)], 2),                             # last axis, runs of 20 and 9
+    ([(2, 64, 33), (2, 64, 31)], -1),
+    ([(1, 7, 300), (1, 7, 1029), (1, 7, 16)], 2),             # a run of one block + 5
+    ([(1, 96, 56, 56), (1, 32, 56, 56)], 1),                  # large: 2 threads split the blocks
+]
+
+
+def _row_copy_kernel(mod):
+    from ir.kernel import For
+    (k,) = mod.kernels
+    loops = [s for s in k.body if isinstance(s, For)]
+    return k, loops
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16, np.int64, np.int8])
+@pytest.mark.parametrize("shapes,axis", ROW_COPY_CASES)
+def test_concat_row_copies(shapes, axis, dt):
+    from codegen.llvm.emit import kernel_is_parallel
+    ins = {f"x{i}": rand(*s, seed=i, dtype=dt, low=-100, high=100) for i, s in enumerate(shapes)}
+    m = node_model("Concat", ins, {"axis": axis})
+    for nt in (1, 2):
+        got = assert_matches_ort(m, ins, rtol=0, atol=0, num_threads=nt)
+    from compiler.target import Target
+    L = Target.parse("llvm").lanes(dt)
+    a = axis % len(shapes[0])
+    vector = all(int(np.prod(sh[a:])) >= L for sh in shapes)       # else the per-element loops
+    mod = compiler.compile(m, opt_level=2)
+    k, loops = _row_copy_kernel(mod)
+    assert (len(loops) == 1 and "job" in loops[0].var.name) == vector
+    if int(np.prod(got[0].shape)) >= 400_000 and dt == np.float32:
+        assert kernel_is_parallel(k)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.int8])
+@pytest.mark.parametrize("shape,axis,split", [((2, 40, 9, 13), 1, [16, 24]), ((3, 5, 70), -1, [8, 41, 21]),
+                                              ((1, 128, 56, 56), 1, [64, 0, 64])])
+def test_split_row_copies(shape, axis, split, dt):
+    x = rand(*shape, dtype=dt, low=-100, high=100)
+    outs = [f"y{i}" for i in range(len(split))]
+    m = node_model("Split", {"x": x}, {"axis": axis}, initializers={"s": np.array(split, I64)}, outputs=outs)
+    for nt in (1, 2):
+        assert_matches_ort(m, {"x": x}, rtol=0, atol=0, num_threads=nt)
+    from compiler.target import Target
+    L, a = Target.parse("llvm").lanes(dt), axis % len(shape)
+    vector = all(c * int(np.prod(shape[a + 1:])) >= L for c in split if c)
+    _, loops = _row_copy_kernel(compiler.compile(m, opt_level=2))
+    assert (len(loops) == 1 and "job" in loops[0].var.name) == vector
+
+
+def test_concat_row_copies_vector_width():
+    """The copies use the target's vector width for the dtype; runs shorter than a vector and
+    bool keep the per-element loops."""
+    from compiler.target import Target
+    from ir.kernel import For, If, Store
+    t = Target.parse("llvm")
+
+    def store_lanes(body, out):
+        for st in body:
+            if isinstance(st, Store):
+                out.add(st.value.lanes)
+            elif isinstance(st, For):
+                store_lanes(st.body, out)
+            elif isinstance(st, If):
+                store_lanes(st.then, out), store_lanes(st.orelse, out)
+        return out
+    for dt in (np.float32, np.float16, np.float64, np.int8):
+        ins = {"a": rand(2, 3, 40, dtype=dt), "b": rand(2, 5, 40, dtype=dt)}
+        (k,) = compiler.compile(node_model("Concat", ins, {"axis": 1})).kernels
+        assert max(store_lanes(k.body, set())) == t.lanes(dt) and store_lanes(k.body, set()) <= {1, t.lanes(dt)}
+    for ins in ({"a": rand(4, 3), "b": rand(4, 2)},
+                {"a": rand(2, 40) > 0, "b": rand(2, 40) > 0}):
+        (k,) = compiler.compile(node_model("Concat", ins, {"axis": 1})).kernels
+        assert store_lanes(k.body, set()) == {1}
+        check("Concat", ins, {"axis": 1})
+
+
+@pytest.mark.parametrize("lanes", [4, 16])
+def test_row_copies_at_other_vector_widths(lanes, monkeypatch):
+    """4 lanes (SSE target) and the 16-lane layout (vector_bits 512; LLVM splits the vectors
+    for this CPU): blocks, remainders and tails against onnxruntime."""
+    from compiler.target import Target
+    if lanes == 4:
+        t = Target.parse("llvm -mattr=-avx,-avx2,-fma")
+    else:
+        monkeypatch.setattr(Target, "vector_bits", property(lambda self: 512))
+        t = Target.parse("llvm")
+    assert t.lanes(np.float32) == lanes
+    ins = {"a": rand(2, 3, 7, 50), "b": rand(2, 30, 7, 50, seed=1), "c": rand(2, 1, 7, 50, seed=2)}
+    x = rand(2, 34, 7, 50)
+    for m, feeds in [(node_model("Concat", ins, {"axis": 1}), ins),
+                     (node_model("Split", {"x": x}, {"axis": 1}, initializers={"s": np.array([3, 30, 1], I64)},
+                                 outputs=["y0", "y1", "y2"]), {"x": x})]:
+        expected = ort_run(m, feeds)
+        for nt in (1, 2):
+            mod = compiler.compile(m, target=t, cache=False, num_threads=nt)
+            for g, e in zip(mod.run(**feeds), expected):
+                np.testing.assert_array_equal(g, e)
+
+
 # ----------------------------------------------------------------------------- Slice
 BIG = np.iinfo(np.int64).max
 SLICES = [

@@ -1,7 +1,10 @@
 """Concat, Split and Slice (ONNX operator spec, opset 28 semantics).
 
 All three are pure data movement along axes with offsets known at compile time; each lowers to
-one kernel with a loop nest per input (Concat) or per output (Split) or one nest (Slice).
+one kernel. Concat and Split move contiguous runs (the dims from the axis on): when every run
+holds at least one vector they are block copies of L-lane vectors in one parallel loop
+(:func:`emit_row_copies`), else a loop nest per input (Concat) or per output (Split). Slice is
+one nest.
 """
 from __future__ import annotations
 
@@ -13,6 +16,81 @@ from ir.registry import OpPatternKind, ShapeError, op
 from ir.types import TensorType
 
 INJ = OpPatternKind.INJECTIVE
+
+
+# ----------------------------------------------------------------------------- block copies
+#: vectors per copy job of :func:`emit_row_copies` (a job moves at most COPY_BLOCK_VECTORS * L
+#: elements: per-job index arithmetic stays small next to it, and enough jobs remain for the
+#: thread team)
+COPY_BLOCK_VECTORS = 128
+
+
+def row_copies_ok(bufs, rows_len, L: int) -> bool:
+    """Whether :func:`emit_row_copies` suits copies whose contiguous runs have lengths
+    ``rows_len``: every run at least one vector (shorter runs keep the per-element loop
+    nests, whose per-row cost is lower), and no bool buffers (kept as bytes in memory, i1 in
+    registers)."""
+    from ir.types import DType
+    return all(b.dtype != DType.bool for b in bufs) and all(n >= L for n in rows_len if n)
+
+
+def emit_row_copies(kb, copies, L: int) -> None:
+    """One parallel loop of contiguous block copies. ``copies``: (src, src_offset, src_stride,
+    dst, dst_offset, dst_stride, rows, row_len) tuples: row r of ``row_len`` elements goes from
+    ``src`` flat offset src_offset + r*src_stride to ``dst`` flat offset dst_offset +
+    r*dst_stride (a Concat input's rows into the output, a Split output's rows out of the
+    input).
+
+    The jobs of all copies form one loop (so one parallel region, no barrier between copies):
+    each row is cut into blocks of COPY_BLOCK_VECTORS*L elements plus a remainder, and a job
+    copies one of them with L-lane vector loads and stores (the remainder's last elements one
+    at a time). An if-chain on the job index picks the copy."""
+    from ir.kernel import as_expr
+    blk = COPY_BLOCK_VECTORS * L
+    plans, base = [], 0
+    for src, soff, ss, dst, doff, ds, rows, n in copies:
+        if rows == 0 or n == 0:
+            continue
+        full, rem = n // blk, n % blk
+        per_row = full + (1 if rem else 0)
+        plans.append((base, src, soff, ss, dst, doff, ds, full, rem, per_row))
+        base += rows * per_row
+    if not plans:
+        return
+
+    def run(s_off, d_off, src, dst, count: int):
+        nv = count // L
+        if nv:
+            with kb.loop(nv, hint="v") as v:
+                kb.store(dst, d_off + v * L, src.vload(s_off + v * L, L))
+        for e in range(nv * L, count):
+            kb.store(dst, d_off + e, src.flat(s_off + e))
+
+    def job(j, plan):
+        b0, src, soff, ss, dst, doff, ds, full, rem, per_row = plan
+        jj = j - b0 if b0 else j
+        row = jj / per_row if per_row > 1 else jj
+        blk_i = jj % per_row if per_row > 1 else as_expr(0)
+        s0, d0 = soff + row * ss + blk_i * blk, doff + row * ds + blk_i * blk
+        if full and rem:
+            with kb.if_(blk_i < full) as st:
+                run(s0, d0, src, dst, blk)
+            with kb.else_(st):
+                run(s0, d0, src, dst, rem)
+        else:
+            run(s0, d0, src, dst, blk if full else rem)
+
+    def chain(j, i):
+        if i == len(plans) - 1:
+            job(j, plans[i])
+            return
+        with kb.if_(j < plans[i + 1][0]) as st:
+            job(j, plans[i])
+        with kb.else_(st):
+            chain(j, i + 1)
+
+    with kb.loop(base, kind="parallel", hint="job") as j:
+        chain(j, 0)
 
 
 # ----------------------------------------------------------------------------- Concat
@@ -62,6 +140,16 @@ class Concat:
         ins = [b for b in ctx.inputs if b is not None]
         _, a = concat_shape([b.shape for b in ins], ctx.attr("axis"))
         kb = ctx.kernel()
+        # rows: the dims before the axis; each input's row is contiguous in it and in Y
+        rows, L = int(np.prod(y.shape[:a])), ctx.target.lanes(y.dtype)
+        lens = [int(np.prod(b.shape[a:])) for b in ins]
+        if row_copies_ok(ins + [y], lens, L):
+            copies, off = [], 0
+            for b, n in zip(ins, lens):
+                copies.append((b, 0, n, y, off, int(np.prod(y.shape[a:])), rows, n))
+                off += n
+            emit_row_copies(kb, copies, L)
+            return
         off = 0
         for x in ins:
             if x.numel:
@@ -153,6 +241,15 @@ class Split:
         x = ctx.inputs[0]
         sizes, a = split_sizes(ctx.node, x.shape, ctx.const(1), len(ctx.outputs))
         kb = ctx.kernel(params=[x] + list(ctx.outputs))
+        rows, L = int(np.prod(x.shape[:a])), ctx.target.lanes(x.dtype)
+        lens = [int(np.prod(y.shape[a:])) for y in ctx.outputs]
+        if row_copies_ok([x] + list(ctx.outputs), lens, L):
+            copies, off = [], 0
+            for y, n in zip(ctx.outputs, lens):
+                copies.append((x, off, int(np.prod(x.shape[a:])), y, 0, n, rows, n))
+                off += n
+            emit_row_copies(kb, copies, L)
+            return
         off = 0
         for y, s in zip(ctx.outputs, sizes):
             if y.numel:
