@@ -254,6 +254,10 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     channel); ``finish(acc, oc)`` turns the accumulator (bias added) into y's dtype.
     """
     from ir.ops.conv_blocked import blocked_conv_ok, emit_conv_blocked
+    from ir.ops.conv_depthwise import depthwise_conv_ok, emit_conv_depthwise
+    if (depthwise_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
+            and ctx.const(1) is not None and ctx.inputs[1] is w):
+        return emit_conv_depthwise(ctx, x, w, b, y, geo, params=params)
     if (blocked_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
             and ctx.const(1) is not None and ctx.inputs[1] is w):
         return emit_conv_blocked(ctx, x, w, b, y, geo, params=params)

@@ -1,0 +1,336 @@
+"""The vector schedule of 2-D float32 depthwise convolution (ONNX operator spec "Conv",
+Conv-22 semantics, with group == C == M; DESIGN.md "CPU codegen").
+
+X [N, C, H, W], W [C, 1, KH, KW] (a compile-time constant), optional B [C], Y [N, C, OH, OW],
+all f32, NCHW. Each output channel reads one input plane, so there are only KH*KW
+multiply-adds per output element and nothing to block over channels: the schedule vectorises
+along the output row and keeps every accumulator in a register.
+
+- Parallel over (n, channel, band of output rows); a band is the whole plane unless the
+  planes are too few for :data:`MIN_TASKS` tasks or a band's local copy of its input would
+  exceed half the L1 cache. Per channel the KH*KW weights and the bias are copied into a local
+  (registers after LLVM's SROA) so they stay live over the band.
+- Rows: each run of output rows with the same valid kernel rows (the interior rows, and the
+  few border rows at the top and bottom) gets its own loop, with the taps outside the image
+  dropped at compile time: no padding test runs per row or per element.
+- Columns are vectors of L = ``target.lanes(f32)`` lanes: the loop body is a tile of
+  :func:`tile_vectors` vectors; after the whole tiles, vectors of L lanes the last of which
+  ends at the row's last column and overlaps its predecessor (see :func:`_rest_vectors`).
+  Each accumulator is one chain ``fma(broadcast weight, input vector, acc)`` over the taps,
+  started from the bias.
+- Stride 1, rows wider than 2*L: the input vector of tap (kh, kw) is a contiguous load of
+  the input row. The columns where a tap falls outside the row (pad columns at each end) are
+  computed one lane at a time with those taps dropped, so no load leaves the row.
+- Stride 1, rows of at most 2*L (where those border columns would cost as much as the
+  rest): the band's input rows are copied, as vectors, into zero-padded local rows, and every
+  column is a vector. Several channels are copied before the first is computed, so that the
+  vector loads of the padded rows do not wait on the stores that filled them.
+- Stride > 1: the input of a vector of outputs is strided and the kernel IR has no shuffle.
+  The band's input rows are copied once, de-interleaved by phase, into a local: element g of
+  the band (flat, from its first row) goes to ``phase[g % s][g // s]``; LLVM's loop
+  vectoriser turns that copy loop (s interleaved loads per iteration) into wide loads and
+  shuffles. The input of a stride-s vector of outputs is then a contiguous vector of one
+  phase. Border columns are computed one lane at a time from X as above.
+- Bias and the fused epilogue (``ctx.apply_epilogue``: activation, residual Add ...) run on
+  whole vectors before one vector store per output vector (the index's last entry a
+  :class:`Ramp`). Columns covered by two overlapping vectors are computed and stored twice
+  with the same value; a Conv's output never shares memory with its inputs (the memory plan
+  shares buffers only for elementwise kernels).
+"""
+from __future__ import annotations
+
+import contextlib
+
+from ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum
+from ir.lowering import LowerCtx
+from ir.types import DType
+
+#: the largest kernel extent (per spatial dim) whose taps the schedule unrolls
+MAX_KERNEL = 7
+#: at most this many runs of output rows with distinct valid kernel rows (one loop each)
+MAX_ROW_PATTERNS = 16
+#: the parallel loop has at least this many (n, channel, band) tasks where the rows allow
+MIN_TASKS = 64
+#: padded rows: channels per task such that about this many floats are copied before the
+#: first channel's compute loads them
+PADDED_COPY_AHEAD = 512
+
+
+def depthwise_conv_ok(x: Buffer, w: Buffer, y: Buffer, group: int, geo, acc_dtype, hooks) -> bool:
+    """Whether :func:`emit_conv_depthwise` applies: X [N, C, H, W], W [C, 1, KH, KW] and Y
+    all f32, group == C_in == C_out (one input channel per output channel, channel
+    multiplier 1), no custom load/finish hooks, kernel extents at most :data:`MAX_KERNEL`
+    and at most :data:`MAX_ROW_PATTERNS` row runs."""
+    return (x.dtype == DType.f32 and y.dtype == DType.f32 and w.dtype == DType.f32
+            and acc_dtype in (None, DType.f32) and not any(hooks) and geo.rank == 2
+            and len(x.shape) == 4 and group == x.shape[1] == y.shape[1] and w.shape[1] == 1
+            and max(geo.kernel) <= MAX_KERNEL and len(row_patterns(geo)) <= MAX_ROW_PATTERNS)
+
+
+def row_patterns(geo) -> list[tuple[int, int, int, int]]:
+    """Runs of output rows with the same range of valid kernel rows, as (oh_start, oh_end,
+    kh_lo, kh_hi), covering [0, OH) in order. Kernel row kh of output row oh reads input row
+    oh*sh - ph + kh*dh, valid when inside [0, H); the valid kernel rows of a row are one range
+    (empty for a row of pure padding)."""
+    H = geo.in_shape[0]
+    OH = geo.out_shape[0]
+    KH, sh, dh, ph = geo.kernel[0], geo.strides[0], geo.dilations[0], geo.pads_begin[0]
+    out: list[list[int]] = []
+    for oh in range(OH):
+        ih0 = oh * sh - ph
+        lo = max(0, -(ih0 // dh))                  # ceil(-ih0 / dh), clamped at 0
+        hi = max(lo, min(KH, -((ih0 - H) // dh)))  # ceil((H - ih0) / dh), capped at KH
+        if out and out[-1][2] == lo and out[-1][3] == hi:
+            out[-1][1] = oh + 1
+        else:
+            out.append([oh, oh + 1, lo, hi])
+    return [tuple(r) for r in out]
+
+
+def tile_vectors(target) -> int:
+    """Vectors of accumulators per column tile: 4 with AVX2 (the 9 weights of a 3x3 kernel,
+    4 accumulators and the operands fit its 16 vector registers), 8 with AVX-512's 32. (On a
+    2-core Zen 3, 2, 3, 4 and 6 measured the same.)"""
+    return 8 if getattr(target, "has_avx512", False) else 4
+
+
+def _rest_vectors(o: int, e: int, a: int, L: int) -> list[tuple[int, int]]:
+    """(start, lanes) of vectors covering columns [o, e), the end of a run [a, e): vectors of
+    L lanes, the last ending at e and overlapping its predecessor, when the run has at least L
+    columns; for shorter runs the widest power of two that fits, the last one again ending at
+    e. Every vector lies inside [a, e)."""
+    if e <= o:
+        return []
+    lanes = L
+    while lanes > e - a:
+        lanes //= 2
+    out = [(s, lanes) for s in range(o, e - lanes + 1, lanes)]
+    if not out or out[-1][0] + lanes < e:
+        out.append((e - lanes, lanes))
+    return out
+
+
+def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
+                        params: list[Buffer] | None = None) -> KernelBuilder:
+    """Emit the depthwise kernel Y = conv(X, W, group=C) + B, then the fused epilogue.
+    X [N, C, H, W], W [C, 1, KH, KW], B [C] or None, Y [N, C, OH, OW], all f32; ``geo`` is
+    the resolved geometry (``ir.ops.conv.conv_geometry``). See the module docstring for the
+    schedule. Returns the KernelBuilder."""
+    N, C = x.shape[:2]
+    H, W = geo.in_shape
+    OH, OW = geo.out_shape
+    KH, KW = geo.kernel
+    sh, sw = geo.strides
+    dh, dw = geo.dilations
+    ph, pw = geo.pads_begin
+    L = ctx.target.lanes(DType.f32)
+    T = tile_vectors(ctx.target)
+    f32 = DType.f32
+    zero = as_expr(0.0, f32)
+    phased = sw > 1                           # de-interleaved input
+    Wp = OW + (KW - 1) * dw                   # stride 1: the padded row the columns read
+    padded = sw == 1 and W <= 2 * L           # zero-padded local rows
+    span = (KH - 1) * dh + 1                  # input rows an output row's window covers
+    patterns = row_patterns(geo)
+
+    # bands of output rows: at least MIN_TASKS tasks; a band's local copy within L1 / 2
+    NB = min(OH, -(-MIN_TASKS // (N * C)))
+    if phased or padded:
+        rows_cap = max(span, ctx.target.l1d_bytes // 2 // (4 * (Wp if padded else W)))
+        NB = max(NB, -(-OH // max(1, (rows_cap - span) // sh + 1)))
+    B = -(-OH // NB)                          # output rows per band
+    NB = -(-OH // B)
+    brows = min(H, (B - 1) * sh + span)       # input rows of a band, at most
+    G = 1                                     # channels per task
+    if padded and NB == 1:
+        G = max(1, min(PADDED_COPY_AHEAD // (brows * Wp), (N * C) // MIN_TASKS, C))
+    CG = -(-C // G)
+
+    kb = ctx.kernel(params=params)
+    how = (f"de-interleaved input (stride {sw})" if phased else
+           f"zero-padded rows, {G} channels per task" if padded else "contiguous rows")
+    kb.kernel.comment += f"  [depthwise: {T}x{L} columns per tile, {how}]"
+    nk = KH * KW
+    wl = kb.local(f32, (nk + 1,), hint="wtap")                 # the taps' weights, then the bias
+    accs: dict[int, Buffer] = {}                               # lanes -> accumulators
+
+    def acc_buf(lanes: int) -> Buffer:
+        if lanes not in accs:
+            accs[lanes] = kb.local(f32, (T * lanes,), hint=f"acc{lanes}_")
+        return accs[lanes]
+
+    # de-interleaved: element g of the band (flat) at phase[(g % s) * part + g // s]
+    part = -(-brows * W // sw)
+    phase = kb.local(f32, (sw * part,), hint="phase") if phased else None
+    kpad = -(-pw // sw)                       # g + s*kpad >= 0 for every column read
+    padbuf = kb.local(f32, (G * brows * Wp,), hint="padded") if padded else None
+
+    with kb.loop(N * CG * NB, kind="parallel", hint="t") as t:
+        band = t % NB if NB > 1 else as_expr(0)
+        ncg = t / NB if NB > 1 else t
+        n = ncg / CG if CG > 1 else ncg
+        cg = ncg % CG if CG > 1 else as_expr(0)
+        if NB > 1:
+            oh_lo = band * B
+            oh_hi = minimum(oh_lo + B, as_expr(OH))    # the last band may be shorter
+            ih_a = maximum(oh_lo * sh - ph, 0)
+            ih_b = minimum((oh_hi - 1) * sh + (span - ph), as_expr(H))
+        else:
+            oh_lo, oh_hi = as_expr(0), as_expr(OH)
+            ih_a = as_expr(max(0, -ph))
+            ih_b = as_expr(min(H, (OH - 1) * sh + span - ph))
+
+        @contextlib.contextmanager
+        def channels():
+            """The task's channels, one after the other: yields (c, n*C + c)."""
+            if G == 1:
+                yield cg, n * C + cg
+                return
+            with kb.loop(G, hint="g") as g:
+                c = cg * G + g
+                if CG * G == C:
+                    yield c, n * C + c
+                else:
+                    with kb.if_(c < C):
+                        yield c, n * C + c
+
+        if padded:
+            # the band's input rows into padded rows, as vectors (vector loads of what scalar
+            # stores wrote wait for those stores to reach the cache)
+            with channels() as (c, nc):
+                with kb.loop(ih_b - ih_a, hint="r") as j:
+                    dst = ((c - cg * G) * brows + j) * Wp if G > 1 else j * Wp
+                    src = (nc * H + ih_a + j) * W
+                    for o in [*range(pw), *range(pw + W, Wp)]:
+                        kb.store(padbuf, dst + o, zero)
+                    nv = W // L
+                    if nv > 1:
+                        with kb.loop(nv, hint="v") as v:
+                            kb.store(padbuf, dst + (pw + v * L), x.vload(src + v * L, L))
+                    for o, lanes in _rest_vectors(nv * L if nv > 1 else 0, W, 0, L):
+                        kb.store(padbuf, dst + (pw + o), x.vload(src + o, lanes))
+
+        with channels() as (c, nc):
+            pbase = (c - cg * G) * (brows * Wp) if G > 1 else as_expr(0)
+            for k in range(nk):
+                kb.store(wl, k, w.flat(c * nk + k))
+            if b is not None:
+                kb.store(wl, nk, b[c])
+            if phased:
+                # the band's input rows [ih_a, ih_b) de-interleaved, in one loop over them
+                src = (nc * H + ih_a) * W
+                if NB == 1:             # a known count (the loop's extent a constant)
+                    cnt = (min(H, (OH - 1) * sh + span - ph) - max(0, -ph)) * W
+                    full = as_expr(cnt // sw)
+                else:
+                    cnt = (ih_b - ih_a) * W
+                    full = cnt / sw
+                with kb.loop(full, kind="vectorize", hint="m") as m:
+                    for r in range(sw):
+                        kb.store(phase, r * part + m, x.flat(src + m * sw + r))
+                for r in range(sw - 1):     # the last cnt % s elements
+                    if NB == 1:
+                        if r < cnt % sw:
+                            kb.store(phase, r * part + full, x.flat(src + full * sw + r))
+                    else:
+                        with kb.if_(cnt % sw > r):
+                            kb.store(phase, r * part + full, x.flat(src + full * sw + r))
+
+            def row(oh: Expr, lo: int, hi: int) -> None:
+                """Output row ``oh``, whose valid kernel rows are [lo, hi)."""
+                ih0 = oh * sh - ph
+
+                def xrow(kh: int) -> Expr:
+                    return (nc * H + ih0 + kh * dh) * W
+
+                pidx = {}     # de-interleaved: where tap (kh, kw) of column 0 would be
+                if phased:
+                    for kh in range(lo, hi):
+                        for kw in range(KW):
+                            g = (ih0 + kh * dh - ih_a) * W + (kw * dw - pw + sw * kpad)
+                            pidx[kh, kw] = (g % sw) * part + g / sw - kpad
+
+                def tile(ow0: Expr, widths: list[int], col: int | None,
+                         offs: list[int] | None = None) -> None:
+                    """Vectors of ``widths`` lanes of the row's outputs at ow0 + ``offs``
+                    (default: one after the other); ``col``: ow0 as a known int, for border
+                    columns read from X with the taps outside the row dropped."""
+                    if offs is None:
+                        offs = [sum(widths[:i]) for i in range(len(widths))]
+                    chains: list[Expr | None] = [None] * len(widths)
+                    for kh in range(lo, hi):
+                        for kw in range(KW):
+                            wv = wl[kh * KW + kw]
+                            iw = kw * dw - pw
+                            for v, (off, lanes) in enumerate(zip(offs, widths)):
+                                if col is not None and not 0 <= (col + off) * sw + iw < W:
+                                    continue
+                                if padded:
+                                    prow = pbase + (ih0 + kh * dh - ih_a) * Wp
+                                    xv = padbuf.vload(prow + ow0 + (off + kw * dw), lanes)
+                                elif phased and col is None:
+                                    xv = phase.vload(pidx[kh, kw] + ow0 + off, lanes)
+                                else:
+                                    xv = x.vload(xrow(kh) + (ow0 + off) * sw + iw, lanes)
+                                if chains[v] is None:       # the bias starts the chain
+                                    chains[v] = wv * xv if b is None else fma(wv, xv, wl[nk])
+                                else:
+                                    chains[v] = fma(wv, xv, chains[v])
+                    for v, lanes in enumerate(widths):
+                        val = chains[v]
+                        if val is None:                     # no tap inside the image
+                            val = kb.broadcast(wl[nk] if b is not None else zero, lanes)
+                        kb.store(acc_buf(lanes), v * lanes, kb.broadcast(val, lanes))
+                    for v, (off, lanes) in enumerate(zip(offs, widths)):
+                        # the epilogue gets a load: it may use its value more than once
+                        val = acc_buf(lanes).vload(v * lanes, lanes)
+                        ow = ow0 + off
+                        idx = [n, c, oh, Ramp(ow, lanes) if lanes > 1 else ow]
+                        kb.store(y, idx, ctx.apply_epilogue(val, idx))
+
+                def columns(a: int, e: int) -> None:
+                    """Columns [a, e), whose taps all lie inside the (padded) row: whole tiles
+                    in a loop, then the rest (:func:`_rest_vectors`)."""
+                    nt = (e - a) // (T * L)
+                    if nt:
+                        with kb.loop(nt, hint="tw") as i:
+                            tile(a + i * (T * L), [L] * T, None)
+                    vecs = _rest_vectors(a + nt * T * L, e, a, L)
+                    for k in range(0, len(vecs), T):
+                        grp = vecs[k:k + T]
+                        tile(as_expr(grp[0][0]), [ln for _, ln in grp], None, [o - grp[0][0] for o, _ in grp])
+
+                if padded:
+                    columns(0, OW)
+                    return
+                # columns [ca, cb) read inside the row for every tap; the others one at a time
+                ca = min(-(-pw // sw), OW)
+                cb = max(ca, min(OW, (W - 1 + pw - (KW - 1) * dw) // sw + 1))
+                for col in range(0, ca):
+                    tile(as_expr(col), [1], col)
+                columns(ca, cb)
+                for col in range(cb, OW):
+                    tile(as_expr(col), [1], col)
+
+            if NB == 1:                     # a loop per run of rows
+                for s0, e0, lo, hi in patterns:
+                    with kb.loop(e0, start=s0, hint="oh") as oh:
+                        row(oh, lo, hi)
+            else:
+                # bands: the band's rows in one loop of constant extent (the default schedule
+                # counts a loop of unknown extent as a few iterations: the kernel's work would
+                # look too small to split across threads), each picking its run of rows
+                def dispatch(oh: Expr, ps) -> None:
+                    (_, e0, lo, hi), rest = ps[0], ps[1:]
+                    if not rest and OH % B == 0:
+                        row(oh, lo, hi)
+                        return
+                    with kb.if_(oh < e0) as br:
+                        row(oh, lo, hi)
+                    if rest:
+                        with kb.else_(br):
+                            dispatch(oh, rest)
+
+                with kb.loop(B, hint="r") as r:
+                    dispatch(oh_lo + r, patterns)
+    return kb

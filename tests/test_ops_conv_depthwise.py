@@ -1,0 +1,178 @@
+"""The depthwise convolution schedule (ir/ops/conv_depthwise.py: Conv with group == C == M,
+2-D, f32, constant W; ONNX spec section "Conv") against onnxruntime (optimisations off):
+kernel shapes, strides, pads, dilations, widths around the target's vector width, channel
+counts, batches, bias, the fused epilogues mobilenet uses (Relu, Clip(0, 6)) and a residual
+Add, at 1 and 2 threads; each checks that the depthwise kernel ran (its comment's marker)."""
+import numpy as np
+import pytest
+from onnx import helper
+
+import compiler
+from compiler.target import Target
+from ir.types import DType
+from tests.fusion_util import graph_model
+from tests.oracle import assert_matches_ort, node_model, rand
+
+RT, AT = 1e-4, 1e-5
+MARK = "[depthwise:"
+L = Target.parse("llvm").lanes(DType.f32)
+
+
+def _u(*shape, seed=0):
+    return rand(*shape, seed=seed, low=-1, high=1)
+
+
+def _depthwise_kernels(mod) -> list[str]:
+    return [k.comment for k in mod.kernels if MARK in k.comment]
+
+
+def _check(model, feeds, threads=1, opt_levels=(0, 2)):
+    """Compare with onnxruntime at each opt level; assert the depthwise schedule was used."""
+    for lvl in opt_levels:
+        assert_matches_ort(model, feeds, rtol=RT, atol=AT, opt_levels=(lvl,), num_threads=threads)
+        mod = compiler.compile(model, opt_level=lvl, num_threads=threads)
+        assert len(_depthwise_kernels(mod)) == 1, [k.comment for k in mod.kernels]
+    return _depthwise_kernels(mod)[0]
+
+
+def _conv_model(xs, k, attrs, bias=True, seed=0):
+    n, c = xs[:2]
+    x, w = _u(*xs, seed=seed), _u(c, 1, *k, seed=seed + 1)
+    inits = {"w": w}
+    if bias:
+        inits["b"] = _u(c, seed=seed + 2)
+    m = node_model("Conv", {"x": x}, {"group": c, **attrs}, initializers=inits)
+    return m, {"x": x}
+
+
+# (x shape, kernel, attributes, bias, threads)
+CASES = [
+    # 3x3 as mobilenet: stride 1 and 2, pad 1, widths 7 ... 112
+    ((1, 8, 14, 14), (3, 3), {"pads": [1, 1, 1, 1]}, True, 1),
+    ((2, 13, 17, 17), (3, 3), {"pads": [1, 1, 1, 1]}, True, 2),
+    ((1, 32, 56, 56), (3, 3), {"pads": [1, 1, 1, 1]}, False, 1),
+    ((1, 8, 112, 112), (3, 3), {"pads": [1, 1, 1, 1]}, True, 2),
+    ((1, 13, 7, 7), (3, 3), {"pads": [1, 1, 1, 1]}, True, 1),
+    ((1, 129, 7, 7), (3, 3), {"pads": [1, 1, 1, 1]}, True, 2),       # channels per task, 129 % 2
+    ((2, 96, 7, 7), (3, 3), {"pads": [1, 1, 1, 1]}, False, 1),
+    ((1, 8, 112, 112), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True, 1),
+    ((1, 32, 56, 56), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True, 2),
+    ((2, 8, 14, 14), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, False, 1),
+    ((1, 13, 17, 17), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True, 2),   # odd width
+    ((1, 8, 7, 7), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True, 1),
+    # 5x5 and 3x5, pads 0 / 2, asymmetric
+    ((1, 8, 17, 17), (5, 5), {"pads": [2, 2, 2, 2]}, True, 1),
+    ((2, 8, 56, 56), (5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}, True, 2),
+    ((1, 13, 14, 14), (3, 5), {"pads": [1, 2, 1, 2]}, False, 1),
+    ((1, 8, 17, 17), (3, 5), {"pads": [0, 2, 1, 1], "strides": [2, 2]}, True, 2),
+    ((1, 8, 14, 14), (3, 3), {}, True, 1),                                            # pads 0
+    ((1, 8, 17, 17), (5, 5), {"strides": [2, 2]}, False, 2),
+    ((1, 8, 56, 56), (3, 3), {"pads": [0, 1, 2, 0]}, True, 1),
+    ((1, 8, 14, 14), (5, 5), {"pads": [2, 0, 0, 2], "strides": [2, 2]}, True, 1),
+    # dilation 2
+    ((1, 8, 17, 17), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}, True, 2),
+    ((1, 8, 56, 56), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2], "strides": [2, 2]}, True, 1),
+    ((1, 13, 14, 14), (3, 5), {"pads": [2, 1, 0, 3], "dilations": [2, 1]}, False, 1),
+    ((1, 8, 112, 112), (3, 3), {"pads": [1, 2, 1, 2], "dilations": [1, 2]}, True, 2),
+    # one channel (group 1), few channels (bands of rows), batch 2
+    ((1, 1, 56, 56), (3, 3), {"pads": [1, 1, 1, 1]}, True, 1),
+    ((2, 1, 112, 112), (3, 3), {"pads": [1, 1, 1, 1]}, True, 2),
+    ((1, 1, 112, 112), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, False, 2),
+    ((2, 1, 14, 14), (5, 5), {"pads": [2, 2, 2, 2]}, True, 1),
+    # mixed strides, stride 3, kernel wider than the input, SAME padding
+    ((1, 8, 17, 17), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]}, True, 1),
+    ((1, 8, 17, 17), (3, 3), {"pads": [1, 1, 1, 1], "strides": [1, 2]}, True, 1),
+    ((1, 8, 17, 17), (3, 3), {"pads": [1, 1, 1, 1], "strides": [3, 3]}, True, 1),
+    ((1, 8, 3, 4), (5, 5), {"pads": [3, 3, 3, 3]}, True, 1),                          # rows of padding
+    ((1, 8, 3, 4), (5, 5), {"pads": [2, 2, 3, 3], "strides": [2, 2]}, True, 1),
+    ((1, 8, 14, 17), (3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, True, 2),
+]
+
+
+@pytest.mark.parametrize("xs,k,attrs,bias,threads", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_depthwise_conv(xs, k, attrs, bias, threads):
+    m, feeds = _conv_model(xs, k, attrs, bias)
+    _check(m, feeds, threads)
+
+
+def test_depthwise_schedules_by_width_and_stride():
+    """Stride 1 reads the input rows in place above 2*L columns and copies them into padded
+    rows at or below; stride 2 de-interleaves the input (L: the target's f32 lanes)."""
+    cases = [((1, 8, 2 * L + 1, 2 * L + 1), {}, "contiguous rows"),
+             ((1, 8, 2 * L, 2 * L), {}, "zero-padded rows"),
+             ((1, 8, 2 * L, 2 * L), {"strides": [2, 2]}, "de-interleaved input (stride 2)")]
+    for xs, attrs, what in cases:
+        m, feeds = _conv_model(xs, (3, 3), {"pads": [1, 1, 1, 1], **attrs})
+        assert what in _check(m, feeds, opt_levels=(2,))
+
+
+def test_depthwise_kernel_is_vectorised_and_parallel():
+    """What codegen produced: the kernel is split across the thread team and its FMAs are
+    vectors of the target's lanes."""
+    from tests.codegen_util import calls_fmuladd, function_ir, optimized_ir, parallel_kernels
+    m, feeds = _conv_model((1, 32, 56, 56), (3, 3), {"pads": [1, 1, 1, 1]})
+    mod = compiler.compile(m, opt_level=2, num_threads=2)
+    (k,) = [k for k in mod.kernels if MARK in k.comment]
+    assert k.name in parallel_kernels(mod)
+    assert calls_fmuladd(function_ir(optimized_ir(mod), k.name), L)
+
+
+def test_depthwise_not_used_elsewhere():
+    """Channel multiplier 2 (M = 2C), a weight that is a graph input, and f16 keep the
+    generic row schedule."""
+    x = _u(1, 4, 9, 9)
+    cases = [node_model("Conv", {"x": x}, {"group": 4, "pads": [1, 1, 1, 1]},
+                        initializers={"w": _u(8, 1, 3, 3, seed=1)}),
+             node_model("Conv", {"x": x, "w": _u(4, 1, 3, 3, seed=1)}, {"group": 4, "pads": [1, 1, 1, 1]})]
+    for m in cases:
+        feeds = {i.name: (x if i.name == "x" else _u(4, 1, 3, 3, seed=1)) for i in m.graph.input}
+        assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(2,))
+        assert not _depthwise_kernels(compiler.compile(m, opt_level=2))
+    xh = x.astype(np.float16)
+    m = node_model("Conv", {"x": xh}, {"group": 4, "pads": [1, 1, 1, 1]},
+                   initializers={"w": _u(4, 1, 3, 3, seed=1).astype(np.float16)})
+    assert not _depthwise_kernels(compiler.compile(m, opt_level=2))
+
+
+# ----------------------------------------------------------------------------- fused epilogues
+def _fused_model(xs, attrs, epilogue, residual_shape=None):
+    """Conv(group=C) then the epilogue: "Relu", "Clip6" (Clip(0, 6), mobilenet's ReLU6) or
+    "AddRelu" (Add of a residual graph input of ``residual_shape``, then Relu)."""
+    n, c = xs[:2]
+    x = _u(*xs)
+    inits = {"w": _u(c, 1, 3, 3, seed=1), "b": _u(c, seed=2)}
+    feeds = {"x": x}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=c, **attrs)]
+    if epilogue == "Relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif epilogue == "Clip6":
+        inits.update(lo=np.float32(0), hi=np.float32(6))
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["y"]))
+    else:
+        feeds["z"] = _u(*residual_shape, seed=3)
+        nodes += [helper.make_node("Add", ["c", "z"], ["cz"]), helper.make_node("Relu", ["cz"], ["y"])]
+    return graph_model(nodes, feeds, ["y"], inits, opset=17), feeds
+
+
+FUSED = [
+    ((1, 16, 14, 14), {"pads": [1, 1, 1, 1]}, "Clip6", None),
+    ((1, 16, 56, 56), {"pads": [1, 1, 1, 1]}, "Clip6", None),
+    ((1, 16, 56, 56), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "Clip6", None),
+    ((2, 8, 17, 17), {"pads": [1, 1, 1, 1]}, "Relu", None),
+    ((1, 8, 28, 28), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "Relu", None),
+    ((1, 16, 56, 56), {"pads": [1, 1, 1, 1]}, "AddRelu", (1, 16, 56, 56)),
+    ((2, 8, 14, 14), {"pads": [1, 1, 1, 1]}, "AddRelu", (2, 8, 14, 14)),
+    ((1, 8, 28, 28), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "AddRelu", (1, 8, 14, 14)),
+    ((1, 8, 17, 17), {"pads": [1, 1, 1, 1]}, "AddRelu", (8, 1, 1)),                 # per channel
+    ((1, 8, 17, 17), {"pads": [1, 1, 1, 1]}, "AddRelu", (1, 1, 17)),                # along columns
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xs,attrs,epilogue,zs", FUSED, ids=[str(i) for i in range(len(FUSED))])
+def test_depthwise_fused_epilogue(xs, attrs, epilogue, zs, threads):
+    """At opt level 2 the epilogue fuses into the conv kernel (one kernel, the depthwise one)."""
+    m, feeds = _fused_model(xs, attrs, epilogue, zs)
+    assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(2,), num_threads=threads)
+    mod = compiler.compile(m, opt_level=2, num_threads=threads)
+    assert len(mod.kernels) == 1 and MARK in mod.kernels[0].comment, [k.comment for k in mod.kernels]
