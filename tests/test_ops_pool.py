@@ -189,6 +189,57 @@ def test_global_lp_pool(shape, p):
     _check("GlobalLpPool", [_x(*shape)], {"p": p})
 
 
+# planes of exactly one vector, one vector and a tail, fewer vectors than accumulators,
+# accumulators and left-over vectors, 13x13 (squeezenet), 1-D, and one large enough for 2 threads
+GLOBAL_VEC_SHAPES = [(2, 3, 2, 4), (1, 4, 11), (1, 3, 3, 7), (2, 2, 5, 9), (1, 6, 13, 13), (1, 3, 257),
+                     (1, 256, 40, 40)]
+
+
+@pytest.mark.parametrize("op,attrs", [("GlobalAveragePool", {}), ("GlobalMaxPool", {}),
+                                      ("GlobalLpPool", {"p": 1}), ("GlobalLpPool", {"p": 2})])
+@pytest.mark.parametrize("shape", GLOBAL_VEC_SHAPES)
+def test_global_pool_vectorised(op, attrs, shape):
+    """float32 planes of at least one vector: partial vector accumulators, lanes and tail
+    combined at the end; 1 and 2 threads against onnxruntime."""
+    x = _x(*shape, seed=9)
+    m = node_model(op, {"x": x}, attrs)
+    expected = ort_run(m, {"x": x})[0]
+    for nt in (1, 2):
+        mod = compiler.compile(m, num_threads=nt)
+        np.testing.assert_allclose(mod.run(x)[0], expected, rtol=1e-5, atol=1e-6, err_msg=f"{nt} threads")
+    (k,) = mod.kernels
+    assert _vector_widths(k), "no vector loads"
+    if x.size > 400_000:
+        from codegen.llvm.emit import kernel_is_parallel
+        assert kernel_is_parallel(k)
+
+
+def test_global_max_pool_nan_inf():
+    """A NaN anywhere in a plane gives NaN (numpy.maximum), in the vector part or the tail;
+    +-inf planes against onnxruntime."""
+    x = _with_specials((2, 8, 5, 7), seed=10, nan=False)
+    x[0, 1, 0, 3] = np.nan          # first vector
+    x[1, 2, 4, 6] = -np.nan         # tail (35 = 4 vectors + 3 on 8 lanes; 2 vectors + 3 on 16)
+    x[1, 5, 2, 1] = np.nan
+    m = node_model("GlobalMaxPool", {"x": x}, {})
+    ref = np.max(x, axis=(2, 3), keepdims=True)
+    got = compiler.compile(m).run(x)[0]
+    np.testing.assert_array_equal(got, ref)
+    ok = ~np.isnan(ref)
+    np.testing.assert_array_equal(got[ok], ort_run(m, {"x": x})[0][ok])
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+def test_global_pool_at_each_vector_width(width, op):
+    target, lanes = width
+    x = _x(2, 5, 7, 9, seed=11)
+    m = node_model(op, {"x": x}, {})
+    mod = compiler.compile(m, target=target, cache=False, num_threads=2)
+    (k,) = mod.kernels
+    assert _vector_widths(k) == {lanes}
+    np.testing.assert_allclose(mod.run(x)[0], ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
 def test_global_pool_f64_f16(op):
     _check(op, [_x(2, 3, 5, 4, dtype=np.float64)], {}, rtol=1e-12, atol=1e-12, oracle="ref")  # not in onnxruntime

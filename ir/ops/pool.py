@@ -212,12 +212,25 @@ def emit_pool(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: str, *,
     return kb
 
 
+#: partial vector accumulators per plane of the vectorised global pool (independent add chains)
+GLOBAL_ACCUMULATORS = 4
+
+
 def emit_global_pool(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int = 2,
                      params: list[Buffer] | None = None):
-    """Reduce every (n, c) plane of x to one value: "avg", "max" or "lp"."""
+    """Reduce every (n, c) plane of x to one value: "avg", "max" or "lp". Parallel over (n, c).
+
+    float32 planes of at least L = ``ctx.target.lanes(f32)`` elements (LpPool: p 1 or 2) are
+    read as L-lane vectors into up to :data:`GLOBAL_ACCUMULATORS` partial accumulators (sums:
+    another order of the additions than one running sum; max: NaN-propagating), combined,
+    reduced across lanes, then the tail elements one at a time; other planes take one scalar
+    running accumulator."""
     n_, c_ = x.shape[:2]
     plane = math.prod(x.shape[2:])
     acc_dt = x.dtype if (kind == "max" or x.dtype in (DType.f32, DType.f64)) else DType.f32
+    L = ctx.target.lanes(DType.f32)
+    if x.dtype == DType.f32 and plane >= L and (kind != "lp" or p in (1, 2)):
+        return _emit_global_pool_vec(ctx, x, y, kind, p, L, params)
     kb = ctx.kernel(params=params)
     acc = kb.local(acc_dt, (1,), hint="acc")
     with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
@@ -236,6 +249,56 @@ def emit_global_pool(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int = 2,
             v = v / as_expr(float(plane), acc_dt)
         elif kind == "lp":
             v = unop("sqrt", v) if p == 2 else v if p == 1 else binop("pow", v, as_expr(1.0 / p, acc_dt))
+        out_idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0)] + [as_expr(0)] * (len(x.shape) - 2)
+        kb.store(y, out_idx, ctx.apply_epilogue(v.cast(y.dtype), out_idx))
+    return kb
+
+
+def _emit_global_pool_vec(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int, L: int,
+                          params: list[Buffer] | None):
+    """:func:`emit_global_pool` for float32 planes of at least L elements (see there)."""
+    n_, c_ = x.shape[:2]
+    plane = math.prod(x.shape[2:])
+    nvec = plane // L
+    U = max(1, min(GLOBAL_ACCUMULATORS, nvec))
+    f32 = DType.f32
+    init = as_expr(float("-inf") if kind == "max" else 0.0, f32)
+
+    def red(a, b):
+        return nan_max(a, b) if kind == "max" else a + b
+
+    def term(v):
+        if kind == "lp":
+            return v * v if p == 2 else unop("abs", v)
+        return v
+
+    kb = ctx.kernel(params=params)
+    acc = kb.local(f32, (U * L,), hint="acc")
+    tot = kb.local(f32, (1,), hint="tot")
+    with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
+        base = nc * plane
+        for u in range(U):
+            kb.store(acc, u * L, kb.broadcast(init, L))
+        if nvec // U:
+            with kb.reduce(nvec // U, hint="g") as g:
+                for u in range(U):
+                    v = x.vload(base + (g * U + u) * L, L)
+                    kb.store(acc, u * L, red(acc.vload(u * L, L), term(v)))
+        for r in range((nvec // U) * U, nvec):          # vectors left over: the first accumulators
+            u = r % U
+            kb.store(acc, u * L, red(acc.vload(u * L, L), term(x.vload(base + r * L, L))))
+        for u in range(1, U):
+            kb.store(acc, 0, red(acc.vload(0, L), acc.vload(u * L, L)))
+        kb.store(tot, 0, acc[0])
+        for ln in range(1, L):
+            kb.store(tot, 0, red(tot[0], acc[ln]))
+        for t in range(nvec * L, plane):
+            kb.store(tot, 0, red(tot[0], term(x.flat(base + t))))
+        v = tot[0]
+        if kind == "avg":
+            v = v / as_expr(float(plane), f32)
+        elif kind == "lp" and p == 2:
+            v = unop("sqrt", v)
         out_idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0)] + [as_expr(0)] * (len(x.shape) - 2)
         kb.store(y, out_idx, ctx.apply_epilogue(v.cast(y.dtype), out_idx))
     return kb
