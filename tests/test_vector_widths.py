@@ -27,16 +27,20 @@ def _c(rng, name, *shape, scale=0.2):
 
 
 def conv_net():
-    """3x3 conv (blocked), a 1x1 conv with a residual Add (pointwise), a strided conv with
-    channels not a multiple of any width, then Gemm."""
+    """3x3 conv (blocked), a 1x1 conv with a residual Add (pointwise), depthwise convs (stride 1
+    with Clip, stride 2), a conv with channels not a multiple of any width, then Gemm."""
     rng = np.random.default_rng(0)
     N = helper.make_node
     nodes = [N("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), N("Relu", ["c1"], ["r1"]),
              N("Conv", ["r1", "w2", "b2"], ["c2"]), N("Add", ["c2", "r1"], ["s2"]), N("Relu", ["s2"], ["r2"]),
-             N("Conv", ["r2", "w3"], ["c3"], pads=[1, 1, 1, 1], strides=[2, 2]), N("Sigmoid", ["c3"], ["r3"]),
+             N("Conv", ["r2", "wd", "bd"], ["cd"], pads=[1, 1, 1, 1], group=40), N("Clip", ["cd", "lo", "hi"], ["rd"]),
+             N("Conv", ["rd", "wd2"], ["cd2"], pads=[1, 1, 1, 1], strides=[2, 2], group=40),
+             N("Conv", ["cd2", "w3"], ["c3"], pads=[1, 1, 1, 1]), N("Sigmoid", ["c3"], ["r3"]),
              N("GlobalAveragePool", ["r3"], ["g"]), N("Flatten", ["g"], ["f"]),
              N("Gemm", ["f", "wg", "bg"], ["y"], transB=1)]
     inits = [_c(rng, "w1", 40, 5, 3, 3), _c(rng, "b1", 40), _c(rng, "w2", 40, 40, 1, 1), _c(rng, "b2", 40),
+             _c(rng, "wd", 40, 1, 3, 3), _c(rng, "bd", 40), _c(rng, "wd2", 40, 1, 3, 3),
+             numpy_helper.from_array(np.array(0.0, np.float32), "lo"), numpy_helper.from_array(np.array(6.0, np.float32), "hi"),
              _c(rng, "w3", 21, 40, 3, 3), _c(rng, "wg", 37, 21), _c(rng, "bg", 37)]
     return _model(nodes, [("x", [2, 5, 19, 23])], [("y", [2, 37])], inits), {"x": rng.standard_normal((2, 5, 19, 23)).astype(np.float32)}
 
@@ -75,6 +79,8 @@ def test_blocked_schedules_at_each_vector_width(width, build):
     mod = compiler.compile(model, target=target, cache=False, num_threads=2)
     blocked = [k for k in mod.kernels if "register tile" in k.comment]
     assert blocked, "no kernel used a blocked schedule"
+    if build is conv_net:
+        assert sum("[depthwise" in k.comment for k in mod.kernels) == 2
     assert any(f"x{lanes} " in k.comment or f"x{lanes}]" in k.comment or f"x{lanes} columns" in k.comment
                or f"{lanes} pixels" in k.comment for k in blocked), [k.comment for k in blocked]
     (y,) = mod.run(**feeds)
