@@ -660,7 +660,7 @@ def emit_pool2d_rows(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: s
     r = kb.local(DType.f32, (span + L,), hint="row")
     o = kb.local(DType.f32, (owp,), hint="out") if sw > 1 and kind == "avg" else None
     acc = kb.local(DType.f32, (L,), hint="acc")
-    last = kb.local(DType.f32, (L,), hint="last")
+    last = kb.local(DType.f32, (L,), hint="last") if OW % L and not (sw > 1 and kind == "max") else None
     with kb.loop(n_ * c_ * OH, kind="parallel", hint="nch") as t:
         oh = t % OH
         nc = t / OH
