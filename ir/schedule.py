@@ -65,13 +65,14 @@ def parallel_violations(kernel: Kernel, loop: For) -> list[str]:
 
 
 def _work(s) -> int:
-    """Estimated iterations of a statement (non-constant extents count as 8)."""
+    """Estimated element operations of a statement: a store counts its lanes (non-constant
+    loop extents count as 8)."""
     if isinstance(s, For):
         n = s.extent.value - s.start.value if _const_bounds(s) else 8
         return max(n, 0) * max(1, sum(_work(c) for c in s.body))
     if isinstance(s, If):
         return max(1, sum(_work(c) for c in s.then + s.orelse))
-    return 1
+    return s.value.lanes if isinstance(s, Store) else 1
 
 
 def _const_bounds(f: For) -> bool:
