@@ -158,11 +158,8 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
         mb = nb % MB if MB > 1 else as_expr(0)
         n = nb / MB if MB > 1 else nb
         ih0 = oh * sh - ph
-        if ph == 0 and (OH - 1) * sh + (KH - 1) * dh < H:
-            kh_lo, kh_hi = 0, KH           # every row takes every tap: constant bounds
-        else:
-            kh_lo = window_lo(-ih0, dh)
-            kh_hi = window_hi(H - ih0, dh, KH)
+        kh_lo = window_lo(-ih0, dh)
+        kh_hi = window_hi(H - ih0, dh, KH)
 
         def tile(ow0: Expr, width: int, static_cols: int | None):
             for i in range(OB * width):
