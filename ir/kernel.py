@@ -330,12 +330,6 @@ class Buffer:
                 return i.lanes, s
         return 1, 1
 
-    @staticmethod
-    def index_lanes(idx) -> int:
-        """Vector width an index list addresses (its Ramp's width, else 1)."""
-        idx = idx if isinstance(idx, (list, tuple)) else [idx]
-        return next((i.lanes for i in idx if isinstance(i, Ramp)), 1)
-
     def __getitem__(self, idx) -> Load:
         idx = idx if isinstance(idx, (list, tuple)) else [idx]
         lanes, stride = self.index_vector(idx)
