@@ -128,6 +128,7 @@ def build_module(lowered, graph, input_names, output_names, target=None):
         lib, obj, opt_ir = compile_ir(str(mod), graph.name, target=target)
     except Exception as e:
         raise CompileError(f"LLVM code generation failed: {e}") from e
-    m = Module(lowered, lib, "tf_run", input_names, output_names, graph=graph, llvm_ir=str(mod))
+    m = Module(lowered, lib, "tf_run", input_names, output_names, graph=graph, llvm_ir=str(mod),
+               target=str(target) if target is not None else "llvm")
     m._object_code = obj
     return m
