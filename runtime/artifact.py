@@ -175,6 +175,14 @@ def needed_features(saved: dict) -> set[str]:
     return {f[1:] for f in (saved.get("features") or "").split(",") if f.startswith("+")} - SYSTEM_ONLY_FEATURES
 
 
+def lacking_features(info: dict) -> list[str]:
+    """The features code generated as ``info`` says (a saved module's ``host`` record, or
+    ``codegen.llvm.jit.target_info``) needs that this CPU lacks, sorted."""
+    host = _host_info()
+    have = {f[1:] for f in host["features"].split(",") if f.startswith("+")}
+    return sorted(needed_features(info) - have)
+
+
 def check_compatible(meta: dict, path: str = "the file") -> None:
     """Raise ArtifactError unless this tensorfuse and this CPU can run the saved module: the
     format and tensorfuse version match, the triple is this machine's, and this CPU has every
@@ -189,8 +197,7 @@ def check_compatible(meta: dict, path: str = "the file") -> None:
     saved, host = meta.get("host") or {}, _host_info()
     if saved.get("triple") != host["triple"]:
         raise ArtifactError(f"{path} holds machine code for {saved.get('triple')}, this machine is {host['triple']}")
-    have = {f[1:] for f in host["features"].split(",") if f.startswith("+")}
-    lacking = sorted(needed_features(saved) - have)
+    lacking = lacking_features(saved)
     if lacking:
         target = saved.get("target") or meta.get("target") or "llvm"
         raise ArtifactError(f"{path}: this module was compiled for {saved.get('cpu')} (target {target!r}) and needs "

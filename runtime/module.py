@@ -163,6 +163,16 @@ class Module:
         self._kernel_fns: dict[str, object] = {}
         from .threads import resolve_num_threads
         self._num_threads = resolve_num_threads(None)
+        #: why this CPU cannot run the code (compiled for features it lacks), or None
+        self._cannot_run = None
+        info = getattr(library, "target_info", None)
+        if info:
+            from .artifact import lacking_features
+            lacking = lacking_features(info)
+            if lacking:
+                self._cannot_run = (f"this module was compiled for target {info.get('target')!r} and its code "
+                                    f"needs {', '.join(lacking)}, which this CPU lacks: save it and run it on a "
+                                    f"CPU that has {'them' if len(lacking) > 1 else 'it'}")
 
     @property
     def num_threads(self) -> int:
@@ -233,6 +243,8 @@ class Module:
 
     # -- running ------------------------------------------------------------------------
     def _check_inputs(self, arrays, named) -> list[np.ndarray]:
+        if self._cannot_run:            # running it would die of an illegal instruction
+            raise RuntimeError(self._cannot_run)
         infos = self.input_info
         if len(arrays) > len(infos):
             raise ValueError(f"run() got {len(arrays)} positional inputs, the model has {len(infos)}: "

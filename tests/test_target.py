@@ -238,3 +238,23 @@ def test_compile_for_a_cpu_without_avx_runs():
     assert info["target"] == target and info["cpu"] == "x86-64" and "avx" not in info["needs"]
     a = jit.emit_assembly(mod.llvm_ir, "relu_add", target=target)   # what compile_ir generated
     assert "ymm" not in a and "zmm" not in a
+
+
+@x86_only
+def test_a_module_for_features_this_cpu_lacks_refuses_to_run_but_saves(tmp_path):
+    """Code compiled for a feature this CPU lacks would die of an illegal instruction: run()
+    raises instead, naming the feature; the module can still be saved for a CPU that has it."""
+    host = set(jit.host_info()["features"].split(","))
+    lacking = [f for f in ("avx512f", "amx-tile", "avx512fp16") if f"-{f}" in host]
+    assert lacking, "this CPU has every candidate feature"
+    feature = lacking[0]
+    mod = compiler.compile(relu_add_model(), target=f"llvm -mattr=+{feature}", cache=False)
+    x = np.ones((4, 37), np.float32)
+    with pytest.raises(RuntimeError, match=feature):
+        mod.run(x)
+    with pytest.raises(RuntimeError, match=feature):
+        mod.profile(x, show=False)
+    mod.save(tmp_path / "m.tfm")
+    import runtime
+    with pytest.raises(runtime.artifact.ArtifactError, match=feature):
+        runtime.load(tmp_path / "m.tfm")
