@@ -10,8 +10,8 @@ followed by a ``tf_barrier``. Two shapes:
   cost itself. The default schedule leaves a kernel this small serial
   (``ir.schedule.MIN_PARALLEL_WORK``); the script sets that constant to 0 while compiling these
   modules (and only them) to force parallel kernels.
-* ``default`` [1, 64, 64]: 4096 elements, the smallest kernel the default schedule makes
-  parallel; here the work per kernel is not negligible, so the script also reports the cost
+* ``default`` [1, 64, 512]: 32768 elements (``MIN_PARALLEL_WORK``), the smallest kernel the
+  default schedule makes parallel; here the work per kernel is not negligible, so the script also reports the cost
   beyond a perfect halving of the 1-thread time.
 
 How. Each shape is compiled as a short chain (``--base`` kernels) and a long one
@@ -51,7 +51,7 @@ from codegen.llvm.emit import kernel_is_parallel  # noqa: E402
 from codegen_util import parallel_kernels  # noqa: E402
 from runtime.profile import time_calls  # noqa: E402
 
-SHAPES = {"tiny": (1, 16), "default": (1, 64, 64)}
+SHAPES = {"tiny": (1, 16), "default": (1, 64, ir.schedule.MIN_PARALLEL_WORK // 64)}
 
 
 def chain_model(n: int, shape) -> onnx.ModelProto:
