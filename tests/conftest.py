@@ -55,3 +55,31 @@ def shared_model_entries() -> list[dict]:
 @pytest.fixture
 def shared_models() -> pathlib.Path:
     return shared_models_dir()
+
+
+#: the vector widths our machines have, as targets that run on this host: 4 lanes (an SSE
+#: target), the host's own, and the 16-lane AVX-512 layout (``vector_bits`` made 512, so the
+#: schedules tile for 16 lanes and 32 registers while LLVM splits the vectors for this CPU)
+VECTOR_WIDTHS = ("sse-4-lanes", "host", "avx512-16-lanes")
+
+
+def width_target(name: str, monkeypatch):
+    """(Target, f32 lanes) for one of :data:`VECTOR_WIDTHS` (``monkeypatch`` undoes the
+    16-lane layout after the test)."""
+    import numpy as np
+
+    from compiler.target import Target
+    if name == "sse-4-lanes":
+        return Target.parse("llvm -mattr=-avx,-avx2,-fma"), 4
+    if name == "avx512-16-lanes":
+        monkeypatch.setattr(Target, "vector_bits", property(lambda self: 512))
+        monkeypatch.setattr(Target, "has_avx512", property(lambda self: True))
+        return Target.parse("llvm"), 16
+    t = Target.parse("llvm")
+    return t, t.lanes(np.float32)
+
+
+@pytest.fixture(params=VECTOR_WIDTHS)
+def vector_width(request, monkeypatch):
+    """(Target, f32 lanes) at each of :data:`VECTOR_WIDTHS`."""
+    return width_target(request.param, monkeypatch)

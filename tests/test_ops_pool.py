@@ -473,20 +473,10 @@ def test_pool_rows_schedule():
                        atol=2e-3 if xs.dtype == np.float16 else AT, expect_rows=False, opt_levels=(2,))
 
 
-@pytest.fixture(params=["sse-4-lanes", "host", "avx512-16-lanes"])
-def width(request, monkeypatch):
-    """(target, lanes): SSE (4 lanes, runs here), the host, and the 16-lane layout of AVX-512 on
-    any host (``vector_bits`` says 512, LLVM splits the vectors for this CPU), as in
-    tests/test_vector_widths.py."""
-    from compiler.target import Target
-    if request.param == "sse-4-lanes":
-        return Target.parse("llvm -mattr=-avx,-avx2,-fma"), 4
-    if request.param == "avx512-16-lanes":
-        monkeypatch.setattr(Target, "vector_bits", property(lambda self: 512))
-        monkeypatch.setattr(Target, "has_avx512", property(lambda self: True))
-        return Target.parse("llvm"), 16
-    t = Target.parse("llvm")
-    return t, t.lanes(np.float32)
+@pytest.fixture
+def width(vector_width):
+    """(target, lanes) at each vector width (tests/conftest.py VECTOR_WIDTHS)."""
+    return vector_width
 
 
 @pytest.mark.parametrize("op,shape,attrs", [

@@ -394,16 +394,12 @@ def test_concat_row_copies_vector_width():
         check("Concat", ins, {"axis": 1})
 
 
-@pytest.mark.parametrize("lanes", [4, 16])
-def test_row_copies_at_other_vector_widths(lanes, monkeypatch):
+@pytest.mark.parametrize("width", ["sse-4-lanes", "avx512-16-lanes"])
+def test_row_copies_at_other_vector_widths(width, monkeypatch):
     """4 lanes (SSE target) and the 16-lane layout (vector_bits 512; LLVM splits the vectors
     for this CPU): blocks, remainders and tails against onnxruntime."""
-    from compiler.target import Target
-    if lanes == 4:
-        t = Target.parse("llvm -mattr=-avx,-avx2,-fma")
-    else:
-        monkeypatch.setattr(Target, "vector_bits", property(lambda self: 512))
-        t = Target.parse("llvm")
+    from conftest import width_target
+    t, lanes = width_target(width, monkeypatch)
     assert t.lanes(np.float32) == lanes
     ins = {"a": rand(2, 3, 7, 50), "b": rand(2, 30, 7, 50, seed=1), "c": rand(2, 1, 7, 50, seed=2)}
     x = rand(2, 34, 7, 50)

@@ -10,7 +10,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import compiler
-from compiler.target import Target
 from oracle import ort_run
 
 RTOL, ATOL = 1e-4, 1e-4
@@ -59,16 +58,10 @@ def mlp():
     return _model(nodes, [("x", [3, 13, 48])], [("y", [3, 13, 40])], inits), {"x": rng.standard_normal((3, 13, 48)).astype(np.float32)}
 
 
-@pytest.fixture(params=["sse-4-lanes", "host", "avx512-16-lanes"])
-def width(request, monkeypatch):
-    if request.param == "sse-4-lanes":
-        return Target.parse("llvm -mattr=-avx,-avx2,-fma"), 4
-    if request.param == "avx512-16-lanes":
-        monkeypatch.setattr(Target, "vector_bits", property(lambda self: 512))
-        monkeypatch.setattr(Target, "has_avx512", property(lambda self: True))
-        return Target.parse("llvm"), 16
-    t = Target.parse("llvm")
-    return t, t.lanes(np.float32)
+@pytest.fixture
+def width(vector_width):
+    """(target, lanes) at each vector width (tests/conftest.py VECTOR_WIDTHS)."""
+    return vector_width
 
 
 @pytest.mark.parametrize("build", [conv_net, mlp])
