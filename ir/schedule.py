@@ -24,20 +24,28 @@ class ScheduleError(Exception):
     the same element); names the kernel and the loop."""
 
 
-def _vars(e, out: set) -> set:
-    if isinstance(e, Var):
-        out.add(id(e))
-    elif isinstance(e, Load):
-        _vars(e.index, out)
-    elif isinstance(e, (Bin,)):
-        _vars(e.a, out), _vars(e.b, out)
+def expr_nodes(e):
+    """An expression and every sub-expression (operands, load indices, select conditions),
+    outer before inner."""
+    yield e
+    if isinstance(e, Load):
+        yield from expr_nodes(e.index)
+    elif isinstance(e, Bin):
+        yield from expr_nodes(e.a)
+        yield from expr_nodes(e.b)
     elif isinstance(e, (Un, Cast, Broadcast)):
-        _vars(e.a, out)
+        yield from expr_nodes(e.a)
     elif isinstance(e, Select):
-        _vars(e.cond, out), _vars(e.a, out), _vars(e.b, out)
+        for x in (e.cond, e.a, e.b):
+            yield from expr_nodes(x)
     elif isinstance(e, FMA):
-        _vars(e.a, out), _vars(e.b, out), _vars(e.c, out)
-    return out
+        for x in (e.a, e.b, e.c):
+            yield from expr_nodes(x)
+
+
+def _vars(e) -> set:
+    """ids of the loop variables ``e`` reads."""
+    return {id(x) for x in expr_nodes(e) if isinstance(x, Var)}
 
 
 def _stores(stmts, out: list) -> list:
@@ -59,7 +67,7 @@ def parallel_violations(kernel: Kernel, loop: For) -> list[str]:
     for st in _stores(loop.body, []):
         if st.buf.scope != "global":
             continue
-        if id(loop.var) not in _vars(st.index, set()):
+        if id(loop.var) not in _vars(st.index):
             bad.append(f"store to {st.buf.name} does not depend on {loop.var.name}")
     return bad
 
@@ -148,20 +156,9 @@ def _thread0_fills_locals(kernel: Kernel) -> bool:
                for b in kernel.locals if id(b) in filled)
 
 
-def _loads(e, buf, out: list) -> list:
-    if isinstance(e, Load):
-        if e.buf is buf:
-            out.append(e)
-        _loads(e.index, buf, out)
-    elif isinstance(e, Bin):
-        _loads(e.a, buf, out), _loads(e.b, buf, out)
-    elif isinstance(e, (Un, Cast, Broadcast)):
-        _loads(e.a, buf, out)
-    elif isinstance(e, Select):
-        _loads(e.cond, buf, out), _loads(e.a, buf, out), _loads(e.b, buf, out)
-    elif isinstance(e, FMA):
-        _loads(e.a, buf, out), _loads(e.b, buf, out), _loads(e.c, buf, out)
-    return out
+def _loads(e, buf) -> bool:
+    """Whether ``e`` loads from ``buf``."""
+    return any(isinstance(x, Load) and x.buf is buf for x in expr_nodes(e))
 
 
 def _first_access(stmts, buf) -> str | None:
@@ -169,18 +166,18 @@ def _first_access(stmts, buf) -> str | None:
     branch of an If, or in a loop's bounds, counts as first); None if they do not."""
     for s in stmts:
         if isinstance(s, Store):
-            if _loads(s.value, buf, []) or _loads(s.index, buf, []):
+            if _loads(s.value, buf) or _loads(s.index, buf):
                 return "load"
             if s.buf is buf:
                 return "store"
         elif isinstance(s, For):
-            if _loads(s.start, buf, []) or _loads(s.extent, buf, []):
+            if _loads(s.start, buf) or _loads(s.extent, buf):
                 return "load"
             r = _first_access(s.body, buf)
             if r:
                 return r
         elif isinstance(s, If):
-            if _loads(s.cond, buf, []):
+            if _loads(s.cond, buf):
                 return "load"
             a, b = _first_access(s.then, buf), _first_access(s.orelse, buf)
             if "load" in (a, b):
@@ -218,7 +215,7 @@ def verify_schedule(kernel: Kernel) -> None:
     for top in kernel.body:
         nest = _nest(top)
         first = next((f for f in nest if f.kind == "parallel"), None)
-        for f in _all_loops([top]):
+        for f in all_loops([top]):
             if f.kind == "parallel" and f is not first:
                 raise ScheduleError(f"kernel {kernel.name}: parallel loop {f.var.name} is not the first "
                                     f"parallel loop of a top-level perfect loop nest")
@@ -229,11 +226,12 @@ def verify_schedule(kernel: Kernel) -> None:
                                     + "; ".join(why))
 
 
-def _all_loops(stmts):
+def all_loops(stmts):
+    """Every For in a statement list, outer before inner (both branches of an If)."""
     for s in stmts:
         if isinstance(s, For):
             yield s
-            yield from _all_loops(s.body)
+            yield from all_loops(s.body)
         elif isinstance(s, If):
-            yield from _all_loops(s.then)
-            yield from _all_loops(s.orelse)
+            yield from all_loops(s.then)
+            yield from all_loops(s.orelse)

@@ -11,6 +11,7 @@ import re
 
 from codegen.llvm.emit import kernel_is_parallel
 from codegen.llvm.jit import compile_ir
+from ir.schedule import all_loops as kernel_loops, expr_nodes  # noqa: F401  (for the tests)
 
 ENTRY = "tf_run"
 _NAME = r'(?:"([^"]+)"|([\w.$-]+))'
@@ -71,24 +72,3 @@ def float_vectors(ir_text: str) -> set[int]:
 
 def calls_fmuladd(ir_text: str, lanes: int) -> bool:
     return re.search(r'@"?llvm\.fmuladd\.v%df32"?\(' % lanes, ir_text) is not None
-
-
-def kernel_loops(stmts):
-    """Every For in a kernel body, outer before inner."""
-    from ir.kernel import For, If
-    for s in stmts:
-        if isinstance(s, For):
-            yield s
-            yield from kernel_loops(s.body)
-        elif isinstance(s, If):
-            yield from kernel_loops(s.then)
-            yield from kernel_loops(s.orelse)
-
-
-def expr_nodes(e):
-    """An expression and all its sub-expressions (operands and load indices)."""
-    yield e
-    for f in ("a", "b", "c", "index", "cond"):
-        sub = getattr(e, f, None)
-        if sub is not None and not isinstance(sub, (str, int, float, bool)):
-            yield from expr_nodes(sub)
