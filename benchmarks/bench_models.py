@@ -2,7 +2,7 @@
 
 What it measures, per model and per thread count N:
 
-* tensorfuse: compile time of ``compiler.compile(path, num_threads=N, cache=False)`` (seconds),
+* tensorfuse: compile time of ``tensorfuse.compile(path, num_threads=N, cache=False)`` (seconds),
   then the wall time of whole ``Module.run`` calls;
 * onnxruntime: an ``InferenceSession`` with ``ORT_ENABLE_ALL``, ``intra_op_num_threads=N`` and
   ``inter_op_num_threads=1``, wall time of ``session.run``;
@@ -55,9 +55,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import compiler  # noqa: E402
+from tensorfuse import compiler  # noqa: E402
 from oracle import model_inputs  # noqa: E402
-from runtime.profile import time_calls  # noqa: E402
+from tensorfuse.runtime.profile import time_calls  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "models"
 BUNDLED = ROOT / "examples" / "models" / "mobilenet_v2.onnx"
@@ -327,7 +327,7 @@ def compile_model(path: pathlib.Path, threads: int, feeds: dict, dynamic: dict):
     that specialises on input values is compiled for these inputs here (counted in the time)."""
     kw = {"input_shapes": dynamic} if dynamic else {}
     t0 = time.perf_counter()
-    mod = compiler.compile(str(path), target="llvm", cache=False, num_threads=threads, **kw)
+    mod = tensorfuse.compile(str(path), target="llvm", cache=False, num_threads=threads, **kw)
     if hasattr(mod, "module_for"):      # compiler.specialize.SpecializingModule
         inner, rest = mod.module_for(**feeds)
         compile_s = time.perf_counter() - t0

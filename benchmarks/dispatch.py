@@ -45,11 +45,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import compiler  # noqa: E402
-import ir.schedule  # noqa: E402
-from codegen.llvm.emit import kernel_is_parallel  # noqa: E402
+from tensorfuse import compiler  # noqa: E402
+import tensorfuse.ir.schedule  # noqa: E402
+from tensorfuse import ir  # noqa: E402
+from tensorfuse.codegen.llvm.emit import kernel_is_parallel  # noqa: E402
 from codegen_util import parallel_kernels  # noqa: E402
-from runtime.profile import time_calls  # noqa: E402
+from tensorfuse.runtime.profile import time_calls  # noqa: E402
 
 SHAPES = {"tiny": (1, 16), "default": (1, 64, ir.schedule.MIN_PARALLEL_WORK // 64)}
 
@@ -74,7 +75,7 @@ def build(n: int, shape, force_parallel: bool):
         ir.schedule.MIN_PARALLEL_WORK = 0
     try:
         # cache=False: the compile cache's key does not include MIN_PARALLEL_WORK
-        mod = compiler.compile(chain_model(n, shape), opt_level=0, cache=False, num_threads=1)
+        mod = tensorfuse.compile(chain_model(n, shape), opt_level=0, cache=False, num_threads=1)
     finally:
         ir.schedule.MIN_PARALLEL_WORK = saved
     if mod.num_kernels != n:

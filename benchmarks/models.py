@@ -22,9 +22,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import compiler  # noqa: E402
+from tensorfuse import compiler  # noqa: E402
 from oracle import model_inputs  # noqa: E402
-from runtime.profile import time_calls  # noqa: E402
+from tensorfuse.runtime.profile import time_calls  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "models"
 
@@ -54,14 +54,14 @@ def main() -> int:
     if args.models:
         entries = [e for e in entries if any(m in e["file"] for m in args.models)]
     kw = {}
-    if "cache" in inspect.signature(compiler.compile).parameters:
+    if "cache" in inspect.signature(tensorfuse.compile).parameters:
         kw["cache"] = False
     rows = []
     for e in entries:
         path = str(args.models_dir / e["file"])
         feeds = model_inputs(e, seed=0)
         t0 = time.perf_counter()
-        mod = compiler.compile(path, target="llvm", opt_level=args.opt_level, **kw)
+        mod = tensorfuse.compile(path, target="llvm", opt_level=args.opt_level, **kw)
         compile_s = time.perf_counter() - t0
         ours = mod.benchmark(**feeds, repeat=args.repeat).median_ms
         ort_on = ort_session(path, args.threads, True)

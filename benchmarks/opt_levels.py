@@ -13,8 +13,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import compiler  # noqa: E402
-from compiler.frontend.onnx import import_onnx  # noqa: E402
+from tensorfuse import compiler  # noqa: E402
+from tensorfuse.compiler.frontend.onnx import import_onnx  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "models"
 
@@ -38,7 +38,7 @@ def main() -> int:
         print(f"\n{e['file']}: {e['node_count']} ONNX nodes, {imported} after import")
         for level in (0, 1, 2, 3):
             t0 = time.perf_counter()
-            mod = compiler.compile(path, opt_level=level, cache=False)
+            mod = tensorfuse.compile(path, opt_level=level, cache=False)
             dt = time.perf_counter() - t0
             rules = collections.Counter(str(r).split(":")[0] for r in mod.rewrite_log)
             hist = mod.graph.op_histogram()

@@ -4,11 +4,11 @@ The one public entry point is :func:`compile`.
 """
 from __future__ import annotations
 
-from compiler.driver import compile
-from compiler.errors import CompileError, ModelLoadError, TensorfuseError, UnsupportedModelError
-from compiler.explain import explain
-from compiler.export import export_onnx
-from runtime.cache import cache_info
+from tensorfuse.compiler.driver import compile
+from tensorfuse.compiler.errors import CompileError, ModelLoadError, TensorfuseError, UnsupportedModelError
+from tensorfuse.compiler.explain import explain
+from tensorfuse.compiler.export import export_onnx
+from tensorfuse.runtime.cache import cache_info
 
 __all__ = ["compile", "cache_info", "explain", "export_onnx", "CompileError", "ModelLoadError", "TensorfuseError", "UnsupportedModelError"]
-__version__ = "0.1.0"
+from tensorfuse import __version__  # noqa: E402  (one version, in the package root)

@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-import compiler
-from compiler.errors import UnsupportedModelError
+from tensorfuse import compiler
+from tensorfuse.compiler.errors import UnsupportedModelError
 
 _TARGETS = {DeviceType.CPU: "llvm", DeviceType.CUDA: "cuda"}
 
@@ -105,7 +105,7 @@ class TensorfuseBackend(Backend):
         except ValueError:
             return False
         if target == "cuda":
-            from compiler.target import cuda_available
+            from tensorfuse.compiler.target import cuda_available
             return cuda_available()
         return True
 

@@ -5,10 +5,10 @@ from typing import Any
 
 from llvmlite import ir as lir
 
-from compiler.errors import CompileError
-from compiler.frontend.onnx import import_onnx
-from compiler.lower import lower_graph
-from compiler.target import Target
+from tensorfuse.compiler.errors import CompileError
+from tensorfuse.compiler.frontend.onnx import import_onnx
+from tensorfuse.compiler.lower import lower_graph
+from tensorfuse.compiler.target import Target
 
 
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
@@ -39,15 +39,15 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     # (the thread count is a run-time setting of the module: the code does not depend on it)
     options = {k: v for k, v in locals().items() if k not in ("model", "target", "cache", "num_threads")}
     tgt = Target.parse(target)
-    from runtime.threads import resolve_num_threads
+    from tensorfuse.runtime.threads import resolve_num_threads
     num_threads = resolve_num_threads(num_threads)
     if tgt.kind != "llvm":
         raise CompileError(f"target {tgt.kind!r} is not available yet")
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
-    from compiler.specialize import InputValuesNeeded, specialize
+    from tensorfuse.compiler.specialize import InputValuesNeeded, specialize
     if cache:
-        from runtime.cache import cached_compile
+        from tensorfuse.runtime.cache import cached_compile
         try:    # cache=None: the inner call leaves specialising to this one
             m = cached_compile(model, str(tgt), options, lambda: compile(model, target, cache=None, **options))
             m.num_threads = num_threads
@@ -62,7 +62,7 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
         return specialize(e, model, target, {**options, "num_threads": num_threads})
     output_names = list(graph.output_names or [v.name for v in graph.outputs])
     input_names = [v.name for v in graph.inputs]
-    from compiler.pipeline import dump_kernels, optimize
+    from tensorfuse.compiler.pipeline import dump_kernels, optimize
     opt = optimize(graph, opt_level, disabled_rules=disabled_rules, dump_ir=dump_ir)
     lowered = lower_graph(graph, tgt)
     m = build_module(lowered, graph, input_names, output_names, tgt)
@@ -114,9 +114,9 @@ def dedupe_kernels(lowered) -> int:
 
 
 def build_module(lowered, graph, input_names, output_names, target=None):
-    from codegen.llvm.emit import emit_entry, emit_kernel, kernel_is_parallel
-    from codegen.llvm.jit import compile_ir
-    from runtime.module import Module
+    from tensorfuse.codegen.llvm.emit import emit_entry, emit_kernel, kernel_is_parallel
+    from tensorfuse.codegen.llvm.jit import compile_ir
+    from tensorfuse.runtime.module import Module
 
     dedupe_kernels(lowered)
     mod = lir.Module(name=graph.name)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler.rewrite import Application, Fail, Rule, try_rule
-from ir.graph import Graph, Node
+from tensorfuse.compiler.rewrite import Application, Fail, Rule, try_rule
+from tensorfuse.ir.graph import Graph, Node
 
 __all__ = ["explain", "Explanation", "ExplainRecord"]
 
@@ -52,7 +52,7 @@ def _rule(rule: Any) -> Rule:
     if isinstance(rule, type) and issubclass(rule, Rule):
         return rule()
     if isinstance(rule, str):
-        from compiler.pipeline import all_rules
+        from tensorfuse.compiler.pipeline import all_rules
         rules = all_rules()
         if rule not in rules:
             raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(rules)}")
@@ -65,8 +65,8 @@ def _graph_for(model_or_graph: Any, rule: Rule, opt_level: int, input_shapes) ->
     ``opt_level`` that come before the pass holding the rule."""
     if isinstance(model_or_graph, Graph):
         return model_or_graph
-    from compiler.frontend.onnx import import_onnx
-    from compiler.pipeline import _Dumper, _run, PipelineResult, build_passes
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.pipeline import _Dumper, _run, PipelineResult, build_passes
     g = import_onnx(model_or_graph, input_shapes=input_shapes)
     res = PipelineResult(opt_level)
     for name, p in build_passes(opt_level):

@@ -19,7 +19,7 @@ import onnx
 import onnx.defs
 from onnx import helper, numpy_helper
 
-from ir.graph import Graph, Node, Value
+from tensorfuse.ir.graph import Graph, Node, Value
 
 __all__ = ["export_onnx", "to_onnx"]
 
@@ -49,7 +49,7 @@ def _attribute(node: Node, name: str, value) -> onnx.AttributeProto:
 
 
 def _has_opdef(node: Node) -> bool:
-    from ir.registry import find_op
+    from tensorfuse.ir.registry import find_op
     return find_op(node.op, node.domain) is not None
 
 

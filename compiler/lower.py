@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.errors import CompileError, UnsupportedModelError
-from ir.graph import Graph, Node, Value
-from ir.kernel import Buffer, Kernel, KernelBuilder
-from ir.lowering import LowerCtx, lowering_target
-from ir.registry import OpPatternKind, get_op
-from ir.schedule import ScheduleError, default_schedule, verify_schedule
-from ir.types import DType, TensorType
+from tensorfuse.compiler.errors import CompileError, UnsupportedModelError
+from tensorfuse.ir.graph import Graph, Node, Value
+from tensorfuse.ir.kernel import Buffer, Kernel, KernelBuilder
+from tensorfuse.ir.lowering import LowerCtx, lowering_target
+from tensorfuse.ir.registry import OpPatternKind, get_op
+from tensorfuse.ir.schedule import ScheduleError, default_schedule, verify_schedule
+from tensorfuse.ir.types import DType, TensorType
 
 
 @dataclass
@@ -91,7 +91,7 @@ def lower_graph(graph: Graph, target=None) -> LoweredGraph:
     """Lower every node through its registry entry for ``target`` (a ``compiler.target.Target``;
     default: the host CPU). Raises CompileError naming the node, and UnsupportedModelError for
     tensors of a dtype the llvm target cannot hold (bfloat16)."""
-    from compiler.target import Target
+    from tensorfuse.compiler.target import Target
     with lowering_target(Target.parse(target if target is not None else "llvm")):
         return _lower_graph(graph)
 

@@ -28,8 +28,8 @@ failed, e.g. ``"Relu_3: input 0 is produced by MaxPool (pool1), expected Conv"``
 Example (every example in this module runs as a test)::
 
     >>> import numpy as np
-    >>> from ir import Builder, DType, Graph, TensorType
-    >>> from compiler.pattern import P, Any, Const
+    >>> from tensorfuse.ir import Builder, DType, Graph, TensorType
+    >>> from tensorfuse.compiler.pattern import P, Any, Const
     >>> g = Graph(); b = Builder(g)
     >>> x = g.add_input("x", TensorType(DType.f32, (2, 3)))
     >>> y = b.Relu(b.Add(b.const(np.float32(1)), x, name="add"), name="relu")
@@ -47,8 +47,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ir.graph import Graph, Node, Value
-from ir.types import DType
+from tensorfuse.ir.graph import Graph, Node, Value
+from tensorfuse.ir.types import DType
 
 __all__ = ["Pattern", "Any", "Op", "Const", "OneOf", "Optional", "P", "Match", "MatchFailure",
            "COMMUTATIVE"]
@@ -302,7 +302,7 @@ class Const(Pattern):
     compile time from static shapes (``Value.known``).
 
     >>> import numpy as np
-    >>> from ir import Graph
+    >>> from tensorfuse.ir import Graph
     >>> g = Graph(); c = g.add_const(np.full(3, 0.5, np.float32), "half")
     >>> bool(Const(0.5).match(c)), Const(1.0).match(c).reason
     (True, "'half' is 0.5 (all 3 elements), expected the constant 1.0")

@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from compiler.errors import CompileError
-from compiler.passes import PassError, eliminate_common_subexpressions, eliminate_dead_nodes, fold_constants
-from compiler.passes.fold import MAX_FOLD_BYTES
-from compiler.passes.simplify import SIMPLIFY_RULES
-from compiler.rewrite import Application, RewriteError, RewritePass
-from ir.graph import Graph
+from tensorfuse.compiler.errors import CompileError
+from tensorfuse.compiler.passes import PassError, eliminate_common_subexpressions, eliminate_dead_nodes, fold_constants
+from tensorfuse.compiler.passes.fold import MAX_FOLD_BYTES
+from tensorfuse.compiler.passes.simplify import SIMPLIFY_RULES
+from tensorfuse.compiler.rewrite import Application, RewriteError, RewritePass
+from tensorfuse.ir.graph import Graph
 
 #: O1's cleanup passes run as a group until none changes the graph (at most this many rounds)
 CLEANUP_ROUNDS = 4
@@ -72,7 +72,7 @@ class PipelineResult:
 
 def rule_sets() -> dict[str, list]:
     """Every rule set by name (their classes, in order)."""
-    from compiler import rules
+    from tensorfuse.compiler import rules
     return {"simplify": list(SIMPLIFY_RULES), "fold": list(rules.FOLD_RULES),
             "fuse": list(rules.FUSE_RULES), "o3": list(rules.O3_RULES)}
 
@@ -123,7 +123,7 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
                    ("dce", eliminate_dead_nodes)]
         # DESIGN.md "Grouping": what the catalogue left becomes fused functions, one kernel each
         if "fuse_ops" not in disabled:
-            from compiler.passes.fuse_ops import FuseOps
+            from tensorfuse.compiler.passes.fuse_ops import FuseOps
             passes += [("fuse_ops", FuseOps())]
     return passes
 
@@ -176,7 +176,7 @@ def _run(name: str, p: Callable, graph: Graph, result: PipelineResult, verify: b
     result.passes.append(PassRecord(name, time.perf_counter() - t0, changed, before, len(graph.nodes)))
     if changed:
         if verify:
-            from ir.verify import VerifyError, verify_graph
+            from tensorfuse.ir.verify import VerifyError, verify_graph
             try:
                 verify_graph(graph)
             except VerifyError as e:
@@ -195,7 +195,7 @@ class _Dumper:
     def write(self, name: str, graph: Graph) -> None:
         if self.dir is None:
             return
-        from ir import print_graph
+        from tensorfuse.ir import print_graph
         with open(os.path.join(self.dir, f"{self.n:02d}-{name}.txt"), "w") as f:
             f.write(print_graph(graph))
         self.n += 1

@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from compiler.errors import CompileError
-from compiler.pattern import Match, MatchFailure, _Ctx, capture_names, match_at, root_ops
-from ir.builder import Builder
-from ir.graph import Graph, Node, Value
+from tensorfuse.compiler.errors import CompileError
+from tensorfuse.compiler.pattern import Match, MatchFailure, _Ctx, capture_names, match_at, root_ops
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph, Node, Value
 
 __all__ = ["Rule", "Fail", "Application", "RewriteError", "apply_rules", "try_rule", "RewritePass"]
 

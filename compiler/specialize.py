@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from compiler.errors import UnsupportedModelError
+from tensorfuse.compiler.errors import UnsupportedModelError
 
 #: compiled specialisations a module keeps (least recently used dropped first)
 MAX_SPECIALIZATIONS = 16
@@ -134,7 +134,7 @@ class SpecializingModule:
         key = tuple((n, a.dtype.str, a.shape, a.tobytes()) for n, a in bound.items())
         mod = self.specializations.get(key)
         if mod is None:
-            import compiler
+            from tensorfuse import compiler
             model = onnx.ModelProto()
             model.CopyFrom(self._model)
             keep = [vi for vi in model.graph.input if vi.name not in bound]
@@ -166,5 +166,5 @@ class SpecializingModule:
 
 def specialize(error: InputValuesNeeded, model: Any, target: str, options: dict[str, Any]) -> SpecializingModule:
     """The module that compiles ``model`` at run time for the values ``error`` asks for."""
-    from compiler.frontend.onnx import load_model
+    from tensorfuse.compiler.frontend.onnx import load_model
     return SpecializingModule(load_model(model), error.names, target, options)

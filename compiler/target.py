@@ -28,7 +28,7 @@ _SUGGESTED_CPUS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "znver3", "z
 
 
 def _jit():
-    import codegen.llvm.jit as jit      # looked up at each use: tests may replace jit.host_info
+    import tensorfuse.codegen.llvm.jit as jit      # looked up at each use: tests may replace jit.host_info
     return jit
 
 

@@ -17,8 +17,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-import compiler  # noqa: E402
-from runtime.profile import time_calls  # noqa: E402
+from tensorfuse import compiler  # noqa: E402
+from tensorfuse.runtime.profile import time_calls  # noqa: E402
 
 
 def main() -> int:
@@ -26,7 +26,7 @@ def main() -> int:
     import onnxruntime as ort
 
     t0 = time.perf_counter()
-    mod = compiler.compile(path, target="llvm", cache=False, num_threads=1)
+    mod = tensorfuse.compile(path, target="llvm", cache=False, num_threads=1)
     compile_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     feeds = {i.name: rng.uniform(-1, 1, size=i.shape).astype(i.dtype) for i in mod.input_info}

@@ -28,11 +28,11 @@ import math
 
 import numpy as np
 
-from ir.graph import Node, Value
-from ir.kernel import Buffer, Const, Expr, KernelBuilder, Load, as_expr
-from ir.lowering import LowerCtx
-from ir.registry import ShapeError, get_op
-from ir.types import DType
+from tensorfuse.ir.graph import Node, Value
+from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, Load, as_expr
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.registry import ShapeError, get_op
+from tensorfuse.ir.types import DType
 
 #: dtypes of one-element constant inputs that are inlined as immediates
 _INLINE_DTYPES = (DType.f32, DType.f64, DType.i32, DType.i64)

@@ -71,7 +71,7 @@ class LowerCtx:
         building one LowerCtx) it is the host CPU target."""
         t = _TARGET.get()
         if t is None:
-            from compiler.target import Target   # the default only; lower_graph passes its own
+            from tensorfuse.compiler.target import Target   # the default only; lower_graph passes its own
             t = Target.parse("llvm")
         return t
 

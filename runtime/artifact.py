@@ -50,23 +50,14 @@ class ArtifactError(Exception):
 
 
 def tensorfuse_version() -> str:
-    """``compiler.__version__``, read without importing the compiler when it is not loaded
-    (a process that only loads saved modules never imports the compiler)."""
-    mod = sys.modules.get("compiler")
-    if mod is not None and getattr(mod, "__version__", None):
-        return mod.__version__
-    spec = importlib.util.find_spec("compiler")
-    if spec and spec.origin:
-        with open(spec.origin, encoding="utf-8") as f:
-            m = re.search(r"^__version__\s*=\s*[\"']([^\"']+)[\"']", f.read(), re.M)
-        if m:
-            return m.group(1)
-    from compiler import __version__
+    """``tensorfuse.__version__`` (the package's root module defines it and imports nothing of the
+    compiler, so a process that only loads saved modules never imports the compiler)."""
+    from tensorfuse import __version__
     return __version__
 
 
 def _host_info() -> dict:
-    from codegen.llvm.jit import host_info
+    from tensorfuse.codegen.llvm.jit import host_info
     return host_info()
 
 
@@ -75,7 +66,7 @@ def _compiled_for(mod: Module) -> dict:
     read from the file it was loaded from; this machine when unknown."""
     info = mod._host or getattr(mod._lib, "target_info", None)
     if info is None:
-        from codegen.llvm.jit import target_info
+        from tensorfuse.codegen.llvm.jit import target_info
         info = target_info(None)
     return dict(info)
 
@@ -171,7 +162,7 @@ def needed_features(saved: dict) -> set[str]:
     (``codegen.llvm.jit.SYSTEM_ONLY_FEATURES``)."""
     if isinstance(saved.get("needs"), list):
         return {str(f) for f in saved["needs"]}
-    from codegen.llvm.jit import SYSTEM_ONLY_FEATURES
+    from tensorfuse.codegen.llvm.jit import SYSTEM_ONLY_FEATURES
     return {f[1:] for f in (saved.get("features") or "").split(",") if f.startswith("+")} - SYSTEM_ONLY_FEATURES
 
 
@@ -276,7 +267,7 @@ def load(path) -> Module:
         entry, target, host = meta["entry"], meta["target"], meta["host"]
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"{path} is corrupt: its metadata is incomplete ({type(e).__name__}: {e})") from None
-    from codegen.llvm.jit import load_object
+    from tensorfuse.codegen.llvm.jit import load_object
     try:
         lib = load_object(code)
     except Exception as e:

@@ -55,11 +55,11 @@ def cache_dir() -> pathlib.Path:
 # ----------------------------------------------------------------------------- the key
 @functools.lru_cache(maxsize=None)
 def source_digest() -> str:
-    """SHA-256 over tensorfuse's Python sources (ir, compiler, codegen, runtime)."""
+    """SHA-256 over tensorfuse's Python sources (the package root, ir, compiler, codegen, runtime)."""
     root = pathlib.Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for pkg in ("ir", "compiler", "codegen", "runtime"):
-        for p in sorted((root / pkg).rglob("*.py")):
+    for pkg in ("__init__.py", "ir", "compiler", "codegen", "runtime"):
+        for p in sorted((root / pkg).rglob("*.py")) if (root / pkg).is_dir() else [root / pkg]:
             h.update(str(p.relative_to(root)).encode() + b"\0")
             h.update(p.read_bytes() + b"\0")
     return h.hexdigest()
@@ -125,7 +125,7 @@ def _target_part(target: str) -> dict:
     """The target string (canonical) and, for "llvm", what the code is generated for: triple,
     CPU name, LLVM feature string (this CPU's, or the ``-mcpu``'s with the ``-mattr`` changes)
     and the cache sizes kernels are blocked for."""
-    from compiler.target import Target
+    from tensorfuse.compiler.target import Target
     tgt = Target.parse(target)
     part = {"target": str(tgt)}
     if tgt.kind == "llvm":
@@ -135,7 +135,7 @@ def _target_part(target: str) -> dict:
 
 
 def _version_part() -> dict:
-    from compiler import __version__
+    from tensorfuse import __version__
     return {"tensorfuse": __version__, "source": source_digest()}
 
 
@@ -309,7 +309,7 @@ def cache_info(model: Any, *args, **kwargs) -> CacheInfo:
     host CPU, an option, the tensorfuse version or sources) that differs from the closest entry."""
     import inspect
 
-    from compiler.driver import compile as _compile
+    from tensorfuse.compiler.driver import compile as _compile
     bound = inspect.signature(_compile).bind(model, *args, **kwargs)
     bound.apply_defaults()
     opts = dict(bound.arguments)
@@ -319,5 +319,5 @@ def cache_info(model: Any, *args, **kwargs) -> CacheInfo:
     extra = opts.pop("kwargs", None)
     if isinstance(extra, dict):
         opts.update(extra)
-    from compiler.target import Target
+    from tensorfuse.compiler.target import Target
     return explain(make_key(model, str(Target.parse(target)), opts))

@@ -39,7 +39,7 @@ class TensorInfo:
     shape: tuple[int, ...]
 
     def __str__(self) -> str:
-        from ir.types import DType, TensorType   # not at import: loading a saved module needs no IR
+        from tensorfuse.ir.types import DType, TensorType   # not at import: loading a saved module needs no IR
         return f"{self.name}: {TensorType(DType.from_numpy(self.dtype), self.shape)}"
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
-from codegen.llvm.emit import kernel_is_parallel
-from codegen.llvm.jit import compile_ir
-from ir.schedule import all_loops as kernel_loops, expr_nodes  # noqa: F401  (for the tests)
+from tensorfuse.codegen.llvm.emit import kernel_is_parallel
+from tensorfuse.codegen.llvm.jit import compile_ir
+from tensorfuse.ir.schedule import all_loops as kernel_loops, expr_nodes  # noqa: F401  (for the tests)
 
 ENTRY = "tf_run"
 _NAME = r'(?:"([^"]+)"|([\w.$-]+))'

@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ir.graph import Graph
-from ir.types import TensorType
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.types import TensorType
 from tests.oracle import np_to_onnx_type
 
 
@@ -33,8 +33,8 @@ def graph_model(nodes: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], 
 
 def compile_graph(g: Graph):
     """Lower and build an IR graph directly (no passes): fused nodes run their own kernels."""
-    from compiler.driver import build_module
-    from compiler.lower import lower_graph
+    from tensorfuse.compiler.driver import build_module
+    from tensorfuse.compiler.lower import lower_graph
     return build_module(lower_graph(g), g, [v.name for v in g.inputs], [v.name for v in g.outputs])
 
 
@@ -47,8 +47,8 @@ def ir_inputs(g: Graph, arrays: dict[str, np.ndarray]):
 def optimized(model, opt_level: int = 2, *, grouping: bool = False, **kw) -> Graph:
     """The model imported and run through the pipeline of ``opt_level`` (no code generation).
     The rule tests see what the catalogue made: fuse_ops grouping stays off unless ``grouping``."""
-    from compiler.frontend.onnx import import_onnx
-    from compiler.pipeline import optimize
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.pipeline import optimize
     if not grouping:
         kw["disabled_rules"] = list(kw.get("disabled_rules", ())) + ["fuse_ops"]
     g = import_onnx(model)
@@ -64,7 +64,7 @@ def count(g: Graph, op: str) -> int:
 def why_not(model, rule: str, opt_level: int = 2) -> str:
     """The reasons ``explain`` gives for ``rule`` not applying, joined (asserts it applies nowhere).
     ``model``: an ONNX model (replayed up to the rule's pass) or an IR graph (taken as is)."""
-    from compiler.explain import explain
+    from tensorfuse.compiler.explain import explain
     ex = explain(model, rule, opt_level=opt_level, quiet=True)
     assert ex, f"{rule}: no candidate node"
     assert not any(r.matched for r in ex), f"{rule} applies: {ex}"

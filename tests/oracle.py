@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-import compiler
+import tensorfuse
 
 DEFAULT_OPSET = 17
 
@@ -66,7 +66,7 @@ def assert_matches_ort(model: onnx.ModelProto, inputs: dict[str, np.ndarray], rt
     expected = ort_run(model, inputs)
     got = None
     for lvl in opt_levels:
-        mod = compiler.compile(model, target="llvm", opt_level=lvl, **compile_kw)
+        mod = tensorfuse.compile(model, target="llvm", opt_level=lvl, **compile_kw)
         got = mod.run(**inputs)
         assert len(got) == len(expected)
         for i, (g, e) in enumerate(zip(got, expected)):

@@ -6,8 +6,8 @@ import onnx
 import onnx.parser
 import pytest
 
-import ir
-from ir.verify import verify_graph
+from tensorfuse import ir
+from tensorfuse.ir.verify import verify_graph
 
 
 def G(body: str, inputs: str = "%x: f32[2,3]", constants=None) -> ir.Graph:
@@ -19,7 +19,7 @@ def G(body: str, inputs: str = "%x: f32[2,3]", constants=None) -> ir.Graph:
 
 
 def _propagate(g: ir.Graph) -> None:
-    from ir.builder import propagate_known
+    from tensorfuse.ir.builder import propagate_known
     for n in g.nodes:
         propagate_known(n)
 

@@ -10,11 +10,11 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from compiler.frontend import control_flow
-from compiler.frontend.onnx import import_onnx, unsupported_ops
-from compiler.specialize import InputValuesNeeded, SpecializingModule
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.compiler.frontend import control_flow
+from tensorfuse.compiler.frontend.onnx import import_onnx, unsupported_ops
+from tensorfuse.compiler.specialize import InputValuesNeeded, SpecializingModule
 from tests.oracle import assert_matches_ort, ort_run, rand
 
 F = T.FLOAT
@@ -76,7 +76,7 @@ def test_if_on_a_graph_input_specialises_on_its_value():
     with pytest.raises(InputValuesNeeded, match="If with a condition computed at run time") as e:
         import_onnx(m)
     assert e.value.names == ["c"]
-    mod = compiler.compile(m)
+    mod = tensorfuse.compile(m)
     assert isinstance(mod, SpecializingModule) and mod.specialized_on == ["c"]
     for c in (True, False):
         ins = {"c": np.array(c), "x": rand(2, 3, seed=2), "y": rand(3, seed=3)}
@@ -394,6 +394,6 @@ def test_scan_references_match_ort_through_onnx_reference():
               [], SCAN_OUTS,
               initializers=[onnx.numpy_helper.from_array(a, n) for n, a in
                             [("s0", rand(3)), ("k0", np.array(1, np.float32)), ("x", rand(4, 3, seed=1)), ("y", rand(4, 3, seed=2))]])
-    mod = compiler.compile(m, opt_level=1)
+    mod = tensorfuse.compile(m, opt_level=1)
     for got, want in zip(mod.run(), ort_run(m, {})):
         np.testing.assert_allclose(got, want, rtol=1e-6)

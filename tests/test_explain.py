@@ -1,13 +1,13 @@
-"""compiler.explain: for each candidate node, whether a rule applies and if not why."""
+"""tensorfuse.explain: for each candidate node, whether a rule applies and if not why."""
 from __future__ import annotations
 
 import pytest
 
-import compiler
-from compiler.explain import Explanation
-from compiler.passes.simplify import ComposeTransposes, RemoveSameTypeCast
-from compiler.pattern import Any, Const, P
-from compiler.rewrite import Fail, Rule
+import tensorfuse
+from tensorfuse.compiler.explain import Explanation
+from tensorfuse.compiler.passes.simplify import ComposeTransposes, RemoveSameTypeCast
+from tensorfuse.compiler.pattern import Any, Const, P
+from tensorfuse.compiler.rewrite import Fail, Rule
 from passes_util import G, model
 
 
@@ -42,7 +42,7 @@ GRAPH = """
 def test_reasons_for_each_candidate(capsys):
     g = G(GRAPH)
     before = str(g)
-    ex = compiler.explain(g, ScaleRelu)
+    ex = tensorfuse.explain(g, ScaleRelu)
     assert isinstance(ex, Explanation) and [r.node for r in ex] == \
         ["relu_ok", "relu_neg", "relu_var", "relu_shared", "relu_tanh"]
     assert ex.reasons == {
@@ -61,12 +61,12 @@ def test_reasons_for_each_candidate(capsys):
 
 def test_single_node_and_graph_output_reason():
     g = G(GRAPH.replace("return %r1,", "return %a, %r1,"))
-    ex = compiler.explain(g, ScaleRelu(), "relu_ok", quiet=True)
+    ex = tensorfuse.explain(g, ScaleRelu(), "relu_ok", quiet=True)
     assert len(ex) == 1 and ex[0].reason == "mul_ok: output 'a' is a graph output, so it must stay"
-    ex = compiler.explain(g, ScaleRelu, g.node("exp"), quiet=True)
+    ex = tensorfuse.explain(g, ScaleRelu, g.node("exp"), quiet=True)
     assert ex[0].reason == "exp is Exp; the pattern's root is Relu"
     with pytest.raises(ValueError, match="no node named 'nope'"):
-        compiler.explain(g, ScaleRelu, "nope")
+        tensorfuse.explain(g, ScaleRelu, "nope")
 
 
 def test_rule_by_name_on_a_model(capsys):
@@ -74,11 +74,11 @@ def test_rule_by_name_on_a_model(capsys):
         t = Transpose<perm = [1, 0]>(x)
         y = Transpose<perm = [1, 0]>(t)
     }""")
-    ex = compiler.explain(m, "ComposeTransposes", quiet=True)
+    ex = tensorfuse.explain(m, "ComposeTransposes", quiet=True)
     assert [r.matched for r in ex] == [False, True]
     assert ex[0].reason.endswith("input 0 is graph input 'x', expected Transpose")
     with pytest.raises(ValueError, match="unknown rule 'Nope'"):
-        compiler.explain(m, "Nope")
+        tensorfuse.explain(m, "Nope")
     assert ComposeTransposes and RemoveSameTypeCast
 
 
@@ -91,4 +91,4 @@ def test_rewrite_refusal_is_reported():
             return Fail(f"{m.relu.name}: nothing to gain")
 
     g = G("%y: f32[2,3] = Relu(%x) @r\n  return %y")
-    assert compiler.explain(g, Refuses, quiet=True).reasons == {"r": "r: nothing to gain"}
+    assert tensorfuse.explain(g, Refuses, quiet=True).reasons == {"r": "r: nothing to gain"}

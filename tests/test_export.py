@@ -5,9 +5,10 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 
-import compiler
-import ir
-from compiler.export import to_onnx
+import tensorfuse
+import tensorfuse
+from tensorfuse import ir
+from tensorfuse.compiler.export import to_onnx
 from oracle import ort_run, rand
 from passes_util import G, model
 from test_pipeline import MIXED
@@ -15,9 +16,9 @@ from test_pipeline import MIXED
 
 def test_optimised_graph_exports_valid_onnx_with_same_results(tmp_path):
     m = model(MIXED)
-    mod = compiler.compile(m, opt_level=2, cache=False)
+    mod = tensorfuse.compile(m, opt_level=2, cache=False)
     path = tmp_path / "opt.onnx"
-    out = compiler.export_onnx(mod.graph, path)
+    out = tensorfuse.export_onnx(mod.graph, path)
     onnx.checker.check_model(str(path), full_check=True)
     assert [o.name for o in out.graph.output] == ["y", "z"]
     assert [i.name for i in out.graph.input] == ["x", "w"]
@@ -51,7 +52,7 @@ def test_custom_domain_ops_keep_domain_and_attributes(tmp_path):
     y = b.op("Attention", q, q, q, domain="tensorfuse", scale=0.25, name="attn")
     g.outputs = [y]
     g.output_names = ["out"]
-    p = compiler.export_onnx(g, tmp_path / "f.onnx")
+    p = tensorfuse.export_onnx(g, tmp_path / "f.onnx")
     onnx.checker.check_model(p)
     node = p.graph.node[0]
     assert (node.domain, node.op_type, node.name) == ("tensorfuse", "Attention", "attn")

@@ -6,8 +6,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
-from compiler.frontend.onnx import import_onnx
+import tensorfuse
+from tensorfuse.compiler.frontend.onnx import import_onnx
 from oracle import node_model, rand
 
 
@@ -37,8 +37,8 @@ def test_unsupported_ops_are_all_listed_with_node_names():
     nodes[3] = helper.make_node("Relu", ["c"], ["y"], name="ok2")
     g = helper.make_graph(nodes, "g", [x], [y])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
-    with pytest.raises(compiler.UnsupportedModelError) as ei:
-        compiler.compile(m)
+    with pytest.raises(tensorfuse.UnsupportedModelError) as ei:
+        tensorfuse.compile(m)
     assert ei.value.unsupported == {"com.example::MyFancyOp": ["fancy_1", "fancy_2"]}
     assert "fancy_1" in str(ei.value) and "fancy_2" in str(ei.value)
 
@@ -46,44 +46,44 @@ def test_unsupported_ops_are_all_listed_with_node_names():
 def test_corrupt_file_says_so(tmp_path):
     p = tmp_path / "bad.onnx"
     p.write_bytes(b"\x00\x01this is not a protobuf\xff" * 10)
-    with pytest.raises(compiler.ModelLoadError, match="not a valid ONNX model"):
-        compiler.compile(str(p))
-    with pytest.raises(compiler.ModelLoadError, match="not found"):
-        compiler.compile(str(tmp_path / "missing.onnx"))
-    with pytest.raises(compiler.ModelLoadError, match="not a valid ONNX model"):
-        compiler.compile(b"garbage bytes")
+    with pytest.raises(tensorfuse.ModelLoadError, match="not a valid ONNX model"):
+        tensorfuse.compile(str(p))
+    with pytest.raises(tensorfuse.ModelLoadError, match="not found"):
+        tensorfuse.compile(str(tmp_path / "missing.onnx"))
+    with pytest.raises(tensorfuse.ModelLoadError, match="not a valid ONNX model"):
+        tensorfuse.compile(b"garbage bytes")
 
 
 def test_truncated_model_file_says_so(tmp_path):
     data = _relu_model().SerializeToString()
     p = tmp_path / "trunc.onnx"
     p.write_bytes(data[: len(data) // 2])
-    with pytest.raises(compiler.ModelLoadError):
-        compiler.compile(str(p))
+    with pytest.raises(tensorfuse.ModelLoadError):
+        tensorfuse.compile(str(p))
 
 
 def test_checker_failure_is_a_load_error():
     m = _relu_model()
     m.graph.node[0].input[0] = "undefined_value"
-    with pytest.raises(compiler.ModelLoadError, match="onnx.checker"):
-        compiler.compile(m)
+    with pytest.raises(tensorfuse.ModelLoadError, match="onnx.checker"):
+        tensorfuse.compile(m)
 
 
 def test_dynamic_dimension_needs_input_shapes():
     m = _relu_model(dims=["batch", 3])
-    with pytest.raises(compiler.UnsupportedModelError, match=r"input 'x' has a dynamic dimension 0 \('batch'\)"):
-        compiler.compile(m)
-    mod = compiler.compile(m, input_shapes={"x": [5, 3]})
+    with pytest.raises(tensorfuse.UnsupportedModelError, match=r"input 'x' has a dynamic dimension 0 \('batch'\)"):
+        tensorfuse.compile(m)
+    mod = tensorfuse.compile(m, input_shapes={"x": [5, 3]})
     x = rand(5, 3)
     np.testing.assert_array_equal(mod.run(x)[0], np.maximum(x, 0))
-    with pytest.raises(compiler.UnsupportedModelError, match="fixes it to 3"):
-        compiler.compile(m, input_shapes={"x": [5, 4]})
+    with pytest.raises(tensorfuse.UnsupportedModelError, match="fixes it to 3"):
+        tensorfuse.compile(m, input_shapes={"x": [5, 4]})
 
 
 def test_initializer_that_is_also_an_input_is_a_constant():
     m = node_model("Add", {"a": rand(3)}, initializers={"b": rand(3, seed=1)})
     m.graph.input.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, [3]))
-    mod = compiler.compile(m)
+    mod = tensorfuse.compile(m)
     assert [i.name for i in mod.input_info] == ["a"]
     np.testing.assert_allclose(mod.run(rand(3))[0], rand(3) + rand(3, seed=1), rtol=1e-6)
 
@@ -91,15 +91,15 @@ def test_initializer_that_is_also_an_input_is_a_constant():
 def test_opset_out_of_range():
     m = _relu_model()
     m.opset_import[0].version = 99
-    with pytest.raises((compiler.UnsupportedModelError, compiler.ModelLoadError)):
-        compiler.compile(m)
+    with pytest.raises((tensorfuse.UnsupportedModelError, tensorfuse.ModelLoadError)):
+        tensorfuse.compile(m)
 
 
 def test_opset_6_is_upgraded_by_the_version_converter():
     m = _relu_model()
     m.opset_import[0].version = 6
     x = rand(2, 3)
-    np.testing.assert_array_equal(compiler.compile(m).run(x)[0], np.maximum(x, 0))
+    np.testing.assert_array_equal(tensorfuse.compile(m).run(x)[0], np.maximum(x, 0))
 
 
 def test_constant_node_becomes_a_constant():
@@ -110,7 +110,7 @@ def test_constant_node_becomes_a_constant():
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     graph = import_onnx(m)
     assert [n.op for n in graph.nodes] == ["Add"]
-    np.testing.assert_array_equal(compiler.compile(m).run(np.zeros(2, np.float32))[0], [1.5, -2.0])
+    np.testing.assert_array_equal(tensorfuse.compile(m).run(np.zeros(2, np.float32))[0], [1.5, -2.0])
 
 
 def test_bfloat16_is_refused_clearly():
@@ -118,5 +118,5 @@ def test_bfloat16_is_refused_clearly():
                           [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2])],
                           [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(compiler.UnsupportedModelError, match=r"bf16: 'x', Relu node 'r'"):
-        compiler.compile(m, cache=False)
+    with pytest.raises(tensorfuse.UnsupportedModelError, match=r"bf16: 'x', Relu node 'r'"):
+        tensorfuse.compile(m, cache=False)

@@ -14,15 +14,15 @@ import onnx
 import pytest
 from onnx import helper
 
-import compiler
-from compiler.passes.fuse_ops import fuse_ops, plan_groups
+import tensorfuse
+from tensorfuse.compiler.passes.fuse_ops import fuse_ops, plan_groups
 from fusion_util import graph_model
-from ir.graph import Graph, Node, Value
-from ir.kernel import For, Store
-from ir.registry import OpPatternKind, find_op, op
-from ir.text import parse_graph, print_graph
-from ir.types import DType, TensorType
-from ir.verify import VerifyError, graph_diff, verify_graph
+from tensorfuse.ir.graph import Graph, Node, Value
+from tensorfuse.ir.kernel import For, Store
+from tensorfuse.ir.registry import OpPatternKind, find_op, op
+from tensorfuse.ir.text import parse_graph, print_graph
+from tensorfuse.ir.types import DType, TensorType
+from tensorfuse.ir.verify import VerifyError, graph_diff, verify_graph
 from oracle import ort_run, rand
 
 FUSED = "tensorfuse::FusedFunction"
@@ -40,7 +40,7 @@ def check(m, feeds, *, kernels, before=None, disabled=(), rtol=1e-5, atol=1e-6):
     expected = ort_run(m, feeds)
     mods = {}
     for tag, dis in (("before", list(disabled) + ["fuse_ops"]), ("after", list(disabled))):
-        mod = compiler.compile(m, opt_level=2, disabled_rules=dis, cache=False)
+        mod = tensorfuse.compile(m, opt_level=2, disabled_rules=dis, cache=False)
         got = mod.run(**feeds)
         for i, (g, e) in enumerate(zip(got, expected)):
             assert g.dtype == e.dtype and g.shape == e.shape, (tag, i, g.dtype, g.shape, e.dtype, e.shape)
@@ -171,7 +171,7 @@ def test_large_loop_groups_are_vectorised_and_parallel(case):
     target's width (flat loops and the broadcast grid's contiguous rows alike); its results
     match onnxruntime at 1 and 2 threads. No timing: benchmarks measure bandwidth."""
     from codegen_util import float_vectors, function_ir, optimized_ir, parallel_kernels
-    from compiler.target import Target
+    from tensorfuse.compiler.target import Target
     shape = (1, 16, 64, 64)
     x = rand(*shape)
     feeds, inits = {"x": x}, {}
@@ -192,7 +192,7 @@ def test_large_loop_groups_are_vectorised_and_parallel(case):
     expected = ort_run(m, feeds)[0]
     L = Target.parse("llvm").lanes(np.float32)
     for nt in (1, 2):
-        mod = compiler.compile(m, opt_level=2, cache=False, num_threads=nt)
+        mod = tensorfuse.compile(m, opt_level=2, cache=False, num_threads=nt)
         (k,) = mod.kernels
         np.testing.assert_allclose(mod.run(**feeds)[0], expected, rtol=1e-5, atol=1e-6)
     assert k.name in parallel_kernels(mod)
@@ -301,13 +301,13 @@ if find_op("NoEpilogue", _TEST_DOMAIN) is None:
             return [ins[0].copy()]
 
         def lower(ctx):
-            from ir.ops._common import lower_copy
+            from tensorfuse.ir.ops._common import lower_copy
             lower_copy(ctx)
 
 
 def test_anchor_that_never_applies_the_epilogue_is_a_clear_error():
-    from compiler.errors import CompileError
-    from compiler.lower import lower_graph
+    from tensorfuse.compiler.errors import CompileError
+    from tensorfuse.compiler.lower import lower_graph
     g = parse_graph("""graph g(%x: f32[4]) {
   %c: f32[4] = test.fuse_ops::NoEpilogue(%x) @copy
   %z: f32[4] = Relu(%c) @relu
@@ -323,7 +323,7 @@ def test_plan_groups_covers_every_node_once_and_groups_of_one_stay_plain():
     x = rand(2, 3)
     m = graph_model([N("Relu", ["x"], ["a"]), N("Transpose", ["a"], ["t"]), N("Exp", ["t"], ["z"])],
                     {"x": x}, ["z"])
-    from compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.frontend.onnx import import_onnx
     g = import_onnx(m)
     groups = plan_groups(g)
     assert sorted(n.name for grp in groups for n in grp.nodes) == sorted(n.name for n in g.nodes)
@@ -334,16 +334,16 @@ def test_plan_groups_covers_every_node_once_and_groups_of_one_stay_plain():
 def test_disabled_rules_switches_fuse_ops_off():
     x = rand(4)
     m = graph_model([N("Relu", ["x"], ["a"]), N("Exp", ["a"], ["z"])], {"x": x}, ["z"])
-    assert compiler.compile(m, disabled_rules=["fuse_ops"], cache=False).num_kernels == 2
-    assert compiler.compile(m, cache=False).num_kernels == 1
+    assert tensorfuse.compile(m, disabled_rules=["fuse_ops"], cache=False).num_kernels == 2
+    assert tensorfuse.compile(m, cache=False).num_kernels == 1
     with pytest.raises(ValueError, match="unknown rules"):
-        compiler.compile(m, disabled_rules=["fuse_opz"], cache=False)
+        tensorfuse.compile(m, disabled_rules=["fuse_opz"], cache=False)
 
 
 def test_fuse_ops_can_log_its_groups():
     x = rand(4)
     m = graph_model([N("Relu", ["x"], ["a"]), N("Exp", ["a"], ["z"])], {"x": x}, ["z"])
-    from compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.frontend.onnx import import_onnx
     g, log = import_onnx(m), []
     assert fuse_ops(g, log)
     assert [(a.rule, a.nodes, a.created) for a in log] == [("fuse_ops", ["Relu_0", "Exp_1"], [g.nodes[0].name])]
@@ -356,7 +356,7 @@ def _fused_graph(disabled=CONV_RULES) -> tuple[Graph, onnx.ModelProto, dict]:
                      N("Relu", ["s"], ["r"]), N("Transpose", ["s"], ["t"], perm=[0, 1, 3, 2]),
                      N("Mul", ["t", "x"], ["u"]), N("Exp", ["u"], ["z"])],
                     {"x": x}, ["r", "z"], {"w": w, "b": b})
-    mod = compiler.compile(m, disabled_rules=disabled, cache=False)
+    mod = tensorfuse.compile(m, disabled_rules=disabled, cache=False)
     return mod.graph, m, {"x": x}
 
 
@@ -429,7 +429,7 @@ def test_verifier_checks_fused_bodies():
 
 def test_export_writes_local_functions_that_onnxruntime_runs(tmp_path):
     g, m, feeds = _fused_graph()
-    out = compiler.export_onnx(g, tmp_path / "fused.onnx")
+    out = tensorfuse.export_onnx(g, tmp_path / "fused.onnx")
     onnx.checker.check_model(str(tmp_path / "fused.onnx"), full_check=True)
     calls = [n for n in out.graph.node if n.domain == "tensorfuse"]
     assert len(calls) == 2 and {f.name for f in out.functions} == {n.op_type for n in calls}
@@ -441,12 +441,12 @@ def test_export_writes_local_functions_that_onnxruntime_runs(tmp_path):
 
 def test_export_of_a_body_with_fused_ops_is_valid(tmp_path):
     g, _, _ = _fused_graph(disabled=())        # FusedConv inside a body: valid ONNX, custom domain
-    compiler.export_onnx(g, tmp_path / "f.onnx")
+    tensorfuse.export_onnx(g, tmp_path / "f.onnx")
     onnx.checker.check_model(str(tmp_path / "f.onnx"), full_check=True)
 
 
 def test_reference_evaluates_the_body():
-    from ir.registry import run_reference
+    from tensorfuse.ir.registry import run_reference
     g, _, feeds = _fused_graph()
     f = fused_nodes(g)[0]
     ins = [feeds["x"] if v.name == "x" else v.const_value() for v in f.inputs]
@@ -497,7 +497,7 @@ def test_shared_models_match_onnxruntime_with_fewer_kernels(shared_models, case)
     expected = ort_run(onnx.load(path), feeds)
     counts = []
     for extra in (["fuse_ops"], []):
-        mod = compiler.compile(path, opt_level=2, disabled_rules=list(disabled) + extra)
+        mod = tensorfuse.compile(path, opt_level=2, disabled_rules=list(disabled) + extra)
         for o, g, e in zip(entry["outputs"], mod.run(**feeds), expected):
             np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-4, err_msg=f"{case} {o['name']}")
         counts.append(mod.num_kernels)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, run_reference
-from ir.types import DType, TensorType
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, run_reference
+from tensorfuse.ir.types import DType, TensorType
 from tests.fusion_util import compile_graph, graph_model, ir_inputs
 from tests.oracle import ort_run, rand
 

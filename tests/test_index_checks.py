@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import compiler
-import runtime
+import tensorfuse
+import tensorfuse
 from conftest import shared_model_entries, shared_models_dir
 from oracle import model_inputs, node_model, ort_run, rand
 
 
 def _gather_module(op, attrs, data, ind, **extra):
     inputs = {"d": data, "i": ind, **extra}
-    return compiler.compile(node_model(op, inputs, attrs), cache=False), inputs
+    return tensorfuse.compile(node_model(op, inputs, attrs), cache=False), inputs
 
 
 @pytest.mark.parametrize("op, attrs, data, ok, bad, match", [
@@ -42,7 +42,7 @@ def test_scatter_raises_on_bad_index(op):
     ind = np.array([[1, 0]], np.int64) if op == "ScatterElements" else np.array([[3]], np.int64)
     upd = rand(1, 2, seed=3)
     m = node_model(op, {"d": data, "i": ind, "u": upd})
-    mod = compiler.compile(m, cache=False)
+    mod = tensorfuse.compile(m, cache=False)
     np.testing.assert_allclose(mod.run(data, ind, upd)[0], ort_run(m, {"d": data, "i": ind, "u": upd})[0])
     bad = ind.copy()
     bad[0, 0] = 4
@@ -53,7 +53,7 @@ def test_scatter_raises_on_bad_index(op):
 def test_saved_module_keeps_its_checks(tmp_path):
     mod, inputs = _gather_module("Gather", {"axis": 0}, rand(5, 3), np.array([0, 4], np.int64))
     mod.save(tmp_path / "g.tfm")
-    loaded = runtime.load(tmp_path / "g.tfm")
+    loaded = tensorfuse.load(tmp_path / "g.tfm")
     with pytest.raises(ValueError, match=r"out of range \[-5, 4\]: got 9"):
         loaded.run(rand(5, 3), np.array([9, 0], np.int64))
     np.testing.assert_array_equal(loaded.run(**inputs)[0], mod.run(**inputs)[0])
@@ -64,7 +64,7 @@ def test_bert_token_id_out_of_vocabulary_raises():
     entry = next((e for e in shared_model_entries() if e["file"].startswith("bert_mini")), None)
     path = shared_models_dir() / "bert_mini.unfolded.onnx"
     feeds = model_inputs(entry, seed=0)
-    mod = compiler.compile(str(path))
+    mod = tensorfuse.compile(str(path))
     mod.run(**feeds)
     feeds["input_ids"][0, 5] = entry["inputs"][0]["range"][1]      # one past the vocabulary
     with pytest.raises(ValueError, match="out of range"):

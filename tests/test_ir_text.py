@@ -8,10 +8,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from ir.graph import Graph, Node, Value
-from ir.text import SMALL_CONST, array_digest, parse_graph, placeholder_digest, print_graph
-from ir.types import DType, TensorType
-from ir.verify import graph_diff
+from tensorfuse.ir.graph import Graph, Node, Value
+from tensorfuse.ir.text import SMALL_CONST, array_digest, parse_graph, placeholder_digest, print_graph
+from tensorfuse.ir.types import DType, TensorType
+from tensorfuse.ir.verify import graph_diff
 
 
 def T(text: str) -> TensorType:

@@ -2,14 +2,14 @@
 import numpy as np
 import pytest
 
-import ir
-from ir import registry
-from ir.builder import Builder
-from ir.graph import Graph, Node, Value
-from ir.registry import OpDef, OpPatternKind, ShapeError
-from ir.text import parse_graph, print_graph
-from ir.types import TensorType
-from ir.verify import VerifyError, graph_diff, verify_graph
+from tensorfuse import ir
+from tensorfuse.ir import registry
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph, Node, Value
+from tensorfuse.ir.registry import OpDef, OpPatternKind, ShapeError
+from tensorfuse.ir.text import parse_graph, print_graph
+from tensorfuse.ir.types import TensorType
+from tensorfuse.ir.verify import VerifyError, graph_diff, verify_graph
 
 
 def T(text: str) -> TensorType:

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-import compiler
+import tensorfuse
 from conftest import shared_model_entries, shared_models_dir
 from oracle import model_inputs, ort_run
 
@@ -34,7 +34,7 @@ _ENTRIES = shared_model_entries() or [{"file": "<absent>"}]
 def test_shared_model_matches_onnxruntime(entry):
     path = shared_models_dir() / entry["file"]
     feeds = model_inputs(entry, seed=0)
-    mod = compiler.compile(str(path), target="llvm")
+    mod = tensorfuse.compile(str(path), target="llvm")
     assert [i.name for i in mod.input_info] == [s["name"] for s in entry["inputs"]]
     assert [o.name for o in mod.output_info] == [s["name"] for s in entry["outputs"]]
     _compare(mod.run(**feeds), ort_run(str(path), feeds))
@@ -47,7 +47,7 @@ def _light_models():
 @pytest.mark.parametrize("path", _light_models(), ids=lambda p: os.path.basename(p)[6:-5])
 def test_light_model_matches_onnxruntime(path):
     # as onnx's backend runner does: every graph input gets the dummy arange(n)/n tensor
-    mod = compiler.compile(path, target="llvm")
+    mod = tensorfuse.compile(path, target="llvm")
     feeds = {i.name: (np.arange(int(np.prod(i.shape)), dtype=np.float64) / max(int(np.prod(i.shape)), 1))
              .astype(i.dtype).reshape(i.shape) for i in mod.input_info}
     _compare(mod.run(**feeds), ort_run(path, feeds))

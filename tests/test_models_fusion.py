@@ -40,12 +40,12 @@ def _feeds(entry):
 
 
 def _assert_matches_ort(path, entry, opt_level=2):
-    import compiler
+    import tensorfuse
     from tests.oracle import ort_run
     import onnx
     feeds = _feeds(entry)
     expected = ort_run(onnx.load(str(path)), feeds)
-    mod = compiler.compile(str(path), opt_level=opt_level)
+    mod = tensorfuse.compile(str(path), opt_level=opt_level)
     got = mod.run(**feeds)
     for o, g, e in zip(entry["outputs"], got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-4, err_msg=f"{entry['file']} output {o['name']}")

@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import compiler
+import tensorfuse
 from oracle import node_model, rand
 
 
 @pytest.fixture(scope="module")
 def add_module():
-    return compiler.compile(node_model("Add", {"a": rand(2, 3), "b": rand(2, 3)}))
+    return tensorfuse.compile(node_model("Add", {"a": rand(2, 3), "b": rand(2, 3)}))
 
 
 def test_info(add_module):

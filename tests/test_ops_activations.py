@@ -4,8 +4,8 @@ import numpy as np
 import onnx
 import pytest
 
-import compiler
-from compiler.errors import UnsupportedModelError
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
 from tests.oracle import node_model, rand
 from tests.test_ops_elementwise import FLOATS, check, check_model
 
@@ -69,7 +69,7 @@ def test_gelu_rejects_unknown_approximation():
     m = node_model("Gelu", {"x": rand(3)}, {"approximate": "tanh"}, opset=20)
     m.graph.node[0].attribute[0].s = b"fast"
     with pytest.raises(UnsupportedModelError, match="approximate='fast'"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8, np.uint32])
@@ -83,7 +83,7 @@ def test_activation_rejects_int():
     m.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.INT64
     m.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.INT64
     with pytest.raises(UnsupportedModelError, match="dtype i64, which ONNX Sigmoid does not allow"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- PRelu
@@ -113,7 +113,7 @@ def test_prelu_rejects_slope_that_grows_x():
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
     del m.graph.output[0].type.tensor_type.shape.dim[:]
     with pytest.raises(UnsupportedModelError, match="does not broadcast to X"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- Clip
@@ -178,7 +178,7 @@ def test_clip11_inputs(opset):
 def test_clip_rejects_non_scalar_bound():
     m = node_model("Clip", {"x": rand(4, 5)}, initializers={"lo": np.array([-0.3, 0.2], np.float32)})
     with pytest.raises(UnsupportedModelError, match="'min'\\) must be a scalar"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 @pytest.mark.parametrize("xshape", [(2, 3, 4), (2, 3, 4, 5), (2, 3)])

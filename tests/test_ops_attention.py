@@ -6,11 +6,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from ir import Builder, Graph
-from ir.registry import run_reference
-from ir.types import TensorType
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir import Builder, Graph
+from tensorfuse.ir.registry import run_reference
+from tensorfuse.ir.types import TensorType
 from tests.oracle import assert_matches_ort, ort_run, rand
 
 IN_NAMES = ["Q", "K", "V", "attn_mask", "past_key", "past_value", "nonpad_kv_seqlen"]
@@ -111,7 +111,7 @@ def test_fully_masked_row_is_zero_not_nan():
     inputs = qkv(b=1, hq=2, hkv=2, sq=2, skv=2)
     inputs["attn_mask"] = np.array([[True, False], [False, False]])
     m = attention_model(inputs, {"qk_matmul_output_mode": 3}, outputs=("Y", "qk_matmul_output"))
-    y, p = compiler.compile(m, target="llvm").run(**inputs)
+    y, p = tensorfuse.compile(m, target="llvm").run(**inputs)
     assert np.all(y[:, :, 1] == 0) and np.all(p[:, :, 1] == 0)
     assert np.all(p[:, :, 0, 0] == 1)
     np.testing.assert_allclose(y[:, :, 0], np.broadcast_to(inputs["V"][:, :, 0], y[:, :, 0].shape), rtol=1e-6)
@@ -161,7 +161,7 @@ def test_attention_errors(inputs, attrs, match):
     m = helper.make_model(helper.make_graph([node], "g", g_in, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None] * len(inputs["Q"].shape))]),
                           opset_imports=[helper.make_opsetid("", 24)])
     with pytest.raises(UnsupportedModelError, match=match):
-        compiler.compile(m, target="llvm")
+        tensorfuse.compile(m, target="llvm")
 
 
 def test_rank1_mask_against_onnx_reference():
@@ -171,7 +171,7 @@ def test_rank1_mask_against_onnx_reference():
     inputs["attn_mask"] = np.array([True, True, False, True, True, False])
     m = attention_model(inputs, {"is_causal": 1, "left_window_size": 2}, opset=25)
     (expected,) = ReferenceEvaluator(m).run(None, inputs)
-    (got,) = compiler.compile(m, target="llvm").run(**inputs)
+    (got,) = tensorfuse.compile(m, target="llvm").run(**inputs)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -182,5 +182,5 @@ def test_short_mask_is_padded_with_minus_inf():
     inputs["attn_mask"] = rand(2, 1, 3, 3, seed=9)
     m = attention_model(inputs, {}, opset=24)
     (expected,) = ReferenceEvaluator(m).run(None, inputs)
-    (got,) = compiler.compile(m, target="llvm").run(**inputs)
+    (got,) = tensorfuse.compile(m, target="llvm").run(**inputs)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

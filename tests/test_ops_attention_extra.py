@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from onnx import helper
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from ir import Builder, Graph
-from ir.registry import get_op, run_reference
-from ir.types import TensorType
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir import Builder, Graph
+from tensorfuse.ir.registry import get_op, run_reference
+from tensorfuse.ir.types import TensorType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 ROPE_IN = ["X", "cos_cache", "sin_cache", "position_ids"]
@@ -77,7 +77,7 @@ def test_rotary_broadcast_positions_and_caches(pos):
     m = model("RotaryEmbedding", ROPE_IN, inputs, {}, ("Y",), 23)
     (expected,) = ReferenceEvaluator(m).run(None, inputs)
     for lvl in (0, 2):
-        (got,) = compiler.compile(m, target="llvm", opt_level=lvl).run(**inputs)
+        (got,) = tensorfuse.compile(m, target="llvm", opt_level=lvl).run(**inputs)
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -99,7 +99,7 @@ def test_rotary_reference_matches_ort():
 def test_rotary_out_of_range_positions_clamp():
     inputs = rope_inputs(rank=4, pos="full", max_pos=5)
     inputs["position_ids"][0, 0], inputs["position_ids"][1, 2] = 17, -3
-    (got,) = compiler.compile(model("RotaryEmbedding", ROPE_IN, inputs, {}, ("Y",), 23), target="llvm").run(**inputs)
+    (got,) = tensorfuse.compile(model("RotaryEmbedding", ROPE_IN, inputs, {}, ("Y",), 23), target="llvm").run(**inputs)
     (ref,) = reference_outputs("RotaryEmbedding", inputs, {}, 1)
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     clamped = dict(inputs, position_ids=np.clip(inputs["position_ids"], 0, 4))
@@ -222,7 +222,7 @@ def test_causal_conv_geometries(geo):
 def test_causal_conv_kernel_size_one_has_empty_state():
     inputs = conv_inputs(k=1, bias=True)
     m = model("CausalConvWithState", CONV_IN, inputs, {}, ("output", "present_state"), 27)
-    y, st = compiler.compile(m, target="llvm").run(**inputs)
+    y, st = tensorfuse.compile(m, target="llvm").run(**inputs)
     assert st.shape == (2, 3, 0)
     np.testing.assert_allclose(y, inputs["input"] * inputs["weight"][None, :, 0, :] + inputs["bias"][None, :, None],
                                rtol=1e-6, atol=1e-6)
@@ -256,7 +256,7 @@ def _compile_error(op, order, inputs, attrs, outputs, opset, match):
     m = helper.make_model(helper.make_graph([node], "g", g_in, g_out), opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 10
     with pytest.raises(UnsupportedModelError, match=match):
-        compiler.compile(m, target="llvm")
+        tensorfuse.compile(m, target="llvm")
 
 
 @pytest.mark.parametrize("inputs,attrs,match", [

@@ -5,9 +5,9 @@ import onnx
 import pytest
 from onnx import helper
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from ir.registry import ShapeError, get_op
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.registry import ShapeError, get_op
 from tests.oracle import node_model, ort_run, rand
 from tests.test_ops_conv import _check, _ref
 
@@ -58,7 +58,7 @@ def test_batchnorm_v7_per_activation():
     ps = [rng.uniform(0.5, 1.5, (3, 4, 5)).astype(np.float32) for _ in range(4)]
     model = node_model("BatchNormalization", {"x": x}, {"spatial": 0, "epsilon": 1e-3}, opset=7,
                        initializers=dict(zip(["s", "b", "m", "v"], ps)))
-    got = compiler.compile(model, opt_level=0).run(x=x)[0]
+    got = tensorfuse.compile(model, opt_level=0).run(x=x)[0]
     s, b, m, v = (p[None] for p in ps)
     np.testing.assert_allclose(got, (x - m) / np.sqrt(v + 1e-3) * s + b, rtol=RT, atol=AT)
 
@@ -101,7 +101,7 @@ def _bn_model(x, outputs, opset, **attrs):
 def test_batchnorm_training_mode_is_refused():
     x = rand(2, 3, 4, 5)
     with pytest.raises(UnsupportedModelError, match="training_mode=1 is not supported"):
-        compiler.compile(_bn_model(x, ["y"], 15, training_mode=1))
+        tensorfuse.compile(_bn_model(x, ["y"], 15, training_mode=1))
     with pytest.raises(ShapeError, match="training_mode=1"):
         _ref("BatchNormalization", [x] + _params(3), training_mode=1)
 
@@ -112,7 +112,7 @@ def test_batchnorm_training_outputs_are_refused(opset):
     outs = ["y", "rm", "rv"] if opset >= 14 else ["y", "om", "ov", "sm", "sv"]
     m = _bn_model(rand(2, 3, 4, 5), outs, opset, **attrs)
     with pytest.raises(UnsupportedModelError, match="training"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 @pytest.mark.parametrize("bad,msg", [

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-import compiler
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, get_op, run_reference
-from ir.types import TensorType
+import tensorfuse
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, get_op, run_reference
+from tensorfuse.ir.types import TensorType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 RT, AT = 1e-4, 1e-5
@@ -37,7 +37,7 @@ def _check(op, xs, attrs, opset=17, rtol=RT, atol=AT, consts=None, opt_levels=(0
         return assert_matches_ort(m, inputs, rtol=rtol, atol=atol, opt_levels=opt_levels)
     expected = ReferenceEvaluator(m).run(None, inputs)
     for lvl in opt_levels:
-        got = compiler.compile(m, opt_level=lvl).run(**inputs)
+        got = tensorfuse.compile(m, opt_level=lvl).run(**inputs)
         for g, e in zip(got, expected):
             assert g.dtype == e.dtype and g.shape == e.shape, f"O{lvl}: {g.dtype}{g.shape} vs {e.dtype}{e.shape}"
             np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"O{lvl}")
@@ -150,11 +150,11 @@ def test_conv_kernel_reads_rows():
     the innermost loop over contiguous output columns to vector multiplies and adds."""
     import re
 
-    from ir.kernel import Bin, For, Load, Store
+    from tensorfuse.ir.kernel import Bin, For, Load, Store
     from tests.codegen_util import expr_nodes as nodes, function_ir, kernel_loops as loops, optimized_ir, parallel_kernels
     x, w = _u(1, 3, 32, 32), _u(8, 3, 3, 3, seed=1)      # enough work for the team to split
     m = node_model("Conv", {"x": x, "w": w}, {"pads": [1, 1, 1, 1]})
-    mod = compiler.compile(m, opt_level=0, num_threads=2)
+    mod = tensorfuse.compile(m, opt_level=0, num_threads=2)
     (k,) = mod.kernels
     (row,) = k.locals
     assert row.name.startswith("row") and row.shape == (32,)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from onnx import helper
 
-import compiler
-from compiler.target import Target
-from ir.types import DType
+import tensorfuse
+from tensorfuse.compiler.target import Target
+from tensorfuse.ir.types import DType
 from tests.fusion_util import graph_model
 from tests.oracle import assert_matches_ort, node_model, rand
 
@@ -30,7 +30,7 @@ def _check(model, feeds, threads=1, opt_levels=(0, 2)):
     """Compare with onnxruntime at each opt level; assert the depthwise schedule was used."""
     for lvl in opt_levels:
         assert_matches_ort(model, feeds, rtol=RT, atol=AT, opt_levels=(lvl,), num_threads=threads)
-        mod = compiler.compile(model, opt_level=lvl, num_threads=threads)
+        mod = tensorfuse.compile(model, opt_level=lvl, num_threads=threads)
         assert len(_depthwise_kernels(mod)) == 1, [k.comment for k in mod.kernels]
     return _depthwise_kernels(mod)[0]
 
@@ -111,7 +111,7 @@ def test_depthwise_kernel_is_vectorised_and_parallel():
     vectors of the target's lanes."""
     from tests.codegen_util import calls_fmuladd, function_ir, optimized_ir, parallel_kernels
     m, feeds = _conv_model((1, 32, 56, 56), (3, 3), {"pads": [1, 1, 1, 1]})
-    mod = compiler.compile(m, opt_level=2, num_threads=2)
+    mod = tensorfuse.compile(m, opt_level=2, num_threads=2)
     (k,) = [k for k in mod.kernels if MARK in k.comment]
     assert k.name in parallel_kernels(mod)
     assert calls_fmuladd(function_ir(optimized_ir(mod), k.name), L)
@@ -127,11 +127,11 @@ def test_depthwise_not_used_elsewhere():
     for m in cases:
         feeds = {i.name: (x if i.name == "x" else _u(4, 1, 3, 3, seed=1)) for i in m.graph.input}
         assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(2,))
-        assert not _depthwise_kernels(compiler.compile(m, opt_level=2))
+        assert not _depthwise_kernels(tensorfuse.compile(m, opt_level=2))
     xh = x.astype(np.float16)
     m = node_model("Conv", {"x": xh}, {"group": 4, "pads": [1, 1, 1, 1]},
                    initializers={"w": _u(4, 1, 3, 3, seed=1).astype(np.float16)})
-    assert not _depthwise_kernels(compiler.compile(m, opt_level=2))
+    assert not _depthwise_kernels(tensorfuse.compile(m, opt_level=2))
 
 
 # ----------------------------------------------------------------------------- fused epilogues
@@ -174,5 +174,5 @@ def test_depthwise_fused_epilogue(xs, attrs, epilogue, zs, threads):
     """At opt level 2 the epilogue fuses into the conv kernel (one kernel, the depthwise one)."""
     m, feeds = _fused_model(xs, attrs, epilogue, zs)
     assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(2,), num_threads=threads)
-    mod = compiler.compile(m, opt_level=2, num_threads=threads)
+    mod = tensorfuse.compile(m, opt_level=2, num_threads=threads)
     assert len(mod.kernels) == 1 and MARK in mod.kernels[0].comment, [k.comment for k in mod.kernels]

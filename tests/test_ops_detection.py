@@ -6,13 +6,13 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from compiler.specialize import SpecializingModule
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, run_reference
-from ir.types import DType, TensorType
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.compiler.specialize import SpecializingModule
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, run_reference
+from tensorfuse.ir.types import DType, TensorType
 from oracle import assert_matches_ort, node_model, ort_run, rand
 
 F32 = np.float32
@@ -103,7 +103,7 @@ def test_nms_optional_inputs_and_constants():
 
 def test_nms_specialises_on_graph_inputs():
     feeds, names = nms_feeds(BOXES6, SCORES6, [3], [0.5], [0.0])
-    mod = compiler.compile(node_model("NonMaxSuppression", feeds, opset=11, input_names=names), target="llvm")
+    mod = tensorfuse.compile(node_model("NonMaxSuppression", feeds, opset=11, input_names=names), target="llvm")
     assert isinstance(mod, SpecializingModule)
     np.testing.assert_array_equal(mod.run(**feeds)[0], [[0, 0, 3], [0, 0, 0], [0, 0, 5]])
     feeds["max_output_boxes_per_class"] = np.array([1], np.int64)
@@ -144,7 +144,7 @@ def test_nms_runtime_data_is_refused():
     init = [onnx.numpy_helper.from_array(np.array([3], np.int64), "k")]
     m = helper.make_model(helper.make_graph(nodes, "g", [big, sc], [y], init),
                           opset_imports=[helper.make_opsetid("", 17)])
-    mod = compiler.compile(m, target="llvm")
+    mod = tensorfuse.compile(m, target="llvm")
     with pytest.raises(UnsupportedModelError, match="output shape depends on data"):
         mod.run(x=rand(1, n, 4), s=rand(1, 1, n))
 
@@ -155,7 +155,7 @@ def test_nms_bad_inputs():
         feeds, names = nms_feeds(boxes, scores, [3])
         m = node_model("NonMaxSuppression", {}, initializers=feeds, input_names=names, opset=11)
         with pytest.raises(UnsupportedModelError, match=match):
-            compiler.compile(int64_output(m), target="llvm")
+            tensorfuse.compile(int64_output(m), target="llvm")
     g = Graph()
     b = Builder(g)
     with pytest.raises(ShapeError, match="center_point_box"):
@@ -235,7 +235,7 @@ def test_deform_conv_nd_integer_offsets_equal_shifted_conv(in_sp, ks, pads):
     for shift in (0, 1):
         off = np.full((1, int(np.prod(ks)) * nsp, *out_sp), shift, F32)
         feeds = {"X": x, "W": w, "offset": off}
-        got = compiler.compile(node_model("DeformConv", feeds, {"pads": pads}, opset=22),
+        got = tensorfuse.compile(node_model("DeformConv", feeds, {"pads": pads}, opset=22),
                                target="llvm").run(**feeds)[0]
         cpads = [p - shift for p in pads[:nsp]] + [p + shift for p in pads[nsp:]]
         exp = ort_run(node_model("Conv", conv_in, {"pads": cpads}, opset=17), conv_in)[0]
@@ -251,7 +251,7 @@ def test_deform_conv_3d_kernel_matches_reference():
     b.op("DeformConv", *[b.const(a) for a in arrays], group=2, offset_group=2)
     exp = run_reference(g.nodes[-1], arrays)[0]
     for lvl in (0, 2):
-        got = compiler.compile(m, target="llvm", opt_level=lvl).run(**feeds)[0]
+        got = tensorfuse.compile(m, target="llvm", opt_level=lvl).run(**feeds)[0]
         np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5)
 
 

@@ -8,10 +8,10 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from compiler.frontend.onnx import import_onnx
-from ir.registry import run_reference
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.compiler.frontend.onnx import import_onnx
+from tensorfuse.ir.registry import run_reference
 from tests.oracle import node_model, ort_run, rand
 
 INTS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
@@ -73,7 +73,7 @@ def check_model(m, inputs, *, rtol=None, atol=None, opt_levels=(0, 2), expected=
         expected, src = oracle(m, inputs)
     compare(reference_outputs(m, inputs), expected, rtol, atol, f"{op} reference vs {src}")
     for lvl in opt_levels:
-        got = compiler.compile(m, opt_level=lvl).run(**inputs)
+        got = tensorfuse.compile(m, opt_level=lvl).run(**inputs)
         compare(got, expected, rtol, atol, f"{op} O{lvl} vs {src}")
     return src
 
@@ -135,7 +135,7 @@ def test_unary_rejects_int_for_float_op():
     m.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.INT32
     m.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.INT32
     with pytest.raises(UnsupportedModelError, match=r"dtype i32, which ONNX Exp does not allow"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- binary arithmetic
@@ -188,7 +188,7 @@ def test_arith_rejects_mixed_dtypes():
     m = node_model("Add", {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)})
     m.graph.input[1].type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
     with pytest.raises(UnsupportedModelError, match="same dtype"):
-        compiler.compile(m, input_shapes=None)
+        tensorfuse.compile(m, input_shapes=None)
 
 
 def test_arith_rejects_non_broadcastable():
@@ -196,7 +196,7 @@ def test_arith_rejects_non_broadcastable():
     m.graph.input[1].type.tensor_type.shape.dim[1].dim_value = 4
     del m.graph.output[0].type.tensor_type.shape.dim[:]
     with pytest.raises(UnsupportedModelError, match="do not broadcast"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 @pytest.mark.parametrize("opset", [7, 13])
@@ -306,4 +306,4 @@ def test_variadic_rejects_mixed_dtypes():
     m = node_model("Max", {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32)})
     m.graph.input[1].type.tensor_type.elem_type = onnx.TensorProto.INT64
     with pytest.raises(UnsupportedModelError, match="same dtype"):
-        compiler.compile(m)
+        tensorfuse.compile(m)

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import run_reference
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import run_reference
 from oracle import assert_matches_ort, node_model, ort_run, rand
 
 I64 = np.int64
@@ -81,17 +81,17 @@ def test_gather_opset11_and_reference():
 def test_gather_errors():
     m = typed_output(node_model("Gather", {"x": rand(4, 3), "i": np.array([1.0], np.float32)}), TensorProto.FLOAT)
     with pytest.raises(Exception):
-        compiler.compile(m)
+        tensorfuse.compile(m)
     m = typed_output(node_model("Gather", {"x": rand(4, 3), "i": np.array([1], I64)}, {"axis": 2}),
                      TensorProto.FLOAT)
     with pytest.raises(UnsupportedModelError, match="axis 2"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 def test_gather_out_of_range_index_raises_not_a_crash():
     """ONNX calls an out-of-range index an error: run() raises ValueError (tests/test_index_checks.py)."""
     m = node_model("Gather", {"x": np.arange(4, dtype=np.float32), "i": np.array([7, -9], I64)})
-    mod = compiler.compile(m, opt_level=0)
+    mod = tensorfuse.compile(m, opt_level=0)
     with pytest.raises(ValueError, match=r"out of range \[-4, 3\]: got 7"):
         mod.run(x=np.arange(4, dtype=np.float32), i=np.array([7, -9], I64))
 
@@ -201,7 +201,7 @@ def test_compress_known_condition(axis):
 
 
 def test_compress_runtime_condition_is_refused():
-    from compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.frontend.onnx import import_onnx
     m = typed_output(node_model("Compress", {"x": rand(3, 4), "c": np.array([True, False, True])}, {"axis": 0},
                                 opset=11), TensorProto.FLOAT)
     with pytest.raises(UnsupportedModelError, match="output shape depends on data"):
@@ -209,7 +209,7 @@ def test_compress_runtime_condition_is_refused():
 
 
 def test_nonzero_known_input_and_refusal():
-    from compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.frontend.onnx import import_onnx
     c = np.array([[0, 1.5, 0], [2, 0, -1]], np.float32)
     g = Graph()
     b = Builder(g)

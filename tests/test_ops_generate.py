@@ -6,12 +6,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
-from compiler.frontend.onnx import import_onnx
-from compiler.errors import UnsupportedModelError
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import run_reference
+import tensorfuse
+from tensorfuse.compiler.frontend.onnx import import_onnx
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import run_reference
 from oracle import assert_matches_ort, node_model, ort_run, rand
 
 I64 = np.int64
@@ -72,7 +72,7 @@ def test_constant_of_shape_reference_and_errors():
     assert out.dtype == np.int32 and (out == 4).all() and out.shape == (2, 2)
     m = one_node("ConstantOfShape", {"s": np.array([2, -1], I64)}, {}, out_type=TensorProto.FLOAT)
     with pytest.raises(UnsupportedModelError, match="negative"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
     m = node_model("ConstantOfShape", {"s": np.array([2, 3], I64)})
     with pytest.raises(UnsupportedModelError, match="compile time"):
         import_onnx(m)  # compile() specialises on the input's value instead
@@ -110,7 +110,7 @@ def test_range_f16_stash_type():
     for st in (0, 1):
         m = node_model("Range", {}, {"stash_type": st}, initializers=inits, opset=27)
         typed_output(m, TensorProto.FLOAT16)
-        got = compiler.compile(m, opt_level=0).run()[0]
+        got = tensorfuse.compile(m, opt_level=0).run()[0]
         exp = np.arange(2100, dtype=np.float32).astype(np.float16)
         assert got.dtype == np.float16 and got.shape == (2100,)
         if st == 1:
@@ -126,7 +126,7 @@ def test_range_reference_and_errors():
     m = one_node("Range", {"a": np.array(0, I64), "b": np.array(4, I64), "c": np.array(0, I64)},
                  out_type=TensorProto.INT64)
     with pytest.raises(UnsupportedModelError, match="delta is 0"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
     m = node_model("Range", {"a": np.array(0, I64)}, initializers={"b": np.array(4, I64), "c": np.array(1, I64)})
     with pytest.raises(UnsupportedModelError, match="compile time"):
         import_onnx(m)  # compile() specialises on the input's value instead
@@ -153,4 +153,4 @@ def test_eyelike_big_and_error():
     m.graph.output[0].type.Clear()
     typed_output(m, TensorProto.FLOAT)
     with pytest.raises(Exception, match="2-D"):
-        compiler.compile(m)
+        tensorfuse.compile(m)

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, get_op, run_reference
-from ir.types import TensorType, DType
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, get_op, run_reference
+from tensorfuse.ir.types import TensorType, DType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 RT, AT = 1e-4, 1e-5
@@ -107,12 +107,12 @@ def test_matmul_loop_order_is_ikj():
     vector multiplies and adds."""
     import re
 
-    import compiler
-    from ir.kernel import For, Load
+    import tensorfuse
+    from tensorfuse.ir.kernel import For, Load
     from tests.codegen_util import expr_nodes as nodes, function_ir, kernel_loops as loops, optimized_ir, parallel_kernels
     a, b = rand(32, 64), rand(64, 64, seed=1)   # enough work to be split across threads
     m = node_model("MatMul", {"a": a, "b": b})
-    mod = compiler.compile(m, opt_level=0, num_threads=2)
+    mod = tensorfuse.compile(m, opt_level=0, num_threads=2)
     (k,) = mod.kernels
 
 
@@ -206,9 +206,9 @@ def test_gemm_shape_errors(sa, sb, sc, attrs, msg):
 
 def test_gemm_epilogue_applied_once():
     """The fusion hook: an epilogue set on the context changes every stored element."""
-    from ir.lowering import LowerCtx
-    from ir.kernel import Buffer, Store
-    from ir.ops.linalg import emit_gemm
+    from tensorfuse.ir.lowering import LowerCtx
+    from tensorfuse.ir.kernel import Buffer, Store
+    from tensorfuse.ir.ops.linalg import emit_gemm
     a, b, y = Buffer("a", DType.f32, (2, 3)), Buffer("b", DType.f32, (3, 4)), Buffer("y", DType.f32, (2, 4))
     g = Graph()
     xa = g.add_input("a", TensorType(DType.f32, (2, 3)))
@@ -240,10 +240,10 @@ def test_matmulinteger(ta, tb, sa, sb):
     if tb == np.int8:
         # onnxruntime's u8 x s8 kernels may saturate int16 pair sums, and it has no s8 x s8
         # kernel: compare with onnx.reference (exact)
-        import compiler
+        import tensorfuse
         from onnx.reference import ReferenceEvaluator
         exp = ReferenceEvaluator(m).run(None, {"a": a, "b": b})[0]
-        np.testing.assert_array_equal(compiler.compile(m, opt_level=0).run(a=a, b=b)[0], exp)
+        np.testing.assert_array_equal(tensorfuse.compile(m, opt_level=0).run(a=a, b=b)[0], exp)
         return
     assert_matches_ort(m, {"a": a, "b": b}, rtol=0, atol=0)
 
@@ -259,7 +259,7 @@ def test_matmulinteger_zero_points(bz):
 
 @pytest.mark.parametrize("a_shape,az_shape", [((3, 4), (3,)), ((2, 3, 4), (2, 3, 1)), ((2, 3, 4), (1, 3, 1))])
 def test_matmulinteger_per_row_a_zero_point(a_shape, az_shape):   # onnxruntime: scalar a_zero_point only
-    import compiler
+    import tensorfuse
     from onnx.reference import ReferenceEvaluator
     a = rand(*a_shape, dtype=np.int8, low=-128, high=127)
     b = rand(4, 5, dtype=np.uint8, low=0, high=255, seed=1)
@@ -270,7 +270,7 @@ def test_matmulinteger_per_row_a_zero_point(a_shape, az_shape):   # onnxruntime:
         exp = (a.astype(np.int32) - az.astype(np.int32)[:, None]) @ (b.astype(np.int32) - bz)
     else:
         exp = ReferenceEvaluator(m).run(None, {"a": a, "b": b})[0]
-    np.testing.assert_array_equal(compiler.compile(m, opt_level=0).run(a=a, b=b)[0], exp)
+    np.testing.assert_array_equal(tensorfuse.compile(m, opt_level=0).run(a=a, b=b)[0], exp)
     np.testing.assert_array_equal(_run_ref("MatMulInteger", [a, b, az, bz])[0], exp)
 
 
@@ -345,9 +345,9 @@ def test_det_singular_and_pivoting():
 
 
 def test_det_f64_reference_and_errors():
-    import compiler
+    import tensorfuse
     x = rand(3, 4, 4, dtype=np.float64)      # onnxruntime has no f64 Det: numpy is the oracle
-    got = compiler.compile(node_model("Det", {"x": x}), opt_level=0).run(x=x)[0]
+    got = tensorfuse.compile(node_model("Det", {"x": x}), opt_level=0).run(x=x)[0]
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, np.linalg.det(x), rtol=1e-10)
     x32 = rand(2, 3, 3)

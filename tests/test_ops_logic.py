@@ -6,8 +6,8 @@ import onnx
 import pytest
 from onnx import helper
 
-import compiler
-from compiler.errors import UnsupportedModelError
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
 from tests.oracle import node_model, rand
 from tests.test_ops_elementwise import FLOATS, INTS, check, check_model
 
@@ -75,7 +75,7 @@ def test_logical_rejects_float():
     m = node_model("And", {"a": np.ones(3, np.bool_), "b": np.ones(3, np.bool_)})
     m.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     with pytest.raises(UnsupportedModelError, match="dtype f32, which ONNX And does not allow"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 @pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"])
@@ -113,7 +113,7 @@ def test_bitshift_rejects_bad_direction():
     m = node_model("BitShift", {"x": np.ones(3, np.uint8), "s": np.ones(3, np.uint8)}, {"direction": "LEFT"}, opset=11)
     m.graph.node[0].attribute[0].s = b"UP"
     with pytest.raises(UnsupportedModelError, match="direction='UP'"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- IsNaN, IsInf
@@ -153,7 +153,7 @@ def test_where_opset9_and_errors():
     m = node_model("Where", {"c": _vals((3,), np.bool_, 1), "a": rand(3), "b": rand(3)})
     m.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.INT32
     with pytest.raises(UnsupportedModelError, match="dtype i32, which ONNX Where does not allow"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- Cast
@@ -215,7 +215,7 @@ def test_cast_rejects_string():
     m.graph.node[0].attribute[0].i = onnx.TensorProto.STRING
     m.graph.output[0].type.tensor_type.elem_type = onnx.TensorProto.STRING
     with pytest.raises(UnsupportedModelError, match="to=8"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 @pytest.mark.parametrize("src,dst", [(np.float32, np.int64), (np.int32, np.float16), (np.float64, np.bool_),
@@ -269,13 +269,13 @@ def test_dropout_training_is_unsupported():
     m = node_model("Dropout", {"x": rand(3)}, outputs=("y", "mask"), opset=13, input_names=["x", "r", "t"],
                    initializers={"r": np.array(0.5, np.float32), "t": np.array(True)})
     with pytest.raises(UnsupportedModelError, match="training_mode=True with ratio=0.5"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
     # a training_mode graph input: the module specialises on its value at the first run
     x = rand(3)
     m = node_model("Dropout", {"x": x, "t": np.array(True)}, opset=13, input_names=["x", "", "t"])
-    np.testing.assert_array_equal(compiler.compile(m).run(x=x, t=np.array(False))[0], x)
+    np.testing.assert_array_equal(tensorfuse.compile(m).run(x=x, t=np.array(False))[0], x)
     with pytest.raises(UnsupportedModelError, match="training_mode=True with ratio=0.5"):
-        compiler.compile(m).run(x=x, t=np.array(True))
+        tensorfuse.compile(m).run(x=x, t=np.array(True))
 
 
 def test_cast_f64_to_f16_rounds_once():
@@ -295,11 +295,11 @@ def test_cast_f64_to_f16_needs_no_runtime_library():
     # (it crashed unless onnxruntime, which exports it, was loaded): run without onnxruntime
     import subprocess
     import sys
-    code = ("import sys, numpy as np, onnx; from onnx import helper; import compiler\n"
+    code = ("import sys, numpy as np, onnx; from onnx import helper; import tensorfuse\n"
             "g = helper.make_graph([helper.make_node('Cast', ['x'], ['y'], to=10)], 'g',\n"
             "    [helper.make_tensor_value_info('x', 11, [3])], [helper.make_tensor_value_info('y', 10, [3])])\n"
             "m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 17)]); m.ir_version = 8\n"
-            "y = compiler.compile(m).run(x=np.array([1.5, -2.25, 7e4]))[0]\n"
+            "y = tensorfuse.compile(m).run(x=np.array([1.5, -2.25, 7e4]))[0]\n"
             "assert 'onnxruntime' not in sys.modules\n"
             "print(y.tolist())\n")
     import pathlib

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from ir import Builder, Graph
-from ir.registry import run_reference
-from ir.types import TensorType
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir import Builder, Graph
+from tensorfuse.ir.registry import run_reference
+from tensorfuse.ir.types import TensorType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 SHAPES = [(3, 5), (2, 3, 2, 2, 2)]
@@ -67,7 +67,7 @@ def test_reference_matches_ort(op):
 ])
 def test_loss_errors(inputs, attrs, match):
     with pytest.raises(UnsupportedModelError, match=match):
-        compiler.compile(_raw_model(inputs, attrs), target="llvm")
+        tensorfuse.compile(_raw_model(inputs, attrs), target="llvm")
 
 
 def _raw_model(inputs, attrs):

@@ -7,13 +7,13 @@ import pytest
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from compiler.specialize import SpecializingModule
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, run_reference
-from ir.types import DType, TensorType
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.compiler.specialize import SpecializingModule
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, run_reference
+from tensorfuse.ir.types import DType, TensorType
 from oracle import assert_matches_ort, node_model, ort_run, rand
 
 I64 = np.int64
@@ -39,7 +39,7 @@ def check_with_reference_evaluator(model, feeds, rtol=0.0, atol=0.0):
     """onnx.reference as the oracle (onnxruntime lacks the op's dtype)."""
     exp = ReferenceEvaluator(model).run(None, feeds)
     for lvl in (0, 2):
-        got = compiler.compile(model, target="llvm", opt_level=lvl).run(**feeds)
+        got = tensorfuse.compile(model, target="llvm", opt_level=lvl).run(**feeds)
         for g, e in zip(got, exp):
             assert g.dtype == e.dtype and g.shape == e.shape
             np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)
@@ -96,7 +96,7 @@ def test_unique_constant_input_and_specialisation():
     x = np.array([[1, 0, 0], [1, 0, 0], [2, 3, 4]], np.float32)
     m = node_model("Unique", {}, {"axis": 0}, opset=11, initializers={"x": x}, outputs=UNIQUE_OUTS)
     assert_matches_ort(m, {}, rtol=0, atol=0)
-    mod = compiler.compile(node_model("Unique", {"x": x}, {}, opset=11, outputs=UNIQUE_OUTS), target="llvm")
+    mod = tensorfuse.compile(node_model("Unique", {"x": x}, {}, opset=11, outputs=UNIQUE_OUTS), target="llvm")
     assert isinstance(mod, SpecializingModule)
     y, idx, inv, cnt = mod.run(x=x)
     np.testing.assert_array_equal(y, [0, 1, 2, 3, 4])
@@ -125,7 +125,7 @@ def test_unique_runtime_data_is_refused():
                                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])]),
                           opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(UnsupportedModelError, match="output shape depends on data"):
-        compiler.compile(m, target="llvm").run(x=rand(5000))
+        tensorfuse.compile(m, target="llvm").run(x=rand(5000))
 
 
 def test_unique_bad_axis():
@@ -168,7 +168,7 @@ def test_col2im(n, c, image, block, attrs):
 def test_col2im_shape_inputs_are_specialised():
     x = rand(1, 4, 16)
     m, feeds = col2im_model(x, [5, 5], [2, 2], as_inputs=True)
-    assert isinstance(compiler.compile(m, target="llvm"), SpecializingModule)
+    assert isinstance(tensorfuse.compile(m, target="llvm"), SpecializingModule)
     assert_matches_ort(m, feeds, rtol=1e-6, atol=1e-6)
 
 
@@ -232,7 +232,7 @@ def test_tensorscatter_linear_out_of_range_rows_are_skipped():
     # ONNX makes this an error; the kernel stays in bounds and writes the rows that fit
     past, upd = rand(1, 4, 2), rand(1, 3, 2, seed=1)
     feeds = {"past": past, "update": upd, "wi": np.array([2], I64)}
-    got = compiler.compile(node_model("TensorScatter", feeds, {}, opset=24), target="llvm").run(**feeds)[0]
+    got = tensorfuse.compile(node_model("TensorScatter", feeds, {}, opset=24), target="llvm").run(**feeds)[0]
     exp = past.copy()
     exp[0, 2:] = upd[0, :2]
     np.testing.assert_array_equal(got, exp)
@@ -330,4 +330,4 @@ def test_other_ml_ops_are_reported_unsupported():
     x = rand(2, 3)
     m = ml_model("Normalizer", {"x": x}, {"norm": "L2"}, out_shape=x.shape)
     with pytest.raises(UnsupportedModelError, match="ai.onnx.ml::Normalizer"):
-        compiler.compile(m, target="llvm")
+        tensorfuse.compile(m, target="llvm")

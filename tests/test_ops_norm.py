@@ -4,10 +4,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, get_op, run_reference
-from ir.types import DType, TensorType
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, get_op, run_reference
+from tensorfuse.ir.types import DType, TensorType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 RT, AT = 1e-4, 1e-5
@@ -110,8 +110,8 @@ def _onnx_reference(model, inputs):
 
 
 def _compile_run(model, inputs, opt_level=0):
-    import compiler
-    return compiler.compile(model, opt_level=opt_level).run(**inputs)
+    import tensorfuse
+    return tensorfuse.compile(model, opt_level=opt_level).run(**inputs)
 
 
 # ----------------------------------------------------------------------------- InstanceNormalization
@@ -167,8 +167,8 @@ def test_groupnorm_21(shape, groups):
 def test_groupnorm_18_per_group_params(const_params):
     """GroupNormalization-18 (scale/bias per group) is deprecated, so onnx.checker rejects it:
     import it unchecked and evaluate the imported graph with the registry's references."""
-    from compiler.frontend.onnx import import_onnx
-    from ir.registry import find_op
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.ir.registry import find_op
     x, s, b = rand(2, 6, 3, 2), rand(3, seed=1), rand(3, seed=2)
     if const_params:
         m = _typed_model("GroupNormalization", {"x": x}, {"num_groups": 3}, x.shape, opset=18,

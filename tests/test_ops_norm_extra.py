@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from ir import Builder, Graph
-from ir.registry import run_reference
-from ir.types import TensorType
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir import Builder, Graph
+from tensorfuse.ir.registry import run_reference
+from tensorfuse.ir.types import TensorType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 
@@ -41,13 +41,13 @@ def test_rms_reference_matches_ort():
 def test_rms_errors():
     inputs = {"x": rand(2, 3), "scale": rand(2)}
     with pytest.raises(UnsupportedModelError, match="broadcast"):
-        compiler.compile(node_model("RMSNormalization", inputs, {}, opset=23), target="llvm")
+        tensorfuse.compile(node_model("RMSNormalization", inputs, {}, opset=23), target="llvm")
 
 
 def _vs_onnx_reference(model, inputs, rtol=1e-6, atol=1e-6):
     expected = ReferenceEvaluator(model).run(None, inputs)
     for lvl in (0, 2):
-        got = compiler.compile(model, target="llvm", opt_level=lvl).run(**inputs)
+        got = tensorfuse.compile(model, target="llvm", opt_level=lvl).run(**inputs)
         for g, e in zip(got, expected):
             assert g.dtype == e.dtype and g.shape == e.shape
             np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol)

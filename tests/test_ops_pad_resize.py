@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-import compiler
-from compiler.frontend.onnx import import_onnx
-from compiler.errors import UnsupportedModelError
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import run_reference
+import tensorfuse
+from tensorfuse.compiler.frontend.onnx import import_onnx
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import run_reference
 from oracle import assert_matches_ort, node_model, ort_run, rand
 
 I64 = np.int64
@@ -109,11 +109,11 @@ def test_pad_reference_and_errors():
     m = typed_output(node_model("Pad", {"x": rand(3, 4)}, initializers={"p": np.array([1, 1, 1], I64)}),
                      TensorProto.FLOAT)
     with pytest.raises(UnsupportedModelError, match="pads has 3"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
     m = typed_output(node_model("Pad", {"x": rand(3, 4)}, initializers={"p": np.array([-2, 0, -2, 0], I64)}),
                      TensorProto.FLOAT)
     with pytest.raises(UnsupportedModelError, match="crop more"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
     m = node_model("Pad", {"x": rand(3, 4), "p": np.array([1, 1, 1, 1], I64)})
     with pytest.raises(UnsupportedModelError, match="compile time"):
         import_onnx(m)  # compile() specialises on the input's value instead
@@ -130,7 +130,7 @@ def test_center_crop_pad(shape, target, axes):
     m = node_model("CenterCropPad", {"x": x}, attrs, initializers={"s": np.array(target, I64)}, opset=18)
     exp = ReferenceEvaluator(m).run(None, {"x": x})[0]
     for lvl in (0, 2):
-        got = compiler.compile(m, opt_level=lvl).run(x=x)[0]
+        got = tensorfuse.compile(m, opt_level=lvl).run(x=x)[0]
         np.testing.assert_array_equal(got, exp)
     try:
         exp_ort = ort_run(m, {"x": x})[0]
@@ -171,7 +171,7 @@ def check_resize_onnx_reference(x, attrs, scales=None, sizes=None, roi=None, ops
     m = resize_model(x, attrs, scales, sizes, roi, opset)
     exp = ReferenceEvaluator(m).run(None, {"x": x})[0]
     for lvl in (0, 2):
-        got = compiler.compile(m, opt_level=lvl).run(x=x)[0]
+        got = tensorfuse.compile(m, opt_level=lvl).run(x=x)[0]
         assert got.shape == exp.shape and got.dtype == exp.dtype
         np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5)
 
@@ -283,11 +283,11 @@ def test_resize_other_dtypes_against_reference():
         m = resize_model(x, {"mode": "nearest"}, scales=[1, 1, 2, 2])
         exp = np.repeat(np.repeat(x, 2, axis=2), 2, axis=3)
         for lvl in (0, 2):
-            np.testing.assert_array_equal(compiler.compile(m, opt_level=lvl).run(x=x)[0], exp)
+            np.testing.assert_array_equal(tensorfuse.compile(m, opt_level=lvl).run(x=x)[0], exp)
     x = rand(2, 5, dtype=np.float64)
     m = resize_model(x, {"mode": "linear"}, sizes=[4, 3])
     exp = ort_run(resize_model(x.astype(np.float32), {"mode": "linear"}, sizes=[4, 3]), {"x": x.astype(np.float32)})[0]
-    got = compiler.compile(m).run(x=x)[0]
+    got = tensorfuse.compile(m).run(x=x)[0]
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-6)
 
@@ -361,7 +361,7 @@ def test_resize_antialias_int_dtypes(dt, mode):
     x = rand(1, 1, 9, 10, dtype=dt, low=0, high=200)
     check_resize_onnx_reference(x, {"mode": mode, "antialias": 1}, scales=[1, 1, 0.5, 0.4])
     m = resize_model(x, {"mode": mode, "antialias": 1}, [1, 1, 0.5, 0.4], None, None, 19)
-    got = compiler.compile(m).run(x=x)[0]
+    got = tensorfuse.compile(m).run(x=x)[0]
     exp = ort_run(m, {"x": x})[0]
     assert got.dtype == exp.dtype and got.shape == exp.shape
     assert np.abs(got.astype(np.int64) - exp.astype(np.int64)).max() <= 1
@@ -407,4 +407,4 @@ def test_resize_reference_and_errors():
     for attrs, scales, sizes, msg in bad:
         m = typed_output(resize_model(x, attrs, scales=scales, sizes=sizes), TensorProto.FLOAT)
         with pytest.raises(UnsupportedModelError, match=msg):
-            compiler.compile(m)
+            tensorfuse.compile(m)

@@ -5,8 +5,8 @@ import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-import compiler
-from ir.registry import ShapeError, get_op
+import tensorfuse
+from tensorfuse.ir.registry import ShapeError, get_op
 from tests.oracle import node_model, ort_run, rand
 from tests.test_ops_conv import _check, _ref
 
@@ -205,12 +205,12 @@ def test_global_pool_vectorised(op, attrs, shape):
     m = node_model(op, {"x": x}, attrs)
     expected = ort_run(m, {"x": x})[0]
     for nt in (1, 2):
-        mod = compiler.compile(m, num_threads=nt)
+        mod = tensorfuse.compile(m, num_threads=nt)
         np.testing.assert_allclose(mod.run(x)[0], expected, rtol=1e-5, atol=1e-6, err_msg=f"{nt} threads")
     (k,) = mod.kernels
     assert _vector_widths(k), "no vector loads"
     if x.size > 400_000:
-        from codegen.llvm.emit import kernel_is_parallel
+        from tensorfuse.codegen.llvm.emit import kernel_is_parallel
         assert kernel_is_parallel(k)
 
 
@@ -223,7 +223,7 @@ def test_global_max_pool_nan_inf():
     x[1, 5, 2, 1] = np.nan
     m = node_model("GlobalMaxPool", {"x": x}, {})
     ref = np.max(x, axis=(2, 3), keepdims=True)
-    got = compiler.compile(m).run(x)[0]
+    got = tensorfuse.compile(m).run(x)[0]
     np.testing.assert_array_equal(got, ref)
     ok = ~np.isnan(ref)
     np.testing.assert_array_equal(got[ok], ort_run(m, {"x": x})[0][ok])
@@ -234,7 +234,7 @@ def test_global_pool_at_each_vector_width(width, op):
     target, lanes = width
     x = _x(2, 5, 7, 9, seed=11)
     m = node_model(op, {"x": x}, {})
-    mod = compiler.compile(m, target=target, cache=False, num_threads=2)
+    mod = tensorfuse.compile(m, target=target, cache=False, num_threads=2)
     (k,) = mod.kernels
     assert _vector_widths(k) == {lanes}
     np.testing.assert_allclose(mod.run(x)[0], ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
@@ -302,7 +302,7 @@ def _check_threads(model, inputs, rtol=RT, atol=AT, expect_rows=True, opt_levels
     if expected is None:
         expected = ort_run(model, inputs)
     for lvl in opt_levels:
-        mod = compiler.compile(model, opt_level=lvl)
+        mod = tensorfuse.compile(model, opt_level=lvl)
         assert bool(_rows_kernels(mod)) == expect_rows, [k.comment for k in mod.kernels]
         runs = []
         for nt in (1, 2):
@@ -357,7 +357,7 @@ def test_maxpool_rows_nan(shape, attrs):
     ort = ort_run(m, {"x": x})[0]
     np.testing.assert_array_equal(ref[~has_nan], ort[~has_nan])
     for lvl in (0, 2):
-        mod = compiler.compile(m, opt_level=lvl)
+        mod = tensorfuse.compile(m, opt_level=lvl)
         assert _rows_kernels(mod)
         for nt in (1, 2):
             mod.num_threads = nt
@@ -407,13 +407,13 @@ def test_pool_rows_fused_epilogue(op, shape, attrs):
     m, yshape = _pool_chain_model(op, attrs, x, tail)
     res = rand(*yshape, seed=7, low=-1, high=1)
     _check_threads(m, {"x": x, "res": res})
-    mod = compiler.compile(m, opt_level=2)
+    mod = tensorfuse.compile(m, opt_level=2)
     assert len(mod.kernels) == 1 and _rows_kernels(mod), [k.name for k in mod.kernels]
 
 
 def _vector_widths(kernel) -> set[int]:
     """Widths of the vector loads and stores in a kernel's IR."""
-    from ir.kernel import Expr, For, If, Load, Store
+    from tensorfuse.ir.kernel import Expr, For, If, Load, Store
     out: set[int] = set()
 
     def expr(e):
@@ -441,14 +441,14 @@ def test_pool_rows_schedule():
     """The rows kernel is parallel over (n, c, output row) and uses the target's vector width;
     the generic kernel stays for what the rows schedule does not cover (f16, 1-D, 3-D, the
     Indices output, kernels wider than ROWS_MAX_KW, LpPool), which still match onnxruntime."""
-    from codegen.llvm.emit import kernel_is_parallel
-    from compiler.target import Target
-    from ir.kernel import For
+    from tensorfuse.codegen.llvm.emit import kernel_is_parallel
+    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.kernel import For
     from tests.codegen_util import float_vectors, function_ir, optimized_ir, parallel_kernels
     L = Target.parse("llvm").lanes(np.float32)
     x = _x(2, 16, 40, 45)
     for op in ("MaxPool", "AveragePool"):
-        mod = compiler.compile(node_model(op, {"x": x}, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+        mod = tensorfuse.compile(node_model(op, {"x": x}, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
                                num_threads=2)
         (k,) = _rows_kernels(mod)
         assert kernel_is_parallel(k) and k.name in parallel_kernels(mod)
@@ -457,7 +457,7 @@ def test_pool_rows_schedule():
         assert _vector_widths(k) == {L}
         assert L in float_vectors(function_ir(optimized_ir(mod), k.name))
     for shape, attrs in ROWS_CASES[-4:]:            # the cases the tests run on 2 threads split
-        mod = compiler.compile(node_model("MaxPool", {"x": _x(*shape)}, attrs))
+        mod = tensorfuse.compile(node_model("MaxPool", {"x": _x(*shape)}, attrs))
         assert all(kernel_is_parallel(k) for k in _rows_kernels(mod)), (shape, attrs)
     for op, xs, attrs, outs in [
         ("MaxPool", _x(1, 2, 9, 20).astype(np.float16), {"kernel_shape": [3, 3]}, ("y",)),
@@ -494,7 +494,7 @@ def test_pool_rows_at_each_vector_width(width, op, shape, attrs):
     x = _x(*shape, seed=8)
     m = node_model(op, {"x": x}, attrs)
     for nt in (1, 2):
-        mod = compiler.compile(m, target=target, cache=False, num_threads=nt)
+        mod = tensorfuse.compile(m, target=target, cache=False, num_threads=nt)
         (k,) = _rows_kernels(mod)
         assert f"{lanes} lanes]" in k.comment and _vector_widths(k) == {lanes}
         np.testing.assert_allclose(mod.run(x)[0], ort_run(m, {"x": x})[0], rtol=RT, atol=AT)
@@ -552,7 +552,7 @@ def test_maxunpool_output_shape(natural):
     m = node_model("MaxUnpool", {"p": y, "i": i}, attrs, initializers={"s": np.array(out, np.int64)})
     m.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, out))
     expected = ReferenceEvaluator(m).run(None, {"p": y, "i": i})[0]
-    got = compiler.compile(m).run(p=y, i=i)[0]
+    got = tensorfuse.compile(m).run(p=y, i=i)[0]
     np.testing.assert_array_equal(got, expected)
     if natural:
         np.testing.assert_array_equal(got, ort_run(m, {"p": y, "i": i})[0])

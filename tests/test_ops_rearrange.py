@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import run_reference
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import run_reference
 from oracle import assert_matches_ort, node_model, ort_run, rand
 
 I64 = np.int64
@@ -26,7 +26,7 @@ def check_onnx_reference(op, inputs, attrs=None, opset=28):
     m = node_model(op, inputs, attrs, opset=opset)
     exp = ReferenceEvaluator(m).run(None, inputs)[0]
     for lvl in (0, 2):
-        got = compiler.compile(m, opt_level=lvl).run(**inputs)[0]
+        got = tensorfuse.compile(m, opt_level=lvl).run(**inputs)[0]
         np.testing.assert_array_equal(got, exp)
 
 
@@ -63,7 +63,7 @@ def test_depth_space_dtypes_reference_and_errors():
     m.graph.output[0].type.tensor_type.elem_type = TensorProto.FLOAT
     m.graph.output[0].type.tensor_type.shape.SetInParent()
     with pytest.raises(UnsupportedModelError, match="divisible"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 @pytest.mark.parametrize("upper", [0, 1])

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, get_op, run_reference
-from ir.types import DType, TensorType
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, get_op, run_reference
+from tensorfuse.ir.types import DType, TensorType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 RT, AT = 1e-4, 1e-5
@@ -235,9 +235,9 @@ def test_topk_unsorted_is_a_permutation_of_sorted():
     x = rand(3, 8)
     m = node_model("TopK", {"x": x}, dict(sorted=0), opset=11,
                    initializers={"k": np.array([3], np.int64)}, outputs=("v", "i"))
-    import compiler
+    import tensorfuse
     from tests.oracle import ort_run as run
-    got = compiler.compile(m, opt_level=0).run(x=x)
+    got = tensorfuse.compile(m, opt_level=0).run(x=x)
     exp = run(m, {"x": x})
     np.testing.assert_array_equal(np.sort(got[0], axis=-1), np.sort(exp[0], axis=-1))
     np.testing.assert_array_equal(np.take_along_axis(x, got[1], -1), got[0])

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, run_reference
-from ir.types import TensorType
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, run_reference
+from tensorfuse.ir.types import TensorType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
@@ -57,7 +57,7 @@ def make(op, S=3, Bt=2, I=4, H=5, attrs=None, opts=("B", "initial_h"), lens=None
 
 
 def ours(model, inputs, opt_level=0):
-    return compiler.compile(model, target="llvm", opt_level=opt_level).run(**inputs)
+    return tensorfuse.compile(model, target="llvm", opt_level=opt_level).run(**inputs)
 
 
 def reference(op, vals, names, attrs, n_out):
@@ -288,15 +288,15 @@ def test_constant_folding_uses_reference():
     """All inputs constant: O2 folds the node; the result still matches onnxruntime."""
     m, ins, vals, names, attrs = make("GRU", const=("X", "W", "R", "B", "initial_h"))
     exp = ort_run(m, {})
-    mod = compiler.compile(m, target="llvm", opt_level=2)
+    mod = tensorfuse.compile(m, target="llvm", opt_level=2)
     for g, e in zip(mod.run(), exp):
         np.testing.assert_allclose(g, e, rtol=RT, atol=AT)
 
 
 def test_one_kernel_per_node():
-    from ir.lowering import LowerCtx
-    from ir.kernel import Buffer
-    from ir.registry import get_op
+    from tensorfuse.ir.lowering import LowerCtx
+    from tensorfuse.ir.kernel import Buffer
+    from tensorfuse.ir.registry import get_op
     _, _, vals, names, attrs = make("LSTM", attrs={"direction": "bidirectional"}, lens=[1, 2],
                                     opts=("B", "initial_h", "initial_c", "P"))
     g = Graph()
@@ -354,7 +354,7 @@ def test_bad_inputs(change, match):
 def test_known_sequence_lens_out_of_range():
     m, ins, *_ = make("LSTM", lens=[2, 4], const=("sequence_lens",))
     with pytest.raises(UnsupportedModelError, match="sequence_lens"):
-        compiler.compile(m, target="llvm")
+        tensorfuse.compile(m, target="llvm")
 
 
 def test_integer_dtype_refused():

@@ -6,11 +6,11 @@ import pytest
 from onnx import TensorProto
 from onnx.reference import ReferenceEvaluator
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import run_reference
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import run_reference
 from oracle import assert_matches_ort, node_model, ort_run, rand
 
 I64 = np.int64
@@ -94,7 +94,7 @@ def test_roialign_f64_and_f16():
     check(x, rois, bi, {"output_height": 2, "output_width": 3, "mode": "max"}, rtol=1e-10, atol=1e-10)
     # f16: onnxruntime has no kernel; compare with the f32 result
     m = roi_model(x.astype(np.float16), rois.astype(np.float16), bi, {"output_height": 2, "output_width": 3})
-    got = compiler.compile(m).run(x=x.astype(np.float16), rois=rois.astype(np.float16), bi=bi)[0]
+    got = tensorfuse.compile(m).run(x=x.astype(np.float16), rois=rois.astype(np.float16), bi=bi)[0]
     assert got.dtype == np.float16
     m32 = roi_model(x.astype(np.float32), rois.astype(np.float16).astype(np.float32), bi,
                     {"output_height": 2, "output_width": 3})
@@ -135,4 +135,4 @@ def test_roialign_reference_and_errors():
         o.type.tensor_type.elem_type = TensorProto.FLOAT
         o.type.tensor_type.shape.SetInParent()
         with pytest.raises(UnsupportedModelError, match=msg):
-            compiler.compile(m)
+            tensorfuse.compile(m)

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import compiler
-from compiler.errors import UnsupportedModelError
-from ir import Builder, Graph
-from ir.registry import run_reference
-from ir.types import TensorType
+import tensorfuse
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir import Builder, Graph
+from tensorfuse.ir.registry import run_reference
+from tensorfuse.ir.types import TensorType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 
@@ -25,7 +25,7 @@ def test_gridsample_2d(mode, padding_mode, align_corners):
         # cubic taps; the ONNX spec's reference does, and tensorfuse follows the spec
         from onnx.reference import ReferenceEvaluator
         (expected,) = ReferenceEvaluator(m).run(None, inputs)
-        (got,) = compiler.compile(m, target="llvm").run(**inputs)
+        (got,) = tensorfuse.compile(m, target="llvm").run(**inputs)
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
         return
     assert_matches_ort(m, inputs, rtol=1e-4, atol=1e-5, opt_levels=(2,))
@@ -63,7 +63,7 @@ def test_gridsample_errors():
     m = helper.make_model(helper.make_graph([node], "g", g_in, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)]),
                           opset_imports=[helper.make_opsetid("", 22)])
     with pytest.raises(UnsupportedModelError, match="grid"):
-        compiler.compile(m, target="llvm")
+        tensorfuse.compile(m, target="llvm")
 
 
 @pytest.mark.parametrize("size", [[2, 3, 4, 5], [2, 1, 3, 4, 5], [1, 1, 1, 3]])

@@ -7,13 +7,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
-from compiler.frontend.onnx import import_onnx
-from compiler.errors import UnsupportedModelError
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, run_reference
-from ir.types import TensorType
+import tensorfuse
+from tensorfuse import compiler
+from tensorfuse.compiler.frontend.onnx import import_onnx
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, run_reference
+from tensorfuse.ir.types import TensorType
 from oracle import assert_matches_ort, node_model, ort_run, rand
 
 I64 = np.int64
@@ -89,7 +90,7 @@ def test_reshape_shape_as_graph_input_specialises():
 def test_reshape_errors(target):
     m = bad_model("Reshape", {"x": rand(2, 3)}, initializers={"s": np.array(target, I64)})
     with pytest.raises(UnsupportedModelError, match="Reshape"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 def test_reshape_opset5_and_reference():
@@ -116,7 +117,7 @@ def test_flatten_old_opset_default_axis_and_reference():
 def test_flatten_bad_axis():
     m = bad_model("Flatten", {"x": rand(2, 3)}, {"axis": 3})
     with pytest.raises(UnsupportedModelError, match="axis 3"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- Squeeze / Unsqueeze
@@ -141,7 +142,7 @@ def test_squeeze_opset7_and_reference():
 def test_squeeze_non_unit_axis_is_an_error():
     m = bad_model("Squeeze", {"x": rand(1, 3)}, initializers={"a": np.array([1], I64)})
     with pytest.raises(UnsupportedModelError, match="size is 3"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 @pytest.mark.parametrize("shape,axes", [((3, 2), [0]), ((3, 2), [-1]), ((3, 2), [0, 3]), ((), [0]),
@@ -160,7 +161,7 @@ def test_unsqueeze_errors_and_reference():
     for axes in ([0, 0], [4]):
         m = bad_model("Unsqueeze", {"x": rand(3, 2)}, initializers={"a": np.array(axes, I64)})
         with pytest.raises(UnsupportedModelError, match="Unsqueeze"):
-            compiler.compile(m)
+            tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- Transpose
@@ -180,7 +181,7 @@ def test_transpose_bad_perm_and_reference():
     ref_check("Transpose", [rand(2, 3, 4)], {"perm": [1, 2, 0]})
     m = bad_model("Transpose", {"x": rand(2, 3)}, {"perm": [0, 0]})
     with pytest.raises(Exception, match="permutation"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- Expand / Tile
@@ -196,7 +197,7 @@ def test_expand_errors_and_reference():
     ref_check("Expand", [rand(2, 1, dtype=np.int32), np.array([2, 4], I64)])
     m = bad_model("Expand", {"x": rand(3, 2)}, initializers={"s": np.array([4, 4], I64)})
     with pytest.raises(UnsupportedModelError, match="broadcast"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 @pytest.mark.parametrize("shape,reps", [((2, 3), [1, 1]), ((2, 3), [2, 3]), ((3,), [4]), ((2, 1, 3), [1, 3, 2]),
@@ -210,7 +211,7 @@ def test_tile_errors_and_reference():
     ref_check("Tile", [rand(2, 3, dtype=np.int32), np.array([3, 1], I64)])
     m = bad_model("Tile", {"x": rand(3, 2)}, initializers={"r": np.array([2], I64)})
     with pytest.raises(UnsupportedModelError, match="repeats"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- Shape / Size
@@ -271,7 +272,7 @@ def test_concat_errors_and_reference():
     ref_check("Concat", [rand(2, 3), rand(2, 1, seed=1)], {"axis": 1})
     m = bad_model("Concat", {"a": rand(2, 3), "b": rand(3, 3)}, {"axis": 1})
     with pytest.raises(Exception, match="differ outside axis"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- Split
@@ -305,11 +306,11 @@ def test_split_zero_chunk_and_reference():
 def test_split_errors():
     m = bad_model("Split", {"x": rand(5, 2)}, {"axis": 0}, outputs=["a", "b"], opset=13)
     with pytest.raises(UnsupportedModelError, match="equal parts"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
     m = bad_model("Split", {"x": rand(5, 2)}, {"axis": 0}, {"s": np.array([2, 2], I64)},
                    outputs=["a", "b"], opset=13)
     with pytest.raises(UnsupportedModelError, match="does not sum"):
-        compiler.compile(m)
+        tensorfuse.compile(m)
 
 
 # ----------------------------------------------------------------------------- Concat/Split block copies
@@ -326,7 +327,7 @@ ROW_COPY_CASES = [
 
 
 def _row_copy_kernel(mod):
-    from ir.kernel import For
+    from tensorfuse.ir.kernel import For
     (k,) = mod.kernels
     loops = [s for s in k.body if isinstance(s, For)]
     return k, loops
@@ -335,16 +336,16 @@ def _row_copy_kernel(mod):
 @pytest.mark.parametrize("dt", [np.float32, np.float16, np.int64, np.int8])
 @pytest.mark.parametrize("shapes,axis", ROW_COPY_CASES)
 def test_concat_row_copies(shapes, axis, dt):
-    from codegen.llvm.emit import kernel_is_parallel
+    from tensorfuse.codegen.llvm.emit import kernel_is_parallel
     ins = {f"x{i}": rand(*s, seed=i, dtype=dt, low=-100, high=100) for i, s in enumerate(shapes)}
     m = node_model("Concat", ins, {"axis": axis})
     for nt in (1, 2):
         got = assert_matches_ort(m, ins, rtol=0, atol=0, num_threads=nt)
-    from compiler.target import Target
+    from tensorfuse.compiler.target import Target
     L = Target.parse("llvm").lanes(dt)
     a = axis % len(shapes[0])
     vector = all(int(np.prod(sh[a:])) >= L for sh in shapes)       # else the per-element loops
-    mod = compiler.compile(m, opt_level=2)
+    mod = tensorfuse.compile(m, opt_level=2)
     k, loops = _row_copy_kernel(mod)
     assert (len(loops) == 1 and "job" in loops[0].var.name) == vector
     if int(np.prod(got[0].shape)) >= 400_000 and dt == np.float32:
@@ -360,18 +361,18 @@ def test_split_row_copies(shape, axis, split, dt):
     m = node_model("Split", {"x": x}, {"axis": axis}, initializers={"s": np.array(split, I64)}, outputs=outs)
     for nt in (1, 2):
         assert_matches_ort(m, {"x": x}, rtol=0, atol=0, num_threads=nt)
-    from compiler.target import Target
+    from tensorfuse.compiler.target import Target
     L, a = Target.parse("llvm").lanes(dt), axis % len(shape)
     vector = all(c * int(np.prod(shape[a + 1:])) >= L for c in split if c)
-    _, loops = _row_copy_kernel(compiler.compile(m, opt_level=2))
+    _, loops = _row_copy_kernel(tensorfuse.compile(m, opt_level=2))
     assert (len(loops) == 1 and "job" in loops[0].var.name) == vector
 
 
 def test_concat_row_copies_vector_width():
     """The copies use the target's vector width for the dtype; runs shorter than a vector and
     bool keep the per-element loops."""
-    from compiler.target import Target
-    from ir.kernel import For, If, Store
+    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.kernel import For, If, Store
     t = Target.parse("llvm")
 
     def store_lanes(body, out):
@@ -385,11 +386,11 @@ def test_concat_row_copies_vector_width():
         return out
     for dt in (np.float32, np.float16, np.float64, np.int8):
         ins = {"a": rand(2, 3, 40, dtype=dt), "b": rand(2, 5, 40, dtype=dt)}
-        (k,) = compiler.compile(node_model("Concat", ins, {"axis": 1})).kernels
+        (k,) = tensorfuse.compile(node_model("Concat", ins, {"axis": 1})).kernels
         assert max(store_lanes(k.body, set())) == t.lanes(dt) and store_lanes(k.body, set()) <= {1, t.lanes(dt)}
     for ins in ({"a": rand(4, 3), "b": rand(4, 2)},
                 {"a": rand(2, 40) > 0, "b": rand(2, 40) > 0}):
-        (k,) = compiler.compile(node_model("Concat", ins, {"axis": 1})).kernels
+        (k,) = tensorfuse.compile(node_model("Concat", ins, {"axis": 1})).kernels
         assert store_lanes(k.body, set()) == {1}
         check("Concat", ins, {"axis": 1})
 
@@ -408,7 +409,7 @@ def test_row_copies_at_other_vector_widths(width, monkeypatch):
                                  outputs=["y0", "y1", "y2"]), {"x": x})]:
         expected = ort_run(m, feeds)
         for nt in (1, 2):
-            mod = compiler.compile(m, target=t, cache=False, num_threads=nt)
+            mod = tensorfuse.compile(m, target=t, cache=False, num_threads=nt)
             for g, e in zip(mod.run(**feeds), expected):
                 np.testing.assert_array_equal(g, e)
 
@@ -471,4 +472,4 @@ def test_slice_errors_and_reference():
     m = bad_model("Slice", {"x": rand(4, 5)}, None, {"s": np.array([0], I64), "e": np.array([2], I64),
                                                       "a": np.array([0], I64), "t": np.array([0], I64)})
     with pytest.raises(Exception, match="step"):
-        compiler.compile(m)
+        tensorfuse.compile(m)

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from onnx.reference import ReferenceEvaluator
 
-import compiler
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, get_op, run_reference
-from ir.types import TensorType
+import tensorfuse
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, get_op, run_reference
+from tensorfuse.ir.types import TensorType
 from tests.oracle import node_model, rand
 
 
@@ -35,7 +35,7 @@ def _check(model, inputs, dtype=np.float32, opt_levels=(0,)):
     scale = max(1.0, float(np.max(np.abs(expected.astype(np.float64))))) if expected.size else 1.0
     got = None
     for lvl in opt_levels:
-        mod = compiler.compile(model, target="llvm", opt_level=lvl)
+        mod = tensorfuse.compile(model, target="llvm", opt_level=lvl)
         got = mod.run(**inputs)[0]
         assert got.dtype == expected.dtype, f"O{lvl}: dtype {got.dtype} != {expected.dtype}"
         assert got.shape == expected.shape, f"O{lvl}: shape {got.shape} != {expected.shape}"
@@ -101,13 +101,13 @@ def test_dft20_dtypes(dtype, inverse, onesided):
 def test_dft20_round_trip():
     """ifft(fft(x)) == x, and irfft(rfft(x), n) == x for a real signal."""
     x = rand(3, 9, 2, dtype=np.float64, seed=4)
-    f = compiler.compile(_dft20(x, 1), target="llvm").run(x=x)[0]
-    back = compiler.compile(_dft20(f, 1, inverse=1), target="llvm").run(x=f)[0]
+    f = tensorfuse.compile(_dft20(x, 1), target="llvm").run(x=x)[0]
+    back = tensorfuse.compile(_dft20(f, 1, inverse=1), target="llvm").run(x=f)[0]
     np.testing.assert_allclose(back, x, rtol=1e-12, atol=1e-12)
     r = x[..., :1].copy()
-    s = compiler.compile(_dft20(r, 1, onesided=1), target="llvm").run(x=r)[0]
+    s = tensorfuse.compile(_dft20(r, 1, onesided=1), target="llvm").run(x=r)[0]
     assert s.shape == (3, 5, 2)
-    back = compiler.compile(_dft20(s, 1, 9, inverse=1, onesided=1), target="llvm").run(x=s)[0]
+    back = tensorfuse.compile(_dft20(s, 1, 9, inverse=1, onesided=1), target="llvm").run(x=s)[0]
     np.testing.assert_allclose(back, r, rtol=1e-12, atol=1e-12)
 
 
@@ -115,7 +115,7 @@ def test_dft20_numpy_values():
     """The spec's formula directly: y[k] = sum_n x[n] exp(-2 pi i k n / N)."""
     x = rand(4, 7, 2, dtype=np.float64, seed=5)
     c = x[..., 0] + 1j * x[..., 1]
-    y = compiler.compile(_dft20(x, 1), target="llvm").run(x=x)[0]
+    y = tensorfuse.compile(_dft20(x, 1), target="llvm").run(x=x)[0]
     n = np.arange(7)
     w = np.exp(-2j * np.pi * np.outer(n, n) / 7)
     exp = np.einsum("kn,bn->bk", w, c)
@@ -129,7 +129,7 @@ def test_dft20_runtime_length_and_axis_specialise():
                    {}, opset=20)
     ins = {"x": x, "len": np.array(5, np.int64), "axis": np.array(2, np.int64)}
     (expected,) = ReferenceEvaluator(m).run(None, ins)
-    got = compiler.compile(m, target="llvm").run(**ins)[0]
+    got = tensorfuse.compile(m, target="llvm").run(**ins)[0]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -142,7 +142,7 @@ def test_dft_outside_spec_inputs(cin, inverse, onesided, out_shape):
     x = rand(2, 6, 3, cin, dtype=np.float64, seed=13)
     m = _dft20(x, 1, inverse=inverse, onesided=onesided)
     m.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.DOUBLE, out_shape))
-    got = compiler.compile(m, target="llvm").run(x=x)[0]
+    got = tensorfuse.compile(m, target="llvm").run(x=x)[0]
     c = x[..., 0] + (1j * x[..., 1] if cin == 2 else 0)
     if inverse:
         exp = np.fft.irfft(c, n=10, axis=1)[..., None]
@@ -259,7 +259,7 @@ def test_stft_runtime_step_specialises():
     m = node_model("STFT", ins, {}, opset=17, input_names=["x", "step", "", "length"])
     (expected,) = ReferenceEvaluator(m).run(None, ins)
     _type_output(m, expected)
-    got = compiler.compile(m, target="llvm").run(**ins)[0]
+    got = tensorfuse.compile(m, target="llvm").run(**ins)[0]
     assert got.shape == (1, 7, 6, 2)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 

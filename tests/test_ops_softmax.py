@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from ir.builder import Builder
-from ir.graph import Graph
-from ir.registry import ShapeError, get_op, run_reference
-from ir.types import DType, TensorType
+from tensorfuse.ir.builder import Builder
+from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import ShapeError, get_op, run_reference
+from tensorfuse.ir.types import DType, TensorType
 from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 RT, AT = 1e-4, 1e-5
@@ -108,12 +108,12 @@ def test_hardmax_f16():
 
 
 def test_hardmax_f64_against_onnx_reference():   # onnxruntime has no f64 Hardmax
-    import compiler
+    import tensorfuse
     from onnx.reference import ReferenceEvaluator
     x = rand(3, 4, dtype=np.float64)
     m = node_model("Hardmax", {"x": x}, {"axis": 0})
     exp = ReferenceEvaluator(m).run(None, {"x": x})[0]
-    got = compiler.compile(m, opt_level=0).run(x=x)[0]
+    got = tensorfuse.compile(m, opt_level=0).run(x=x)[0]
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, exp)
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.passes import eliminate_common_subexpressions as cse
-from compiler.passes import eliminate_dead_nodes as dce
+from tensorfuse.compiler.passes import eliminate_common_subexpressions as cse
+from tensorfuse.compiler.passes import eliminate_dead_nodes as dce
 from passes_util import G, ops_of
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import compiler
-from compiler.passes import PassError, fold_constants
+import tensorfuse
+from tensorfuse.compiler.passes import PassError, fold_constants
 from oracle import assert_matches_ort, ort_run
 from passes_util import G, model, ops_of
 
@@ -71,7 +71,7 @@ def test_same_size_transform_of_large_weight_folds_under_the_cap():
   const %w: f32[64,64] = digest:0
   %wt: f32[64,64] = Transpose(%w) {perm=[1,0]} @tw
   %y: f32[2,64] = MatMul(%x, %wt) @mm
-  return %y""".replace("digest:0", "digest:" + __import__("ir.text", fromlist=["x"]).array_digest(w)),
+  return %y""".replace("digest:0", "digest:" + __import__("tensorfuse.ir.text", fromlist=["x"]).array_digest(w)),
         "%x: f32[2,64]", {"w": w})
     assert fold_constants(g, max_bytes=16)            # output bytes == input bytes
     np.testing.assert_array_equal(g.constants["wt"].data, w.T)
@@ -83,7 +83,7 @@ def test_error_names_pass_and_node(monkeypatch):
   %s: f32[] = Exp(%a) @Exp_12
   return %s""")
     g.value("s").known = None      # else folding takes the value propagated at build time
-    import compiler.passes.fold as fold
+    import tensorfuse.compiler.passes.fold as fold
 
     def broken(node, ins):
         raise ZeroDivisionError("boom")
@@ -114,7 +114,7 @@ agraph (float[2,3,4] x) => (float[6,4] y, int64[2] s) {
 
 def test_shape_subgraph_folds_and_matches_onnxruntime():
     m = model(SHAPE_MODEL)
-    mod = compiler.compile(m, opt_level=1, cache=False)
+    mod = tensorfuse.compile(m, opt_level=1, cache=False)
     assert [n.op for n in mod.graph.nodes] == ["Reshape"]
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
     got, want = mod.run(x=x), ort_run(m, {"x": x})
@@ -131,10 +131,10 @@ def test_shape_subgraph_folds_and_matches_onnxruntime():
 
 from onnx import helper  # noqa: E402
 
-import compiler.passes.fold as fold  # noqa: E402
-from compiler.frontend.onnx import import_onnx  # noqa: E402
-from compiler.passes import eliminate_dead_nodes  # noqa: E402
-from compiler.pipeline import optimize  # noqa: E402
+import tensorfuse.compiler.passes.fold as fold  # noqa: E402
+from tensorfuse.compiler.frontend.onnx import import_onnx  # noqa: E402
+from tensorfuse.compiler.passes import eliminate_dead_nodes  # noqa: E402
+from tensorfuse.compiler.pipeline import optimize  # noqa: E402
 from oracle import rand  # noqa: E402
 from tests.fusion_util import graph_model  # noqa: E402
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import compiler
-from compiler.passes.simplify import SIMPLIFY_RULES, simplify
-from compiler.rewrite import apply_rules
+import tensorfuse
+from tensorfuse.compiler.passes.simplify import SIMPLIFY_RULES, simplify
+from tensorfuse.compiler.rewrite import apply_rules
 from oracle import assert_matches_ort, rand
 from passes_util import G, model, needs_ops, ops_of
 
@@ -39,7 +39,7 @@ def test_identity_model_matches_onnxruntime():
         w = Identity(x)
     }""")
     assert_matches_ort(m, {"x": rand(2, 3)}, opt_levels=(0, 1))
-    mod = compiler.compile(m, opt_level=1, cache=False)
+    mod = tensorfuse.compile(m, opt_level=1, cache=False)
     assert [i.name for i in mod.output_info] == ["z", "w"]
 
 
@@ -48,7 +48,7 @@ def test_dropout_in_inference_removed_and_training_kept():
     m = model("""agraph (float[2,3] x) => (float[2,3] y, bool[2,3] mask) {
         y, mask = Dropout(x)
     }""")
-    mod = compiler.compile(m, opt_level=1, cache=False)
+    mod = tensorfuse.compile(m, opt_level=1, cache=False)
     assert [a.rule for a in mod.rewrite_log] == ["RemoveInferenceDropout"] and mod.graph.nodes == []
     assert_matches_ort(m, {"x": rand(2, 3)}, opt_levels=(0, 1))
     g = G("""
@@ -57,7 +57,7 @@ def test_dropout_in_inference_removed_and_training_kept():
   %y: f32[2,3] = Dropout(%x, %r, %t) @drop
   return %y""")
     assert run(g) == []      # training mode: left to the op (which allows only ratio 0)
-    [why] = compiler.explain(g, "RemoveInferenceDropout", quiet=True)
+    [why] = tensorfuse.explain(g, "RemoveInferenceDropout", quiet=True)
     assert why.reason == "drop: input 2 ('t') is True, expected the constant False"
 
 
@@ -100,7 +100,7 @@ def test_transpose_pairs_compose(p1, p2):
         t = Transpose{a1}(x)
         y = Transpose<perm = {p2}>(t)
     }}""")
-    mod = compiler.compile(m, opt_level=1, cache=False)
+    mod = tensorfuse.compile(m, opt_level=1, cache=False)
     if q == [0, 1, 2]:
         assert mod.graph.nodes == []
     else:
@@ -129,7 +129,7 @@ def test_reshape_chains_collapse():
         s2 = Constant<value = int64[2] {4, -1}>()
         y = Reshape(u, s2)
     }""")
-    mod = compiler.compile(m, opt_level=1, cache=False)
+    mod = tensorfuse.compile(m, opt_level=1, cache=False)
     assert ops_of(mod.graph) == ["Reshape"]
     assert mod.graph.nodes[0].inputs[0] is mod.graph.inputs[0]
     assert mod.graph.nodes[0].inputs[1].data.tolist() == [4, 6]

@@ -6,9 +6,9 @@ import doctest
 
 import pytest
 
-import ir
-from compiler import pattern as pattern_module
-from compiler.pattern import Any, Const, OneOf, Op, Optional, P, match_at
+from tensorfuse import ir
+from tensorfuse.compiler import pattern as pattern_module
+from tensorfuse.compiler.pattern import Any, Const, OneOf, Op, Optional, P, match_at
 
 
 def G(body: str, inputs: str = "%x: f32[2,3]") -> ir.Graph:

@@ -6,14 +6,17 @@ import os
 import numpy as np
 import pytest
 
-import compiler
-import compiler.rules
-from compiler.errors import CompileError
-from compiler.passes import PassError
-from compiler.pattern import Any, P
-from compiler.pipeline import build_passes, optimize
-from compiler.rewrite import Rule
-from compiler.frontend.onnx import import_onnx
+import tensorfuse
+from tensorfuse import compiler
+import tensorfuse
+from tensorfuse import compiler
+import tensorfuse.compiler.rules  # noqa: F401  (the rule sets, as compiler.rules)
+from tensorfuse.compiler.errors import CompileError
+from tensorfuse.compiler.passes import PassError
+from tensorfuse.compiler.pattern import Any, P
+from tensorfuse.compiler.pipeline import build_passes, optimize
+from tensorfuse.compiler.rewrite import Rule
+from tensorfuse.compiler.frontend.onnx import import_onnx
 from oracle import assert_matches_ort, rand
 from passes_util import model, ops_of
 
@@ -49,8 +52,8 @@ def test_every_level_compiles_and_matches_onnxruntime():
 def test_levels_shrink_the_graph_and_o0_keeps_it():
     m = model(MIXED)
     n0 = len(import_onnx(m).nodes)
-    g0 = compiler.compile(m, opt_level=0, cache=False).graph
-    g1 = compiler.compile(m, opt_level=1, cache=False).graph
+    g0 = tensorfuse.compile(m, opt_level=0, cache=False).graph
+    g1 = tensorfuse.compile(m, opt_level=1, cache=False).graph
     assert len(g0.nodes) == n0
     assert "Shape" not in ops_of(g1) and ops_of(g1).count("MatMul") == 1
     assert ops_of(g1) == ["Reshape", "MatMul", "Add", "Mul", "Relu"]   # z = r: the Transposes cancel
@@ -58,7 +61,7 @@ def test_levels_shrink_the_graph_and_o0_keeps_it():
 
 def test_dump_ir_writes_changed_passes_log_and_kernels(tmp_path):
     m = model(MIXED)
-    mod = compiler.compile(m, opt_level=1, dump_ir=tmp_path, cache=False)
+    mod = tensorfuse.compile(m, opt_level=1, dump_ir=tmp_path, cache=False)
     files = sorted(os.listdir(tmp_path))
     graphs = [f for f in files if f.endswith(".txt") and f[:2].isdigit()]
     assert graphs[0] == "00-import.txt"
@@ -75,13 +78,13 @@ def test_dump_ir_writes_changed_passes_log_and_kernels(tmp_path):
 
 def test_rewrite_log_on_module_and_disabled_rules():
     m = model(MIXED)
-    mod = compiler.compile(m, opt_level=1, cache=False)
+    mod = tensorfuse.compile(m, opt_level=1, cache=False)
     assert str(mod.rewrite_log[0]) == "ComposeTransposes: Transpose_6, Transpose_7"
-    mod = compiler.compile(m, opt_level=1, disabled_rules=["ComposeTransposes"], cache=False)
+    mod = tensorfuse.compile(m, opt_level=1, disabled_rules=["ComposeTransposes"], cache=False)
     assert "ComposeTransposes" not in {a.rule for a in mod.rewrite_log}
     assert ops_of(mod.graph).count("Transpose") == 2      # t1 and t2 (z merged into t2 by CSE)
     with pytest.raises(ValueError, match="unknown rules.*NoSuchRule"):
-        compiler.compile(m, disabled_rules=["NoSuchRule"], cache=False)
+        tensorfuse.compile(m, disabled_rules=["NoSuchRule"], cache=False)
 
 
 class _MulByOneIsIdentity(Rule):
@@ -112,7 +115,7 @@ def test_rule_sets_by_level(monkeypatch):
         y = Tanh(b)
     }""")
     m.graph.node[2].name = "keep_tanh"
-    logs = {lvl: [a.rule for a in compiler.compile(m, opt_level=lvl, cache=False).rewrite_log] for lvl in (1, 2, 3)}
+    logs = {lvl: [a.rule for a in tensorfuse.compile(m, opt_level=lvl, cache=False).rewrite_log] for lvl in (1, 2, 3)}
     assert logs == {1: [], 2: ["_MulByOneIsIdentity"], 3: ["_MulByOneIsIdentity", "_NumericsChanging"]}
     passes = [name for name, _ in build_passes(2)]
     assert passes == ["cleanup", "fold_rules", "fold_constants", "dce", "fuse", "dce", "fuse_ops"]
@@ -120,7 +123,7 @@ def test_rule_sets_by_level(monkeypatch):
 
 
 def test_verifier_between_passes_names_the_pass(monkeypatch):
-    import compiler.pipeline as pl
+    import tensorfuse.compiler.pipeline as pl
 
     def broken_dce(g):
         g.nodes = g.nodes[1:]
@@ -132,7 +135,7 @@ def test_verifier_between_passes_names_the_pass(monkeypatch):
 
 
 def test_pass_exception_names_the_pass(monkeypatch):
-    import compiler.pipeline as pl
+    import tensorfuse.compiler.pipeline as pl
 
     def raising(g):
         raise IndexError("bad index")

@@ -7,11 +7,11 @@ import doctest
 import numpy as np
 import pytest
 
-import ir
-from compiler import rewrite as rewrite_module
-from compiler.pattern import Any, Const, P
-from compiler.rewrite import Application, Fail, RewriteError, Rule, apply_rules, try_rule
-from ir.verify import verify_graph
+from tensorfuse import ir
+from tensorfuse.compiler import rewrite as rewrite_module
+from tensorfuse.compiler.pattern import Any, Const, P
+from tensorfuse.compiler.rewrite import Application, Fail, RewriteError, Rule, apply_rules, try_rule
+from tensorfuse.ir.verify import verify_graph
 
 
 def G(body: str, inputs: str = "%x: f32[2,3]") -> ir.Graph:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from ir.registry import find_op
+from tensorfuse.ir.registry import find_op
 from tests.fusion_util import count, graph_model, optimized, why_not
 from tests.oracle import assert_matches_ort, rand
 

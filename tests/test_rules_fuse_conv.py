@@ -98,7 +98,7 @@ def test_conv_unhandled_activation_is_no_candidate():
     m, feeds = _conv_model("Elu")
     g = optimized(m)
     assert count(g, "Elu") == 1 and count(g, "Conv") == 1
-    from compiler.explain import explain
+    from tensorfuse.compiler.explain import explain
     ex = explain(m, "FuseConvActivation", node=g.nodes[-1].name, quiet=True)
     assert "the pattern's root is" in ex[0].reason
 

@@ -106,9 +106,9 @@ def test_gelu_approximated_only_at_o3():
     assert optimized(m, 2).nodes[0].attr("approximate") == "none"
     g3 = optimized(m, 3)
     assert g3.nodes[0].attr("approximate") == "tanh"
-    assert "ApproximateGelu" in {n for n in __import__("compiler.pipeline").pipeline.rule_sets()["o3"] for n in [n.__name__]}
-    import compiler
-    got = compiler.compile(m, opt_level=3).run(x=x)[0]
+    assert "ApproximateGelu" in {n for n in __import__("tensorfuse.compiler.pipeline", fromlist=["x"]).rule_sets()["o3"] for n in [n.__name__]}
+    import tensorfuse
+    got = tensorfuse.compile(m, opt_level=3).run(x=x)[0]
     exp = ort_run(m, {"x": x})[0]
     assert np.max(np.abs(got - exp)) <= 4.8e-4           # the bound ApproximateGelu states
 

@@ -15,10 +15,12 @@ import zipfile
 import numpy as np
 import pytest
 
-import compiler
-import runtime
-from codegen.llvm import jit
-from runtime.artifact import CODE, CONSTS, META, ArtifactError
+import tensorfuse
+from tensorfuse import compiler
+import tensorfuse
+from tensorfuse import runtime
+from tensorfuse.codegen.llvm import jit
+from tensorfuse.runtime.artifact import CODE, CONSTS, META, ArtifactError
 from test_runtime_module import mlp_model, mlp_ref, x_input
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -28,22 +30,23 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LOAD_SCRIPT = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-sys.modules["codegen.llvm.emit"] = None
-import codegen.llvm.jit as jit
+sys.modules["tensorfuse.codegen.llvm.emit"] = None
+import tensorfuse.codegen.llvm.jit as jit
 def _no_codegen(*a, **k):
     raise AssertionError("LLVM code generation in a process that only loads a saved module")
 jit.compile_ir = jit.optimize = jit.parse_and_verify = _no_codegen
 import time
 import numpy as np
 t0 = time.perf_counter()
-import runtime
-mod = runtime.load(sys.argv[2])
+import tensorfuse
+from tensorfuse import runtime
+mod = tensorfuse.load(sys.argv[2])
 t1 = time.perf_counter()
 feeds = dict(np.load(sys.argv[3]))
 outs = mod.run(**feeds)
 np.savez(sys.argv[4], *outs)
 assert jit.STATS["codegen_calls"] == 0, jit.STATS
-assert "compiler" not in sys.modules, "loading imported the compiler"
+assert "tensorfuse.compiler" not in sys.modules, "loading imported the compiler"
 print(f"load_s={t1 - t0:.4f}")
 """
 
@@ -63,7 +66,7 @@ def load_in_fresh_process(path, feeds: dict, tmp_path) -> tuple[list[np.ndarray]
 @pytest.fixture(scope="module")
 def mlp():
     model = mlp_model(n=4, d=64)
-    return model, compiler.compile(model, cache=False)
+    return model, tensorfuse.compile(model, cache=False)
 
 
 def _rewrite(src, dst, meta_change=None, member_change=None):
@@ -88,7 +91,7 @@ def test_round_trip_is_bit_exact(mlp, tmp_path):
     mod.save(path)
     assert path.is_file() and [p.name for p in tmp_path.iterdir()] == ["mlp.tfm"]
     before = jit.STATS["codegen_calls"]
-    loaded = runtime.load(path)
+    loaded = tensorfuse.load(path)
     assert jit.STATS["codegen_calls"] == before
     x = x_input(0, n=4, d=64)
     np.testing.assert_array_equal(loaded.run(x)[0], mod.run(x)[0])
@@ -135,9 +138,9 @@ def test_loads_and_runs_in_a_fresh_process_without_codegen(mlp, tmp_path):
 def test_loaded_module_saves_again(mlp, tmp_path):
     _, mod = mlp
     mod.save(tmp_path / "a.tfm")
-    runtime.load(tmp_path / "a.tfm").save(tmp_path / "b.tfm")
+    tensorfuse.load(tmp_path / "a.tfm").save(tmp_path / "b.tfm")
     x = x_input(2, n=4, d=64)
-    np.testing.assert_array_equal(runtime.load(tmp_path / "b.tfm").run(x)[0], mod.run(x)[0])
+    np.testing.assert_array_equal(tensorfuse.load(tmp_path / "b.tfm").run(x)[0], mod.run(x)[0])
 
 
 def test_other_version_is_refused(mlp, tmp_path):
@@ -145,7 +148,7 @@ def test_other_version_is_refused(mlp, tmp_path):
     mod.save(tmp_path / "m.tfm")
     _rewrite(tmp_path / "m.tfm", tmp_path / "old.tfm", meta_change=lambda m: m.update(tensorfuse_version="0.0.1"))
     with pytest.raises(ArtifactError, match=r"written by tensorfuse 0\.0\.1, this is tensorfuse " + compiler.__version__):
-        runtime.load(tmp_path / "old.tfm")
+        tensorfuse.load(tmp_path / "old.tfm")
 
 
 HOST_ON = {f[1:] for f in jit.host_info()["features"].split(",") if f.startswith("+")}
@@ -169,14 +172,14 @@ def test_metadata_records_what_the_code_was_compiled_for(mlp, tmp_path):
 def test_module_for_another_cpu_saves_its_target_and_loads(tmp_path):
     target = "llvm -mcpu=x86-64 -mattr=-avx,-avx2"
     model = mlp_model(n=4, d=64)
-    mod = compiler.compile(model, target=target, cache=False)
+    mod = tensorfuse.compile(model, target=target, cache=False)
     mod.save(tmp_path / "m.tfm")
     with zipfile.ZipFile(tmp_path / "m.tfm") as z:
         meta = json.loads(z.read(META))
     assert meta["target"] == meta["host"]["target"] == target
     assert meta["host"]["cpu"] == "x86-64" and "-avx" in meta["host"]["features"].split(",")
     assert "sse2" in meta["host"]["needs"] and "avx" not in meta["host"]["needs"]
-    loaded = runtime.load(tmp_path / "m.tfm")
+    loaded = tensorfuse.load(tmp_path / "m.tfm")
     assert loaded.target == target
     x = x_input(3, n=4, d=64)
     np.testing.assert_array_equal(loaded.run(x)[0], mod.run(x)[0])
@@ -198,8 +201,8 @@ def test_missing_cpu_features_are_named(mlp, tmp_path):
     names = ", ".join(sorted([lack, "warp-drive"]))
     with pytest.raises(ArtifactError, match=rf"this module was compiled for futurecpu \(target 'llvm'\) and needs "
                                             rf"{re.escape(names)}; this CPU \({host_cpu}\) lacks them: recompile it here"):
-        runtime.load(tmp_path / "cpu.tfm")
-    runtime.load(tmp_path / "m.tfm")                    # the file as saved still loads
+        tensorfuse.load(tmp_path / "cpu.tfm")
+    tensorfuse.load(tmp_path / "m.tfm")                    # the file as saved still loads
 
 
 @pytest.mark.skipif(not LACKING, reason="this CPU has every feature the test could claim")
@@ -212,14 +215,14 @@ def test_file_without_needs_is_checked_on_its_features(mlp, tmp_path):
         meta["host"]["features"] += f",+{LACKING[0]}"
     _rewrite(tmp_path / "m.tfm", tmp_path / "old.tfm", meta_change=old_file)
     with pytest.raises(ArtifactError, match=rf"needs {re.escape(LACKING[0])}; this CPU .* lacks it"):
-        runtime.load(tmp_path / "old.tfm")
+        tensorfuse.load(tmp_path / "old.tfm")
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 CPU features")
 def test_system_only_features_are_not_needed(mlp, tmp_path):
     # CPU features virtual machines hide (Zen's mwaitx, rdpru) that the code never uses are
     # not a reason to refuse a module compiled for that CPU
-    from compiler.target import Target
+    from tensorfuse.compiler.target import Target
     info = jit.target_info(Target.parse("llvm -mcpu=znver3"))
     assert "+mwaitx" in info["features"].split(",") and "mwaitx" not in info["needs"] and "avx2" in info["needs"]
     _, mod = mlp
@@ -230,7 +233,7 @@ def test_system_only_features_are_not_needed(mlp, tmp_path):
         meta["host"]["features"] = meta["host"]["features"].replace("-mwaitx", "+mwaitx").replace("-rdpru", "+rdpru")
     _rewrite(tmp_path / "m.tfm", tmp_path / "vm.tfm", meta_change=vm)
     x = x_input(4, n=4, d=64)
-    np.testing.assert_array_equal(runtime.load(tmp_path / "vm.tfm").run(x)[0], mod.run(x)[0])
+    np.testing.assert_array_equal(tensorfuse.load(tmp_path / "vm.tfm").run(x)[0], mod.run(x)[0])
 
 
 def test_other_triple_is_refused(mlp, tmp_path):
@@ -239,7 +242,7 @@ def test_other_triple_is_refused(mlp, tmp_path):
     _rewrite(tmp_path / "m.tfm", tmp_path / "arm.tfm",
              meta_change=lambda m: m["host"].update(triple="aarch64-unknown-linux-gnu"))
     with pytest.raises(ArtifactError, match="machine code for aarch64-unknown-linux-gnu"):
-        runtime.load(tmp_path / "arm.tfm")
+        tensorfuse.load(tmp_path / "arm.tfm")
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.9, 0.999])
@@ -249,7 +252,7 @@ def test_truncated_file(mlp, tmp_path, keep):
     data = (tmp_path / "m.tfm").read_bytes()
     (tmp_path / "t.tfm").write_bytes(data[:int(len(data) * keep)])
     with pytest.raises(ArtifactError, match="truncated or corrupt"):
-        runtime.load(tmp_path / "t.tfm")
+        tensorfuse.load(tmp_path / "t.tfm")
 
 
 @pytest.mark.parametrize("member", [CODE, CONSTS])
@@ -260,7 +263,7 @@ def test_corrupt_member_is_detected(mlp, tmp_path, member):
     flip = (member, lambda b: b[:len(b) // 2] + bytes([b[len(b) // 2] ^ 0xFF]) + b[len(b) // 2 + 1:])
     _rewrite(tmp_path / "m.tfm", tmp_path / "c.tfm", member_change=flip)
     with pytest.raises(ArtifactError, match=f"corrupt: the checksum of {member}"):
-        runtime.load(tmp_path / "c.tfm")
+        tensorfuse.load(tmp_path / "c.tfm")
 
 
 def test_flipped_byte_in_place_is_detected(mlp, tmp_path):
@@ -270,19 +273,19 @@ def test_flipped_byte_in_place_is_detected(mlp, tmp_path):
     data[len(data) // 2] ^= 0x5A
     (tmp_path / "f.tfm").write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="corrupt"):
-        runtime.load(tmp_path / "f.tfm")
+        tensorfuse.load(tmp_path / "f.tfm")
 
 
 def test_not_a_module_file(tmp_path):
     (tmp_path / "x.tfm").write_bytes(b"hello, not a zip")
     with pytest.raises(ArtifactError, match="truncated or corrupt"):
-        runtime.load(tmp_path / "x.tfm")
+        tensorfuse.load(tmp_path / "x.tfm")
     with zipfile.ZipFile(tmp_path / "z.tfm", "w") as z:
         z.writestr("readme.txt", "hi")
     with pytest.raises(ArtifactError, match="not a tensorfuse module file"):
-        runtime.load(tmp_path / "z.tfm")
+        tensorfuse.load(tmp_path / "z.tfm")
     with pytest.raises(ArtifactError, match="no such tensorfuse module file"):
-        runtime.load(tmp_path / "missing.tfm")
+        tensorfuse.load(tmp_path / "missing.tfm")
 
 
 def test_write_is_atomic(mlp, tmp_path, monkeypatch):

@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 import pytest
 
-import compiler
-import runtime.cache as rc
-from codegen.llvm import jit
-from compiler.errors import ModelLoadError
+import tensorfuse
+import tensorfuse.runtime.cache as rc
+from tensorfuse.codegen.llvm import jit
+from tensorfuse.compiler.errors import ModelLoadError
 from test_runtime_memory_plan import residual_model, residual_ref
 
 SHAPE = (4, 64)
@@ -44,12 +44,12 @@ def entries(d):
 
 
 def test_miss_then_hit(cache, model):
-    m1 = compiler.compile(model)
+    m1 = tensorfuse.compile(model)
     assert m1.cache_hit is False
     names = entries(cache)
     assert len(names) == 2 and {n.split(".", 1)[1] for n in names} == {"tfm", "key.json"}
     calls = jit.STATS["codegen_calls"]
-    m2 = compiler.compile(model)
+    m2 = tensorfuse.compile(model)
     assert m2.cache_hit is True and jit.STATS["codegen_calls"] == calls       # no code generated
     x = x_input(0)
     np.testing.assert_array_equal(m2.run(x)[0], m1.run(x)[0])
@@ -59,8 +59,8 @@ def test_miss_then_hit(cache, model):
 
 
 def test_hit_rebuilds_ir_on_demand(cache, model):
-    m1 = compiler.compile(model)
-    m2 = compiler.compile(model)
+    m1 = tensorfuse.compile(model)
+    m2 = tensorfuse.compile(model)
     assert m2.cache_hit
     # graph, kernel IR, LLVM IR and what the pass pipeline attached come back when asked for
     assert str(m2.graph) == str(m1.graph)
@@ -71,71 +71,71 @@ def test_hit_rebuilds_ir_on_demand(cache, model):
 
 
 def test_cache_false_skips_it(cache, model):
-    m = compiler.compile(model, cache=False)
+    m = tensorfuse.compile(model, cache=False)
     assert entries(cache) == [] and not hasattr(m, "cache_hit")
-    compiler.compile(model)
-    compiler.compile(model, cache=False)
+    tensorfuse.compile(model)
+    tensorfuse.compile(model, cache=False)
     assert len(entries(cache)) == 2
 
 
 def test_path_bytes_and_proto_share_an_entry(cache, model, tmp_path):
     p = tmp_path / "m.onnx"
     onnx.save(model, p)
-    assert compiler.compile(str(p)).cache_hit is False
-    assert compiler.compile(p.read_bytes()).cache_hit is True
-    assert compiler.compile(model).cache_hit is True
+    assert tensorfuse.compile(str(p)).cache_hit is False
+    assert tensorfuse.compile(p.read_bytes()).cache_hit is True
+    assert tensorfuse.compile(model).cache_hit is True
 
 
 def test_every_key_part_splits_entries(cache, model):
-    compiler.compile(model)
-    assert compiler.compile(model, opt_level=0).cache_hit is False
-    assert compiler.compile(residual_model(3, SHAPE)).cache_hit is False     # another graph
+    tensorfuse.compile(model)
+    assert tensorfuse.compile(model, opt_level=0).cache_hit is False
+    assert tensorfuse.compile(residual_model(3, SHAPE)).cache_hit is False     # another graph
     assert len(entries(cache)) == 6
 
 
 def test_cache_info_explains_a_miss(cache, model, monkeypatch):
-    info = compiler.cache_info(model)
+    info = tensorfuse.cache_info(model)
     assert not info.hit and info.closest is None and "no entry" in str(info)
-    compiler.compile(model)
-    assert compiler.cache_info(model).hit
-    info = compiler.cache_info(model, opt_level=1)
+    tensorfuse.compile(model)
+    assert tensorfuse.cache_info(model).hit
+    info = tensorfuse.cache_info(model, opt_level=1)
     assert not info.hit
     assert info.differences == ["options.opt_level: 1 (closest entry: 2)"], info.differences
-    info = compiler.cache_info(residual_model(5, SHAPE))
+    info = tensorfuse.cache_info(residual_model(5, SHAPE))
     assert [d.split(":")[0] for d in info.differences] == ["model"]
     monkeypatch.setattr(rc, "source_digest", lambda: "0" * 64)
-    info = compiler.cache_info(model)
+    info = tensorfuse.cache_info(model)
     assert [d.split(":")[0] for d in info.differences] == ["version.source"]
     assert "version.source" in str(info)
 
 
 def test_cache_info_target_and_host_parts(cache, model, monkeypatch):
-    compiler.compile(model)
+    tensorfuse.compile(model)
     host = dict(jit.host_info())
     monkeypatch.setattr(jit, "host_info", lambda: dict(host, cpu="othercpu"))
-    info = compiler.cache_info(model)
+    info = tensorfuse.cache_info(model)
     assert [d.split(":")[0] for d in info.differences] == ["target.cpu"]
 
 
 def test_target_cpu_and_features_split_entries(cache, model):
     """A module compiled for other CPU features is never served for plain "llvm" (and back)."""
-    from compiler.target import Target
+    from tensorfuse.compiler.target import Target
     other = "llvm -mattr=-avx2" if "+avx2" in jit.host_info()["features"].split(",") else "llvm -mattr=+avx2"
-    m1 = compiler.compile(model, target=other)
+    m1 = tensorfuse.compile(model, target=other)
     assert m1.cache_hit is False
-    plain = compiler.compile(model)
+    plain = tensorfuse.compile(model)
     assert plain.cache_hit is False and len(entries(cache)) == 4
-    assert compiler.compile(model, target=other).cache_hit is True
-    assert compiler.compile(model, target=other.replace(" ", "   ")).cache_hit is True      # canonical string
-    assert compiler.compile(model).cache_hit is True
+    assert tensorfuse.compile(model, target=other).cache_hit is True
+    assert tensorfuse.compile(model, target=other.replace(" ", "   ")).cache_hit is True      # canonical string
+    assert tensorfuse.compile(model).cache_hit is True
     parts = rc.make_key(model, other, {})["target"]
     t = Target.parse(other)
     assert parts == {"target": str(t), "triple": t.triple, "cpu": t.cpu, "features": t.features,
                      "l1d_bytes": t.l1d_bytes, "l2_bytes": t.l2_bytes}
     plain_parts = rc.make_key(model, "llvm", {})["target"]
     assert plain_parts["features"] == jit.host_info()["features"] and plain_parts["features"] != parts["features"]
-    from runtime.threads import resolve_num_threads
-    info = compiler.cache_info(model, target=other, opt_level=1, num_threads=resolve_num_threads(None))
+    from tensorfuse.runtime.threads import resolve_num_threads
+    info = tensorfuse.cache_info(model, target=other, opt_level=1, num_threads=resolve_num_threads(None))
     assert [d.split(":")[0] for d in info.differences] == ["options.opt_level"]
     x = x_input(5)
     check(m1, x)
@@ -146,7 +146,7 @@ def test_default_places(tmp_path, monkeypatch, model):
     monkeypatch.delenv("TENSORFUSE_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert rc.cache_dir() == tmp_path / "xdg" / "tensorfuse"
-    compiler.compile(model)
+    tensorfuse.compile(model)
     assert len(entries(tmp_path / "xdg" / "tensorfuse")) == 2
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -161,17 +161,17 @@ def test_unwritable_place_means_no_cache_and_one_warning(tmp_path, monkeypatch, 
     monkeypatch.setattr(rc, "_warned", set())
     x = x_input(1)
     with pytest.warns(rc.CacheWarning, match="compile cache disabled: cannot write to"):
-        m = compiler.compile(model)
+        m = tensorfuse.compile(model)
     check(m, x)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        compiler.compile(model)                     # no second warning
-        compiler.compile(model, opt_level=0)
+        tensorfuse.compile(model)                     # no second warning
+        tensorfuse.compile(model, opt_level=0)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
 def test_corrupt_entry_is_dropped_and_rebuilt(cache, model, damage):
-    compiler.compile(model)
+    tensorfuse.compile(model)
     entry = next(cache.glob("*.tfm"))
     data = bytearray(entry.read_bytes())
     if damage == "flip":
@@ -183,30 +183,30 @@ def test_corrupt_entry_is_dropped_and_rebuilt(cache, model, damage):
     entry.write_bytes(bytes(data))
     calls = jit.STATS["codegen_calls"]
     with pytest.warns(rc.CacheWarning, match="dropped a corrupt entry"):
-        m = compiler.compile(model)
+        m = tensorfuse.compile(model)
     assert m.cache_hit is False and jit.STATS["codegen_calls"] == calls + 1
     x = x_input(2)
     check(m, x)
-    assert compiler.compile(model).cache_hit is True          # the rebuilt entry is good
+    assert tensorfuse.compile(model).cache_hit is True          # the rebuilt entry is good
 
 
 def test_no_temporary_files_left(cache, model):
-    compiler.compile(model)
-    compiler.compile(model, opt_level=1)
+    tensorfuse.compile(model)
+    tensorfuse.compile(model, opt_level=1)
     assert not [n for n in entries(cache) if n.startswith(".tmp")]
 
 
 def test_dump_ir_bypasses_the_cache(cache, model, tmp_path):
-    compiler.compile(model, dump_ir=str(tmp_path / "dump"))
+    tensorfuse.compile(model, dump_ir=str(tmp_path / "dump"))
     assert entries(cache) == []
 
 
 def test_bad_model_still_raises_the_compilers_error(cache, tmp_path):
     with pytest.raises(ModelLoadError, match="not found"):
-        compiler.compile(str(tmp_path / "missing.onnx"))
+        tensorfuse.compile(str(tmp_path / "missing.onnx"))
     (tmp_path / "bad.onnx").write_bytes(b"not onnx")
     with pytest.raises(ModelLoadError):
-        compiler.compile(str(tmp_path / "bad.onnx"))
+        tensorfuse.compile(str(tmp_path / "bad.onnx"))
     assert entries(cache) == []
 
 
@@ -223,14 +223,14 @@ def test_external_data_files_are_part_of_the_key(cache, tmp_path):
     onnx.save_model(m, path, save_as_external_data=True, location="ext.data", size_threshold=0)
     assert (tmp_path / "ext.data").is_file()
     x = x_input(3)
-    m1 = compiler.compile(str(path))
+    m1 = tensorfuse.compile(str(path))
     assert m1.cache_hit is False
     np.testing.assert_array_equal(m1.run(x)[0], x + c)
-    assert compiler.compile(str(path)).cache_hit is True
+    assert tensorfuse.compile(str(path)).cache_hit is True
     # new weights in the data file, the .onnx file unchanged: the entry must not be used
     with open(tmp_path / "ext.data", "r+b") as f:
         f.write((c * 2).tobytes())
-    m3 = compiler.compile(str(path))
+    m3 = tensorfuse.compile(str(path))
     assert m3.cache_hit is False
     np.testing.assert_array_equal(m3.run(x)[0], x + 2 * c)
-    assert compiler.compile(str(path)).cache_hit is True
+    assert tensorfuse.compile(str(path)).cache_hit is True

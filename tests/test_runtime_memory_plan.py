@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-import compiler
-from runtime.memory_plan import ALIGNMENT, MemoryPlan, plan_memory
+import tensorfuse
+from tensorfuse.runtime.memory_plan import ALIGNMENT, MemoryPlan, plan_memory
 
 
 @dataclass
@@ -144,7 +144,7 @@ def residual_ref(x, n_blocks=4):
 
 def test_compiled_chain_runs_in_place_and_matches_numpy():
     # O0: every op its own kernel (O2 fuses the whole chain into one kernel with no temps)
-    mod = compiler.compile(residual_model(), opt_level=0, cache=False)
+    mod = tensorfuse.compile(residual_model(), opt_level=0, cache=False)
     plan = mod.memory_plan
     assert plan.naive_bytes == 8 * 4 * 64 * 4
     assert plan.num_inplace > 0
@@ -159,7 +159,7 @@ def test_compiled_broadcast_is_not_in_place_into_the_smaller_operand():
     # Add(t[4,1] , s[4,8]) -> [4,8]: only the full-shape operand may share the output's memory
     nodes = [helper.make_node("Relu", ["x"], ["t"]), helper.make_node("Relu", ["z"], ["s"]),
              helper.make_node("Add", ["t", "s"], ["u"]), helper.make_node("Relu", ["u"], ["y"])]
-    mod = compiler.compile(_model(nodes, [("x", (4, 1)), ("z", (4, 8))], ["y"]), opt_level=0, cache=False)
+    mod = tensorfuse.compile(_model(nodes, [("x", (4, 1)), ("z", (4, 8))], ["y"]), opt_level=0, cache=False)
     by = {b.name: b for b in mod.memory_plan.buffers}
     assert by["u"].shares == by["s"].slot            # never t's [4,1] buffer
     x = np.random.default_rng(1).standard_normal((4, 1)).astype(np.float32)
@@ -169,7 +169,7 @@ def test_compiled_broadcast_is_not_in_place_into_the_smaller_operand():
 
 @pytest.mark.parametrize("opt_level", [0, 2])
 def test_plan_reported_on_module(opt_level):
-    mod = compiler.compile(residual_model(2, (3, 5)), opt_level=opt_level, cache=False)
+    mod = tensorfuse.compile(residual_model(2, (3, 5)), opt_level=opt_level, cache=False)
     plan = mod.memory_plan
     assert plan.peak_live_bytes <= plan.arena_bytes <= plan.naive_bytes
     for b in plan.buffers:

@@ -10,7 +10,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import compiler
+import tensorfuse
 from conftest import shared_model_entries, shared_models_dir
 from oracle import model_inputs
 from test_runtime_artifact import load_in_fresh_process
@@ -39,10 +39,10 @@ def compiled(request, tmp_path_factory):
     mp.setenv("TENSORFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     try:
         t0 = time.perf_counter()
-        mod = compiler.compile(path)
+        mod = tensorfuse.compile(path)
         cold = time.perf_counter() - t0
         t0 = time.perf_counter()
-        warm_mod = compiler.compile(path)
+        warm_mod = tensorfuse.compile(path)
         warm = time.perf_counter() - t0
     finally:
         mp.undo()

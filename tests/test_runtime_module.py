@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import compiler
+import tensorfuse
 
 
 def mlp_model(n: int = 8, d: int = 256, seed: int = 0) -> onnx.ModelProto:
@@ -49,7 +49,7 @@ def x_input(seed: int, n: int = 8, d: int = 256) -> np.ndarray:
 @pytest.fixture(scope="module")
 def mlp():
     model = mlp_model()
-    return model, compiler.compile(model, cache=False)
+    return model, tensorfuse.compile(model, cache=False)
 
 
 def test_matches_numpy_and_outputs_are_fresh(mlp):
@@ -66,7 +66,7 @@ def test_matches_numpy_and_outputs_are_fresh(mlp):
 
 
 def test_second_run_allocates_only_outputs():
-    mod = compiler.compile(mlp_model(n=128), cache=False)
+    mod = tensorfuse.compile(mlp_model(n=128), cache=False)
     x = x_input(3, n=128)
     mod.run(x)
     arena = mod.memory_plan.arena_bytes
@@ -158,7 +158,7 @@ def test_profile_gflops_for_ops_with_flop_counts():
                           initializer=[numpy_helper.from_array(w, "w")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 10
-    mod = compiler.compile(m, cache=False)
+    mod = tensorfuse.compile(m, cache=False)
     prof = mod.profile(x, repeat=3, show=False)
     conv = [r for r in prof if "conv" in r.nodes]
     assert conv and conv[0].gflops is not None and conv[0].gflops > 0
@@ -181,8 +181,8 @@ def test_benchmark(mlp):
 
 
 def test_trace_sources_follows_rewrites():
-    from compiler.rewrite import Application
-    from runtime.profile import trace_sources
+    from tensorfuse.compiler.rewrite import Application
+    from tensorfuse.runtime.profile import trace_sources
     log = [Application("fold_bn", ["conv1", "bn1"], ["conv1_bn"]),
            Application("conv_relu", ["conv1_bn", "relu1"], ["fused_0"]),
            Application("keep_name", ["add"], ["add"])]

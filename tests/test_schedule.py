@@ -21,18 +21,18 @@ import pytest
 from llvmlite import ir as lir
 from onnx import TensorProto, helper, numpy_helper
 
-import compiler
-from codegen.llvm.emit import CodegenError, emit_entry, emit_kernel, kernel_is_parallel
-from codegen.llvm.jit import compile_ir
+import tensorfuse
+from tensorfuse.codegen.llvm.emit import CodegenError, emit_entry, emit_kernel, kernel_is_parallel
+from tensorfuse.codegen.llvm.jit import compile_ir
 from codegen_util import (calls_fmuladd, entry_calls, float_vectors, function_ir, optimized_ir,
                           parallel_kernels)
-from compiler.target import Target
-from ir.kernel import Const, For, KernelBuilder, Buffer, Store, Var
-from ir.schedule import (MIN_PARALLEL_EXTENT, ScheduleError, default_schedule, parallel_violations,
+from tensorfuse.compiler.target import Target
+from tensorfuse.ir.kernel import Const, For, KernelBuilder, Buffer, Store, Var
+from tensorfuse.ir.schedule import (MIN_PARALLEL_EXTENT, ScheduleError, default_schedule, parallel_violations,
                          verify_schedule)
-from ir.types import DType
+from tensorfuse.ir.types import DType
 from oracle import ort_run
-from runtime.threads import ThreadTeam
+from tensorfuse.runtime.threads import ThreadTeam
 
 F32 = DType.f32
 RTOL, ATOL = 1e-4, 1e-5
@@ -89,7 +89,7 @@ def test_lowered_elementwise_kernels_get_one_spatial_parallel_loop():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
         m.ir_version = 10
-        mod = compiler.compile(m, opt_level=0, num_threads=2)
+        mod = tensorfuse.compile(m, opt_level=0, num_threads=2)
         (k,) = mod.kernels
         _check_one_spatial_parallel_loop(k)
         assert parallel_kernels(mod) == {k.name}
@@ -225,20 +225,20 @@ def mlp_model(rows=(2, 35), k=128, n=256) -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def cnn():
     m = cnn_model()
-    return m, compiler.compile(m, num_threads=1)
+    return m, tensorfuse.compile(m, num_threads=1)
 
 
 @pytest.fixture(scope="module")
 def mlp():
     m = mlp_model()
-    return m, compiler.compile(m, num_threads=1)
+    return m, tensorfuse.compile(m, num_threads=1)
 
 
 # ----------------------------------------------------------------------------- codegen inspection
 def test_blocked_conv_codegen_vectors_fmuladd_barrier():
     L = lanes()
     assert L in (4, 8, 16)
-    mod = compiler.compile(conv_model(), num_threads=2)
+    mod = tensorfuse.compile(conv_model(), num_threads=2)
     assert [c.ops for c in mod.calls] == [["Conv"], ["Conv"]]
     names = [c.kernel for c in mod.calls]
     assert parallel_kernels(mod) == set(names)
@@ -266,7 +266,7 @@ def test_blocked_matmul_codegen_vectors_fmuladd_barrier():
     rng = np.random.default_rng(3)
     m = _model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=-1)],
                "mm", [("x", [16, 256])], [("y", [16, 512])], [_c(rng, "w", 256, 512)])
-    mod = compiler.compile(m, num_threads=2)
+    mod = tensorfuse.compile(m, num_threads=2)
     assert [c.ops for c in mod.calls] == [["MatMul"], ["Softmax"]]
     mm, sm = (c.kernel for c in mod.calls)
     assert parallel_kernels(mod) == {mm, sm}
@@ -288,7 +288,7 @@ def test_serial_kernel_gets_null_team_and_runs_on_thread_zero():
     between serial kernels)."""
     m = _model([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["h"], ["y"])], "tiny",
                [("x", [2, 5])], [("y", [2, 5])], [])
-    mod = compiler.compile(m, opt_level=0, num_threads=2)
+    mod = tensorfuse.compile(m, opt_level=0, num_threads=2)
     assert not parallel_kernels(mod)
     assert entry_calls(mod.llvm_ir) == [(c.kernel, False) for c in mod.calls]
     x = np.linspace(-2, 2, 10, dtype=np.float32).reshape(2, 5)
@@ -510,7 +510,7 @@ def test_structurally_identical_kernels_share_code():
              for n in ("w1", "w2")]
     inits += [numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), n) for n in ("b1", "b2")]
     m = _model(nodes, "twice", [("x", [1, 16, 20, 20])], [("y", [1, 16, 20, 20])], inits)
-    mod = compiler.compile(m, num_threads=2)
+    mod = tensorfuse.compile(m, num_threads=2)
     convs = [c.kernel for c in mod.calls if any("Conv" in op for op in c.ops)]
     assert len(convs) == 2 and convs[0] == convs[1]
     assert len(re.findall(r"define [^@]*@\"?%s\"?\(" % re.escape(convs[0]), mod.llvm_ir)) == 1

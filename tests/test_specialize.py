@@ -6,8 +6,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
-from compiler.specialize import SpecializingModule
+import tensorfuse
+from tensorfuse.compiler.specialize import SpecializingModule
 
 
 def _reshape_model(dynamic_shape_via_add: bool = False) -> onnx.ModelProto:
@@ -28,7 +28,7 @@ def _reshape_model(dynamic_shape_via_add: bool = False) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("via_add", [False, True])
 def test_reshape_shape_as_input_compiles_per_value(via_add):
-    mod = compiler.compile(_reshape_model(via_add), target="llvm")
+    mod = tensorfuse.compile(_reshape_model(via_add), target="llvm")
     assert isinstance(mod, SpecializingModule)
     assert mod.specialized_on == ["s"]
     x = np.arange(-12, 12, dtype=np.float32).reshape(2, 3, 4)
@@ -42,7 +42,7 @@ def test_reshape_shape_as_input_compiles_per_value(via_add):
 
 
 def test_specializing_module_checks_inputs():
-    mod = compiler.compile(_reshape_model(), target="llvm")
+    mod = tensorfuse.compile(_reshape_model(), target="llvm")
     x = np.zeros((2, 3, 4), np.float32)
     with pytest.raises(ValueError, match="'s' is missing"):
         mod.run(x)
@@ -57,7 +57,7 @@ def test_specializing_module_checks_inputs():
 
 
 def test_without_cache_also_specializes():
-    mod = compiler.compile(_reshape_model(), target="llvm", cache=False)
+    mod = tensorfuse.compile(_reshape_model(), target="llvm", cache=False)
     assert isinstance(mod, SpecializingModule)
     (y,) = mod.run(np.ones((2, 3, 4), np.float32), np.array([24, 1], np.int64))
     assert y.shape == (24, 1)

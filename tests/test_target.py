@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-import compiler
-import compiler.driver as driver
-from codegen.llvm import jit
-from compiler.target import Target, _cache_sizes, _parse_size
-from ir.types import DType
+import tensorfuse
+from tensorfuse import compiler
+import tensorfuse.compiler.driver as driver
+from tensorfuse.codegen.llvm import jit
+from tensorfuse.compiler.target import Target, _cache_sizes, _parse_size
+from tensorfuse.ir.types import DType
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 x86_only = pytest.mark.skipif(not X86, reason="x86 CPU names and features")
@@ -156,9 +157,9 @@ def test_compile_refuses_a_bad_target_before_any_work(monkeypatch):
     monkeypatch.setattr(driver, "import_onnx", no_work)
     calls = jit.STATS["codegen_calls"]
     with pytest.raises(ValueError, match="unknown CPU 'notacpu'"):
-        compiler.compile(relu_add_model(), target="llvm -mcpu=notacpu")
+        tensorfuse.compile(relu_add_model(), target="llvm -mcpu=notacpu")
     with pytest.raises(ValueError, match="unknown option '--foo'"):
-        compiler.compile(relu_add_model(), target="llvm --foo", cache=False)
+        tensorfuse.compile(relu_add_model(), target="llvm --foo", cache=False)
     assert jit.STATS["codegen_calls"] == calls
 
 
@@ -231,7 +232,7 @@ def relu_add_model(shape=(4, 37)):
 @x86_only
 def test_compile_for_a_cpu_without_avx_runs():
     target = "llvm -mcpu=x86-64 -mattr=-avx,-avx2"
-    mod = compiler.compile(relu_add_model(), target=target, cache=False)
+    mod = tensorfuse.compile(relu_add_model(), target=target, cache=False)
     x = np.random.default_rng(0).standard_normal((4, 37)).astype(np.float32)
     np.testing.assert_allclose(mod.run(x)[0], np.maximum(x, 0) + x, rtol=1e-6)
     info = mod._lib.target_info
@@ -248,13 +249,13 @@ def test_a_module_for_features_this_cpu_lacks_refuses_to_run_but_saves(tmp_path)
     lacking = [f for f in ("avx512f", "amx-tile", "avx512fp16") if f"-{f}" in host]
     assert lacking, "this CPU has every candidate feature"
     feature = lacking[0]
-    mod = compiler.compile(relu_add_model(), target=f"llvm -mattr=+{feature}", cache=False)
+    mod = tensorfuse.compile(relu_add_model(), target=f"llvm -mattr=+{feature}", cache=False)
     x = np.ones((4, 37), np.float32)
     with pytest.raises(RuntimeError, match=feature):
         mod.run(x)
     with pytest.raises(RuntimeError, match=feature):
         mod.profile(x, show=False)
     mod.save(tmp_path / "m.tfm")
-    import runtime
+    from tensorfuse import runtime
     with pytest.raises(runtime.artifact.ArtifactError, match=feature):
-        runtime.load(tmp_path / "m.tfm")
+        tensorfuse.load(tmp_path / "m.tfm")

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pathlib
 import re
 
-import compiler.rules
+from tensorfuse import compiler
+import tensorfuse.compiler.rules  # noqa: F401  (the rule sets, as compiler.rules)
 
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "writing-a-fusion-rule.md"
 

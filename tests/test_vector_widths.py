@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import compiler
+import tensorfuse
 from oracle import ort_run
 
 RTOL, ATOL = 1e-4, 1e-4
@@ -69,7 +69,7 @@ def test_blocked_schedules_at_each_vector_width(width, build):
     target, lanes = width
     assert target.lanes(np.float32) == lanes
     model, feeds = build()
-    mod = compiler.compile(model, target=target, cache=False, num_threads=2)
+    mod = tensorfuse.compile(model, target=target, cache=False, num_threads=2)
     blocked = [k for k in mod.kernels if "register tile" in k.comment]
     assert blocked, "no kernel used a blocked schedule"
     if build is conv_net:

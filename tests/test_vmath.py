@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from codegen.llvm import jit, vmath
-from ir.ops._common import erf_np
+from tensorfuse.codegen.llvm import jit, vmath
+from tensorfuse.ir.ops._common import erf_np
 
 F32 = ir.FloatType()
 I64 = ir.IntType(64)

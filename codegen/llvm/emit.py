@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ir.kernel import FMA, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
-from ir.schedule import runs_on_thread0_only, statement_is_parallel
-from ir.types import DType
+from tensorfuse.ir.kernel import FMA, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+from tensorfuse.ir.schedule import runs_on_thread0_only, statement_is_parallel
+from tensorfuse.ir.types import DType
 
 from . import vmath
 

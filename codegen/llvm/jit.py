@@ -268,7 +268,7 @@ def emit_assembly(ir_text: str, name: str = "module", opt: int = 3, target=None)
 def _as_target(target):
     """None (this machine) or a Target; a target string is parsed (``compiler.target``)."""
     if isinstance(target, str):
-        from compiler.target import Target
+        from tensorfuse.compiler.target import Target
         return Target.parse(target)
     return target
 

@@ -37,10 +37,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from compiler.errors import UnsupportedModelError
-from ir.graph import Value
-from ir.registry import ShapeError
-from ir.types import DType
+from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.graph import Value
+from tensorfuse.ir.registry import ShapeError
+from tensorfuse.ir.types import DType
 
 #: body instances one Loop or Scan node may unroll into
 MAX_UNROLL = 4096
@@ -58,7 +58,7 @@ def import_control_flow(ctx, proto: onnx.NodeProto, version: int) -> list[Value 
 
 # ----------------------------------------------------------------------------- helpers
 def _graph_attr(proto: onnx.NodeProto, attr: str, name: str) -> onnx.GraphProto:
-    from compiler.frontend.onnx import attr_value
+    from tensorfuse.compiler.frontend.onnx import attr_value
     for a in proto.attribute:
         if a.name == attr:
             g = attr_value(a, allow_graphs=True)
@@ -69,7 +69,7 @@ def _graph_attr(proto: onnx.NodeProto, attr: str, name: str) -> onnx.GraphProto:
 
 
 def _int_attrs(proto: onnx.NodeProto) -> dict:
-    from compiler.frontend.onnx import attr_value
+    from tensorfuse.compiler.frontend.onnx import attr_value
     return {a.name: attr_value(a) for a in proto.attribute
             if a.type not in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)}
 
@@ -112,7 +112,7 @@ def inline_graph(ctx, body: onnx.GraphProto, bindings: list[Value], prefix: str,
     ``bindings``; outer-scope names resolve through ``ctx.env``. Node names and new value names
     start with ``prefix``. ``inits`` caches the body's initializers as constants across the
     instances of one body (a Loop's or Scan's iterations). Returns the body's output Values."""
-    from compiler.frontend.onnx import import_node
+    from tensorfuse.compiler.frontend.onnx import import_node
     if len(bindings) != len(body.input):
         raise UnsupportedModelError(f"node '{owner}': its subgraph '{body.name}' takes {len(body.input)} "
                                     f"inputs, {len(bindings)} are bound")

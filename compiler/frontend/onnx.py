@@ -20,11 +20,11 @@ import onnx
 import onnx.defs
 from onnx import helper, numpy_helper
 
-from compiler.errors import ModelLoadError, UnsupportedModelError
-from ir.builder import Builder, propagate_known
-from ir.graph import Graph, Node, Value
-from ir.registry import ShapeError, find_op, infer_types
-from ir.types import DType, TensorType
+from tensorfuse.compiler.errors import ModelLoadError, UnsupportedModelError
+from tensorfuse.ir.builder import Builder, propagate_known
+from tensorfuse.ir.graph import Graph, Node, Value
+from tensorfuse.ir.registry import ShapeError, find_op, infer_types
+from tensorfuse.ir.types import DType, TensorType
 
 MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
@@ -238,7 +238,7 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
     version = onnx.defs.get_schema(n.op_type, dom_opset, dom).since_version
     try:
         if n.op_type in CONTROL_FLOW_OPS and dom == "":
-            from compiler.frontend.control_flow import import_control_flow
+            from tensorfuse.compiler.frontend.control_flow import import_control_flow
             outs = import_control_flow(ctx, n, version)
         elif od.importer is not None:
             outs = od.importer(ctx, n, version)
@@ -246,7 +246,7 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
             outs = ctx.default_import(n)
     except ShapeError as e:
         # a shape-deciding input computed from graph inputs: compile() specialises on them
-        from compiler.specialize import InputValuesNeeded, graph_inputs_behind
+        from tensorfuse.compiler.specialize import InputValuesNeeded, graph_inputs_behind
         needed = graph_inputs_behind(ctx.graph, e.needs_value)
         where = (f"node '{n.name}' ({n.op_type})" if n.name else
                  f"unnamed {n.op_type} node (first output '{n.output[0] if n.output else ''}')")

@@ -10,7 +10,7 @@ the node (:class:`PassError`).
 """
 from __future__ import annotations
 
-from compiler.errors import CompileError
+from tensorfuse.compiler.errors import CompileError
 
 
 class PassError(CompileError):
@@ -24,10 +24,10 @@ class PassError(CompileError):
         self.node = node
 
 
-from compiler.passes.cse import eliminate_common_subexpressions  # noqa: E402
-from compiler.passes.dce import eliminate_dead_nodes  # noqa: E402
-from compiler.passes.fold import fold_constants  # noqa: E402
-from compiler.passes.simplify import SIMPLIFY_RULES, simplify  # noqa: E402
+from tensorfuse.compiler.passes.cse import eliminate_common_subexpressions  # noqa: E402
+from tensorfuse.compiler.passes.dce import eliminate_dead_nodes  # noqa: E402
+from tensorfuse.compiler.passes.fold import fold_constants  # noqa: E402
+from tensorfuse.compiler.passes.simplify import SIMPLIFY_RULES, simplify  # noqa: E402
 
 __all__ = ["PassError", "fold_constants", "eliminate_dead_nodes", "eliminate_common_subexpressions",
            "SIMPLIFY_RULES", "simplify"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Graph, Value
+from tensorfuse.ir.graph import Graph, Value
 
 
 def _const_key(v: Value):

@@ -1,7 +1,7 @@
 """Dead-node elimination."""
 from __future__ import annotations
 
-from ir.graph import Graph
+from tensorfuse.ir.graph import Graph
 
 
 def eliminate_dead_nodes(graph: Graph) -> bool:

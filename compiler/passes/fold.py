@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Graph, Node, Value
-from ir.registry import find_op, run_reference
+from tensorfuse.ir.graph import Graph, Node, Value
+from tensorfuse.ir.registry import find_op, run_reference
 
 #: default cap on the bytes one folded node may add beyond the constants it reads
 MAX_FOLD_BYTES = 1 << 20
@@ -167,7 +167,7 @@ def fold_constants(graph: Graph, max_bytes: int = MAX_FOLD_BYTES, max_growth: in
     Returns whether any node was folded. Raises PassError naming the node when a reference
     fails or disagrees with inference.
     """
-    from compiler.passes import PassError
+    from tensorfuse.compiler.passes import PassError
     budget = MAX_FOLD_GROWTH_BYTES if max_growth is None else max_growth
     users = graph.users()
     folds, large = _plan(graph, max_bytes, users)

@@ -31,9 +31,9 @@ back to the model. ``fuse_ops(graph, log)`` can also log each group like a rule 
 """
 from __future__ import annotations
 
-from ir.graph import Graph, Node, Value
-from ir.ops.fused import DOMAIN
-from ir.registry import OpPatternKind, find_op
+from tensorfuse.ir.graph import Graph, Node, Value
+from tensorfuse.ir.ops.fused import DOMAIN
+from tensorfuse.ir.registry import OpPatternKind, find_op
 
 __all__ = ["fuse_ops", "FuseOps", "Group", "plan_groups"]
 
@@ -246,7 +246,7 @@ def fuse_ops(graph: Graph, log: list | None = None) -> bool:
     groups = [grp for grp in plan_groups(graph) if len(grp.nodes) > 1]
     if not groups:
         return False
-    from compiler.rewrite import Application
+    from tensorfuse.compiler.rewrite import Application
     users = graph.users()
     graph_outputs = {id(v) for v in graph.outputs}
     place: dict[int, Node | None] = {}

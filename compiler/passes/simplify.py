@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.pattern import Any, Const, OneOf, Optional, P
-from compiler.rewrite import Fail, Rule, apply_rules
-from ir.graph import Graph
+from tensorfuse.compiler.pattern import Any, Const, OneOf, Optional, P
+from tensorfuse.compiler.rewrite import Fail, Rule, apply_rules
+from tensorfuse.ir.graph import Graph
 
 #: ops that only reinterpret row-major data with a new shape
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")

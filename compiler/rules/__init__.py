@@ -12,7 +12,7 @@ The simplification rules of O1 live in :mod:`compiler.passes.simplify` (``SIMPLI
 """
 from __future__ import annotations
 
-from compiler.rules import fold_batchnorm, fuse_attention, fuse_conv, fuse_gelu, fuse_layernorm, fuse_matmul
+from tensorfuse.compiler.rules import fold_batchnorm, fuse_attention, fuse_conv, fuse_gelu, fuse_layernorm, fuse_matmul
 
 FOLD_RULES: list = [*fold_batchnorm.RULES]
 # GELU and LayerNorm are recognised before the anchors take activations; EmbedLayerNorm is tried

@@ -10,10 +10,10 @@ import math
 
 import numpy as np
 
-from compiler.pattern import Const, OneOf, Optional, P, Pattern
-from compiler.rewrite import Fail
-from ir.graph import Value
-from ir.registry import ShapeError
+from tensorfuse.compiler.pattern import Const, OneOf, Optional, P, Pattern
+from tensorfuse.compiler.rewrite import Fail
+from tensorfuse.ir.graph import Value
+from tensorfuse.ir.registry import ShapeError
 
 
 def activation(x: Pattern) -> Pattern:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.pattern import Any, Const, Optional, P
-from compiler.rewrite import Fail, Rule
-from compiler.rules._activation import build_or_fail
+from tensorfuse.compiler.pattern import Any, Const, Optional, P
+from tensorfuse.compiler.rewrite import Fail, Rule
+from tensorfuse.compiler.rules._activation import build_or_fail
 
 
 def _bn_pattern(anchor):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.pattern import Any, OneOf, Optional, P
-from compiler.rewrite import Fail, Rule
-from compiler.rules._activation import activation, activation_of, build_or_fail
+from tensorfuse.compiler.pattern import Any, OneOf, Optional, P
+from tensorfuse.compiler.rewrite import Fail, Rule
+from tensorfuse.compiler.rules._activation import activation, activation_of, build_or_fail
 
 FUSED_CONV = "tensorfuse::FusedConv"
 

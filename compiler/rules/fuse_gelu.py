@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
-from compiler.pattern import Any, Const, OneOf, P
-from compiler.rewrite import Fail, Rule
-from compiler.rules._activation import build_or_fail
+from tensorfuse.compiler.pattern import Any, Const, OneOf, P
+from tensorfuse.compiler.rewrite import Fail, Rule
+from tensorfuse.compiler.rules._activation import build_or_fail
 
 _RT = 1e-5   # constants as float32 exports write them
 _x = Any("x")

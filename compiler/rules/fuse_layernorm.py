@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.pattern import Any, Const, OneOf, Optional, P
-from compiler.rewrite import Fail, Rule
-from compiler.rules._activation import build_or_fail
-from ir.ops._common import norm_axis
-from ir.types import DType
+from tensorfuse.compiler.pattern import Any, Const, OneOf, Optional, P
+from tensorfuse.compiler.rewrite import Fail, Rule
+from tensorfuse.compiler.rules._activation import build_or_fail
+from tensorfuse.ir.ops._common import norm_axis
+from tensorfuse.ir.types import DType
 
 # ----------------------------------------------------------------------------- decomposed form
 _x = Any("x")

@@ -7,9 +7,9 @@ an attention block, which fuse_attention takes whole).
 """
 from __future__ import annotations
 
-from compiler.pattern import Any, Const, OneOf, Optional, P
-from compiler.rewrite import Fail, Rule
-from compiler.rules._activation import activation, activation_of, build_or_fail
+from tensorfuse.compiler.pattern import Any, Const, OneOf, Optional, P
+from tensorfuse.compiler.rewrite import Fail, Rule
+from tensorfuse.compiler.rules._activation import activation, activation_of, build_or_fail
 
 FUSED_MATMUL = "tensorfuse::FusedMatMul"
 

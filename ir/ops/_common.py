@@ -6,10 +6,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr
-from ir.lowering import LowerCtx
-from ir.registry import ShapeError
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.registry import ShapeError
+from tensorfuse.ir.types import DType, TensorType
 
 
 # ----------------------------------------------------------------------------- inference

@@ -12,11 +12,11 @@ import math
 
 import numpy as np
 
-from ir.kernel import as_expr, maximum, minimum, select, unop
-from ir.ops._common import broadcast_shapes
-from ir.ops._common import erf_np
-from ir.ops.elementwise import BC, EW, F64, check_types, in_f32, infer_ew, np_in_f32, unary
-from ir.registry import ShapeError, op
+from tensorfuse.ir.kernel import as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.ops._common import broadcast_shapes
+from tensorfuse.ir.ops._common import erf_np
+from tensorfuse.ir.ops.elementwise import BC, EW, F64, check_types, in_f32, infer_ew, np_in_f32, unary
+from tensorfuse.ir.registry import ShapeError, op
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 

@@ -43,11 +43,11 @@ import math
 
 import numpy as np
 
-from ir.kernel import as_expr, maximum, minimum, select, unop
-from ir.lowering import LowerCtx
-from ir.ops.attention import _to_4d
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops.attention import _to_4d
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 _FLOATS = (DType.f16, DType.bf16, DType.f32)
 _LOWP = (DType.f16, DType.bf16)

@@ -15,10 +15,10 @@ import math
 import numpy as np
 import onnx
 
-from ir.ops.conv import FLOAT_TYPES
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType
-from ir.kernel import as_expr, unop
+from tensorfuse.ir.ops.conv import FLOAT_TYPES
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType
+from tensorfuse.ir.kernel import as_expr, unop
 
 _NAMES = ("X", "scale", "B", "input_mean", "input_var")
 

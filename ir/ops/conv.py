@@ -21,10 +21,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ir.kernel import Buffer, Expr, KernelBuilder, as_expr, maximum, minimum, unop
-from ir.lowering import LowerCtx
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, as_expr, maximum, minimum, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 FLOAT_TYPES = (DType.f16, DType.f32, DType.f64, DType.bf16)
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -253,8 +253,8 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     elements to ``acc_dtype`` (ConvInteger subtracts zero points there; ``c`` is the input
     channel); ``finish(acc, oc)`` turns the accumulator (bias added) into y's dtype.
     """
-    from ir.ops.conv_blocked import blocked_conv_ok, emit_conv_blocked
-    from ir.ops.conv_depthwise import depthwise_conv_ok, emit_conv_depthwise
+    from tensorfuse.ir.ops.conv_blocked import blocked_conv_ok, emit_conv_blocked
+    from tensorfuse.ir.ops.conv_depthwise import depthwise_conv_ok, emit_conv_depthwise
     if (depthwise_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
             and ctx.const(1) is not None and ctx.inputs[1] is w):
         return emit_conv_depthwise(ctx, x, w, b, y, geo, params=params)

@@ -32,10 +32,10 @@ import contextlib
 
 import numpy as np
 
-from ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma
-from ir.lowering import LowerCtx
-from ir.ops.conv import window_hi, window_lo
-from ir.types import DType
+from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops.conv import window_hi, window_lo
+from tensorfuse.ir.types import DType
 
 
 def vector_registers(target) -> int:

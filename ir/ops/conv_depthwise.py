@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import contextlib
 
-from ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum
-from ir.lowering import LowerCtx
-from ir.types import DType
+from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.types import DType
 
 #: the largest kernel extent (per spatial dim) whose taps the schedule unrolls
 MAX_KERNEL = 7

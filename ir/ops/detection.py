@@ -18,12 +18,12 @@ import math
 
 import numpy as np
 
-from ir.kernel import I64, Buffer, as_expr, maximum, minimum, select, unop
-from ir.lowering import LowerCtx
-from ir.ops._common import const_input
-from ir.ops.conv import FLOAT_TYPES, Geometry, conv_geometry, conv_kernel_shape, flat_offset
-from ir.registry import OpPatternKind, ShapeError, op, run_reference
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import I64, Buffer, as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import const_input
+from tensorfuse.ir.ops.conv import FLOAT_TYPES, Geometry, conv_geometry, conv_kernel_shape, flat_offset
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op, run_reference
+from tensorfuse.ir.types import DType, TensorType
 
 
 # ----------------------------------------------------------------------------- data-dependent

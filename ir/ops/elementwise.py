@@ -22,10 +22,10 @@ import math
 import numpy as np
 import onnx.defs
 
-from ir.kernel import as_expr, binop, maximum, minimum, select, unop
-from ir.ops._common import broadcast_shapes, erf_np, present
-from ir.registry import OpDef, OpPatternKind, ShapeError, op, register
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import as_expr, binop, maximum, minimum, select, unop
+from tensorfuse.ir.ops._common import broadcast_shapes, erf_np, present
+from tensorfuse.ir.registry import OpDef, OpPatternKind, ShapeError, op, register
+from tensorfuse.ir.types import DType, TensorType
 
 EW = OpPatternKind.ELEMWISE
 BC = OpPatternKind.BROADCAST

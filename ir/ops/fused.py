@@ -26,11 +26,11 @@ import math
 
 import numpy as np
 
-from ir.graph import Node, Value
-from ir.kernel import Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum, select, unop
-from ir.ops._common import broadcast_shapes, erf_np, norm_axis
-from ir.registry import AttrSpec, OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.graph import Node, Value
+from tensorfuse.ir.kernel import Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum, select, unop
+from tensorfuse.ir.ops._common import broadcast_shapes, erf_np, norm_axis
+from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 DOMAIN = "tensorfuse"
 #: Attention keeps K^T of one batch entry in a local (stack) buffer up to this many elements
@@ -609,7 +609,7 @@ def _epilogue(ctx, addend_buf):
 
 
 def _anchored_infer(node, anchor: str, n_anchor_inputs: int, addend_index: int, what: str):
-    from ir.registry import get_op
+    from tensorfuse.ir.registry import get_op
     activation_params(node)
     (t,) = get_op(anchor).infer(_proxy(node, anchor, n_anchor_inputs))[:1]
     if not t.dtype.is_float:
@@ -619,7 +619,7 @@ def _anchored_infer(node, anchor: str, n_anchor_inputs: int, addend_index: int, 
 
 
 def _anchored_reference(node, ins, anchor: str, n_anchor_inputs: int, addend_index: int):
-    from ir.registry import get_op
+    from tensorfuse.ir.registry import get_op
     anchor_ins = list(ins[:n_anchor_inputs]) + [None] * (n_anchor_inputs - len(ins[:n_anchor_inputs]))
     y = get_op(anchor).reference(_proxy(node, anchor, n_anchor_inputs), anchor_ins)[0]
     z = ins[addend_index] if len(ins) > addend_index else None
@@ -630,12 +630,12 @@ def _anchored_reference(node, ins, anchor: str, n_anchor_inputs: int, addend_ind
 
 
 def _conv_attrs():
-    from ir.registry import onnx_attr_specs
+    from tensorfuse.ir.registry import onnx_attr_specs
     return {**onnx_attr_specs("Conv"), **ACTIVATION_ATTRS}
 
 
 def _gemm_attrs():
-    from ir.registry import onnx_attr_specs
+    from tensorfuse.ir.registry import onnx_attr_specs
     return {**onnx_attr_specs("Gemm"), **ACTIVATION_ATTRS}
 
 
@@ -661,7 +661,7 @@ class FusedConv:
         return _anchored_reference(node, ins, "Conv", 3, 3)
 
     def lower(ctx):
-        from ir.ops.conv import conv_geometry_of, emit_conv
+        from tensorfuse.ir.ops.conv import conv_geometry_of, emit_conv
         x, w = ctx.inputs[0], ctx.inputs[1]
         b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
         z = ctx.inputs[3] if len(ctx.inputs) > 3 else None
@@ -669,7 +669,7 @@ class FusedConv:
         emit_conv(ctx, x, w, b, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node))
 
     def flops(node):
-        from ir.ops.conv import conv_flops
+        from tensorfuse.ir.ops.conv import conv_flops
         return conv_flops(node) + 2.0 * node.outputs[0].type.numel
 
 
@@ -692,7 +692,7 @@ class FusedMatMul:
         return _anchored_reference(node, ins, "MatMul", 2, 2)
 
     def lower(ctx):
-        from ir.ops.linalg import emit_matmul
+        from tensorfuse.ir.ops.linalg import emit_matmul
         bias = ctx.inputs[2] if len(ctx.inputs) > 2 else None
         ctx.epilogue = _epilogue(ctx, bias)
         emit_matmul(ctx, ctx.inputs[0], ctx.inputs[1], ctx.outputs[0])
@@ -719,7 +719,7 @@ class FusedGemm:
         return _anchored_reference(node, ins, "Gemm", 3, 99)
 
     def lower(ctx):
-        from ir.ops.linalg import emit_gemm
+        from tensorfuse.ir.ops.linalg import emit_gemm
         a, b = ctx.inputs[0], ctx.inputs[1]
         c = ctx.inputs[2] if len(ctx.inputs) > 2 else None
         ctx.epilogue = _epilogue(ctx, None)
@@ -728,13 +728,13 @@ class FusedGemm:
                   trans_b=bool(ctx.attr("transB", 0)))
 
     def flops(node):
-        from ir.registry import get_op
+        from tensorfuse.ir.registry import get_op
         return get_op("Gemm").flops(_proxy(node, "Gemm", 3)) + 2.0 * node.outputs[0].type.numel
 
 
 # ----------------------------------------------------------------------------- FusedFunction
 def _fused_body(node: Node):
-    from ir.graph import Graph
+    from tensorfuse.ir.graph import Graph
     body = node.attrs.get("body")
     if not isinstance(body, Graph):
         raise ShapeError("attribute 'body' must be a graph (the group's subgraph)")
@@ -761,7 +761,7 @@ class FusedFunction:
     """
 
     def infer(node):
-        from ir.registry import OpPatternKind as K
+        from tensorfuse.ir.registry import OpPatternKind as K
         body = _fused_body(node)
         if len(node.inputs) != len(body.inputs):
             raise ShapeError(f"{len(node.inputs)} inputs but the body takes {len(body.inputs)}")
@@ -781,7 +781,7 @@ class FusedFunction:
         return [v.type for v in body.outputs]
 
     def reference(node, ins):
-        from ir.registry import run_reference
+        from tensorfuse.ir.registry import run_reference
         body = _fused_body(node)
         env = {id(b): a for b, a in zip(body.inputs, ins)}
         env.update({id(v): v.data for v in body.constants.values()})
@@ -791,7 +791,7 @@ class FusedFunction:
         return [env[id(v)] for v in body.outputs]
 
     def lower(ctx):
-        from ir.fused_lowering import lower_fused_function
+        from tensorfuse.ir.fused_lowering import lower_fused_function
         lower_fused_function(ctx)
 
     def flops(node):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.kernel import I64, Expr, as_expr, maximum, minimum, select, unop
-from ir.ops._common import const_input, norm_axis
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import I64, Expr, as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.ops._common import const_input, norm_axis
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 INJ = OpPatternKind.INJECTIVE
 INDEX_DTYPES = (DType.i32, DType.i64)

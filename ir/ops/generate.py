@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 
-from ir.kernel import I64, as_expr
-from ir.ops._common import const_input
-from ir.ops.shape import ints
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import I64, as_expr
+from tensorfuse.ir.ops._common import const_input
+from tensorfuse.ir.ops.shape import ints
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 GEN = OpPatternKind.OPAQUE
 

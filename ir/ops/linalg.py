@@ -17,11 +17,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, minimum
-from ir.lowering import LowerCtx
-from ir.ops._common import broadcast_shapes
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, minimum
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import broadcast_shapes
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 ROWS = 4      # output rows per register block
 LANES = 8     # partial sums of a dot product (B read transposed): one AVX2 f32 vector
@@ -152,7 +152,7 @@ def emit_matmul(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer) -> None:
     MatMul by a constant 2-D B uses the register-blocked schedule (:mod:`ir.ops.matmul_blocked`)."""
     bc = _constant_b(ctx, a, b, y)
     if bc is not None:
-        from ir.ops.matmul_blocked import emit_matmul_blocked, unravel
+        from tensorfuse.ir.ops.matmul_blocked import emit_matmul_blocked, unravel
         K, N = b.shape
         rows = a.numel // K
         emit_matmul_blocked(ctx, y, bc, rows=rows, N=N, K=K, a_elem=lambda i, k: a.flat(i * K + k),
@@ -193,7 +193,7 @@ def emit_gemm(ctx: LowerCtx, a: Buffer, b: Buffer, c: Buffer | None, y: Buffer, 
     acc = acc_dtype(y.dtype)
     bc = _constant_b(ctx, a, b, y)
     if bc is not None:
-        from ir.ops.matmul_blocked import emit_matmul_blocked
+        from tensorfuse.ir.ops.matmul_blocked import emit_matmul_blocked
         use_c = c is not None and beta != 0.0
 
         def fin(v, i, j):
@@ -599,7 +599,7 @@ class Det:
         return [np.asarray(np.linalg.det(w)).astype(x.dtype)]
 
     def lower(ctx):
-        from ir.kernel import select, unop
+        from tensorfuse.ir.kernel import select, unop
         x, y = ctx.inputs[0], ctx.outputs[0]
         M = x.shape[-1]
         batch = int(np.prod(x.shape[:-2], dtype=np.int64))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.kernel import as_expr, binop, select, unop
-from ir.ops._common import const_input
-from ir.ops.elementwise import BC, EW, _spec, check_types, infer_ew, unary
-from ir.registry import OpDef, OpPatternKind, ShapeError, op, register
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import as_expr, binop, select, unop
+from tensorfuse.ir.ops._common import const_input
+from tensorfuse.ir.ops.elementwise import BC, EW, _spec, check_types, infer_ew, unary
+from tensorfuse.ir.registry import OpDef, OpPatternKind, ShapeError, op, register
+from tensorfuse.ir.types import DType, TensorType
 
 I64 = DType.i64
 

@@ -22,10 +22,10 @@ import math
 
 import numpy as np
 
-from ir.kernel import as_expr, maximum, minimum, select, unop
-from ir.lowering import LowerCtx
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 _FLOATS = (DType.f16, DType.bf16, DType.f32, DType.f64)
 _REDUCTIONS = ("none", "sum", "mean")

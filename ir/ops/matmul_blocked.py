@@ -19,9 +19,9 @@ from typing import Callable
 
 import numpy as np
 
-from ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma
-from ir.lowering import LowerCtx
-from ir.types import DType
+from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.types import DType
 
 from .conv_blocked import vector_registers
 

@@ -14,12 +14,12 @@ import math
 
 import numpy as np
 
-from ir.kernel import as_expr, maximum, minimum, select
-from ir.ops._common import const_input, norm_axis
-from ir.ops.conv import conv_pads, flat_offset, ints_attr
-from ir.ops.detection import data_input, lower_data_dependent
-from ir.registry import OpPatternKind, ShapeError, onnx_attr_specs, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import as_expr, maximum, minimum, select
+from tensorfuse.ir.ops._common import const_input, norm_axis
+from tensorfuse.ir.ops.conv import conv_pads, flat_offset, ints_attr
+from tensorfuse.ir.ops.detection import data_input, lower_data_dependent
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, onnx_attr_specs, op
+from tensorfuse.ir.types import DType, TensorType
 
 
 # ----------------------------------------------------------------------------- Unique

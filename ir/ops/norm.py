@@ -10,11 +10,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
-from ir.lowering import LowerCtx
-from ir.ops._common import norm_axis
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import norm_axis
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 I64 = DType.i64
 _FLOATS = (DType.f16, DType.f32, DType.f64)
@@ -337,7 +337,7 @@ class LpNormalization:
         return [y.astype(x.dtype)]
 
     def lower(ctx):
-        from ir.ops.reduce import Pass, emit_reduction
+        from tensorfuse.ir.ops.reduce import Pass, emit_reduction
         x, y = ctx.inputs[0], ctx.outputs[0]
         axis = norm_axis(ctx.attr("axis", -1), len(x.shape))
         ct = _compute(x.dtype)
@@ -390,7 +390,7 @@ class MeanVarianceNormalization:
         return [((w - mean) / (np.sqrt(var) + w.dtype.type(1e-9))).astype(x.dtype)]
 
     def lower(ctx):
-        from ir.ops.reduce import Pass, emit_reduction
+        from tensorfuse.ir.ops.reduce import Pass, emit_reduction
         x, y = ctx.inputs[0], ctx.outputs[0]
         axes = _mvn_axes(ctx.node)
         ct = _compute(x.dtype)
@@ -486,5 +486,5 @@ class LRN:
 
 
 def binop_pow(a: Expr, b: Expr) -> Expr:
-    from ir.kernel import binop
+    from tensorfuse.ir.kernel import binop
     return binop("pow", a, b)

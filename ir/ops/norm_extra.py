@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.kernel import as_expr, unop
-from ir.lowering import LowerCtx
-from ir.ops._common import norm_axis
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import as_expr, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import norm_axis
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 _FLOATS = (DType.f16, DType.bf16, DType.f32, DType.f64)
 _LOWP = (DType.f16, DType.bf16)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.kernel import I64, as_expr, select
-from ir.ops._common import const_input
-from ir.ops.shape import axes_list, ints
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import TensorType
+from tensorfuse.ir.kernel import I64, as_expr, select
+from tensorfuse.ir.ops._common import const_input
+from tensorfuse.ir.ops.shape import axes_list, ints
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import TensorType
 
 MODES = ("constant", "reflect", "edge", "wrap")
 

@@ -22,13 +22,13 @@ import math
 
 import numpy as np
 
-from ir.kernel import Buffer, Ramp, as_expr, binop, maximum, select, unop
-from ir.lowering import LowerCtx
-from ir.ops._common import const_input
-from ir.ops.conv import (FLOAT_TYPES, ROW_TILE, Geometry, _tiles, conv_geometry, flat_offset,
+from tensorfuse.ir.kernel import Buffer, Ramp, as_expr, binop, maximum, select, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import const_input
+from tensorfuse.ir.ops.conv import (FLOAT_TYPES, ROW_TILE, Geometry, _tiles, conv_geometry, flat_offset,
                          window_hi, window_lo)
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 POOL = OpPatternKind.OUT_ELEMWISE_FUSABLE
 MAXPOOL_TYPES = FLOAT_TYPES + (DType.i8, DType.u8)
@@ -494,7 +494,7 @@ def _unpool_shapes(node) -> tuple[tuple[int, ...], tuple[int, ...]]:
     ks = node.attr("kernel_shape")
     if ks is None or len(ks) != nsp:
         raise ShapeError(f"kernel_shape must have {nsp} values (one per spatial dim), got {ks}")
-    from ir.ops.conv import conv_pads, ints_attr
+    from tensorfuse.ir.ops.conv import conv_pads, ints_attr
     strides = ints_attr(node, "strides", nsp, 1)
     pads = conv_pads(node, nsp)
     natural = tuple(x.shape[:2]) + tuple((x.shape[2 + d] - 1) * strides[d] + int(ks[d]) - pads[d] - pads[nsp + d]

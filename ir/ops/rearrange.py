@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.kernel import I64, as_expr, select
-from ir.ops._common import norm_axis
-from ir.ops.shape import lower_index_map
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import I64, as_expr, select
+from tensorfuse.ir.ops._common import norm_axis
+from tensorfuse.ir.ops.shape import lower_index_map
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 INJ = OpPatternKind.INJECTIVE
 

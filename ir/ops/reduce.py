@@ -20,12 +20,12 @@ from typing import Callable
 
 import numpy as np
 
-from ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
-from ir.lowering import LowerCtx
-from ir.ops._common import const_input, norm_axis
-from ir.ops.softmax import axis_blocks, split_axis
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import const_input, norm_axis
+from tensorfuse.ir.ops.softmax import axis_blocks, split_axis
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 CHUNK = 1024
 I64 = DType.i64

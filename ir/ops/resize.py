@@ -29,11 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ir.kernel import I64, as_expr, maximum, minimum, select, unop
-from ir.ops._common import const_input
-from ir.ops.shape import axes_list, ints
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import I64, as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.ops._common import const_input
+from tensorfuse.ir.ops.shape import axes_list, ints
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 F32 = np.float32
 COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
@@ -561,7 +561,7 @@ def _upsample_import(ctx, proto, version):
 
 def _upsample_as_resize(node):
     """The Resize node an Upsample node means (for inference, reference and lowering)."""
-    from ir.graph import Node
+    from tensorfuse.ir.graph import Node
     attrs = {"mode": node.attr("mode", "nearest"), "coordinate_transformation_mode": "asymmetric",
              "nearest_mode": "simple"}
     return Node("Resize", [node.inputs[0], None, node.input(1)], [], attrs)

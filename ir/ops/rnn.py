@@ -40,10 +40,10 @@ from typing import Callable
 
 import numpy as np
 
-from ir.kernel import Buffer, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
-from ir.lowering import LowerCtx
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 I64 = DType.i64
 LANES = 8           # partial sums of a dot product (vectorisable without reassociation)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.kernel import I64, as_expr, maximum, select, unop
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import I64, as_expr, maximum, select, unop
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 FLOATS = (DType.f16, DType.f32, DType.f64)
 CT_MODES = ("half_pixel", "output_half_pixel")

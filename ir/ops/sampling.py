@@ -29,11 +29,11 @@ import math
 
 import numpy as np
 
-from ir.kernel import as_expr, maximum, minimum, select, unop
-from ir.lowering import LowerCtx
-from ir.ops._common import const_input
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import const_input
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 _FLOATS = (DType.f16, DType.bf16, DType.f32, DType.f64)
 _MODES = {"linear": "linear", "bilinear": "linear", "nearest": "nearest", "cubic": "cubic", "bicubic": "cubic"}

@@ -12,10 +12,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ir.kernel import Const, Expr, I64
-from ir.ops._common import broadcast_shapes, const_input, lower_copy, lower_known, norm_axis
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import Const, Expr, I64
+from tensorfuse.ir.ops._common import broadcast_shapes, const_input, lower_copy, lower_known, norm_axis
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 INJ = OpPatternKind.INJECTIVE
 

@@ -17,11 +17,11 @@ import math
 
 import numpy as np
 
-from ir.kernel import Const, KernelBuilder, as_expr, minimum, select, unop
-from ir.lowering import LowerCtx
-from ir.ops._common import const_input
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import Const, KernelBuilder, as_expr, minimum, select, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import const_input
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 CHUNK = 256
 I64 = DType.i64

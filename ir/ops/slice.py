@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.ops._common import const_input, norm_axis
-from ir.ops.shape import axes_list, ints, lower_index_map
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import TensorType
+from tensorfuse.ir.ops._common import const_input, norm_axis
+from tensorfuse.ir.ops.shape import axes_list, ints, lower_index_map
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import TensorType
 
 INJ = OpPatternKind.INJECTIVE
 
@@ -30,7 +30,7 @@ def row_copies_ok(bufs, rows_len, L: int) -> bool:
     ``rows_len``: every run at least one vector (shorter runs keep the per-element loop
     nests, whose per-row cost is lower), and no bool buffers (kept as bytes in memory, i1 in
     registers)."""
-    from ir.types import DType
+    from tensorfuse.ir.types import DType
     return all(b.dtype != DType.bool for b in bufs) and all(n >= L for n in rows_len if n)
 
 
@@ -45,7 +45,7 @@ def emit_row_copies(kb, copies, L: int) -> None:
     each row is cut into blocks of COPY_BLOCK_VECTORS*L elements plus a remainder, and a job
     copies one of them with L-lane vector loads and stores (the remainder's last elements one
     at a time). An if-chain on the job index picks the copy."""
-    from ir.kernel import as_expr
+    from tensorfuse.ir.kernel import as_expr
     blk = COPY_BLOCK_VECTORS * L
     plans, base = [], 0
     for src, soff, ss, dst, doff, ds, rows, n in copies:

@@ -16,11 +16,11 @@ import math
 
 import numpy as np
 
-from ir.kernel import KernelBuilder, as_expr, maximum, minimum, select, unop
-from ir.lowering import LowerCtx
-from ir.ops._common import norm_axis
-from ir.registry import OpPatternKind, ShapeError, op
-from ir.types import DType, TensorType
+from tensorfuse.ir.kernel import KernelBuilder, as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import norm_axis
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
 
 CHUNK = 1024
 _FLOATS = (DType.f16, DType.f32, DType.f64)

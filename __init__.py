@@ -1,0 +1,55 @@
+"""tensorfuse: a tensor compiler for ONNX models.
+
+The public API, imported lazily so that a process which only loads saved modules
+(``tensorfuse.load``) never imports the compiler:
+
+- :func:`compile` (``tensorfuse.compiler.driver.compile``): ONNX model -> executable module;
+- :func:`load`: a module saved with ``Module.save``;
+- :func:`explain`, :func:`export_onnx`, :func:`cache_info`; ``backend`` (the ONNX backend);
+- the error classes :class:`TensorfuseError`, :class:`CompileError`, :class:`ModelLoadError`,
+  :class:`UnsupportedModelError`, :class:`ArtifactError`.
+
+The sub-packages keep the layout of the repository: ``tensorfuse.compiler`` (frontend, rewrites,
+passes, driver), ``tensorfuse.ir`` (graph IR, op registry, kernel IR, lowerings),
+``tensorfuse.codegen`` (LLVM code generation) and ``tensorfuse.runtime`` (modules, memory plans,
+saved artifacts, the compile cache). ``python -m tensorfuse`` runs the command line.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> (module, attribute)
+_API = {
+    "compile": ("tensorfuse.compiler.driver", "compile"),
+    "explain": ("tensorfuse.compiler.explain", "explain"),
+    "export_onnx": ("tensorfuse.compiler.export", "export_onnx"),
+    "cache_info": ("tensorfuse.runtime.cache", "cache_info"),
+    "load": ("tensorfuse.runtime.artifact", "load"),
+    "Module": ("tensorfuse.runtime.module", "Module"),
+    "backend": ("tensorfuse.compiler.backend", None),     # onnx.backend.base.Backend, device "CPU"
+    "TensorfuseError": ("tensorfuse.compiler.errors", "TensorfuseError"),
+    "CompileError": ("tensorfuse.compiler.errors", "CompileError"),
+    "ModelLoadError": ("tensorfuse.compiler.errors", "ModelLoadError"),
+    "UnsupportedModelError": ("tensorfuse.compiler.errors", "UnsupportedModelError"),
+    "ArtifactError": ("tensorfuse.runtime.artifact", "ArtifactError"),
+}
+
+__all__ = sorted(_API) + ["__version__"]
+
+
+def __getattr__(name: str):
+    try:
+        module, attr = _API[name]
+    except KeyError:
+        raise AttributeError(f"module 'tensorfuse' has no attribute {name!r}") from None
+    value = importlib.import_module(module)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_API))

@@ -1,0 +1,4 @@
+"""``python -m tensorfuse``: the command line (``tensorfuse --help``)."""
+from tensorfuse.compiler.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""The public package: ``import tensorfuse`` gives the user API, the repository's folders install
+as ``tensorfuse.*`` sub-packages, and nothing generic (``compiler``, ``runtime``, ``ir``,
+``codegen``) lands at the top level of site-packages or ``sys.modules``."""
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+import tomllib
+import zipfile
+
+import pytest
+
+import tensorfuse
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+GENERIC = ("compiler", "runtime", "ir", "codegen")
+
+
+def test_public_api_names_resolve():
+    for name in tensorfuse.__all__:
+        assert getattr(tensorfuse, name) is not None, name
+    assert tensorfuse.__version__ == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert issubclass(tensorfuse.CompileError, tensorfuse.TensorfuseError)
+    assert hasattr(tensorfuse.backend, "prepare")
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        tensorfuse.nope  # noqa: B018
+
+
+def test_pyproject_lists_every_sub_package():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"tensorfuse"} | {
+        "tensorfuse." + ".".join(p.parent.relative_to(ROOT).parts)
+        for top in GENERIC for p in (ROOT / top).rglob("__init__.py")}
+    assert listed == found
+
+
+def test_no_generic_top_level_modules_are_imported():
+    code = ("import sys, tensorfuse, tensorfuse.compiler, tensorfuse.runtime, tensorfuse.ir.ops, "
+            "tensorfuse.codegen.llvm.jit\n"
+            f"bad = [m for m in sys.modules if m.split('.')[0] in {GENERIC!r}]\n"
+            "assert not bad, bad\n")
+    # run from another directory so that the repository root is not on sys.path
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_python_dash_m_runs_the_command_line():
+    r = subprocess.run([sys.executable, "-m", "tensorfuse", "--help"], cwd=ROOT / "tests",
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "usage: tensorfuse" in r.stdout
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_only_the_tensorfuse_package(tmp_path):
+    # what `pip install .` would put into site-packages: build the wheel and read its file list
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (wheel,) = tmp_path.glob("tensorfuse-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert tops == {"tensorfuse", next(t for t in tops if t.endswith(".dist-info"))}, tops
+    for sub in ("tensorfuse/__init__.py", "tensorfuse/__main__.py", "tensorfuse/compiler/driver.py",
+                "tensorfuse/ir/ops/__init__.py", "tensorfuse/codegen/llvm/jit.py", "tensorfuse/runtime/module.py"):
+        assert sub in names, sub
+    assert not any(n.startswith(("tensorfuse/tests/", "tensorfuse/benchmarks/", "tensorfuse/examples/")) for n in names)
+    entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    assert "tensorfuse = tensorfuse.compiler.cli:main" in entry
