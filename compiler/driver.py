@@ -120,7 +120,8 @@ def build_module(lowered, graph, input_names, output_names, target=None):
 
     dedupe_kernels(lowered)
     mod = lir.Module(name=graph.name)
-    for k in lowered.kernels:
+    from tensorfuse.compiler.progress import iterate
+    for k in iterate(lowered.kernels, "generating kernels", unit="kernel"):
         emit_kernel(mod, k)
     emit_entry(mod, "tf_run", [(c.kernel, c.slots) for c in lowered.calls],
                {k.name: kernel_is_parallel(k) for k in lowered.kernels})

@@ -15,10 +15,12 @@ naming the pass.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from tensorfuse.compiler.errors import CompileError
 from tensorfuse.compiler.passes import PassError, eliminate_common_subexpressions, eliminate_dead_nodes, fold_constants
@@ -70,11 +72,58 @@ class PipelineResult:
         return "\n".join(lines)
 
 
+#: rules added in this context (``extra_rules``): {rule set name: [rules]}
+_EXTRA: contextvars.ContextVar = contextvars.ContextVar("tensorfuse_extra_rules", default=None)
+RULE_SET_NAMES = ("simplify", "fold", "fuse", "o3")
+
+
 def rule_sets() -> dict[str, list]:
-    """Every rule set by name (their classes, in order)."""
+    """Every rule set by name (their classes, in order), with the rules of :func:`extra_rules`
+    in front of their set."""
     from tensorfuse.compiler import rules
-    return {"simplify": list(SIMPLIFY_RULES), "fold": list(rules.FOLD_RULES),
+    sets = {"simplify": list(SIMPLIFY_RULES), "fold": list(rules.FOLD_RULES),
             "fuse": list(rules.FUSE_RULES), "o3": list(rules.O3_RULES)}
+    for name, extra in (_EXTRA.get() or {}).items():
+        sets[name] = list(extra) + sets[name]
+    return sets
+
+
+def rule_set_of(rule) -> str:
+    """The set an added rule joins: its ``rule_set`` class attribute (one of
+    ``RULE_SET_NAMES``), default "fuse"; "o3" for a ``numerics_changing`` rule."""
+    default = "o3" if getattr(rule, "numerics_changing", False) else "fuse"
+    name = getattr(rule, "rule_set", default)
+    if name not in RULE_SET_NAMES:
+        raise ValueError(f"rule {getattr(rule, '__name__', rule)!r}: rule_set must be one of "
+                         f"{list(RULE_SET_NAMES)}, got {name!r}")
+    return name
+
+
+@contextlib.contextmanager
+def extra_rules(rules: Iterable) -> Iterator[None]:
+    """Compile with more rules inside this context: each joins the rule set named by its
+    ``rule_set`` attribute ("simplify", "fold", "fuse" or "o3"; default "fuse") and is tried
+    *before* that set's built-in rules, so a researcher's variant of a built-in rule wins where
+    both match. The compile cache does not know about them: compile with ``cache=False``
+    inside (the ``tensorfuse`` command line does so for ``--rules``). Raises ValueError for a
+    bad rule_set or a name that clashes with a built-in rule."""
+    from tensorfuse.compiler.rewrite import Rule
+    rules = list(rules)
+    known = all_rules()
+    added: dict[str, list] = {}
+    for r in rules:
+        if not ((isinstance(r, type) and issubclass(r, Rule)) or isinstance(r, Rule)):
+            raise ValueError(f"extra_rules takes Rule classes or instances, got {r!r}")
+        name = r.__name__ if isinstance(r, type) else r.name
+        if name in known:
+            raise ValueError(f"rule {name!r} has the name of a rule the pipeline has already; rename it")
+        added.setdefault(rule_set_of(r), []).append(r)
+    current = _EXTRA.get() or {}
+    token = _EXTRA.set({k: added.get(k, []) + current.get(k, []) for k in set(added) | set(current)})
+    try:
+        yield
+    finally:
+        _EXTRA.reset(token)
 
 
 def all_rules() -> dict[str, type]:
@@ -201,9 +250,24 @@ class _Dumper:
         self.n += 1
 
 
+def optimized_llvm(llvm_ir: str, target: str = "llvm", name: str = "module") -> tuple[str, str]:
+    """(optimised LLVM IR, assembly) of a module's LLVM IR text for ``target`` (a target string
+    such as "llvm" or "llvm -mcpu=znver3"), as ``compile`` generates them: the same pass
+    pipeline and target machine; the IR carries the target's triple and data layout."""
+    from tensorfuse.codegen.llvm import jit
+    t = jit._as_target(target or "llvm")
+    tm = jit.target_machine(t)
+    mod = jit.parse_and_verify(llvm_ir, name)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    jit.optimize(mod, 3, t)
+    return str(mod), tm.emit_assembly(mod)
+
+
 def dump_kernels(dump_dir: str | os.PathLike, module) -> None:
-    """Write each kernel's IR (``DIR/kernels/NNN-<kernel>.txt``) and the module's LLVM IR
-    (``DIR/module.ll``) next to the graph dumps."""
+    """Write each kernel's IR (``DIR/kernels/NNN-<kernel>.txt``), the module's LLVM IR
+    (``DIR/module.ll``), the optimised LLVM IR (``DIR/module.opt.ll``) and the assembly
+    (``DIR/module.s``) for the module's target next to the graph dumps."""
     d = os.path.join(os.fspath(dump_dir), "kernels")
     os.makedirs(d, exist_ok=True)
     for i, k in enumerate(module.kernels):
@@ -212,3 +276,8 @@ def dump_kernels(dump_dir: str | os.PathLike, module) -> None:
     if module.llvm_ir:
         with open(os.path.join(os.fspath(dump_dir), "module.ll"), "w") as f:
             f.write(module.llvm_ir)
+        opt_ir, asm = optimized_llvm(module.llvm_ir, getattr(module, "target", "llvm"))
+        with open(os.path.join(os.fspath(dump_dir), "module.opt.ll"), "w") as f:
+            f.write(opt_ir)
+        with open(os.path.join(os.fspath(dump_dir), "module.s"), "w") as f:
+            f.write(asm)

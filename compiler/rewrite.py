@@ -27,15 +27,18 @@ outputs keep their user-facing names (``graph.output_names``); only ``graph.outp
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from tensorfuse.compiler.errors import CompileError
 from tensorfuse.compiler.pattern import Match, MatchFailure, _Ctx, capture_names, match_at, root_ops
 from tensorfuse.ir.builder import Builder
 from tensorfuse.ir.graph import Graph, Node, Value
 
-__all__ = ["Rule", "Fail", "Application", "RewriteError", "apply_rules", "try_rule", "RewritePass"]
+__all__ = ["Rule", "Fail", "Application", "RewriteError", "apply_rules", "try_rule", "RewritePass",
+           "application_limit"]
 
 
 class Fail:
@@ -104,11 +107,14 @@ class Rule:
 
 @dataclass
 class Application:
-    """One rule application: the rule's name, the matched nodes and the nodes it created."""
+    """One rule application: the rule's name, the matched nodes, the nodes it created and
+    ``values``: {name of each replaced value: name of its replacement}, which lets tools
+    (``tensorfuse.verify``) find a rewritten value's ONNX name."""
 
     rule: str
     nodes: list[str]
     created: list[str] = field(default_factory=list)
+    values: dict[str, str] = field(default_factory=dict)
 
     def __str__(self) -> str:
         made = f" -> {', '.join(self.created)}" if self.created else ""
@@ -183,7 +189,8 @@ def _apply(graph: Graph, rule: Rule, m: Match, node: Node) -> "Application | Fai
     _drop_unused_captured_constants(graph, m)
     if not _placed_in_order(created, pos, at, m) and not _is_topological(graph):
         graph.toposort()
-    return Application(rule.name, [n.name for n in m.nodes], [n.name for n in created])
+    return Application(rule.name, [n.name for n in m.nodes], [n.name for n in created],
+                       {old.name: new.name for old, new in mapping.items() if old is not new})
 
 
 def _mapping(rule: Rule, m: Match, res) -> dict:
@@ -260,6 +267,26 @@ def _is_topological(graph: Graph) -> bool:
     return True
 
 
+#: the applications still allowed in this context (a one-element list), or None: no limit
+_BUDGET: contextvars.ContextVar = contextvars.ContextVar("tensorfuse_rewrite_budget", default=None)
+
+
+@contextlib.contextmanager
+def application_limit(n: int | None) -> Iterator[None]:
+    """Inside this context, every :func:`apply_rules` together makes at most the first ``n``
+    rule applications (None: no limit); the rest of the pipeline runs as usual. Since the
+    driver is deterministic, compiling with the limit reproduces exactly the first ``n``
+    entries of the unlimited ``rewrite_log``: ``tensorfuse.verify`` bisects over ``n`` to find
+    the application that changed the numbers. Compile with ``cache=False`` inside it."""
+    if n is not None and (not isinstance(n, int) or n < 0):
+        raise ValueError(f"application_limit needs a count >= 0 or None, got {n!r}")
+    token = _BUDGET.set(None if n is None else [n])
+    try:
+        yield
+    finally:
+        _BUDGET.reset(token)
+
+
 def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
                 log: list | None = None) -> int:
     """Apply ``rules`` to a fixed point; returns the number of applications (appended to ``log``).
@@ -282,6 +309,7 @@ def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
 
     steps = 0
     recent: list[Application] = []
+    budget = _BUDGET.get()
     while True:
         progress = False
         alive = {id(n) for n in graph.nodes}
@@ -290,9 +318,13 @@ def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
             if id(node) not in alive:
                 continue
             for rule in rules_for(node.qualified_op):
+                if budget is not None and budget[0] <= 0:
+                    return steps
                 res = try_rule(graph, rule, node, ctx)
                 if not isinstance(res, Application):
                     continue
+                if budget is not None:
+                    budget[0] -= 1
                 steps += 1
                 recent = (recent + [res])[-5:]
                 if log is not None:
