@@ -15,7 +15,7 @@ from typing import Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["enabled", "iterate", "active"]
+__all__ = ["enabled", "iterate", "active", "status"]
 
 _ON: contextvars.ContextVar = contextvars.ContextVar("tensorfuse_progress", default=False)
 #: iterables shorter than this get no bar
@@ -86,3 +86,12 @@ class _SimpleBar:
         finally:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
+
+
+def status(message: str | None) -> None:
+    """Show ``message`` on one self-erasing stderr line while progress is enabled (None
+    erases it): for steps whose count is not known ahead (bisection)."""
+    if not _ON.get():
+        return
+    sys.stderr.write("\r\033[K" + (message or ""))
+    sys.stderr.flush()

@@ -1,0 +1,403 @@
+"""``tensorfuse.verify``: check a compiled model against onnxruntime and name the rewrite that
+changed the numbers.
+
+1. The model is compiled at O0 (every op its own kernel) and at the chosen level; both run on
+   the same fixed-seed inputs as onnxruntime with its graph optimisations off (the reference of
+   ONNX semantics, as in the test suite). Every graph output is compared: an element passes
+   when ``|got - ref| <= atol + rtol * |ref|`` (``numpy.allclose``'s rule; NaN only where the
+   reference has NaN).
+2. When the chosen level fails and O0 passes, the rule applications (``Module.rewrite_log``) are
+   bisected: the model is recompiled with only the first ``n`` applications
+   (``compiler.rewrite.application_limit``; the driver is deterministic, so these are exactly
+   the first ``n`` log entries), by halves down to a window of ``LINEAR_WINDOW`` and then one
+   by one, to the first application after which the outputs leave the tolerance. The report
+   names that rule, the ONNX nodes it matched (traced through earlier rewrites) and the max
+   error before and after it.
+3. Each kernel call (a fused group, or one op) of the compiled module is run on its own, in run
+   order, and every value it writes that exists in the ONNX model (tracing renamed values back
+   through the rewrites' ``values`` maps) is compared with onnxruntime's value of that name,
+   added as an extra onnxruntime output. The first group beyond the tolerance is named.
+
+Costs: each bisection step is a full compile (about log2(applications) + LINEAR_WINDOW of them).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from tensorfuse.compiler.errors import TensorfuseError
+
+__all__ = ["verify", "VerifyResult", "OutputCheck", "Culprit", "GroupCheck", "random_inputs", "compare"]
+
+#: the bisection scans the last window of at most this many applications one by one
+LINEAR_WINDOW = 4
+DEFAULT_RTOL = 1e-3
+DEFAULT_ATOL = 1e-4
+
+
+# ----------------------------------------------------------------------------- comparisons
+@dataclass
+class OutputCheck:
+    """One compared tensor: its name, whether it is within tolerance, the max absolute error,
+    and the normalised error ``max(|got - ref| / (atol + rtol * |ref|))`` (<= 1 passes)."""
+
+    name: str
+    ok: bool
+    max_abs: float
+    score: float
+    note: str = ""
+
+    def __str__(self) -> str:
+        mark = "ok      " if self.ok else "MISMATCH"
+        extra = f" ({self.note})" if self.note else ""
+        return f"{mark} {self.name}: max abs error {self.max_abs:.3g}{extra}"
+
+
+def compare(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: float) -> OutputCheck:
+    """Compare ``got`` with the reference ``ref`` (see the module docstring)."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    if got.shape != ref.shape:
+        return OutputCheck(name, False, float("inf"), float("inf"),
+                           f"shape {list(got.shape)}, expected {list(ref.shape)}")
+    if got.size == 0:
+        return OutputCheck(name, True, 0.0, 0.0)
+    if got.dtype.kind not in "fc":
+        bad = int(np.count_nonzero(got != ref))
+        diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+        return OutputCheck(name, bad == 0, float(diff.max()), float(bad > 0) * float("inf"),
+                           f"{bad} elements differ" if bad else "")
+    g, r = got.astype(np.float64), ref.astype(np.float64)
+    nan_g, nan_r = np.isnan(g), np.isnan(r)
+    if (nan_g != nan_r).any():
+        n = int((nan_g != nan_r).sum())
+        return OutputCheck(name, False, float("inf"), float("inf"), f"{n} elements NaN in one and not the other")
+    mask = ~nan_r
+    diff = np.where(mask, np.abs(g - r), 0.0)
+    diff = np.where(np.isinf(r) & (g == r), 0.0, diff)
+    score = float((diff / (atol + rtol * np.abs(np.where(mask, r, 0.0)))).max())
+    return OutputCheck(name, score <= 1.0, float(diff.max()), score)
+
+
+def random_inputs(input_info, seed: int = 0) -> dict[str, np.ndarray]:
+    """Fixed-seed inputs for a module's ``input_info``: floats standard normal, integers in
+    [0, 10) (valid as ids and indices for most models), booleans uniform."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for info in input_info:
+        dt, shape = np.dtype(info.dtype), tuple(info.shape)
+        if dt.kind == "f":
+            out[info.name] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind in "iu":
+            out[info.name] = rng.integers(0, 10, shape).astype(dt)
+        elif dt.kind == "b":
+            out[info.name] = rng.random(shape) < 0.5
+        else:
+            raise TensorfuseError(f"input '{info.name}': cannot make random values of dtype {dt}; "
+                                  f"give the inputs")
+    return out
+
+
+# ----------------------------------------------------------------------------- result
+@dataclass
+class Culprit:
+    """The first rule application after which the outputs leave the tolerance: its position in
+    the rewrite log (1-based), rule, matched IR nodes, the ONNX nodes behind them, the created
+    nodes, and the worst output's max abs error with the applications before it and with it."""
+
+    index: int
+    rule: str
+    nodes: list[str]
+    onnx_nodes: list[str]
+    created: list[str]
+    error_before: float
+    error_after: float
+    output: str
+
+    def __str__(self) -> str:
+        return (f"first bad rewrite: application {self.index}, rule {self.rule}, on ONNX nodes "
+                f"{', '.join(self.onnx_nodes)}\n"
+                f"  max abs error of output '{self.output}': {self.error_before:.3g} before it, "
+                f"{self.error_after:.3g} after it")
+
+
+@dataclass
+class GroupCheck:
+    """One kernel call's output compared with onnxruntime's value of the same ONNX name."""
+
+    call: int
+    kernel: str
+    nodes: list[str]
+    ops: list[str]
+    onnx_nodes: list[str]
+    value: str
+    check: OutputCheck
+
+    def __str__(self) -> str:
+        return (f"group {', '.join(self.nodes)} ({'+'.join(self.ops)}; kernel {self.kernel}; ONNX nodes "
+                f"{', '.join(self.onnx_nodes)}): value '{self.value}' max abs error {self.check.max_abs:.3g}")
+
+
+@dataclass
+class VerifyResult:
+    """What :func:`verify` found; ``str()`` is the report, ``ok`` whether every output of the
+    chosen level (and of O0) is within tolerance."""
+
+    model: str
+    opt_level: int
+    rtol: float
+    atol: float
+    seed: int
+    o0: list[OutputCheck]
+    level: list[OutputCheck]
+    applications: int
+    culprit: Culprit | None = None
+    bisect_steps: list[tuple[int, float]] = field(default_factory=list)   # (n, worst output error)
+    groups_compared: int = 0
+    first_bad_group: GroupCheck | None = None
+    group_level: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.o0) and all(c.ok for c in self.level)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        lines = [f"verify {self.model}: O0 and O{self.opt_level} against onnxruntime (optimisations off), "
+                 f"seed {self.seed}, rtol {self.rtol:g}, atol {self.atol:g}"]
+        for lvl, checks in ((0, self.o0), (self.opt_level, self.level)):
+            lines.append(f"O{lvl}:")
+            lines += [f"  {c}" for c in checks]
+        lines.append(f"{self.applications} rule applications at O{self.opt_level}")
+        if self.culprit is not None:
+            lines.append(str(self.culprit))
+            lines.append(f"  bisection: {len(self.bisect_steps)} compiles, "
+                         + ", ".join(f"n={n}: {e:.3g}" for n, e in self.bisect_steps))
+        if self.group_level is not None:
+            if self.first_bad_group is not None:
+                lines.append(f"first group that diverges at O{self.group_level} "
+                             f"({self.groups_compared} values compared): {self.first_bad_group}")
+            else:
+                lines.append(f"fused groups at O{self.group_level}: {self.groups_compared} intermediate values "
+                             f"compared with onnxruntime, all within tolerance")
+        lines += [f"note: {n}" for n in self.notes]
+        lines.append("result: " + ("PASS" if self.ok else "MISMATCH"))
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+# ----------------------------------------------------------------------------- onnxruntime
+def _ort_values(proto, inputs: dict[str, np.ndarray], extra: Sequence[str]) -> tuple[dict, list[str]]:
+    """Run onnxruntime (optimisations off, 1 thread); returns ({name: value} for the graph
+    outputs and the ``extra`` intermediate values it could give, notes)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise TensorfuseError("tensorfuse.verify needs onnxruntime as the reference: pip install onnxruntime") \
+            from None
+    import onnx
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    outs = [o.name for o in proto.graph.output]
+    notes: list[str] = []
+    if extra:
+        m = onnx.ModelProto()
+        m.CopyFrom(proto)
+        have = set(outs)
+        for name in extra:
+            if name not in have:
+                m.graph.output.append(onnx.ValueInfoProto(name=name))
+                have.add(name)
+        try:
+            sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            names = [o.name for o in sess.get_outputs()]
+            return dict(zip(names, sess.run(None, inputs))), notes
+        except Exception as e:      # noqa: BLE001 - fall back to the plain model
+            notes.append(f"onnxruntime could not expose the intermediate values ({type(e).__name__}); "
+                         f"groups were not compared")
+    try:
+        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return dict(zip(outs, sess.run(None, inputs))), notes
+    except Exception as e:          # noqa: BLE001
+        raise TensorfuseError(f"onnxruntime cannot run the model, so there is no reference: "
+                              f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}") from None
+
+
+# ----------------------------------------------------------------------------- the checks
+def _check_outputs(mod, inputs, ref: dict, rtol: float, atol: float) -> list[OutputCheck]:
+    got = mod.run(**inputs)
+    return [compare(name, g, ref[name], rtol, atol) for name, g in zip(mod.output_names, got)]
+
+
+def _worst(checks: list[OutputCheck]) -> OutputCheck:
+    return max(checks, key=lambda c: (c.score, c.max_abs))
+
+
+def _onnx_name_of(log) -> "callable":
+    """IR value name -> the ONNX value name it replaced (followed back through the rewrites)."""
+    back: dict[str, str] = {}
+    for app in log or ():
+        for old, new in (getattr(app, "values", None) or {}).items():
+            back.setdefault(new, old)
+
+    def resolve(name: str, known: set) -> str | None:
+        seen = set()
+        while name not in known:
+            if name in seen or name not in back:
+                return None
+            seen.add(name)
+            name = back[name]
+        return name
+    return resolve
+
+
+def _group_checks(mod, inputs, ref: dict, rtol: float, atol: float) -> tuple[int, GroupCheck | None]:
+    """Run the module's kernel calls one at a time (single-threaded), compare each value a call
+    writes first that has an onnxruntime value of the same ONNX name. Returns (number of values
+    compared, the first beyond tolerance or None)."""
+    prog = mod._program
+    resolve = _onnx_name_of(getattr(mod, "rewrite_log", None))
+    known = set(ref)
+    arrays = mod._check_inputs((), inputs)
+    outs = [np.empty(i.shape, i.dtype) for i in mod.output_info]
+    arena = mod._acquire()
+    written: set[int] = set(prog.inputs) | set(prog.consts)
+    compared = 0
+    try:
+        mod._bind(arena, arrays, outs)
+        for k, c in enumerate(prog.calls):
+            args = (ctypes.c_void_p * max(len(c.slots), 1))(*[arena.table[s] for s in c.slots])
+            mod._kernel_fn(c.kernel)(ctypes.addressof(args), None)
+            for s in c.slots:
+                if s in written:
+                    continue
+                written.add(s)
+                info = prog.slots[s]
+                if info.kind not in ("temp", "output"):
+                    continue
+                name = resolve(info.name, known)
+                if name is None:
+                    continue
+                n = info.nbytes
+                buf = (ctypes.c_char * n).from_address(arena.table[s]) if n else b""
+                got = np.frombuffer(buf, dtype=info.dtype).reshape(info.shape).copy() if n \
+                    else np.empty(info.shape, info.dtype)
+                chk = compare(name, got, ref[name], rtol, atol)
+                compared += 1
+                if not chk.ok:
+                    return compared, GroupCheck(k, c.kernel, list(c.nodes), list(c.ops), mod.source_nodes(c),
+                                                name, chk)
+    finally:
+        mod._release(arena)
+    return compared, None
+
+
+def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL,
+           inputs: dict[str, np.ndarray] | None = None, seed: int = 0, input_shapes: dict | None = None,
+           disabled_rules: Iterable[str] = (), rules: Iterable = (), target: str = "llvm",
+           bisect: bool = True, groups: bool = True) -> VerifyResult:
+    """Compile ``model`` at O0 and at ``opt_level``, run both and onnxruntime on the same
+    inputs, compare every graph output, and on a mismatch find the first rule application that
+    moved the outputs beyond tolerance and the first fused group that diverges (see the module
+    docstring for the method).
+
+    model: a path, bytes or ``onnx.ModelProto``. opt_level: 1..3. rtol, atol: the tolerance
+    (``|got - ref| <= atol + rtol * |ref|`` elementwise; defaults 1e-3 and 1e-4, float32 sums
+    in a different order). inputs: {name: array}; default :func:`random_inputs` with ``seed``.
+    input_shapes, disabled_rules, target: as for ``tensorfuse.compile``. rules: extra Rule
+    classes compiled in (``compiler.pipeline.extra_rules``: a rule under test). bisect, groups:
+    switch the bisection and the group comparison off.
+
+    Returns a :class:`VerifyResult` (``str()`` is the report, ``.ok``, ``.culprit``,
+    ``.first_bad_group``); prints nothing. Raises ModelLoadError / UnsupportedModelError /
+    CompileError as ``compile`` does, TensorfuseError when onnxruntime cannot run the model,
+    ValueError for a bad opt_level or tolerance.
+    """
+    from tensorfuse.compiler import progress
+    from tensorfuse.compiler.driver import compile as tf_compile
+    from tensorfuse.compiler.frontend.onnx import load_model
+    from tensorfuse.compiler.pipeline import extra_rules
+    from tensorfuse.compiler.rewrite import application_limit
+    from tensorfuse.runtime.profile import trace_sources
+
+    if opt_level not in (1, 2, 3):
+        raise ValueError(f"verify compares O0 with opt_level 1, 2 or 3, got {opt_level!r}")
+    if not (rtol >= 0 and atol >= 0):
+        raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol!r}, atol={atol!r}")
+    proto = load_model(model)
+    label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model")
+    rules = list(rules)
+    kw = dict(target=target, input_shapes=input_shapes, disabled_rules=list(disabled_rules))
+
+    def build(level: int, limit: int | None = None, cache: bool = True):
+        with extra_rules(rules), application_limit(limit):
+            return tf_compile(proto, opt_level=level, cache=cache and not rules and limit is None, **kw)
+
+    progress.status("verify: compiling at O0")
+    mod0 = build(0)
+    if inputs is None:
+        inputs = random_inputs(mod0.input_info, seed)
+    progress.status(f"verify: compiling at O{opt_level}")
+    mod = build(opt_level)
+    log = list(getattr(mod, "rewrite_log", None) or [])
+    onnx_values = [o for n in proto.graph.node for o in n.output if o]
+    progress.status("verify: running onnxruntime")
+    ref, notes = _ort_values(proto, inputs, onnx_values if groups else [])
+    res = VerifyResult(label, opt_level, rtol, atol, seed, _check_outputs(mod0, inputs, ref, rtol, atol),
+                       _check_outputs(mod, inputs, ref, rtol, atol), len(log), notes=notes)
+    o0_ok = all(c.ok for c in res.o0)
+    lvl_ok = all(c.ok for c in res.level)
+    if not o0_ok:
+        res.notes.append("O0 (no rewrites) already differs from onnxruntime: an op's lowering is wrong, "
+                         "not a rule; the group comparison at O0 names the op")
+    elif not lvl_ok and bisect:
+        if not log:
+            res.notes.append(f"O{opt_level} made no rule applications: the difference comes from grouping "
+                             f"(fuse_ops) or code generation; see the group comparison")
+        else:
+            cache_errs: dict[int, list[OutputCheck]] = {len(log): res.level}
+
+            def checks(n: int) -> list[OutputCheck]:
+                if n not in cache_errs:
+                    progress.status(f"verify: bisecting {len(log)} rule applications: compiling with the first {n}")
+                    cache_errs[n] = _check_outputs(build(opt_level, n, cache=False), inputs, ref, rtol, atol)
+                    res.bisect_steps.append((n, _worst(cache_errs[n]).max_abs))
+                return cache_errs[n]
+
+            if not all(c.ok for c in checks(0)):
+                res.notes.append(f"O{opt_level} with no rule applied already differs: the difference comes "
+                                 f"from grouping (fuse_ops) or code generation; see the group comparison")
+            else:
+                lo, hi = 0, len(log)            # lo passes, hi fails
+                while hi - lo > LINEAR_WINDOW:
+                    mid = (lo + hi) // 2
+                    if all(c.ok for c in checks(mid)):
+                        lo = mid
+                    else:
+                        hi = mid
+                for n in range(lo + 1, hi + 1):
+                    if not all(c.ok for c in checks(n)):
+                        hi = n
+                        break
+                    lo = n
+                app = log[hi - 1]
+                worst = _worst(checks(hi))
+                before = next(c for c in checks(hi - 1) if c.name == worst.name)
+                res.culprit = Culprit(hi, app.rule, list(app.nodes), trace_sources(list(app.nodes), log[:hi - 1]),
+                                      list(app.created), before.max_abs, worst.max_abs, worst.name)
+    if groups and not notes:
+        target_mod, lvl = (mod0, 0) if not o0_ok else (mod, opt_level)
+        progress.status(f"verify: comparing the groups of O{lvl} with onnxruntime")
+        res.group_level = lvl
+        res.groups_compared, res.first_bad_group = _group_checks(target_mod, inputs, ref, rtol, atol)
+    progress.status(None)
+    return res
