@@ -13,7 +13,7 @@ from typing import Any
 from tensorfuse.compiler.rewrite import Application, Fail, Rule, try_rule
 from tensorfuse.ir.graph import Graph, Node
 
-__all__ = ["explain", "Explanation", "ExplainRecord"]
+__all__ = ["explain", "Explanation", "ExplainRecord", "explain_report", "FusionReport"]
 
 
 @dataclass
@@ -34,12 +34,14 @@ class ExplainRecord:
 
 
 class Explanation(list):
-    """A list of :class:`ExplainRecord`; prints one line per candidate."""
+    """A list of :class:`ExplainRecord`; ``str`` and ``repr`` are one line per candidate."""
 
     def __str__(self) -> str:
         if not self:
             return "no candidate nodes"
         return "\n".join(str(r) for r in self)
+
+    __repr__ = __str__
 
     @property
     def reasons(self) -> dict[str, str | None]:
@@ -85,9 +87,11 @@ def explain(model_or_graph: Any, rule: Any, node: "str | Node | None" = None, *,
 
     model_or_graph: an ``ir.Graph`` (used as is), or an ONNX model (path, bytes, ModelProto),
     which is imported and optimised at ``opt_level`` up to the pass that runs the rule.
-    rule: a Rule class, instance or name. Prints the records (unless ``quiet``) and returns
-    them as an :class:`Explanation`. Nothing in the given graph is changed: a rule whose
-    pattern matches is tried (condition and rewrite) on a copy.
+    rule: a Rule class, instance or name. Returns the records as an :class:`Explanation`
+    (whose ``str``/``repr`` is the report); prints nothing (``quiet`` is accepted for old
+    callers and has no effect). Nothing in the given graph is changed: a rule whose pattern
+    matches is tried (condition and rewrite) on a copy. :func:`explain_report` covers every
+    rule of the pipeline and the fused groups.
 
     Raises ValueError for an unknown rule name or a node name not in the graph.
     """
@@ -116,8 +120,6 @@ def explain(model_or_graph: Any, rule: Any, node: "str | Node | None" = None, *,
             out.append(ExplainRecord(r.name, n.name, n.qualified_op, True, None, res.nodes))
         else:
             out.append(ExplainRecord(r.name, n.name, n.qualified_op, False, str(res.reason)))
-    if not quiet:
-        print(out)
     return out
 
 
@@ -125,3 +127,380 @@ def _trial(g: Graph, r: Rule, node_name: str) -> "Application | Fail":
     copy = g.copy()
     res = try_rule(copy, r, copy.node(node_name))
     return res if isinstance(res, (Application, Fail)) else Fail(str(res.reason))
+
+
+# ============================================================================ the fusion report
+#: ops whose fate the report's last section lists (what users ask about: "was my Conv fused?")
+ANCHOR_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+@dataclass
+class CandidateReport:
+    """A node left after a rule pass (nothing applies there any more): for each rule of the
+    pass that could root there, in pipeline order, the first failed predicate."""
+
+    node: str
+    op: str
+    onnx_nodes: list[str]
+    reasons: list[tuple[str, str]]          # (rule, why not)
+
+    def __str__(self) -> str:
+        src = f" [ONNX {', '.join(self.onnx_nodes)}]" if self.onnx_nodes != [self.node] else ""
+        lines = [f"    {self.node} ({self.op}){src}: no rule applies"]
+        lines += [f"      - {r}: {why}" for r, why in self.reasons]
+        return "\n".join(lines)
+
+
+@dataclass
+class ApplicationReport:
+    """A rule application: rule, matched nodes, their ONNX nodes, created nodes, and the other
+    rules of the pass that matched the same root node but lost (tried later in pipeline order)."""
+
+    rule: str
+    nodes: list[str]
+    onnx_nodes: list[str]
+    created: list[str]
+    also_matched: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        made = f" -> {', '.join(self.created)}" if self.created else " (removed)"
+        s = f"    + {self.rule}: {', '.join(self.nodes)}{made}"
+        if self.onnx_nodes and self.onnx_nodes != self.nodes:
+            s += f"  [ONNX {', '.join(self.onnx_nodes)}]"
+        if self.also_matched:
+            s += (f"\n      {', '.join(self.also_matched)} matched here too; {self.rule} wins: "
+                  f"it comes first in pipeline order")
+        return s
+
+
+@dataclass
+class PassReport:
+    """One rule pass: its rules in order, what they did, and why nothing more applies."""
+
+    name: str
+    rules: list[str]
+    applied: list[ApplicationReport] = field(default_factory=list)
+    not_applied: list[CandidateReport] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"  pass {self.name} (rules in order: {', '.join(self.rules) or 'none'}): "
+                 f"{len(self.applied)} applications"]
+        lines += [str(a) for a in self.applied]
+        lines += [str(c) for c in self.not_applied]
+        return "\n".join(lines)
+
+
+@dataclass
+class GroupReport:
+    """A group formed by fuse_ops: the fused node (None for an anchor left alone), its pattern
+    kind, anchor, members (IR name, op), their ONNX nodes, and for each neighbouring op that
+    stayed outside, why."""
+
+    fused: str | None
+    kind: str
+    anchor: str | None
+    members: list[tuple[str, str]]
+    onnx_nodes: list[str]
+    not_fused: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        head = f"fused group {self.fused}" if self.fused else f"{self.members[0][1]} '{self.members[0][0]}' alone"
+        anchor = f", anchor {self.anchor}" if self.anchor else ""
+        lines = [f"  {head} [{self.kind}{anchor}]: {' -> '.join(f'{op} {n}' for n, op in self.members)}"]
+        lines += [f"      not fused: {why}" for why in self.not_fused]
+        return "\n".join(lines)
+
+
+@dataclass
+class AnchorFate:
+    """An ONNX anchor node (Conv, Gemm ...): the node of the optimised graph that computes it,
+    the rules that fused it there (in order) and the other ONNX nodes in the same kernel."""
+
+    node: str
+    op: str
+    final: str | None
+    final_op: str | None
+    rules: list[str]
+    with_nodes: list[str]
+
+    def __str__(self) -> str:
+        if self.final is None:
+            return f"  {self.op} '{self.node}': removed (folded into constants or dead)"
+        rules = ", ".join(self.rules) if self.rules else "no rule (it stays its own kernel)"
+        others = f"; with {', '.join(self.with_nodes)}" if self.with_nodes else ""
+        return f"  {self.op} '{self.node}' -> {self.final_op} '{self.final}': {rules}{others}"
+
+
+@dataclass
+class FusionReport:
+    """What :func:`explain_report` found; ``str``/``repr`` is the report."""
+
+    model: str
+    opt_level: int
+    passes: list[PassReport]
+    groups: list[GroupReport]
+    anchors: list[AnchorFate]
+    rule: str | None = None
+    node: str | None = None
+
+    def __str__(self) -> str:
+        filt = "".join([f", rule {self.rule}" if self.rule else "", f", node {self.node}" if self.node else ""])
+        napps = sum(len(p.applied) for p in self.passes)
+        lines = [f"fusion report for {self.model} at O{self.opt_level}{filt}: {napps} rule applications, "
+                 f"{sum(1 for g in self.groups if g.fused)} fused groups",
+                 "rule passes (each rule tried at every node its pattern can root at; first applicable rule wins):"]
+        lines += [str(p) for p in self.passes] or ["  (none at this level)"]
+        lines.append("groups (fuse_ops):")
+        lines += [str(g) for g in self.groups] or ["  (none)"]
+        lines.append("anchor ops of the model and the rules that fused them:")
+        lines += [str(a) for a in self.anchors] or ["  (none)"]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _root_of(rule: Rule, nodes: list[str], graph: Graph) -> str | None:
+    """The matched node a rule application rooted at: the last matched node whose op the
+    pattern's root accepts."""
+    ops = rule.root_ops()
+    by = {n.name: n for n in graph.nodes}
+    for name in reversed(nodes):
+        n = by.get(name)
+        if n is not None and (ops is None or n.qualified_op in ops):
+            return name
+    return None
+
+
+def _evaluate(rules: list[Rule], graph: Graph, trial: bool) -> dict[str, list[tuple[str, str | None]]]:
+    """{node name: [(rule, None if it applies else why not)]} over the candidate nodes."""
+    from tensorfuse.compiler.pattern import _Ctx
+    ctx = _Ctx(graph)
+    out: dict[str, list[tuple[str, str | None]]] = {}
+    for n in graph.nodes:
+        for r in rules:
+            ops = r.root_ops()
+            if ops is not None and n.qualified_op not in ops:
+                continue
+            res = try_rule(graph, r, n, ctx, apply=False)
+            if isinstance(res, Application) and trial:
+                res = _trial(graph, r, n.name)
+            out.setdefault(n.name, []).append((r.name, None if isinstance(res, Application) else str(res.reason)))
+    return out
+
+
+def _why_not_grouped(pl, grp, n) -> str:
+    """Why consumer ``n`` of group ``grp`` stayed outside it, in words (fuse_ops' rules)."""
+    from tensorfuse.compiler.passes.fuse_ops import _is_anchor, _is_elementwise
+    from tensorfuse.ir.registry import find_op
+    od = find_op(n.op, n.domain)
+    what = f"{n.op} '{n.name}'"
+    head = grp.anchor.name if grp.anchor is not None else grp.nodes[0].name
+    into = f"into {'the group of ' + head}"
+    if _is_anchor(n, od):
+        return f"{what} not fused {into}: it is an anchor op and starts its own group"
+    if not _is_elementwise(n, od):
+        kind = od.kind.name.lower() if od is not None else "unknown"
+        return f"{what} not fused {into}: it is {kind}, and only elementwise/broadcast ops join a group"
+    if grp.anchor is not None:
+        out = grp.anchor.outputs[0]
+        if n.outputs[0].type != out.type:
+            return (f"{what} not fused {into}: its output is {n.outputs[0].type}, the anchor's {out.type} "
+                    f"(an epilogue keeps the anchor's dtype and shape)")
+        if not pl.can_join_anchor(grp, n):
+            return f"{what} not fused {into}: it reads a value of the group that is not the epilogue's"
+    elif not pl.can_join_loop(grp, n):
+        return (f"{what} not fused {into}: its shape {list(n.outputs[0].shape)} differs from the group's "
+                f"{list(grp.shape)} and the group's values are read elsewhere")
+    other = pl.group_of.get(id(n))
+    if other is not None and other is not grp and len(other.nodes) > 1:
+        oh = other.anchor.name if other.anchor is not None else other.nodes[0].name
+        return f"{what} not fused {into}: it joined the group of {oh}, the latest of its producers' groups"
+    if pl.makes_cycle([grp], n):
+        return f"{what} not fused {into}: that would make a cycle through other groups"
+    return f"{what} not fused {into}: it joined another group"
+
+
+def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, node: str | None = None,
+                   input_shapes: dict | None = None, disabled_rules=(), rules=()) -> FusionReport:
+    """The fusion report of a model: for each rule pass of ``opt_level``, in pipeline order,
+    every rule application (with the ONNX nodes it matched and the other rules that matched
+    the same root but lost, the first in pipeline order winning), and for every candidate node
+    left afterwards the first failed predicate of each rule that could root there; then the
+    groups fuse_ops formed, with the reason each neighbouring op stayed outside (e.g.
+    ``Flatten '/Flatten' not fused into the group of Conv_1: it is injective, ...``); then every
+    Conv/ConvTranspose/Gemm/MatMul of the model with the node that computes it and the rules
+    that fused it.
+
+    model: a path, bytes or ``onnx.ModelProto``. rule / node: keep only the entries of that
+    rule / of that (ONNX or IR) node name. input_shapes, disabled_rules: as for
+    ``tensorfuse.compile``; rules: extra Rule classes (``compiler.pipeline.extra_rules``).
+    Returns a :class:`FusionReport` (``str``/``repr`` is the text); prints nothing; the
+    model is imported and optimised here, nothing is compiled to code. Raises ModelLoadError /
+    UnsupportedModelError as ``compile`` does, ValueError for an unknown rule name or level.
+    """
+    import os
+
+    from tensorfuse.compiler.frontend.onnx import import_onnx, load_model
+    from tensorfuse.compiler.passes.fuse_ops import FuseOps, _is_anchor, _Planner, fuse_ops
+    from tensorfuse.ir.registry import find_op
+    from tensorfuse.compiler.pipeline import CLEANUP_ROUNDS, PipelineResult, _Dumper, _run, all_rules, \
+        build_passes, extra_rules
+    from tensorfuse.compiler.rewrite import RewritePass
+    from tensorfuse.runtime.profile import trace_sources
+
+    with extra_rules(list(rules)):
+        known = all_rules()
+        if rule is not None and rule not in known and rule != "fuse_ops":
+            raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(known)}")
+        proto = load_model(model)
+        label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model")
+        g = import_onnx(proto, input_shapes=input_shapes)
+        res = PipelineResult(opt_level)
+        passes = build_passes(opt_level, disabled_rules=disabled_rules, log=res.log)
+    onnx_ops = {n.name: n.op_type for n in proto.graph.node}
+    reports: list[PassReport] = []
+    groups: list[GroupReport] = []
+    fuse_log: list[Application] = []
+    dumper = _Dumper(None)
+
+    def sources(names: list[str], upto: int | None = None) -> list[str]:
+        return trace_sources(names, res.log if upto is None else res.log[:upto])
+
+    def run_rewrite(name: str, p: RewritePass, runs: list) -> None:
+        """Run a rule pass (``runs`` calls it, maybe several rounds) and report it."""
+        start = len(res.log)
+        before = _evaluate(p.rules, g, trial=False)
+        runs()
+        rep = PassReport(name, [r.name for r in p.rules])
+        by_name = {r.name: r for r in p.rules}
+        for k, app in enumerate(res.log[start:], start):
+            root = _root_of(by_name[app.rule], app.nodes, g) if app.rule in by_name else None
+            lost = []
+            if root is None:
+                for nm in reversed(app.nodes):
+                    if nm in before:
+                        root = nm
+                        break
+            ok_here = [r for r, why in before.get(root, []) if why is None]
+            if app.rule in ok_here:
+                lost = ok_here[ok_here.index(app.rule) + 1:]
+            rep.applied.append(ApplicationReport(app.rule, list(app.nodes), sources(list(app.nodes), k),
+                                                 list(app.created), lost))
+        after = _evaluate(p.rules, g, trial=True)
+        for n in g.nodes:
+            if n.name in after:
+                rep.not_applied.append(CandidateReport(n.name, n.qualified_op, sources([n.name]),
+                                                       [(r, why) for r, why in after[n.name] if why is not None]))
+        reports.append(rep)
+
+    def run_fuse_ops() -> None:
+        pl = _Planner(g)
+        planned = pl.plan()
+        users = g.users()
+        members_of = {}
+        for grp in planned:
+            if len(grp.nodes) < 2 and grp.anchor is None:
+                continue
+            ids = {id(m) for m in grp.nodes}
+            outside: list[str] = []
+            seen: set[int] = set()
+            for m in grp.nodes:
+                for o in m.outputs:
+                    for u in users.get(o, []):
+                        if id(u) not in ids and id(u) not in seen:
+                            seen.add(id(u))
+                            if not _is_anchor(u, find_op(u.op, u.domain)):     # anchors start groups
+                                outside.append(_why_not_grouped(pl, grp, u))
+            if len(grp.nodes) < 2 and not outside:
+                continue
+            rep = GroupReport(None, grp.kind.name, grp.anchor.name if grp.anchor is not None else None,
+                              [(m.name, m.qualified_op) for m in grp.nodes], sources([m.name for m in grp.nodes]),
+                              outside)
+            members_of[id(grp)] = rep
+            groups.append(rep)
+        fuse_ops(g, fuse_log)
+        multi = [grp for grp in planned if len(grp.nodes) > 1]
+        for grp, app in zip(multi, fuse_log):
+            members_of[id(grp)].fused = app.created[0]
+
+    for name, p in passes:
+        members = p if isinstance(p, list) else [(name, p)]
+        rewrite = [(n, q) for n, q in members if isinstance(q, RewritePass)]
+        if isinstance(p, list):
+            def rounds(members=members):
+                for _ in range(CLEANUP_ROUNDS):
+                    if not any([_run(n, q, g, res, False, dumper) for n, q in members]):
+                        break
+            if rewrite:
+                run_rewrite(rewrite[0][0], rewrite[0][1], rounds)
+            else:
+                rounds()
+        elif isinstance(p, RewritePass):
+            run_rewrite(name, p, lambda name=name, p=p: _run(name, p, g, res, False, dumper))
+        elif isinstance(p, FuseOps):
+            run_fuse_ops()
+        else:
+            _run(name, p, g, res, False, dumper)
+
+    # the fate of every anchor op: walk the final graph's nodes back through the rewrites
+    made: dict[str, Application] = {}
+    for app in res.log:
+        for c in app.created:
+            made[c] = app
+    fate: dict[str, tuple[str, str, list[str], list[str]]] = {}
+
+    def lineage(name: str, rules_seen: list[str], leaves: list[str], seen: frozenset) -> None:
+        app = made.get(name)
+        if app is None or name in seen:
+            if name not in leaves:
+                leaves.append(name)
+            return
+        for m in app.nodes:
+            lineage(m, rules_seen, leaves, seen | {name})
+        if app.rule not in rules_seen:
+            rules_seen.append(app.rule)
+
+    for n in g.nodes:
+        body = n.attrs.get("body") if n.op == "FusedFunction" else None
+        parts = [m.name for m in body.nodes] if body is not None else [n.name]
+        rules_seen: list[str] = []
+        leaves: list[str] = []
+        for part in parts:
+            lineage(part, rules_seen, leaves, frozenset())
+        if body is not None:
+            rules_seen.append("fuse_ops")
+        for leaf in leaves:
+            fate.setdefault(leaf, (n.name, n.qualified_op, rules_seen, leaves))
+    anchors = []
+    for n in proto.graph.node:
+        if n.op_type not in ANCHOR_OPS or n.domain not in ("", "ai.onnx"):
+            continue
+        f = fate.get(n.name)
+        if f is None:
+            anchors.append(AnchorFate(n.name, n.op_type, None, None, [], []))
+        else:
+            others = [f"{onnx_ops.get(x, '?')} '{x}'" for x in f[3] if x != n.name]
+            anchors.append(AnchorFate(n.name, n.op_type, f[0], f[1], list(f[2]), others))
+
+    report = FusionReport(label, opt_level, reports, groups, anchors, rule, node)
+    if rule is not None:
+        for p in report.passes:
+            p.applied = [a for a in p.applied if a.rule == rule or rule in a.also_matched]
+            for c in p.not_applied:
+                c.reasons = [(r, w) for r, w in c.reasons if r == rule]
+            p.not_applied = [c for c in p.not_applied if c.reasons]
+        report.passes = [p for p in report.passes if rule in p.rules or p.applied]
+        if rule != "fuse_ops":
+            report.groups = []
+        report.anchors = [a for a in report.anchors if rule in a.rules]
+    if node is not None:
+        def hit(names) -> bool:
+            return node in names
+        for p in report.passes:
+            p.applied = [a for a in p.applied if hit(a.nodes) or hit(a.onnx_nodes) or hit(a.created)]
+            p.not_applied = [c for c in p.not_applied if c.node == node or hit(c.onnx_nodes)]
+        report.groups = [gr for gr in report.groups if hit([m for m, _ in gr.members]) or hit(gr.onnx_nodes)
+                         or gr.fused == node]
+        report.anchors = [a for a in report.anchors if a.node == node or a.final == node or
+                          any(node in w for w in a.with_nodes)]
+    return report
