@@ -5,7 +5,9 @@ The public API, imported lazily so that a process which only loads saved modules
 
 - :func:`compile` (``tensorfuse.compiler.driver.compile``): ONNX model -> executable module;
 - :func:`load`: a module saved with ``Module.save``;
-- :func:`explain`, :func:`export_onnx`, :func:`cache_info`; ``backend`` (the ONNX backend);
+- :func:`explain` (one rule), :func:`explain_report` (the whole fusion report), :func:`verify`
+  (against onnxruntime, naming the rewrite that changed the numbers), :func:`to_dot` (the fused
+  graph as Graphviz), :func:`export_onnx`, :func:`cache_info`; ``backend`` (the ONNX backend);
 - the error classes :class:`TensorfuseError`, :class:`CompileError`, :class:`ModelLoadError`,
   :class:`UnsupportedModelError`, :class:`ArtifactError`.
 
@@ -24,6 +26,9 @@ __version__ = "0.1.0"
 _API = {
     "compile": ("tensorfuse.compiler.driver", "compile"),
     "explain": ("tensorfuse.compiler.explain", "explain"),
+    "explain_report": ("tensorfuse.compiler.explain", "explain_report"),
+    "verify": ("tensorfuse.compiler.verify", "verify"),
+    "to_dot": ("tensorfuse.compiler.dot", "to_dot"),
     "export_onnx": ("tensorfuse.compiler.export", "export_onnx"),
     "cache_info": ("tensorfuse.runtime.cache", "cache_info"),
     "load": ("tensorfuse.runtime.artifact", "load"),

@@ -1,14 +1,615 @@
-"""The ``tensorfuse`` command line (a later issue fills it in)."""
+"""The ``tensorfuse`` command line (``python -m tensorfuse``): one subcommand per job.
+
+    tensorfuse compile MODEL -o OUT.tfm [-O 0..3] [--target T] [--input-shape name=1,3,224,224] [--dump-ir DIR]
+    tensorfuse run     MODEL_OR_MODULE [--inputs in.npz] [-o out.npz]
+    tensorfuse bench   MODEL [--threads N] [--repeat N]
+    tensorfuse ir      MODEL [--level graph|fused|kernel|llvm|asm] [--after PASS] [--diff]
+    tensorfuse explain MODEL [--rule NAME] [--node NAME]
+    tensorfuse verify  MODEL [--rtol R] [--atol A] [-O N]
+    tensorfuse graph   MODEL -o FILE.svg|.dot|.html [--profile]
+
+Each wraps a library call (``tensorfuse.compile``, ``load``, ``verify``, ``explain_report``,
+``to_dot``) and uses only the public compile options and Module attributes. Exit codes: 0
+success, 1 numerical mismatch (verify), 2 bad usage or bad input (a one-line error and a hint
+on stderr), 3 an internal error (a bug; ``--debug`` shows the traceback). ``--debug`` shows
+the traceback of any error. Progress bars go to stderr when it is a terminal, unless
+``--quiet``. Rules under test join the pipeline with ``--rules FILE.py:Name`` or
+``--rules package.module:Name`` (see ``compiler.pipeline.extra_rules``).
+"""
 from __future__ import annotations
 
 import argparse
+import difflib
+import glob
+import importlib
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+PROG = "tensorfuse"
+EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+LEVELS = ("graph", "fused", "kernel", "llvm", "asm")
+
+
+class UsageError(Exception):
+    """Bad command-line input found after parsing; ``hint`` says what to do."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+# ----------------------------------------------------------------------------- helpers
+def _say(*parts) -> None:
+    print(*parts, flush=True)
+
+
+def _note(msg: str, args) -> None:
+    if not getattr(args, "quiet", False):
+        print(msg, file=sys.stderr, flush=True)
+
+
+def parse_shapes(items) -> dict[str, list[int]] | None:
+    """``["input=1,3,224,224", ...]`` -> {"input": [1, 3, 224, 224]}."""
+    if not items:
+        return None
+    out: dict[str, list[int]] = {}
+    for it in items:
+        name, sep, dims = it.rpartition("=")
+        try:
+            shape = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
+        except ValueError:
+            shape = None
+        if not sep or not name or shape is None or any(d < 0 for d in shape):
+            raise UsageError(f"--input-shape {it!r} is not NAME=D1,D2,...", "example: --input-shape input=1,3,224,224")
+        out[name] = shape
+    return out
+
+
+def load_rules(specs) -> list:
+    """Rule classes from ``--rules`` specs: ``FILE.py[:Name]`` or ``package.module[:Name]``;
+    without ``:Name``, every Rule subclass the module defines, in definition order."""
+    from tensorfuse.compiler.rewrite import Rule
+    rules: list = []
+    for spec in specs or ():
+        src, _, attr = spec.rpartition(":") if ":" in spec else (spec, "", "")
+        try:
+            if src.endswith(".py") or os.sep in src:
+                if not os.path.exists(src):
+                    raise UsageError(f"--rules {spec}: no file {src}", "give FILE.py:RuleName or package.module:RuleName")
+                name = "tensorfuse_user_rules_" + os.path.splitext(os.path.basename(src))[0]
+                mspec = importlib.util.spec_from_file_location(name, src)
+                mod = importlib.util.module_from_spec(mspec)
+                sys.modules[name] = mod
+                mspec.loader.exec_module(mod)
+            else:
+                mod = importlib.import_module(src)
+        except UsageError:
+            raise
+        except Exception as e:      # noqa: BLE001 - the user's file failed to import
+            raise UsageError(f"--rules {spec}: cannot import {src} ({type(e).__name__}: {e})",
+                             "rerun with --debug to see the traceback") from e
+        if attr:
+            if not hasattr(mod, attr):
+                found = [k for k, v in vars(mod).items() if isinstance(v, type) and issubclass(v, Rule)
+                         and v is not Rule and v.pattern is not None]
+                raise UsageError(f"--rules {spec}: {src} has no {attr!r}", f"rules it defines: {', '.join(found) or 'none'}")
+            obj = getattr(mod, attr)
+            got = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+        else:
+            got = [v for v in vars(mod).values() if isinstance(v, type) and issubclass(v, Rule)
+                   and v.pattern is not None and v.__module__ == mod.__name__]
+        for r in got:
+            if not ((isinstance(r, type) and issubclass(r, Rule)) or isinstance(r, Rule)):
+                raise UsageError(f"--rules {spec}: {r!r} is not a tensorfuse Rule",
+                                 "a rule subclasses tensorfuse.compiler.rewrite.Rule (docs/writing-a-fusion-rule.md)")
+        if not got:
+            raise UsageError(f"--rules {spec}: {src} defines no rules", "name one: FILE.py:RuleName")
+        rules += got
+    return rules
+
+
+class _Session:
+    """The compile options of one command (from the shared flags)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.rules = load_rules(getattr(args, "rules", None))
+        self.shapes = parse_shapes(getattr(args, "input_shape", None))
+        self.disabled = list(getattr(args, "disable_rule", None) or [])
+
+    def compile(self, model: str, opt_level: int | None = None, **kw):
+        import tensorfuse
+        from tensorfuse.compiler.pipeline import extra_rules
+        _check_model_path(model)
+        a = self.args
+        level = a.opt_level if opt_level is None else opt_level
+        kw.setdefault("cache", not self.rules)
+        t0 = time.perf_counter()
+        with extra_rules(self.rules):
+            mod = tensorfuse.compile(model, target=getattr(a, "target", "llvm"), opt_level=level,
+                                     input_shapes=self.shapes, disabled_rules=self.disabled,
+                                     num_threads=getattr(a, "threads", None), **kw)
+        return mod, time.perf_counter() - t0
+
+
+def _check_model_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise UsageError(f"no such file: {path}", "give the path of an ONNX model (.onnx)")
+    if os.path.isdir(path):
+        raise UsageError(f"{path} is a folder, not a model file", "give the path of an ONNX model (.onnx)")
+
+
+def _inputs_for(mod, args) -> dict[str, np.ndarray]:
+    from tensorfuse.compiler.verify import random_inputs
+    path = getattr(args, "inputs", None)
+    if not path:
+        return random_inputs(mod.input_info, getattr(args, "seed", 0))
+    if not os.path.exists(path):
+        raise UsageError(f"no such inputs file: {path}", "give an .npz written by numpy.savez(path, name=array, ...)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            given = {k: z[k] for k in z.files}
+    except Exception as e:          # noqa: BLE001 - numpy's own error is unhelpful
+        raise UsageError(f"{path} is not a numpy .npz file ({type(e).__name__})",
+                         "write one with numpy.savez(path, input=array)") from None
+    names = [i.name for i in mod.input_info]
+    if len(names) == 1 and names[0] not in given and len(given) == 1:
+        given = {names[0]: next(iter(given.values()))}
+    missing = [n for n in names if n not in given]
+    if missing:
+        raise UsageError(f"{path} lacks the model's input(s) {missing}; it has {sorted(given)}",
+                         f"the model's inputs: {', '.join(str(i) for i in mod.input_info)}")
+    return {n: given[n] for n in names}
+
+
+def _summary(name: str, a: np.ndarray) -> str:
+    head = f"{name}: {a.dtype}{list(a.shape)}"
+    if a.size == 0:
+        return head + " (empty)"
+    if a.dtype.kind in "fiub":
+        f = a.astype(np.float64)
+        s = f"{head}  min {f.min():.4g}  max {f.max():.4g}  mean {f.mean():.4g}  std {f.std():.4g}"
+        flat = a.reshape(-1)
+        s += "  first " + np.array2string(flat[:5], precision=4, separator=", ")
+        if a.ndim == 2 and a.shape[0] == 1 and a.shape[1] >= 10 and a.dtype.kind == "f":
+            top = np.argsort(-a[0], kind="stable")[:5]
+            s += f"  top-5 {top.tolist()}"
+        return s
+    return head
+
+
+# ----------------------------------------------------------------------------- commands
+def cmd_compile(args) -> int:
+    ses = _Session(args)
+    out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".tfm"
+    mod, secs = ses.compile(args.model, dump_ir=args.dump_ir, cache=not ses.rules and not args.dump_ir)
+    try:
+        mod.save(out)
+    except OSError as e:
+        raise UsageError(f"cannot write {out}: {e.strerror or e}", "check that the folder exists and is writable")
+    plan = mod.memory_plan
+    distinct = len({c.kernel for c in mod.calls})
+    _say(f"compiled {args.model} at O{args.opt_level} for {mod.target} in {secs:.2f} s: "
+         f"{mod.num_kernels} kernel calls ({distinct} distinct kernels), "
+         f"{len(getattr(mod, 'rewrite_log', None) or [])} rule applications, arena {plan.arena_bytes / 2**20:.2f} MiB")
+    _say(f"inputs:  {', '.join(str(i) for i in mod.input_info)}")
+    _say(f"outputs: {', '.join(str(o) for o in mod.output_info)}")
+    _say(f"wrote {out} (run it with: {PROG} run {out})")
+    if args.dump_ir:
+        _say(f"wrote the IR dumps to {args.dump_ir}/ (graph after each pass, kernels/, module.ll, module.opt.ll, module.s)")
+    return EXIT_OK
+
+
+def _load_module(path: str, args):
+    import tensorfuse
+    _check_model_path(path)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"PK\x03\x04":          # a saved module is a zip file
+        t0 = time.perf_counter()
+        return tensorfuse.load(path), time.perf_counter() - t0, "loaded"
+    mod, secs = _Session(args).compile(path)
+    return mod, secs, "compiled"
+
+
+def cmd_run(args) -> int:
+    mod, secs, how = _load_module(args.model, args)
+    if args.threads:
+        mod.num_threads = args.threads
+    inputs = _inputs_for(mod, args)
+    t0 = time.perf_counter()
+    outs = mod.run(**inputs)
+    ms = (time.perf_counter() - t0) * 1e3
+    src = args.inputs or f"random inputs, seed {args.seed}"
+    _say(f"{how} {args.model} in {secs:.2f} s; ran it once on {src} in {ms:.2f} ms")
+    for i in mod.input_info:
+        _say(f"  input  {_summary(i.name, inputs[i.name])}")
+    for name, a in zip(mod.output_names, outs):
+        _say(f"  output {_summary(name, a)}")
+    if args.output:
+        try:
+            np.savez(args.output, **dict(zip(mod.output_names, outs)))
+        except OSError as e:
+            raise UsageError(f"cannot write {args.output}: {e.strerror or e}", "check the folder")
+        _say(f"wrote {args.output}" + ("" if args.output.endswith(".npz") else ".npz"))
+    return EXIT_OK
+
+
+def _stats(ms: list[float]) -> str:
+    p = np.percentile(ms, [10, 90, 99])
+    return (f"median {statistics.median(ms):8.3f}  min {min(ms):8.3f}  max {max(ms):8.3f}  "
+            f"p10 {p[0]:8.3f}  p90 {p[1]:8.3f}  p99 {p[2]:8.3f} ms")
+
+
+def cmd_bench(args) -> int:
+    from tensorfuse.compiler import progress
+    if args.repeat < 1 or args.warmup < 0:
+        raise UsageError("--repeat must be >= 1 and --warmup >= 0", "for example: --repeat 50")
+    ses = _Session(args)
+    mod, secs = ses.compile(args.model)
+    threads = args.threads or mod.num_threads
+    mod.num_threads = threads
+    inputs = _inputs_for(mod, args)
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        ort = None
+    sess = None
+    if ort is not None:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(args.model, so, providers=["CPUExecutionProvider"])
+    for _ in range(args.warmup):
+        mod.run(**inputs)
+        if sess is not None:
+            sess.run(None, inputs)
+    tf_ms, ort_ms = [], []
+    clock = time.perf_counter
+    for _ in progress.iterate(range(args.repeat), "bench", unit="run"):     # interleaved
+        t0 = clock()
+        mod.run(**inputs)
+        tf_ms.append((clock() - t0) * 1e3)
+        if sess is not None:
+            t0 = clock()
+            sess.run(None, inputs)
+            ort_ms.append((clock() - t0) * 1e3)
+    _say(f"{args.model}: O{args.opt_level}, {threads} thread{'s' if threads > 1 else ''}, {args.repeat} runs "
+         f"after {args.warmup} warm-up (compiled in {secs:.2f} s, {mod.num_kernels} kernel calls)")
+    _say(f"  tensorfuse   {_stats(tf_ms)}")
+    if sess is not None:
+        _say(f"  onnxruntime  {_stats(ort_ms)}  (optimisations on, {ort.__version__})")
+        r = statistics.median(ort_ms) / statistics.median(tf_ms)
+        _say(f"  ratio (onnxruntime / tensorfuse median): {r:.2f}  -> tensorfuse is "
+             + (f"{r:.2f}x faster" if r >= 1 else f"{1 / r:.2f}x slower"))
+    else:
+        _say("  onnxruntime is not installed: no comparison (pip install onnxruntime)")
+    if args.top > 0:
+        prof = mod.profile(**inputs, repeat=max(3, min(args.repeat, 20)), show=False)
+        _say(f"  top {min(args.top, len(prof))} kernels by median time (single-threaded, each on its own):")
+        for row in list(prof)[:args.top]:
+            nodes = ", ".join(row.nodes)
+            if len(nodes) > 70:
+                nodes = nodes[:67] + "..."
+            gf = f"{row.gflops:7.1f} GFLOP/s" if row.gflops else " " * 15
+            _say(f"    {row.median_ms:8.3f} ms {row.share * 100:5.1f}%  {gf}  {row.kernel:<20} {nodes}")
+    return EXIT_OK
+
+
+def _dumps(d: str) -> list[tuple[str, str]]:
+    """[(pass name, path)] of the graph dumps in order."""
+    out = []
+    for p in sorted(glob.glob(os.path.join(d, "[0-9][0-9]-*.txt"))):
+        out.append((os.path.basename(p)[3:-4], p))
+    return out
+
+
+def _read(p: str) -> str:
+    with open(p, encoding="utf-8") as f:
+        return f.read()
+
+
+def _diff(a: str, b: str, name_a: str, name_b: str) -> str:
+    return "".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True), name_a, name_b, n=2))
+
+
+def cmd_ir(args) -> int:
+    ses = _Session(args)
+    if args.level in ("kernel", "asm") and args.diff:
+        raise UsageError(f"--diff is for the graph levels and llvm, not --level {args.level}",
+                         "--level fused --diff shows what each pass changed; --level llvm --diff what LLVM's passes changed")
+    if args.after and args.level not in ("graph", "fused"):
+        raise UsageError(f"--after names a graph pass; it goes with --level graph or fused, not {args.level}",
+                         f"{PROG} ir MODEL --after fold_rules")
+    with tempfile.TemporaryDirectory(prefix="tensorfuse-ir-") as d:
+        mod, _ = ses.compile(args.model, dump_ir=d, cache=False)
+        dumps = _dumps(d)
+        if args.level in ("graph", "fused"):
+            if args.level == "graph" and not args.after and not args.diff:
+                sys.stdout.write(_read(dumps[0][1]))
+                return EXIT_OK
+            names = [n for n, _ in dumps]
+            if args.after:
+                hits = [k for k, (n, _) in enumerate(dumps) if n == args.after]
+                if not hits:
+                    ran = sorted({p.name for p in getattr(mod, "pass_records", None) or []})
+                    raise UsageError(f"no pass {args.after!r} changed the graph at O{args.opt_level}",
+                                     f"passes that changed it: {', '.join(dict.fromkeys(names[1:])) or 'none'}"
+                                     + (f"; passes that ran: {', '.join(ran)}" if ran else ""))
+                k = hits[-1]
+                if args.diff:
+                    sys.stdout.write(_diff(_read(dumps[k - 1][1]), _read(dumps[k][1]),
+                                           f"before {args.after}", f"after {args.after}"))
+                else:
+                    sys.stdout.write(_read(dumps[k][1]))
+                return EXIT_OK
+            if args.diff:
+                if len(dumps) == 1:
+                    _say(f"no pass changed the graph at O{args.opt_level}")
+                for (na, pa), (nb, pb) in zip(dumps, dumps[1:]):
+                    sys.stdout.write(_diff(_read(pa), _read(pb), f"after {na}", f"after {nb}"))
+                return EXIT_OK
+            sys.stdout.write(str(mod.graph).rstrip("\n") + "\n")
+            return EXIT_OK
+        if args.level == "kernel":
+            for p in sorted(glob.glob(os.path.join(d, "kernels", "*.txt"))):
+                sys.stdout.write(_read(p).rstrip("\n") + "\n\n")
+            return EXIT_OK
+        if args.level == "llvm":
+            opt = _read(os.path.join(d, "module.opt.ll"))
+            if args.diff:
+                sys.stdout.write(_diff(_read(os.path.join(d, "module.ll")), opt, "module.ll (emitted)",
+                                       "module.opt.ll (after LLVM's passes)"))
+            else:
+                sys.stdout.write(opt)
+            return EXIT_OK
+        sys.stdout.write(_read(os.path.join(d, "module.s")))
+        return EXIT_OK
+
+
+def cmd_explain(args) -> int:
+    from tensorfuse.compiler.explain import explain_report
+    ses = _Session(args)
+    _check_model_path(args.model)
+    rep = explain_report(args.model, opt_level=args.opt_level, rule=args.rule, node=args.node,
+                         input_shapes=ses.shapes, disabled_rules=ses.disabled, rules=ses.rules)
+    _say(str(rep))
+    return EXIT_OK
+
+
+def cmd_verify(args) -> int:
+    from tensorfuse.compiler.verify import verify
+    ses = _Session(args)
+    _check_model_path(args.model)
+    inputs = None
+    if args.inputs:
+        mod0, _ = ses.compile(args.model, opt_level=0)
+        inputs = _inputs_for(mod0, args)
+    res = verify(args.model, args.opt_level, rtol=args.rtol, atol=args.atol, inputs=inputs, seed=args.seed,
+                 input_shapes=ses.shapes, disabled_rules=ses.disabled, rules=ses.rules,
+                 target=args.target, bisect=not args.no_bisect, groups=not args.no_groups)
+    _say(str(res))
+    return EXIT_OK if res.ok else EXIT_MISMATCH
+
+
+def cmd_graph(args) -> int:
+    from tensorfuse.compiler.dot import to_dot
+    ses = _Session(args)
+    ext = os.path.splitext(args.output)[1].lower()
+    if ext not in (".svg", ".dot", ".gv", ".html"):
+        raise UsageError(f"-o {args.output}: the picture must be .svg, .dot, .gv or .html", "for example: -o model.svg")
+    mod, _ = ses.compile(args.model)
+    prof = None
+    if args.profile:
+        prof = mod.profile(**_inputs_for(mod, args), repeat=10, show=False)
+    dot = to_dot(mod, profile=prof)
+    try:
+        path, note = dot.write(args.output)
+    except OSError as e:
+        raise UsageError(f"cannot write {args.output}: {e.strerror or e}", "check the folder")
+    _say(note)
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- parser
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _common(p: argparse.ArgumentParser, compile_opts: bool = True, level_default: int = 2) -> None:
+    g = p.add_argument_group("general")
+    g.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    g.add_argument("-q", "--quiet", action="store_true", help="no progress bars or notes on stderr")
+    if not compile_opts:
+        return
+    c = p.add_argument_group("compile options")
+    c.add_argument("-O", "--opt-level", type=int, choices=range(0, 4), default=level_default, metavar="N",
+                   help=f"optimisation level 0..3 (default {level_default})")
+    c.add_argument("--target", default="llvm", help="'llvm' (this CPU; default) or e.g. 'llvm -mcpu=znver3'")
+    c.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                   help="shape of an input with dynamic dimensions (repeatable)")
+    c.add_argument("--disable-rule", action="append", metavar="RULE", help="switch a rewrite rule off (repeatable)")
+    c.add_argument("--rules", action="append", metavar="FILE.py[:NAME]",
+                   help="add rewrite rules under test: FILE.py:RuleName or package.module:RuleName; without "
+                        ":NAME every rule the module defines. A rule joins the set named by its 'rule_set' "
+                        "attribute (simplify, fold, fuse, o3; default fuse), before the built-in rules "
+                        "(repeatable; skips the compile cache)")
+
+
+EXAMPLE = "examples/models/mobilenet_v2.onnx"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tensorfuse import __version__
+    p = argparse.ArgumentParser(
+        prog=PROG, formatter_class=_Formatter,
+        description="tensorfuse: compile ONNX models to native code, run, benchmark, inspect and verify them.",
+        epilog=(f"example:\n  {PROG} verify {EXAMPLE}\n\n"
+                "exit codes: 0 success, 1 numerical mismatch (verify), 2 bad usage or input, 3 internal error.\n"
+                f"'{PROG} COMMAND --help' shows a command's options and an example."))
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    short = {"compile": "compile a model into a saved module (.tfm)",
+             "run": "run a model or saved module on given or random inputs",
+             "bench": "time tensorfuse against onnxruntime",
+             "ir": "print the IR at a level (graph, fused, kernel, llvm, asm)",
+             "explain": "the fusion report: which rules fired where, and why not",
+             "verify": "compare with onnxruntime; name the rewrite that broke the numbers",
+             "graph": "draw the fused graph (svg, dot, html)"}
+
+    def add(name, fn, help_, example, **kw):
+        sp = sub.add_parser(name, help=short[name], description=help_, formatter_class=_Formatter,
+                            epilog="example:\n  " + example, **kw)
+        sp.set_defaults(func=fn)
+        return sp
+
+    s = add("compile", cmd_compile, "compile an ONNX model into a saved module (load it with tensorfuse.load)",
+            f"{PROG} compile {EXAMPLE} -o mobilenet.tfm -O 2 --input-shape input=1,3,224,224")
+    s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
+    s.add_argument("-o", "--output", metavar="OUT", help="the saved module to write (default: MODEL's name .tfm)")
+    s.add_argument("--dump-ir", metavar="DIR", help="write the graph after every pass, the kernels, the LLVM IR "
+                                                    "(emitted and optimised) and the assembly into DIR")
+    _common(s)
+
+    s = add("run", cmd_run, "run a model (compiled first) or a saved module; print the outputs' names, shapes "
+                            "and a summary",
+            f"{PROG} run {EXAMPLE} --inputs in.npz -o out.npz")
+    s.add_argument("model", metavar="MODEL_OR_MODULE", help="an ONNX model (.onnx) or a saved module (.tfm)")
+    s.add_argument("--inputs", metavar="IN.npz", help="inputs by name (numpy.savez); default random, fixed seed")
+    s.add_argument("-o", "--output", metavar="OUT.npz", help="write the outputs by name")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    s.add_argument("--threads", type=int, metavar="N", help="threads per kernel (default: the cores this process may use)")
+    _common(s)
+
+    s = add("bench", cmd_bench, "time tensorfuse against onnxruntime (optimisations on) in this process: "
+                                "median/min/max and percentiles, the ratio, the top kernels",
+            f"{PROG} bench {EXAMPLE} --threads 1 --repeat 50")
+    s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
+    s.add_argument("--threads", type=int, metavar="N", help="threads for both (default: the cores this process may use)")
+    s.add_argument("--repeat", type=int, default=30, metavar="N", help="timed runs of each, interleaved (default 30)")
+    s.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed runs first (default 3)")
+    s.add_argument("--top", type=int, default=10, metavar="K", help="kernels to list by time (default 10; 0: none)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    s.add_argument("--inputs", metavar="IN.npz", help="inputs by name instead of random ones")
+    _common(s)
+
+    s = add("ir", cmd_ir, "print the IR: graph (as imported), fused (optimised graph), kernel (loop nests), "
+                          "llvm (optimised LLVM IR), asm (assembly for the target)",
+            f"{PROG} ir {EXAMPLE} --level fused --diff      # what each pass changed\n"
+            f"  {PROG} ir {EXAMPLE} --after fold_rules       # the graph after one pass\n"
+            f"  {PROG} ir {EXAMPLE} --level asm")
+    s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
+    s.add_argument("--level", choices=LEVELS, default="fused", help="which IR (default fused)")
+    s.add_argument("--after", metavar="PASS", help="the graph after this pass (its last run that changed it): "
+                                                   "fold_constants, dce, cse, simplify, fold_rules, fuse, fuse_ops")
+    s.add_argument("--diff", action="store_true", help="unified diffs of what each pass changed (with --after: "
+                                                       "that pass only; --level llvm: LLVM's optimisation)")
+    _common(s)
+
+    s = add("explain", cmd_explain, "the fusion report: for each candidate node which rules matched in pipeline "
+                                    "order and the first failed predicate of the others, which rule won, the fused "
+                                    "groups and why neighbouring ops stayed out, every Conv/Gemm/MatMul with the "
+                                    "rules that fused it",
+            f"{PROG} explain {EXAMPLE} --rule FuseConvActivation")
+    s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
+    s.add_argument("--rule", metavar="NAME", help="only this rule's entries")
+    s.add_argument("--node", metavar="NAME", help="only this (ONNX or IR) node's entries")
+    _common(s)
+
+    s = add("verify", cmd_verify, "compile at O0 and -O N, run both and onnxruntime on the same inputs, compare "
+                                  "every output; on a mismatch name the first rule application that broke them "
+                                  "and the first fused group that diverges (exit 1)",
+            f"{PROG} verify {EXAMPLE} -O 2 --rtol 1e-3 --atol 1e-4\n"
+            f"  {PROG} verify model.onnx --rules my_rules.py:FoldMyPattern   # a rule under test")
+    s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
+    s.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
+    s.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    s.add_argument("--inputs", metavar="IN.npz", help="inputs by name instead of random ones")
+    s.add_argument("--no-bisect", action="store_true", help="do not look for the rule application")
+    s.add_argument("--no-groups", action="store_true", help="do not compare the fused groups")
+    _common(s)
+
+    s = add("graph", cmd_graph, "draw the fused graph: one cluster per kernel, coloured by op pattern kind, "
+                                "labelled with the kernel name (and its time with --profile)",
+            f"{PROG} graph {EXAMPLE} -o mobilenet.svg --profile")
+    s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
+    s.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.svg, FILE.html, FILE.dot or FILE.gv")
+    s.add_argument("--profile", action="store_true", help="time each kernel and show it in its cluster")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random inputs for --profile")
+    s.add_argument("--inputs", metavar="IN.npz", help="inputs for --profile instead of random ones")
+    _common(s)
+    return p
+
+
+# ----------------------------------------------------------------------------- main
+def _one_line(e: BaseException) -> str:
+    msg = " ".join(str(e).split())
+    return msg if len(msg) <= 600 else msg[:597] + "..."
+
+
+def _hint(e: BaseException, command: str) -> str:
+    from tensorfuse.compiler.errors import CompileError, ModelLoadError, UnsupportedModelError
+    from tensorfuse.runtime.artifact import ArtifactError
+    if isinstance(e, ModelLoadError):
+        return "MODEL must be an ONNX file (.onnx)" + ("; 'run' also takes a saved module (.tfm)" if command == "run" else "")
+    if isinstance(e, UnsupportedModelError):
+        return "dynamic input dimensions need --input-shape NAME=D1,D2,...; unsupported ops are listed above by name"
+    if isinstance(e, ArtifactError):
+        return f"saved modules come from '{PROG} compile MODEL -o OUT.tfm' with this tensorfuse version"
+    if isinstance(e, CompileError):
+        return "this is a compiler failure: rerun with --debug for the traceback and report it"
+    return f"see '{PROG} {command} --help'" if command else f"see '{PROG} --help'"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tensorfuse", description="tensorfuse: compile ONNX models to native code.")
-    parser.parse_args(argv)
-    parser.print_help()
-    return 0
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:         # argparse: --help (0) or a usage error (2, message printed)
+        return int(e.code or 0)
+    if not getattr(args, "command", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    from tensorfuse.compiler import progress
+    from tensorfuse.compiler.errors import TensorfuseError
+    from tensorfuse.runtime.artifact import ArtifactError
+    show = sys.stderr.isatty() and not args.quiet
+    try:
+        with progress.enabled(show):
+            return args.func(args)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:         # `tensorfuse explain M | head`: the reader left; not an error
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return EXIT_OK
+    except (UsageError, TensorfuseError, ArtifactError, ValueError, OSError) as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG} {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        hint = getattr(e, "hint", None) or _hint(e, args.command)
+        print(f"hint: {hint}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:          # noqa: BLE001 - a bug: say so, traceback only with --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG} {args.command}: internal error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        print("hint: this is a bug in tensorfuse; rerun with --debug for the traceback and report it", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":
