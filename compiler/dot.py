@@ -132,16 +132,27 @@ def to_dot(module_or_model: Any, *, profile: Any = None, inputs: dict | None = N
     if profile is True:
         from tensorfuse.compiler.verify import random_inputs
         profile = mod.profile(**(inputs or random_inputs(mod.input_info)), show=False)
+    # a kernel call names the IR nodes it computes: a fused function's body nodes, or the node
+    owner: dict[str, str] = {}
+    for n in graph.nodes:
+        body = n.attrs.get("body") if n.op == "FusedFunction" else None
+        owner[n.name] = n.name
+        for m in (body.nodes if body is not None else ()):
+            owner.setdefault(m.name, n.name)
+
+    def owner_of(names) -> str | None:
+        return next((owner[x] for x in names if x in owner), None)
+
     ms: dict[str, float] = {}
     for row in profile or ():
-        for n in row.ir_nodes:
-            ms[n] = ms.get(n, 0.0) + row.median_ms / max(len(row.ir_nodes), 1)
+        o = owner_of(row.ir_nodes)
+        if o is not None:
+            ms[o] = ms.get(o, 0.0) + row.median_ms
     kernels: dict[str, list[str]] = {}
     for c in mod.calls:
-        for n in c.nodes:
-            kernels.setdefault(n, [])
-            if c.kernel not in kernels[n]:
-                kernels[n].append(c.kernel)
+        o = owner_of(c.nodes)
+        if o is not None and c.kernel not in kernels.setdefault(o, []):
+            kernels[o].append(c.kernel)
     log = getattr(mod, "rewrite_log", None)
     from tensorfuse.runtime.profile import trace_sources
 
