@@ -189,3 +189,26 @@ def parse_dot(text: str) -> dict:
         if a not in res["nodes"] or b not in res["nodes"]:
             raise ValueError(f"edge {a} -> {b} names an undeclared node")
     return res
+
+
+class CliResult:
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def cli(*args) -> CliResult:
+    """``tensorfuse.compiler.cli.main(ARGS)`` in this process (no interpreter start-up), with
+    stdout and stderr captured: for the variations of a command that a subprocess test covers."""
+    import contextlib
+    import io
+
+    from tensorfuse.compiler.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    cwd = os.getcwd()
+    try:
+        os.chdir(ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main([str(a) for a in args])
+    finally:
+        os.chdir(cwd)
+    return CliResult(rc, out.getvalue(), err.getvalue())

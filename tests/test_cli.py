@@ -1,0 +1,186 @@
+"""The ``tensorfuse`` command line through subprocesses: every subcommand with its exit code
+(0 success, 1 mismatch in verify, 2 bad usage or input with a one-line error and a hint)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from llvmlite import binding as llvm
+
+import tensorfuse
+from cli_util import WRONG_RULE, bn_chain, cli, parse_dot, run_cli, shared_consumer_model
+from oracle import ort_run
+
+COMMANDS = ("compile", "run", "bench", "ir", "explain", "verify", "graph")
+
+
+@pytest.fixture(scope="module")
+def bn_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "bn_chain.onnx"
+    onnx.save(bn_chain(1), str(path))
+    return path
+
+
+def _one_line_error(r, command: str):
+    lines = r.stderr.strip().splitlines()
+    assert "Traceback" not in r.stderr, r.stderr
+    assert len(lines) == 2 and lines[0].startswith(f"tensorfuse {command}: error: ") and \
+        lines[1].startswith("hint: "), r.stderr
+    return lines[0]
+
+
+def test_help_lists_every_command_with_examples():
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for c in COMMANDS:
+        assert f"\n    {c} " in r.stdout, c
+    h = run_cli("verify", "--help")
+    assert h.returncode == 0 and "example:\n  tensorfuse verify" in h.stdout
+    for c in COMMANDS:
+        h = cli(c, "--help")
+        assert h.returncode == 0 and "example:\n  tensorfuse " + c in h.stdout, c
+    assert run_cli().returncode == 2                        # no command: usage on stderr
+    r = cli("compile")
+    assert r.returncode == 2 and "required: MODEL" in r.stderr
+    assert cli("frobnicate").returncode == 2
+
+
+def test_bad_input_is_one_line_and_a_hint(tmp_path):
+    r = run_cli("compile", tmp_path / "nope.onnx")
+    assert r.returncode == 2 and "no such file" in _one_line_error(r, "compile")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+    r = run_cli("run", junk)
+    assert r.returncode == 2 and "is not a valid ONNX model" in _one_line_error(r, "run")
+    r = cli("run", junk, "--debug")
+    assert r.returncode == 2 and "Traceback" in r.stderr
+    r = cli("compile", junk, "--input-shape", "x:1,2")
+    assert r.returncode == 2 and "--input-shape 'x:1,2' is not NAME=D1,D2" in _one_line_error(r, "compile")
+    r = cli("verify", junk, "--rules", "tests/wrong_rules.py:Nope")
+    assert r.returncode == 2 and "has no 'Nope'" in _one_line_error(r, "verify")
+    assert "FoldBatchNormDropShift" in r.stderr             # the hint lists the rules it has
+
+
+def test_compile_then_run_a_saved_module(bn_model, tmp_path):
+    out = tmp_path / "m.tfm"
+    r = run_cli("compile", bn_model, "-o", out, "-O", "2", "--input-shape", "x=1,3,8,8")
+    assert r.returncode == 0, r.stderr
+    assert f"wrote {out}" in r.stdout and "kernel calls" in r.stdout
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    (ref,) = ort_run(onnx.load(str(bn_model)), {"x": x})
+    (got,) = tensorfuse.load(out).run(x)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    np.savez(tmp_path / "in.npz", x=x)
+    r = run_cli("run", out, "--inputs", tmp_path / "in.npz", "-o", tmp_path / "out.npz")
+    assert r.returncode == 0, r.stderr
+    assert "output y: float32[1, 4, 8, 8]" in r.stdout and "loaded" in r.stdout
+    with np.load(tmp_path / "out.npz") as z:
+        np.testing.assert_allclose(z["y"], ref, rtol=1e-4, atol=1e-5)
+    np.savez(tmp_path / "bad.npz", z=x, w=x)
+    r = cli("run", out, "--inputs", tmp_path / "bad.npz")
+    assert r.returncode == 2 and "lacks the model's input(s) ['x']" in _one_line_error(r, "run")
+
+
+def test_run_a_model_on_random_inputs(bn_model):
+    r = cli("run", bn_model, "--seed", "4")
+    assert r.returncode == 0, r.stderr
+    assert "random inputs, seed 4" in r.stdout and "output y: float32[1, 4, 8, 8]" in r.stdout
+
+
+def test_bench(bn_model):
+    r = run_cli("bench", bn_model, "--threads", "1", "--repeat", "3", "--warmup", "1", "--top", "2")
+    assert r.returncode == 0, r.stderr
+    for s in ("tensorfuse   median", "onnxruntime  median", "p90", "ratio (onnxruntime / tensorfuse median)",
+              "top 2 kernels"):
+        assert s in r.stdout, s
+    assert cli("bench", bn_model, "--repeat", "0").returncode == 2
+
+
+def test_ir_levels(bn_model):
+    r = run_cli("ir", bn_model, "--level", "graph")
+    assert r.returncode == 0 and "BatchNormalization(" in r.stdout
+    r = cli("ir", bn_model, "--after", "fold_rules")
+    assert r.returncode == 0 and "BatchNormalization" not in r.stdout and "Conv(" in r.stdout
+    r = cli("ir", bn_model, "--level", "fused", "--diff")
+    assert r.returncode == 0
+    assert "--- after import" in r.stdout and "+++ after fold_rules" in r.stdout and "+++ after fuse" in r.stdout
+    assert any(line.startswith("-") and "BatchNormalization(" in line for line in r.stdout.splitlines())
+    r = cli("ir", bn_model, "--level", "kernel")
+    assert r.returncode == 0 and "kernel " in r.stdout and "for " in r.stdout
+    r = cli("ir", bn_model, "--level", "llvm")
+    assert r.returncode == 0 and f'target triple = "{llvm.get_process_triple()}"' in r.stdout
+    r = cli("ir", bn_model, "--level", "asm")
+    assert r.returncode == 0 and "\nfusedconv_0:" in r.stdout and ".globl\tfusedconv_0" in r.stdout
+    r = cli("ir", bn_model, "--after", "nope")
+    assert r.returncode == 2 and "no pass 'nope'" in _one_line_error(r, "ir")
+    r = cli("ir", bn_model, "--level", "asm", "--diff")
+    assert r.returncode == 2 and "--diff is for" in _one_line_error(r, "ir")
+
+
+def test_verify_names_the_wrong_rule_and_its_onnx_nodes(bn_model):
+    """Acceptance 1: a deliberately wrong BatchNorm fold (drops the shift) injected with --rules."""
+    r = cli("verify", bn_model, "--no-groups")
+    assert r.returncode == 0 and "result: PASS" in r.stdout, r.stdout + r.stderr
+    r = run_cli("verify", bn_model, "--rules", WRONG_RULE)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "first bad rewrite: application 2, rule FoldBatchNormDropShift, on ONNX nodes conv2, bn2" in r.stdout
+    assert "first group that diverges" in r.stdout and "result: MISMATCH" in r.stdout
+
+
+def test_explain_says_why_the_activation_was_not_fused(tmp_path):
+    path = tmp_path / "shared.onnx"
+    onnx.save(shared_consumer_model(), str(path))
+    r = run_cli("explain", path)
+    assert r.returncode == 0, r.stderr
+    assert "- FuseConvActivation: relu: input 0: output 'c' has another consumer: sigmoid (Sigmoid)" in r.stdout
+    r = cli("explain", path, "--rule", "FuseConvActivation", "--node", "relu")
+    assert r.returncode == 0 and "relu (Relu): no rule applies" in r.stdout
+    assert "sigmoid (Sigmoid): no rule applies" not in r.stdout
+    r = cli("explain", path, "--rule", "Nope")
+    assert r.returncode == 2 and "unknown rule 'Nope'" in _one_line_error(r, "explain")
+
+
+@pytest.mark.shared
+def test_explain_lists_every_conv_of_mobilenet_unfolded(shared_models):
+    """Acceptance 2 through the command line."""
+    path = shared_models / "mobilenet_v2.unfolded.onnx"
+    r = cli("explain", path)
+    assert r.returncode == 0, r.stderr
+    convs = [n.name for n in onnx.load(str(path)).graph.node if n.op_type == "Conv"]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("  Conv '")]
+    assert len(lines) == len(convs) == 52
+    for name, line in zip(convs, lines):
+        assert line.startswith(f"  Conv '{name}' -> ") and ": FoldBatchNormIntoConv" in line, line
+
+
+def test_graph_writes_dot(bn_model, tmp_path):
+    r = run_cli("graph", bn_model, "-o", tmp_path / "g.dot", "--profile")
+    assert r.returncode == 0, r.stderr
+    parsed = parse_dot((tmp_path / "g.dot").read_text())
+    assert len(parsed["clusters"]) == 2
+    assert all(" ms\\n" in c["attrs"]["label"] for c in parsed["clusters"].values())
+    r = cli("graph", bn_model, "-o", tmp_path / "g.png")
+    assert r.returncode == 2 and "must be .svg, .dot, .gv or .html" in _one_line_error(r, "graph")
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_graph_of_resnet18_clusters_equal_the_fused_groups(shared_models, tmp_path):
+    """Acceptance 3: the .dot parses back and its clusters are the optimised graph's nodes
+    (one kernel each), each holding that node's members."""
+    path = shared_models / "resnet18.unfolded.onnx"
+    r = run_cli("graph", path, "-o", tmp_path / "resnet18.dot")
+    assert r.returncode == 0, r.stderr
+    parsed = parse_dot((tmp_path / "resnet18.dot").read_text())
+    mod = tensorfuse.compile(str(path))             # a cache hit: the subprocess compiled it
+    groups = mod.graph.nodes
+    clusters = parsed["clusters"]
+    assert len(clusters) == len(groups)
+    labels = sorted(c["attrs"]["label"].split("\\n")[-1] for c in clusters.values())
+    assert labels == sorted(n.name for n in groups)
+    for n in groups:
+        [c] = [c for c in clusters.values() if c["attrs"]["label"].split("\\n")[-1] == n.name]
+        body = n.attrs.get("body") if n.op == "FusedFunction" else None
+        assert len(c["nodes"]) == (len(body.nodes) if body is not None else 1)
+    kernels = {c.kernel for c in mod.calls}
+    assert {c["attrs"]["label"].split("  [")[0] for c in clusters.values()} == kernels
