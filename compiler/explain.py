@@ -502,5 +502,6 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
         report.groups = [gr for gr in report.groups if hit([m for m, _ in gr.members]) or hit(gr.onnx_nodes)
                          or gr.fused == node]
         report.anchors = [a for a in report.anchors if a.node == node or a.final == node or
-                          any(node in w for w in a.with_nodes)]
+                          any(w.endswith(f"'{node}'") for w in a.with_nodes)]
+        report.passes = [p for p in report.passes if p.applied or p.not_applied]
     return report
