@@ -81,6 +81,15 @@ def test_compile_then_run_a_saved_module(bn_model, tmp_path):
     assert r.returncode == 2 and "lacks the model's input(s) ['x']" in _one_line_error(r, "run")
 
 
+def test_compile_dump_ir_has_optimised_llvm_and_assembly(bn_model, tmp_path):
+    d = tmp_path / "dumps"
+    r = cli("compile", bn_model, "-o", tmp_path / "m.tfm", "-O", "1", "--dump-ir", d)
+    assert r.returncode == 0, r.stderr
+    assert (d / "00-import.txt").exists() and (d / "module.ll").exists()
+    assert f'target triple = "{llvm.get_process_triple()}"' in (d / "module.opt.ll").read_text()
+    assert "\nconv_0:" in (d / "module.s").read_text()
+
+
 def test_run_a_model_on_random_inputs(bn_model):
     r = cli("run", bn_model, "--seed", "4")
     assert r.returncode == 0, r.stderr
