@@ -22,7 +22,10 @@ Either may return :class:`Fail` with the reason in words, which ``explain`` repo
 :func:`apply_rules` applies a list of rules to a fixed point: nodes in graph order, rules in
 list order, first applicable rule wins, sweeps repeat until nothing fires; each application
 is logged as an :class:`Application`. Replaced nodes that nothing reads any more are removed,
-new nodes are placed where the match was, and the graph stays topologically sorted. Graph
+new nodes are placed where the match was (or earlier, before the first reader of a replaced
+value), and the graph stays topologically sorted: every reader of a replacement comes after
+it, whichever replaced value it reads (when no placement gives that, the readers move later;
+a replacement that needs a reader of what it replaces is a RewriteError). Graph
 outputs keep their user-facing names (``graph.output_names``); only ``graph.outputs`` moves.
 """
 from __future__ import annotations
@@ -171,19 +174,47 @@ def _apply(graph: Graph, rule: Rule, m: Match, node: Node) -> "Application | Fai
         return Fail(f"rule {rule.name} returned the matched value unchanged")
     created = graph.nodes[n_nodes:]
     del graph.nodes[n_nodes:]
-    # new nodes go where the match was: right before its last node, all of whose inputs (the
-    # captures) are defined earlier
+    saved = (list(graph.nodes), [(n, list(n.inputs)) for n in graph.nodes], list(graph.outputs))
     pos = {id(n): i for i, n in enumerate(graph.nodes)}
-    at = max((pos[id(n)] for n in m.nodes if id(n) in pos), default=len(graph.nodes))
+    at = _insertion_point(graph, created, pos, m, mapping)
     graph.nodes[at:at] = created
     for old, new in mapping.items():
         if old is not new:
             graph.replace_all_uses(old, new)
     _remove_dead(graph, m.nodes)
+    if not _is_topological(graph):
+        # a reader of a replaced value sits before a node the replacement needs: move readers
+        # later (Graph.toposort keeps every node that is already in order where it is)
+        try:
+            graph.toposort()
+        except ValueError as e:
+            graph.nodes, graph.outputs = saved[0], saved[2]
+            for n, ins in saved[1]:
+                n.inputs = ins
+            undo()
+            raise RewriteError(f"rule {rule.name} at node {node.name}: the replacement depends on a "
+                               f"reader of the value it replaces ({e})") from None
     _drop_unused_captured_constants(graph, m)
-    if not _placed_in_order(created, pos, at, m) and not _is_topological(graph):
-        graph.toposort()
     return Application(rule.name, [n.name for n in m.nodes], [n.name for n in created])
+
+
+def _insertion_point(graph: Graph, created: list[Node], pos: dict, m: Match, mapping: dict) -> int:
+    """Where the new nodes go: right before the match's last node (all of whose inputs, the
+    captures, are defined earlier), or earlier, before the first node outside the match that
+    reads a replaced value (a pattern with several outputs, or a dict replacing an interior
+    value such as SkipLayerNorm's sum), when every input of the new nodes is defined there.
+    The caller still checks the order and sorts when no such point exists."""
+    at = max((pos[id(n)] for n in m.nodes if id(n) in pos), default=len(graph.nodes))
+    old_ids = {id(o) for o, n in mapping.items() if o is not n}
+    in_match = {id(n) for n in m.nodes}
+    first_reader = min((i for i, n in enumerate(graph.nodes) if id(n) not in in_match
+                        and any(v is not None and id(v) in old_ids for v in n.inputs)), default=at)
+    if first_reader >= at:
+        return at
+    made = {id(n) for n in created}
+    need = max((pos.get(id(v.producer), -1) for n in created for v in n.inputs
+                if v is not None and v.producer is not None and id(v.producer) not in made), default=-1)
+    return first_reader if need < first_reader else at
 
 
 def _mapping(rule: Rule, m: Match, res) -> dict:
@@ -232,22 +263,6 @@ def _drop_unused_captured_constants(graph: Graph, m: Match) -> None:
     for v in consts:
         if id(v) not in used and graph.constants.get(v.name) is v:
             del graph.constants[v.name]
-
-
-def _placed_in_order(created: list[Node], pos: dict, at: int, m: Match) -> bool:
-    """A cheap sufficient check: one pattern output (its readers come after the match), and
-    every input of a new node defined before the insertion point or by an earlier new node."""
-    if len(m.outputs) != 1:
-        return False
-    root = m.outputs[0].producer
-    made: set[int] = set()
-    for n in created:
-        for v in n.inputs:
-            p = None if v is None else v.producer
-            if p is not None and id(p) not in made and (p is root or pos.get(id(p), at) >= at):
-                return False
-        made.add(id(n))
-    return True
 
 
 def _is_topological(graph: Graph) -> bool:
