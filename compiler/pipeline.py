@@ -9,8 +9,8 @@
 - O3: O2 + ``O3_RULES`` and rules marked ``numerics_changing``.
 
 Every pass is ``graph -> bool changed``; :func:`optimize` times each, verifies the graph after
-each pass that changed it (in debug mode: ``verify=True``, ``TENSORFUSE_VERIFY=1``, or under
-pytest), writes ``DIR/NN-<pass>.txt`` dumps when asked, and wraps any error in a CompileError
+every pass, and its order after every rule application (in debug mode: ``verify=True``,
+``TENSORFUSE_DEBUG=1``, see ``ir.verify.debug_mode``; the test suite runs in it), writes ``DIR/NN-<pass>.txt`` dumps when asked, and wraps any error in a CompileError
 naming the pass.
 """
 from __future__ import annotations
@@ -93,10 +93,12 @@ def _select(rules: Iterable, level: int, disabled: set[str]) -> list:
 
 
 def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log: list | None = None,
-                 fold_max_bytes: int = MAX_FOLD_BYTES) -> list[tuple[str, Callable[[Graph], bool]]]:
+                 fold_max_bytes: int = MAX_FOLD_BYTES,
+                 verify: bool | None = None) -> list[tuple[str, Callable[[Graph], bool]]]:
     """The named pass list of an optimisation level. A ``("cleanup", [...])`` entry is a group
     run to a fixed point. ``disabled_rules`` names rules, or passes of ``SWITCHABLE_PASSES``
-    ("fuse_ops"), to leave out. Raises ValueError for an unknown level or rule name."""
+    ("fuse_ops"), to leave out. ``verify``: the rewrite passes check the node order after each
+    rule application (None: in debug mode). Raises ValueError for an unknown level or rule name."""
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
     disabled = set(disabled_rules)
@@ -111,15 +113,15 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
 
     cleanup: list = [("fold_constants", fold), ("dce", eliminate_dead_nodes),
                      ("cse", eliminate_common_subexpressions),
-                     ("simplify", RewritePass("simplify", _select(sets["simplify"], opt_level, disabled), log))]
+                     ("simplify", RewritePass("simplify", _select(sets["simplify"], opt_level, disabled), log, verify=verify))]
     if opt_level == 0:
         return []
     passes: list = [("cleanup", cleanup)]
     if opt_level >= 2:
-        passes += [("fold_rules", RewritePass("fold_rules", _select(sets["fold"], opt_level, disabled), log)),
+        passes += [("fold_rules", RewritePass("fold_rules", _select(sets["fold"], opt_level, disabled), log, verify=verify)),
                    ("fold_constants", fold), ("dce", eliminate_dead_nodes)]
         fuse = sets["fuse"] + (sets["o3"] if opt_level >= 3 else [])
-        passes += [("fuse", RewritePass("fuse", _select(fuse, opt_level, disabled), log)),
+        passes += [("fuse", RewritePass("fuse", _select(fuse, opt_level, disabled), log, verify=verify)),
                    ("dce", eliminate_dead_nodes)]
         # DESIGN.md "Grouping": what the catalogue left becomes fused functions, one kernel each
         if "fuse_ops" not in disabled:
@@ -129,7 +131,8 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
 
 
 def _verify_default() -> bool:
-    return os.environ.get("TENSORFUSE_VERIFY", "") not in ("", "0") or "PYTEST_CURRENT_TEST" in os.environ
+    from tensorfuse.ir.verify import debug_mode
+    return debug_mode()
 
 
 def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] = (),
@@ -142,9 +145,9 @@ def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] 
     Raises CompileError naming the pass (and node) when a pass fails or leaves an invalid graph.
     """
     result = PipelineResult(opt_level)
-    passes = build_passes(opt_level, disabled_rules=disabled_rules, log=result.log,
-                          fold_max_bytes=fold_max_bytes)
     verify = _verify_default() if verify is None else verify
+    passes = build_passes(opt_level, disabled_rules=disabled_rules, log=result.log,
+                          fold_max_bytes=fold_max_bytes, verify=verify)
     dumper = _Dumper(dump_ir)
     dumper.write("import", graph)
     for name, p in passes:
@@ -174,13 +177,13 @@ def _run(name: str, p: Callable, graph: Graph, result: PipelineResult, verify: b
     except Exception as e:
         raise PassError(name, None, e) from e
     result.passes.append(PassRecord(name, time.perf_counter() - t0, changed, before, len(graph.nodes)))
+    if verify:   # after every pass: one that says it changed nothing may still have broken the graph
+        from tensorfuse.ir.verify import VerifyError, verify_graph
+        try:
+            verify_graph(graph)
+        except VerifyError as e:
+            raise CompileError(f"the graph is invalid after pass {name}: {e}") from e
     if changed:
-        if verify:
-            from tensorfuse.ir.verify import VerifyError, verify_graph
-            try:
-                verify_graph(graph)
-            except VerifyError as e:
-                raise CompileError(f"the graph is invalid after pass {name}: {e}") from e
         dumper.write(name, graph)
     return changed
 

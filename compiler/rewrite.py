@@ -276,16 +276,22 @@ def _is_topological(graph: Graph) -> bool:
 
 
 def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
-                log: list | None = None) -> int:
+                log: list | None = None, verify: bool | None = None, pass_name: str | None = None) -> int:
     """Apply ``rules`` to a fixed point; returns the number of applications (appended to ``log``).
 
     Deterministic: sweeps visit nodes in graph order and try the rules in the given order.
     Raises RewriteError when more than ``max_steps`` applications happen (default: 20 per node
     plus 1000), which means rules undo each other; the message names the last rules applied.
+    ``verify`` (None: ``ir.verify.debug_mode()``): after each application, check the node order
+    and definitions (``verify_graph(check_types=False)``); a RewriteError names the rule, the
+    node and ``pass_name``.
     """
     rules = [_instance(r) for r in rules]
     if not rules:
         return 0
+    if verify is None:
+        from tensorfuse.ir.verify import debug_mode
+        verify = debug_mode()
     limit = max_steps if max_steps is not None else 20 * len(graph.nodes) + 1000
     by_op: dict[str, list[Rule]] = {}
     roots = [(r, r.root_ops()) for r in rules]
@@ -309,6 +315,8 @@ def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
                 if not isinstance(res, Application):
                     continue
                 steps += 1
+                if verify:
+                    _verify_after(graph, rule, node, pass_name)
                 recent = (recent + [res])[-5:]
                 if log is not None:
                     log.append(res)
@@ -323,18 +331,30 @@ def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
             return steps
 
 
+def _verify_after(graph: Graph, rule: Rule, node: Node, pass_name: str | None) -> None:
+    from tensorfuse.ir.verify import VerifyError, verify_graph
+    try:
+        verify_graph(graph, check_types=False)
+    except VerifyError as e:
+        where = f" in pass {pass_name}" if pass_name else ""
+        raise RewriteError(f"the graph is invalid after rule {rule.name} at node {node.name}{where}: {e}") from e
+
+
 class RewritePass:
     """A pass (``graph -> bool``) applying a named rule set to a fixed point; applications
-    are appended to ``log``."""
+    are appended to ``log``. ``verify``: see :func:`apply_rules`."""
 
-    def __init__(self, name: str, rules: Iterable, log: list | None = None, max_steps: int | None = None):
+    def __init__(self, name: str, rules: Iterable, log: list | None = None, max_steps: int | None = None,
+                 verify: bool | None = None):
         self.name = name
         self.rules = [_instance(r) for r in rules]
         self.log = log if log is not None else []
         self.max_steps = max_steps
+        self.verify = verify
 
     def __call__(self, graph: Graph) -> bool:
-        return apply_rules(graph, self.rules, max_steps=self.max_steps, log=self.log) > 0
+        return apply_rules(graph, self.rules, max_steps=self.max_steps, log=self.log,
+                           verify=self.verify, pass_name=self.name) > 0
 
     def __repr__(self) -> str:
         return f"<RewritePass {self.name}: {', '.join(r.name for r in self.rules)}>"
