@@ -130,6 +130,97 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
     return passes
 
 
+def pipeline_digest(opt_level: int = 2, disabled_rules: Iterable[str] = ()) -> str:
+    """SHA-256 over the passes and rules that :func:`build_passes` selects for this level: each
+    one's name, qualified name and source code (``inspect.getsource``; for a function, also the
+    functions and classes it reads from its globals, so a pass monkeypatched in changes it too;
+    for a rule or pass defined outside tensorfuse, also the whole source of the module defining
+    it, which holds its sub-patterns and helpers; for a class made by a factory function, the
+    plain values its methods close over). tensorfuse's own code counts by name: its files are
+    in the key's version part. Code whose source cannot be read (typed at
+    the interactive prompt) is hashed by its bytecode and constants. The compile cache's key
+    includes it (``runtime.cache``), so ``FUSE_RULES.append(MyRule)``, a rule edited in a
+    notebook, or a replaced pass never gets machine code the old pipeline made."""
+    import hashlib
+    h = hashlib.sha256()
+    for name, p in build_passes(opt_level, disabled_rules=disabled_rules, verify=False):
+        h.update(f"pass {name}\0".encode())
+        for sub_name, q in (p if isinstance(p, list) else [(name, p)]):
+            h.update(f"{sub_name}\0".encode())
+            if isinstance(q, RewritePass):
+                for r in q.rules:
+                    _hash_code(h, type(r))
+            else:
+                _hash_code(h, q)
+    return h.hexdigest()
+
+
+def _hash_code(h, obj, depth: int = 0) -> None:
+    import inspect
+    import sys
+    import types
+    fn = obj if isinstance(obj, (types.FunctionType, types.MethodType, type)) else type(obj)
+    fn = getattr(fn, "__func__", fn)
+    mod_name = getattr(fn, "__module__", None) or ""
+    h.update(f"{mod_name}.{getattr(fn, '__qualname__', repr(fn))}\0".encode())
+    if not mod_name.startswith("tensorfuse."):
+        # tensorfuse's own files are in the key's version part already (and reading their
+        # source again would cost a tenth of a second per compile)
+        try:
+            h.update(inspect.getsource(fn).encode())
+        except (OSError, TypeError):
+            _hash_bytecode(h, fn)
+        mod = sys.modules.get(mod_name)
+        if mod is not None:     # the module's helpers and shared sub-patterns
+            try:
+                h.update(inspect.getsource(mod).encode())
+            except (OSError, TypeError):
+                pass
+    if isinstance(fn, type):      # a class made by a factory: the values its methods close over
+        for f in vars(fn).values():
+            for cell in getattr(f, "__closure__", None) or ():
+                try:
+                    c = cell.cell_contents
+                except ValueError:
+                    continue
+                if isinstance(c, (str, int, float, bool, bytes, tuple, frozenset, type(None))):
+                    h.update(repr(c).encode())
+                elif isinstance(c, (types.FunctionType, type)) and depth == 0:
+                    _hash_code(h, c, depth + 1)
+    if depth == 0 and isinstance(fn, types.FunctionType):
+        for gname in fn.__code__.co_names:       # the functions it calls by global name
+            g = fn.__globals__.get(gname)
+            if isinstance(g, (types.FunctionType, type)) and g is not fn:
+                _hash_code(h, g, depth + 1)
+        for cell in fn.__closure__ or ():
+            try:
+                c = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(c, types.FunctionType):
+                _hash_code(h, c, depth + 1)
+
+
+def _hash_bytecode(h, obj) -> None:
+    import types
+    codes = []
+    if isinstance(obj, type):
+        codes = [f.__code__ for f in vars(obj).values() if isinstance(f, types.FunctionType)]
+        h.update(repr(sorted(k for k in vars(obj))).encode())
+    elif hasattr(obj, "__code__"):
+        codes = [obj.__code__]
+    stack = list(codes)
+    while stack:
+        c = stack.pop()
+        h.update(c.co_code)
+        h.update(repr(c.co_names).encode())
+        for k in c.co_consts:
+            if isinstance(k, types.CodeType):
+                stack.append(k)
+            else:
+                h.update(repr(k).encode())
+
+
 def _verify_default() -> bool:
     from tensorfuse.ir.verify import debug_mode
     return debug_mode()
