@@ -10,7 +10,8 @@
 
 Every pass is ``graph -> bool changed``; :func:`optimize` times each, verifies the graph after
 every pass, and its order after every rule application (in debug mode: ``verify=True``,
-``TENSORFUSE_DEBUG=1``, see ``ir.verify.debug_mode``; the test suite runs in it), writes ``DIR/NN-<pass>.txt`` dumps when asked, and wraps any error in a CompileError
+``TENSORFUSE_DEBUG=1``, see ``tensorfuse.debug``; the test suite runs in it), writes
+``DIR/NN-<pass>.txt`` dumps when asked, and wraps any error in a CompileError
 naming the pass.
 """
 from __future__ import annotations
@@ -222,7 +223,7 @@ def _hash_bytecode(h, obj) -> None:
 
 
 def _verify_default() -> bool:
-    from tensorfuse.ir.verify import debug_mode
+    from tensorfuse.debug import debug_mode
     return debug_mode()
 
 

@@ -282,7 +282,7 @@ def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
     Deterministic: sweeps visit nodes in graph order and try the rules in the given order.
     Raises RewriteError when more than ``max_steps`` applications happen (default: 20 per node
     plus 1000), which means rules undo each other; the message names the last rules applied.
-    ``verify`` (None: ``ir.verify.debug_mode()``): after each application, check the node order
+    ``verify`` (None: ``tensorfuse.debug.debug_mode()``): after each application, check the node order
     and definitions (``verify_graph(check_types=False)``); a RewriteError names the rule, the
     node and ``pass_name``.
     """
@@ -290,7 +290,7 @@ def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
     if not rules:
         return 0
     if verify is None:
-        from tensorfuse.ir.verify import debug_mode
+        from tensorfuse.debug import debug_mode
         verify = debug_mode()
     limit = max_steps if max_steps is not None else 20 * len(graph.nodes) + 1000
     by_op: dict[str, list[Rule]] = {}

@@ -18,9 +18,9 @@ and removes them again afterwards, so it leaves the graph as it found it.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from tensorfuse.debug import debug_mode  # noqa: F401  (re-exported: the switch that runs the verifier)
 
 from .graph import Graph, Node, Value
 from .types import TensorType
@@ -34,21 +34,6 @@ class VerifyError(ValueError):
         n = len(self.problems)
         head = f"graph {graph_name}: {n} problem{'s' if n != 1 else ''}"
         super().__init__(head + "\n" + "\n".join("  " + p for p in self.problems))
-
-
-def debug_mode() -> bool:
-    """Is debug mode on? ``TENSORFUSE_DEBUG`` decides when set ("0" or "" is off); otherwise the
-    older ``TENSORFUSE_VERIFY``, or running under pytest (tests/conftest.py sets
-    ``TENSORFUSE_DEBUG=1``).
-
-    Debug mode verifies the graph after every pass (:func:`verify_graph`, naming the pass) and
-    its node order and definitions after every rule application (naming the rule), and makes
-    compiled modules check their memory plan at run time (``runtime.memory_plan``: freed arena
-    regions are poisoned, reads of a reused region raise)."""
-    v = os.environ.get("TENSORFUSE_DEBUG")
-    if v is not None:
-        return v.strip() not in ("", "0")
-    return os.environ.get("TENSORFUSE_VERIFY", "") not in ("", "0") or "PYTEST_CURRENT_TEST" in os.environ
 
 
 def _desc(n: Node) -> str:

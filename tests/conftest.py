@@ -1,7 +1,7 @@
 """Shared test configuration.
 
 * The compile cache goes to a temporary folder for the whole session (never ~/.cache).
-* Debug mode is on (``TENSORFUSE_DEBUG=1`` unless set otherwise; ``ir.verify.debug_mode``): the
+* Debug mode is on (``TENSORFUSE_DEBUG=1`` unless set otherwise; ``tensorfuse.debug``): the
   graph is verified after every pass and rule application, and compiled modules poison freed
   arena regions and check that no kernel reads a reused one (``runtime.memory_plan``).
 * ``shared_models`` fixture: the folder ../shared/models beside the checkout. Tests that need it

@@ -169,7 +169,7 @@ def test_verifier_after_each_rule_names_the_rule_and_the_pass(monkeypatch):
 
 
 def test_debug_mode_follows_tensorfuse_debug(monkeypatch):
-    from tensorfuse.ir.verify import debug_mode
+    from tensorfuse.debug import debug_mode
     monkeypatch.setenv("TENSORFUSE_DEBUG", "1")
     assert debug_mode()
     monkeypatch.setenv("TENSORFUSE_DEBUG", "0")
