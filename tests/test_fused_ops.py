@@ -258,6 +258,32 @@ def test_embed_layernorm_one_gather_nd_table_no_beta():
     np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("bad", [50, -51])
+def test_embed_layernorm_out_of_range_ids_raise_as_gather_does(bad):
+    # issue 9, defect 8: the reference clipped such ids silently while Gather raises
+    import tensorfuse
+    word, pos, scale = rand(50, 16), rand(10, 16, seed=2), rand(16, seed=5)
+    ids = rand(2, 10, dtype=np.int64, low=0, high=49, seed=3)
+    ids[1, 3] = bad
+    model, feeds, inits = _embed_onnx([word], [ids], [pos], scale, None, 1e-5, False)
+    with pytest.raises(Exception, match="out of (data )?bounds|out of range|invalid"):
+        ort_run(model, feeds)                   # onnxruntime refuses the unfused graph
+    g = Graph()
+    b = Builder(g)
+    (iv,) = ir_inputs(g, feeds)
+    y = b.op("EmbedLayerNormalization", b.const(word), iv, b.const(scale), None, b.const(pos), domain=F,
+             num_gathers=1)
+    gather = Builder(g).op("Gather", b.const(word), iv, axis=0)
+    with pytest.raises(IndexError, match=f"id {bad} is out of range for a dimension of size 50"):
+        run_reference(y.producer, [word, ids, scale, None, pos])
+    with pytest.raises(IndexError, match=f"index {bad} is out of range"):
+        run_reference(gather.producer, [word, ids])
+    mod = tensorfuse.compile(model, opt_level=2, cache=False)
+    assert any(n.op == "EmbedLayerNormalization" for n in mod.graph.nodes), mod.graph.op_histogram()
+    with pytest.raises(ValueError, match="out of range"):
+        mod.run(**feeds)
+
+
 def test_embed_layernorm_errors():
     g = Graph()
     t = g.add_input("t", TensorType(DType.f32, (5, 4)))

@@ -29,6 +29,7 @@ import numpy as np
 from tensorfuse.ir.graph import Node, Value
 from tensorfuse.ir.kernel import Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum, select, unop
 from tensorfuse.ir.ops._common import broadcast_shapes, erf_np, norm_axis
+from tensorfuse.ir.ops.gather import np_wrap
 from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, op
 from tensorfuse.ir.types import DType, TensorType
 
@@ -493,7 +494,8 @@ class EmbedLayerNormalization:
 
     Inputs: ``num_gathers`` pairs (table [V_i, H...], ids int32/int64 of any shape), then scale,
     B (optional) and any number of dense addends. Gather is on axis 0 (ONNX Gather-13, negative
-    ids count from the end; ids out of range make ``Module.run`` raise a ValueError, as for Gather);
+    ids count from the end; ids out of range make ``Module.run`` raise a ValueError and the
+    reference an IndexError, as for Gather);
     every term broadcasts (numpy) to the sum's shape S; scale and B are unidirectionally
     broadcastable to S; LayerNormalization-17 with ``axis`` and ``epsilon``, statistics in f32.
     Outputs: Y [S] and optionally the sum [S]. Raises ShapeError on mixed float dtypes,
@@ -527,8 +529,10 @@ class EmbedLayerNormalization:
         s = None
         for i in range(k):
             t, ids = ins[2 * i], ins[2 * i + 1]
-            ids = np.clip(np.where(ids < 0, ids + t.shape[0], ids), 0, t.shape[0] - 1)
-            g = np.take(t, ids, axis=0)
+            # as Gather: an id out of range raises (IndexError naming it), never clipped; the
+            # kernel's run-time check raises a ValueError for it (onnxruntime's contrib
+            # EmbedLayerNormalization fails on such ids too)
+            g = np.take(t, np_wrap(ids, t.shape[0], "id"), axis=0)
             s = g if s is None else s + g
         scale = ins[2 * k]
         b = ins[2 * k + 1] if len(ins) > 2 * k + 1 else None
