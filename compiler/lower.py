@@ -43,6 +43,9 @@ class KernelCall:
     #: (input param, output param) pairs whose buffers may be the same memory: the kernel reads
     #: input element i only to compute output element i (elementwise, same shape and dtype)
     inplace_ok: list[tuple[int, int]] = field(default_factory=list)
+    #: the parameters the kernel writes (the node's outputs; it may read them too), so debug
+    #: mode's memory check (runtime.memory_plan) knows which parameters are only read
+    writes: list[int] | None = None
 
 
 def elementwise_inplace_pairs(params: list[Buffer], n_inputs: int) -> list[tuple[int, int]]:
@@ -185,7 +188,8 @@ def _lower_graph(graph: Graph) -> LoweredGraph:
             lg.calls.append(KernelCall(k.name, [slot_by_buf[id(b)] for b in k.params],
                                        [m.name for m in covered], [m.op for m in covered],
                                        flops if j == 0 else None,
-                                       elementwise_inplace_pairs(k.params, n_in) if elementwise else []))
+                                       elementwise_inplace_pairs(k.params, n_in) if elementwise else [],
+                                       [p for p, b in enumerate(k.params) if any(b is o for o in outs)]))
     for v, out_slot in copies:
         src = Buffer(_ident(v.name), v.dtype, v.shape)
         dst = Buffer(_ident(v.name) + "_out", v.dtype, v.shape)
@@ -193,5 +197,5 @@ def _lower_graph(graph: Graph) -> LoweredGraph:
         with kb.grid([src.numel]) as (j,):
             kb.store(dst, j, src.flat(j))
         lg.kernels.append(default_schedule(kb.kernel))
-        lg.calls.append(KernelCall(kb.kernel.name, [slot_of[id(v)], out_slot], [], ["copy"]))
+        lg.calls.append(KernelCall(kb.kernel.name, [slot_of[id(v)], out_slot], [], ["copy"], writes=[1]))
     return lg

@@ -43,6 +43,7 @@ Example (every example in this module runs as a test)::
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -85,6 +86,9 @@ class _Ctx:
         self.graph = graph
         self._users = None
         self.best: tuple[int, str] | None = None
+        #: the default capture names of the rule being matched: id(Op pattern) -> name (they
+        #: belong to the rule, not to the pattern objects, which several rules may share)
+        self.defaults: dict[int, str] = {}
 
     def users(self) -> dict:
         if self._users is None:
@@ -197,12 +201,12 @@ class Pattern:
     def _match(self, v: Value | None, st: _State, ctx: _Ctx, site: str) -> Iterator[_State]:
         raise NotImplementedError
 
-    def _key(self):
+    def _key(self, defaults: dict):
         return self._name if self._name is not None else ("#", id(self))
 
     def _bind(self, obj, st: _State, ctx: _Ctx, site: str) -> _State | None:
         """Bind this pattern's key to ``obj``; None (after recording why) on a DAG conflict."""
-        key = self._key()
+        key = self._key(ctx.defaults)
         if key in st.binds:
             old = st.binds[key]
             if old is not obj:
@@ -238,10 +242,10 @@ class Pattern:
         """Every capture name in this pattern (in first-appearance order)."""
         return _assign_default_names([self])
 
-    def _raw_names(self) -> list[str]:
+    def _raw_names(self, defaults: dict) -> list[str]:
         out: list[str] = []
         for p in self._walk(set()):
-            n = p._name if not isinstance(p, Op) else p._capture_name()
+            n = p._name if not isinstance(p, Op) else p._capture_name(defaults)
             if n is not None and n not in out:
                 out.append(n)
         return out
@@ -436,7 +440,6 @@ class Op(Pattern):
         self._output = 0
         self._commutative = len(ins) == 2 and bool(self._ops) and self._ops <= COMMUTATIVE
         self._through: int | None = None
-        self._default_name: str | None = None
 
     # -- builders ------------------------------------------------------------------------
     def attrs(self, **preds) -> "Op":
@@ -474,11 +477,11 @@ class Op(Pattern):
     def _children(self):
         return self._inputs
 
-    def _capture_name(self) -> str | None:
-        return self._name or self._default_name
+    def _capture_name(self, defaults: dict) -> str | None:
+        return self._name or defaults.get(id(self))
 
-    def _key(self):
-        n = self._capture_name()
+    def _key(self, defaults: dict):
+        n = self._capture_name(defaults)
         return n if n is not None else ("#", id(self))
 
     def __repr__(self):
@@ -650,19 +653,38 @@ class Match:
         return f"Match({cap})"
 
 
-def _assign_default_names(patterns: list[Pattern]) -> list[str]:
-    """Give unnamed Op patterns their op name in lower case where unique; returns all names.
-    Patterns do not change once built, so the answer is kept on the first one."""
+class _Naming:
+    """A rule's capture names: ``defaults`` (id(Op pattern) -> its default name) and ``names``
+    (every capture name, in first-appearance order)."""
+
+    __slots__ = ("key", "defaults", "names")
+
+    def __init__(self, key: tuple, defaults: dict[int, str], names: list[str]):
+        self.key, self.defaults, self.names = key, defaults, names
+
+
+#: root pattern -> its rule's _Naming (patterns do not change once built; kept beside them, not
+#: on them, so a sub-pattern shared by two rules takes each rule's names in that rule)
+_NAMINGS: "weakref.WeakKeyDictionary[Pattern, _Naming]" = weakref.WeakKeyDictionary()
+
+
+def _naming(patterns: list[Pattern]) -> _Naming:
     key = tuple(id(p) for p in patterns)
-    cached = patterns[0].__dict__.get("_declared")
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    names = _assign_default_names_uncached(patterns)
-    patterns[0].__dict__["_declared"] = (key, names)
-    return names
+    cached = _NAMINGS.get(patterns[0])
+    if cached is not None and cached.key == key:
+        return cached
+    nm = _naming_uncached(patterns, key)
+    _NAMINGS[patterns[0]] = nm
+    return nm
 
 
-def _assign_default_names_uncached(patterns: list[Pattern]) -> list[str]:
+def _assign_default_names(patterns: list[Pattern]) -> list[str]:
+    """Every capture name of a rule's patterns (unnamed Op patterns take their op name in
+    lower case where it is unique in the rule)."""
+    return _naming(patterns).names
+
+
+def _naming_uncached(patterns: list[Pattern], key: tuple) -> _Naming:
     seen: set = set()
     ops: list[Op] = []
     for p in patterns:
@@ -675,24 +697,28 @@ def _assign_default_names_uncached(patterns: list[Pattern]) -> list[str]:
         if q._name is None and len(q._ops) == 1:
             base = next(iter(q._ops)).split("::")[-1].lower()
             counts[base] = counts.get(base, 0) + 1
+    defaults: dict[int, str] = {}
     for q in ops:
         if q._name is None and len(q._ops) == 1:
             base = next(iter(q._ops)).split("::")[-1].lower()
-            q._default_name = base if counts[base] == 1 and base not in explicit else None
+            if counts[base] == 1 and base not in explicit:
+                defaults[id(q)] = base
     names: list[str] = []
     for p in patterns:
-        for n in p._raw_names():
+        for n in p._raw_names(defaults):
             if n not in names:
                 names.append(n)
-    return names
+    return _Naming(key, defaults, names)
 
 
 def match_values(patterns: list[Pattern], values: list[Value | None], graph: Graph | None,
                  site: str | None = None, ctx: _Ctx | None = None) -> "Match | MatchFailure":
     """Match patterns against given values jointly (one binding space), then check
     ``single_use``. Used by :meth:`Pattern.match`; rules go through :func:`match_at`."""
-    declared = _assign_default_names(patterns)
+    naming = _naming(patterns)
+    declared = naming.names
     ctx = ctx or _Ctx(graph)
+    ctx.defaults = naming.defaults
     st0 = _State()
     sites = [site or "value"] + [f"output {k} of the pattern" for k in range(1, len(patterns))]
 
@@ -747,9 +773,11 @@ def match_at(patterns: "Pattern | tuple", node: Node, graph: Graph, ctx: _Ctx | 
     """Match a rule's pattern (one, or a tuple for several outputs) with its first output at
     ``node``. Further outputs are searched among the graph's nodes, in graph order."""
     pats = list(patterns) if isinstance(patterns, (tuple, list)) else [patterns]
-    declared = _assign_default_names(pats)
+    naming = _naming(pats)
+    declared = naming.names
     ctx = ctx or _Ctx(graph)
     ctx.best = None           # the users cache is shared, failures are per attempt
+    ctx.defaults = naming.defaults
     if not node.outputs:
         return MatchFailure(f"{node.name}: has no outputs")
 

@@ -9,8 +9,9 @@
 - O3: O2 + ``O3_RULES`` and rules marked ``numerics_changing``.
 
 Every pass is ``graph -> bool changed``; :func:`optimize` times each, verifies the graph after
-each pass that changed it (in debug mode: ``verify=True``, ``TENSORFUSE_VERIFY=1``, or under
-pytest), writes ``DIR/NN-<pass>.txt`` dumps when asked, and wraps any error in a CompileError
+every pass, and its order after every rule application (in debug mode: ``verify=True``,
+``TENSORFUSE_DEBUG=1``, see ``tensorfuse.debug``; the test suite runs in it), writes
+``DIR/NN-<pass>.txt`` dumps when asked, and wraps any error in a CompileError
 naming the pass.
 """
 from __future__ import annotations
@@ -142,10 +143,12 @@ def _select(rules: Iterable, level: int, disabled: set[str]) -> list:
 
 
 def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log: list | None = None,
-                 fold_max_bytes: int = MAX_FOLD_BYTES) -> list[tuple[str, Callable[[Graph], bool]]]:
+                 fold_max_bytes: int = MAX_FOLD_BYTES,
+                 verify: bool | None = None) -> list[tuple[str, Callable[[Graph], bool]]]:
     """The named pass list of an optimisation level. A ``("cleanup", [...])`` entry is a group
     run to a fixed point. ``disabled_rules`` names rules, or passes of ``SWITCHABLE_PASSES``
-    ("fuse_ops"), to leave out. Raises ValueError for an unknown level or rule name."""
+    ("fuse_ops"), to leave out. ``verify``: the rewrite passes check the node order after each
+    rule application (None: in debug mode). Raises ValueError for an unknown level or rule name."""
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
     disabled = set(disabled_rules)
@@ -160,15 +163,15 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
 
     cleanup: list = [("fold_constants", fold), ("dce", eliminate_dead_nodes),
                      ("cse", eliminate_common_subexpressions),
-                     ("simplify", RewritePass("simplify", _select(sets["simplify"], opt_level, disabled), log))]
+                     ("simplify", RewritePass("simplify", _select(sets["simplify"], opt_level, disabled), log, verify=verify))]
     if opt_level == 0:
         return []
     passes: list = [("cleanup", cleanup)]
     if opt_level >= 2:
-        passes += [("fold_rules", RewritePass("fold_rules", _select(sets["fold"], opt_level, disabled), log)),
+        passes += [("fold_rules", RewritePass("fold_rules", _select(sets["fold"], opt_level, disabled), log, verify=verify)),
                    ("fold_constants", fold), ("dce", eliminate_dead_nodes)]
         fuse = sets["fuse"] + (sets["o3"] if opt_level >= 3 else [])
-        passes += [("fuse", RewritePass("fuse", _select(fuse, opt_level, disabled), log)),
+        passes += [("fuse", RewritePass("fuse", _select(fuse, opt_level, disabled), log, verify=verify)),
                    ("dce", eliminate_dead_nodes)]
         # DESIGN.md "Grouping": what the catalogue left becomes fused functions, one kernel each
         if "fuse_ops" not in disabled:
@@ -177,8 +180,100 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
     return passes
 
 
+def pipeline_digest(opt_level: int = 2, disabled_rules: Iterable[str] = ()) -> str:
+    """SHA-256 over the passes and rules that :func:`build_passes` selects for this level: each
+    one's name, qualified name and source code (``inspect.getsource``; for a function, also the
+    functions and classes it reads from its globals, so a pass monkeypatched in changes it too;
+    for a rule or pass defined outside tensorfuse, also the whole source of the module defining
+    it, which holds its sub-patterns and helpers; for a class made by a factory function, the
+    plain values its methods close over). tensorfuse's own code counts by name: its files are
+    in the key's version part. Code whose source cannot be read (typed at
+    the interactive prompt) is hashed by its bytecode and constants. The compile cache's key
+    includes it (``runtime.cache``), so ``FUSE_RULES.append(MyRule)``, a rule edited in a
+    notebook, or a replaced pass never gets machine code the old pipeline made."""
+    import hashlib
+    h = hashlib.sha256()
+    for name, p in build_passes(opt_level, disabled_rules=disabled_rules, verify=False):
+        h.update(f"pass {name}\0".encode())
+        for sub_name, q in (p if isinstance(p, list) else [(name, p)]):
+            h.update(f"{sub_name}\0".encode())
+            if isinstance(q, RewritePass):
+                for r in q.rules:
+                    _hash_code(h, type(r))
+            else:
+                _hash_code(h, q)
+    return h.hexdigest()
+
+
+def _hash_code(h, obj, depth: int = 0) -> None:
+    import inspect
+    import sys
+    import types
+    fn = obj if isinstance(obj, (types.FunctionType, types.MethodType, type)) else type(obj)
+    fn = getattr(fn, "__func__", fn)
+    mod_name = getattr(fn, "__module__", None) or ""
+    h.update(f"{mod_name}.{getattr(fn, '__qualname__', repr(fn))}\0".encode())
+    if not mod_name.startswith("tensorfuse."):
+        # tensorfuse's own files are in the key's version part already (and reading their
+        # source again would cost a tenth of a second per compile)
+        try:
+            h.update(inspect.getsource(fn).encode())
+        except (OSError, TypeError):
+            _hash_bytecode(h, fn)
+        mod = sys.modules.get(mod_name)
+        if mod is not None:     # the module's helpers and shared sub-patterns
+            try:
+                h.update(inspect.getsource(mod).encode())
+            except (OSError, TypeError):
+                pass
+    if isinstance(fn, type):      # a class made by a factory: the values its methods close over
+        for f in vars(fn).values():
+            for cell in getattr(f, "__closure__", None) or ():
+                try:
+                    c = cell.cell_contents
+                except ValueError:
+                    continue
+                if isinstance(c, (str, int, float, bool, bytes, tuple, frozenset, type(None))):
+                    h.update(repr(c).encode())
+                elif isinstance(c, (types.FunctionType, type)) and depth == 0:
+                    _hash_code(h, c, depth + 1)
+    if depth == 0 and isinstance(fn, types.FunctionType):
+        for gname in fn.__code__.co_names:       # the functions it calls by global name
+            g = fn.__globals__.get(gname)
+            if isinstance(g, (types.FunctionType, type)) and g is not fn:
+                _hash_code(h, g, depth + 1)
+        for cell in fn.__closure__ or ():
+            try:
+                c = cell.cell_contents
+            except ValueError:
+                continue
+            if isinstance(c, types.FunctionType):
+                _hash_code(h, c, depth + 1)
+
+
+def _hash_bytecode(h, obj) -> None:
+    import types
+    codes = []
+    if isinstance(obj, type):
+        codes = [f.__code__ for f in vars(obj).values() if isinstance(f, types.FunctionType)]
+        h.update(repr(sorted(k for k in vars(obj))).encode())
+    elif hasattr(obj, "__code__"):
+        codes = [obj.__code__]
+    stack = list(codes)
+    while stack:
+        c = stack.pop()
+        h.update(c.co_code)
+        h.update(repr(c.co_names).encode())
+        for k in c.co_consts:
+            if isinstance(k, types.CodeType):
+                stack.append(k)
+            else:
+                h.update(repr(k).encode())
+
+
 def _verify_default() -> bool:
-    return os.environ.get("TENSORFUSE_VERIFY", "") not in ("", "0") or "PYTEST_CURRENT_TEST" in os.environ
+    from tensorfuse.debug import debug_mode
+    return debug_mode()
 
 
 def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] = (),
@@ -191,9 +286,9 @@ def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] 
     Raises CompileError naming the pass (and node) when a pass fails or leaves an invalid graph.
     """
     result = PipelineResult(opt_level)
-    passes = build_passes(opt_level, disabled_rules=disabled_rules, log=result.log,
-                          fold_max_bytes=fold_max_bytes)
     verify = _verify_default() if verify is None else verify
+    passes = build_passes(opt_level, disabled_rules=disabled_rules, log=result.log,
+                          fold_max_bytes=fold_max_bytes, verify=verify)
     dumper = _Dumper(dump_ir)
     dumper.write("import", graph)
     for name, p in passes:
@@ -223,13 +318,13 @@ def _run(name: str, p: Callable, graph: Graph, result: PipelineResult, verify: b
     except Exception as e:
         raise PassError(name, None, e) from e
     result.passes.append(PassRecord(name, time.perf_counter() - t0, changed, before, len(graph.nodes)))
+    if verify:   # after every pass: one that says it changed nothing may still have broken the graph
+        from tensorfuse.ir.verify import VerifyError, verify_graph
+        try:
+            verify_graph(graph)
+        except VerifyError as e:
+            raise CompileError(f"the graph is invalid after pass {name}: {e}") from e
     if changed:
-        if verify:
-            from tensorfuse.ir.verify import VerifyError, verify_graph
-            try:
-                verify_graph(graph)
-            except VerifyError as e:
-                raise CompileError(f"the graph is invalid after pass {name}: {e}") from e
         dumper.write(name, graph)
     return changed
 

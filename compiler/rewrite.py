@@ -22,7 +22,10 @@ Either may return :class:`Fail` with the reason in words, which ``explain`` repo
 :func:`apply_rules` applies a list of rules to a fixed point: nodes in graph order, rules in
 list order, first applicable rule wins, sweeps repeat until nothing fires; each application
 is logged as an :class:`Application`. Replaced nodes that nothing reads any more are removed,
-new nodes are placed where the match was, and the graph stays topologically sorted. Graph
+new nodes are placed where the match was (or earlier, before the first reader of a replaced
+value), and the graph stays topologically sorted: every reader of a replacement comes after
+it, whichever replaced value it reads (when no placement gives that, the readers move later;
+a replacement that needs a reader of what it replaces is a RewriteError). Graph
 outputs keep their user-facing names (``graph.output_names``); only ``graph.outputs`` moves.
 """
 from __future__ import annotations
@@ -177,20 +180,48 @@ def _apply(graph: Graph, rule: Rule, m: Match, node: Node) -> "Application | Fai
         return Fail(f"rule {rule.name} returned the matched value unchanged")
     created = graph.nodes[n_nodes:]
     del graph.nodes[n_nodes:]
-    # new nodes go where the match was: right before its last node, all of whose inputs (the
-    # captures) are defined earlier
+    saved = (list(graph.nodes), [(n, list(n.inputs)) for n in graph.nodes], list(graph.outputs))
     pos = {id(n): i for i, n in enumerate(graph.nodes)}
-    at = max((pos[id(n)] for n in m.nodes if id(n) in pos), default=len(graph.nodes))
+    at = _insertion_point(graph, created, pos, m, mapping)
     graph.nodes[at:at] = created
     for old, new in mapping.items():
         if old is not new:
             graph.replace_all_uses(old, new)
     _remove_dead(graph, m.nodes)
+    if not _is_topological(graph):
+        # a reader of a replaced value sits before a node the replacement needs: move readers
+        # later (Graph.toposort keeps every node that is already in order where it is)
+        try:
+            graph.toposort()
+        except ValueError as e:
+            graph.nodes, graph.outputs = saved[0], saved[2]
+            for n, ins in saved[1]:
+                n.inputs = ins
+            undo()
+            raise RewriteError(f"rule {rule.name} at node {node.name}: the replacement depends on a "
+                               f"reader of the value it replaces ({e})") from None
     _drop_unused_captured_constants(graph, m)
-    if not _placed_in_order(created, pos, at, m) and not _is_topological(graph):
-        graph.toposort()
     return Application(rule.name, [n.name for n in m.nodes], [n.name for n in created],
                        {old.name: new.name for old, new in mapping.items() if old is not new})
+
+
+def _insertion_point(graph: Graph, created: list[Node], pos: dict, m: Match, mapping: dict) -> int:
+    """Where the new nodes go: right before the match's last node (all of whose inputs, the
+    captures, are defined earlier), or earlier, before the first node outside the match that
+    reads a replaced value (a pattern with several outputs, or a dict replacing an interior
+    value such as SkipLayerNorm's sum), when every input of the new nodes is defined there.
+    The caller still checks the order and sorts when no such point exists."""
+    at = max((pos[id(n)] for n in m.nodes if id(n) in pos), default=len(graph.nodes))
+    old_ids = {id(o) for o, n in mapping.items() if o is not n}
+    in_match = {id(n) for n in m.nodes}
+    first_reader = min((i for i, n in enumerate(graph.nodes) if id(n) not in in_match
+                        and any(v is not None and id(v) in old_ids for v in n.inputs)), default=at)
+    if first_reader >= at:
+        return at
+    made = {id(n) for n in created}
+    need = max((pos.get(id(v.producer), -1) for n in created for v in n.inputs
+                if v is not None and v.producer is not None and id(v.producer) not in made), default=-1)
+    return first_reader if need < first_reader else at
 
 
 def _mapping(rule: Rule, m: Match, res) -> dict:
@@ -241,22 +272,6 @@ def _drop_unused_captured_constants(graph: Graph, m: Match) -> None:
             del graph.constants[v.name]
 
 
-def _placed_in_order(created: list[Node], pos: dict, at: int, m: Match) -> bool:
-    """A cheap sufficient check: one pattern output (its readers come after the match), and
-    every input of a new node defined before the insertion point or by an earlier new node."""
-    if len(m.outputs) != 1:
-        return False
-    root = m.outputs[0].producer
-    made: set[int] = set()
-    for n in created:
-        for v in n.inputs:
-            p = None if v is None else v.producer
-            if p is not None and id(p) not in made and (p is root or pos.get(id(p), at) >= at):
-                return False
-        made.add(id(n))
-    return True
-
-
 def _is_topological(graph: Graph) -> bool:
     defined = {id(v) for v in graph.inputs} | {id(v) for v in graph.constants.values()}
     for n in graph.nodes:
@@ -288,16 +303,22 @@ def application_limit(n: int | None) -> Iterator[None]:
 
 
 def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
-                log: list | None = None) -> int:
+                log: list | None = None, verify: bool | None = None, pass_name: str | None = None) -> int:
     """Apply ``rules`` to a fixed point; returns the number of applications (appended to ``log``).
 
     Deterministic: sweeps visit nodes in graph order and try the rules in the given order.
     Raises RewriteError when more than ``max_steps`` applications happen (default: 20 per node
     plus 1000), which means rules undo each other; the message names the last rules applied.
+    ``verify`` (None: ``tensorfuse.debug.debug_mode()``): after each application, check the node order
+    and definitions (``verify_graph(check_types=False)``); a RewriteError names the rule, the
+    node and ``pass_name``.
     """
     rules = [_instance(r) for r in rules]
     if not rules:
         return 0
+    if verify is None:
+        from tensorfuse.debug import debug_mode
+        verify = debug_mode()
     limit = max_steps if max_steps is not None else 20 * len(graph.nodes) + 1000
     by_op: dict[str, list[Rule]] = {}
     roots = [(r, r.root_ops()) for r in rules]
@@ -326,6 +347,8 @@ def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
                 if budget is not None:
                     budget[0] -= 1
                 steps += 1
+                if verify:
+                    _verify_after(graph, rule, node, pass_name)
                 recent = (recent + [res])[-5:]
                 if log is not None:
                     log.append(res)
@@ -340,18 +363,30 @@ def apply_rules(graph: Graph, rules: Iterable, *, max_steps: int | None = None,
             return steps
 
 
+def _verify_after(graph: Graph, rule: Rule, node: Node, pass_name: str | None) -> None:
+    from tensorfuse.ir.verify import VerifyError, verify_graph
+    try:
+        verify_graph(graph, check_types=False)
+    except VerifyError as e:
+        where = f" in pass {pass_name}" if pass_name else ""
+        raise RewriteError(f"the graph is invalid after rule {rule.name} at node {node.name}{where}: {e}") from e
+
+
 class RewritePass:
     """A pass (``graph -> bool``) applying a named rule set to a fixed point; applications
-    are appended to ``log``."""
+    are appended to ``log``. ``verify``: see :func:`apply_rules`."""
 
-    def __init__(self, name: str, rules: Iterable, log: list | None = None, max_steps: int | None = None):
+    def __init__(self, name: str, rules: Iterable, log: list | None = None, max_steps: int | None = None,
+                 verify: bool | None = None):
         self.name = name
         self.rules = [_instance(r) for r in rules]
         self.log = log if log is not None else []
         self.max_steps = max_steps
+        self.verify = verify
 
     def __call__(self, graph: Graph) -> bool:
-        return apply_rules(graph, self.rules, max_steps=self.max_steps, log=self.log) > 0
+        return apply_rules(graph, self.rules, max_steps=self.max_steps, log=self.log,
+                           verify=self.verify, pass_name=self.name) > 0
 
     def __repr__(self) -> str:
         return f"<RewritePass {self.name}: {', '.join(r.name for r in self.rules)}>"

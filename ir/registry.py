@@ -75,6 +75,10 @@ class OpDef:
     scalar: Callable | None = None       # elementwise ops: (node, *Exprs) -> Expr, for fusion
     known: Callable | None = None        # node -> list[np.ndarray] | None: outputs that follow from
                                          # input types alone (Shape, Size), for data propagation
+    #: False when the result is not a function of the inputs (random ops: RandomNormal,
+    #: Bernoulli ...): such nodes are never constant-folded (compiler/passes/fold.py) and never
+    #: merged by CSE (compiler/passes/cse.py); see :func:`is_deterministic`
+    deterministic: bool = True
     doc: str = ""
 
     def __post_init__(self):
@@ -143,6 +147,13 @@ def op(name: str, kind: OpPatternKind, *, domain: str = "", **kw) -> Callable:
         register(OpDef(name=name, kind=kind, domain=domain, doc=doc, **fields))
         return cls
     return deco
+
+
+def is_deterministic(node) -> bool:
+    """Is ``node``'s result a function of its inputs and attributes alone (``OpDef.deterministic``)?
+    False for ops not in the registry, which nothing may fold or merge either."""
+    od = find_op(node.op, node.domain)
+    return od is not None and od.deterministic
 
 
 def _ensure_loaded() -> None:

@@ -18,8 +18,9 @@ and removes them again afterwards, so it leaves the graph as it found it.
 """
 from __future__ import annotations
 
-
 import numpy as np
+
+from tensorfuse.debug import debug_mode  # noqa: F401  (re-exported: the switch that runs the verifier)
 
 from .graph import Graph, Node, Value
 from .types import TensorType

@@ -111,7 +111,8 @@ def save_module(mod: Module, path) -> None:
         "input_slots": prog.inputs, "output_slots": prog.outputs,
         "status_slot": prog.status_slot, "messages": prog.messages,
         "calls": [{"kernel": c.kernel, "slots": c.slots, "nodes": c.nodes, "ops": c.ops, "flops": c.flops,
-                   "inplace_ok": [list(p) for p in c.inplace_ok], "sources": mod.source_nodes(c)}
+                   "inplace_ok": [list(p) for p in c.inplace_ok], "sources": mod.source_nodes(c),
+                   "writes": c.writes}
                   for c in prog.calls],
         "plan": mod.memory_plan.to_dict(),
         "consts": layout,
@@ -258,7 +259,8 @@ def load(path) -> Module:
             a = blob[e["offset"]:e["offset"] + e["nbytes"]].view(np.dtype(e["dtype"]))
             consts[e["slot"]] = a.reshape(e["shape"])
         calls = [CallInfo(c["kernel"], c["slots"], c["nodes"], c["ops"], c["flops"],
-                          [tuple(p) for p in c.get("inplace_ok", [])], c.get("sources")) for c in meta["calls"]]
+                          [tuple(p) for p in c.get("inplace_ok", [])], c.get("sources"), c.get("writes"))
+                 for c in meta["calls"]]
         prog = Program(slots, meta["input_slots"], meta["output_slots"], calls, consts,
                        meta.get("status_slot"), list(meta.get("messages", [])))
         plan = MemoryPlan.from_dict(meta["plan"])

@@ -13,6 +13,9 @@ can be explained (:func:`cache_info`). The key's parts:
   the ``-mattr`` changes) and the L1d/L2 cache sizes;
 - ``options``: every compile option but ``cache`` (``opt_level``, ``input_shapes`` ...),
   canonicalised (dicts sorted, tuples as lists);
+- ``pipeline``: a digest of the passes and rules the compile runs, by name and source code
+  (``compiler.pipeline.pipeline_digest``), so a rule added to ``FUSE_RULES`` at run time (as the
+  tutorial does), edited in a notebook, or a pass replaced, never gets the old pipeline's code;
 - ``version``: the tensorfuse version and a digest of tensorfuse's own source files, so a changed
   compiler never serves code an older one generated.
 
@@ -139,11 +142,17 @@ def _version_part() -> dict:
     return {"tensorfuse": __version__, "source": source_digest()}
 
 
+def _pipeline_part(options: dict) -> str:
+    """Digest of the passes and rules this compile would run (``compiler.pipeline.pipeline_digest``)."""
+    from tensorfuse.compiler.pipeline import pipeline_digest
+    return pipeline_digest(options.get("opt_level", 2), options.get("disabled_rules") or ())
+
+
 def make_key(model: Any, target: str, options: dict) -> dict:
-    """The key's parts: {"model", "target", "options", "version"} (all JSON values)."""
+    """The key's parts: {"model", "target", "options", "pipeline", "version"} (all JSON values)."""
     return {"model": model_digest(model), "target": _target_part(target),
             "options": _canon({k: v for k, v in options.items() if k != "cache"}),
-            "version": _version_part()}
+            "pipeline": _pipeline_part(options), "version": _version_part()}
 
 
 def key_digest(parts: dict) -> str:

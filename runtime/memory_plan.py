@@ -192,3 +192,105 @@ def _place(bufs, size, first, last, alignment, strategy):
         placed.append((choice, choice + size[b], b))
         arena = max(arena, choice + size[b])
     return offs, _align(arena, alignment) if arena else 0
+
+
+# ----------------------------------------------------------------------------- checking (debug mode)
+class MemoryPlanError(RuntimeError):
+    """Debug mode found a memory plan that lets a kernel read the wrong bytes: two values alive
+    at the same call share arena memory (:func:`check_plan`), or, at run time, a kernel reads a
+    value that was never written or whose region another value has overwritten since
+    (``Module.run`` with ``check_memory``). The message names the slots, kernels and calls."""
+
+
+def call_writes(calls) -> list[set[int]]:
+    """Per call, the parameters it writes (``CallInfo.writes``; for calls without it, as in
+    modules saved before it was recorded, the slots first touched by this call or by an earlier
+    call of the same IR nodes)."""
+    out: list[set[int]] = []
+    owner: dict[int, tuple] = {}         # slot -> nodes of the call that first touched it
+    for c in calls:
+        w = getattr(c, "writes", None)
+        key = tuple(getattr(c, "nodes", ()) or ()) or (id(c),)
+        if w is None:
+            w = {p for p, s in enumerate(c.slots) if owner.setdefault(s, key) == key}
+        for s in c.slots:
+            owner.setdefault(s, key)
+        out.append(set(w))
+    return out
+
+
+def lifetimes(slots, calls) -> dict[int, tuple[int, int]]:
+    """temp slot -> (first, last) call index touching it, from the calls alone (not the plan)."""
+    temps = {s.index for s in slots if s.kind == "temp"}
+    life: dict[int, list[int]] = {}
+    for t, c in enumerate(calls):
+        for s in c.slots:
+            if s in temps:
+                life.setdefault(s, [t, t])[1] = t
+    return {s: (a, b) for s, (a, b) in life.items()}
+
+
+def _describe(slots, s: int, plan_buf=None, life=None) -> str:
+    d = f"slot {s} '{slots[s].name}'"
+    if plan_buf is not None:
+        d += f" (arena bytes {plan_buf.offset}..{plan_buf.offset + plan_buf.size}"
+        d += f", alive at calls {life[0]}..{life[1]})" if life else ")"
+    return d
+
+
+def check_plan(plan: MemoryPlan, slots, calls) -> None:
+    """Check ``plan`` against the calls (the slot table), not against its own lifetimes: every
+    temp a call touches has a region inside the arena, and two temps whose regions overlap are
+    never alive at the same call, except the one pair a call may run in place
+    (``inplace_ok``: the input dies at that call, the output is born there, same region).
+    Raises :class:`MemoryPlanError` naming both values and the call."""
+    life = lifetimes(slots, calls)
+    bufs = {b.slot: b for b in plan.buffers}
+    for s in sorted(life):
+        b = bufs.get(s)
+        if b is None:
+            raise MemoryPlanError(f"memory plan: {_describe(slots, s)} is read or written by call {life[s][0]} "
+                                  f"({calls[life[s][0]].kernel}) but has no place in the arena")
+        if b.size < slots[s].nbytes or b.offset < 0 or b.offset + slots[s].nbytes > plan.arena_bytes:
+            raise MemoryPlanError(f"memory plan: {_describe(slots, s, b)} does not fit: it needs {slots[s].nbytes} "
+                                  f"bytes in an arena of {plan.arena_bytes}")
+    order = sorted(life, key=lambda s: bufs[s].offset)
+    for i, a in enumerate(order):
+        ba = bufs[a]
+        end_a = ba.offset + slots[a].nbytes
+        for b in order[i + 1:]:
+            bb = bufs[b]
+            if bb.offset >= end_a:
+                break
+            if slots[b].nbytes == 0 or slots[a].nbytes == 0:
+                continue
+            (fa, la), (fb, lb) = life[a], life[b]
+            if la < fb or lb < fa:
+                continue                      # alive at different times: reuse is fine
+            if _in_place(a, b, ba, bb, life, calls, slots) or _in_place(b, a, bb, ba, life, calls, slots):
+                continue
+            t = max(fa, fb)
+            raise MemoryPlanError(
+                f"memory plan: {_describe(slots, a, ba, life[a])} and {_describe(slots, b, bb, life[b])} share "
+                f"arena memory while both are alive: call {t} ({calls[t].kernel}) would read or write one over "
+                f"the other")
+
+
+def _in_place(a: int, b: int, ba, bb, life, calls, slots) -> bool:
+    """b takes over a's memory at the call where a dies and b is born, as that call allows."""
+    (fa, la), (fb, lb) = life[a], life[b]
+    if la != fb or ba.offset != bb.offset or slots[a].nbytes != slots[b].nbytes:
+        return False
+    c = calls[la]
+    return any(c.slots[i] == a and c.slots[o] == b for i, o in getattr(c, "inplace_ok", None) or ())
+
+
+def poison(region, dtype) -> None:
+    """Fill a region (a uint8 view) with a value no kernel computes by chance: NaN for floating
+    dtypes, the byte 0xA5 repeated for integers and booleans."""
+    import numpy as np
+    dt = np.dtype(dtype)
+    if dt.kind in "fc" and region.size % dt.itemsize == 0:
+        region.view(dt)[...] = np.nan
+    else:
+        region[...] = 0xA5

@@ -69,6 +69,7 @@ class CallInfo:
     flops: float | None = None
     inplace_ok: list = field(default_factory=list)
     sources: list[str] | None = None     # ONNX node names, once traced (saved modules)
+    writes: list[int] | None = None      # the parameters it writes (None: not recorded)
 
 
 @dataclass
@@ -88,7 +89,8 @@ class Program:
         slots = [SlotInfo(s.index, s.name, s.kind, np.dtype(s.type.dtype.numpy), tuple(s.type.shape))
                  for s in lg.slots]
         calls = [CallInfo(c.kernel, list(c.slots), list(c.nodes), list(c.ops), c.flops,
-                          [tuple(p) for p in getattr(c, "inplace_ok", None) or ()]) for c in lg.calls]
+                          [tuple(p) for p in getattr(c, "inplace_ok", None) or ()], None,
+                          getattr(c, "writes", None)) for c in lg.calls]
         return Program(slots, list(lg.inputs), list(lg.outputs), calls, dict(lg.consts),
                        getattr(lg, "status_slot", None), list(getattr(lg, "messages", ())))
 
@@ -101,7 +103,8 @@ class _Arena:
         align = plan.alignment
         self.buffer = np.empty(plan.arena_bytes + align, np.uint8)
         base = self.buffer.ctypes.data
-        base += (-base) % align
+        self.base_offset = (-base) % align      # where the planned offsets start in ``buffer``
+        base += self.base_offset
         self.table = (ctypes.c_void_p * max(len(module._program.slots), 1))()
         for i, a in module._consts.items():
             self.table[i] = a.ctypes.data
@@ -161,6 +164,10 @@ class Module:
         self._pool: list[_Arena] = []
         self._pool_lock = threading.Lock()
         self._kernel_fns: dict[str, object] = {}
+        from tensorfuse.debug import debug_mode
+        #: debug mode's memory check on every run (see :meth:`run`); settable
+        self.check_memory = debug_mode()
+        self._plan_checked = False
         from .threads import resolve_num_threads
         self._num_threads = resolve_num_threads(None)
         #: why this CPU cannot run the code (compiled for features it lacks), or None
@@ -291,14 +298,24 @@ class Module:
 
     def run(self, *arrays, **named) -> list[np.ndarray]:
         """Run the model. Inputs by position (graph input order) or by name; returns fresh
-        output arrays in graph output order. Safe to call from several threads at once."""
+        output arrays in graph output order. Safe to call from several threads at once.
+
+        With ``check_memory`` (on in debug mode, ``tensorfuse.debug``) the kernels run one by
+        one on this thread: the memory plan is first checked against the calls
+        (``runtime.memory_plan.check_plan``), every arena region and output starts poisoned
+        (NaN, or 0xA5 bytes for integers), a region is poisoned again when its value dies, and
+        before each call every value the kernel reads must be what its producer wrote (a CRC
+        taken after the write); otherwise MemoryPlanError names the kernel and the values."""
         inputs = self._check_inputs(arrays, named)
         outs = [np.empty(i.shape, i.dtype) for i in self.output_info]
         arena = self._acquire()
         try:
             self._bind(arena, inputs, outs)
             arena.status[0] = 0
-            arena.call(self._entry)
+            if self.check_memory:
+                self._run_checked(arena, outs)
+            else:
+                arena.call(self._entry)
             code, value = int(arena.status[0]), int(arena.status[1])
         finally:
             self._release(arena)
@@ -307,6 +324,71 @@ class Module:
         return outs
 
     __call__ = run
+
+    def _run_checked(self, arena: _Arena, outs) -> None:
+        """One run kernel by kernel with the memory checks of :meth:`run`."""
+        import zlib
+
+        from .memory_plan import MemoryPlanError, call_writes, check_plan, lifetimes, poison
+        prog, plan = self._program, self.memory_plan
+        if not self._plan_checked:
+            check_plan(plan, prog.slots, prog.calls)
+            self._plan_checked = True
+        slots = prog.slots
+        start = arena.base_offset
+        region: dict[int, np.ndarray] = {}        # slot -> its bytes (temps and outputs)
+        span: dict[int, tuple[int, int]] = {}     # temp slot -> arena byte range
+        for b in plan.buffers:
+            if slots[b.slot].kind == "temp":
+                n = slots[b.slot].nbytes
+                region[b.slot] = arena.buffer[start + b.offset:start + b.offset + n]
+                span[b.slot] = (b.offset, b.offset + n)
+        for s, a in zip(prog.outputs, outs):
+            region[s] = a.reshape(-1).view(np.uint8)
+        for s, r in region.items():
+            poison(r, slots[s].dtype)
+        life = lifetimes(slots, prog.calls)
+        dies: dict[int, list[int]] = {}
+        for s, (_, last) in life.items():
+            dies.setdefault(last, []).append(s)
+        writes = call_writes(prog.calls)
+        sealed: dict[int, tuple[int, int]] = {}   # slot -> (crc, call that wrote it last)
+        written_by: dict[int, int] = {}           # temp slot -> last call writing it
+
+        def what(t: int) -> str:
+            c = prog.calls[t]
+            return f"call {t} ({c.kernel}{': ' + ', '.join(c.nodes) if c.nodes else ''})"
+
+        for t, c in enumerate(prog.calls):
+            for p, s in enumerate(c.slots):
+                if p in writes[t] or s not in region:
+                    continue
+                if s not in sealed:
+                    raise MemoryPlanError(f"{what(t)} reads slot {s} '{slots[s].name}' before any kernel wrote it")
+                crc, by = sealed[s]
+                if zlib.crc32(region[s]) != crc:
+                    lo, hi = span.get(s, (0, 0))
+                    culprits = [f"slot {o} '{slots[o].name}' ({what(w)})" for o, w in written_by.items()
+                                if o != s and w > by and span[o][0] < hi and lo < span[o][1]]
+                    raise MemoryPlanError(
+                        f"{what(t)} reads slot {s} '{slots[s].name}', written by {what(by)}, but its arena "
+                        f"region was overwritten since" + (f" by {', '.join(culprits)}" if culprits else
+                                                           " (poisoned when the plan took it for dead)"))
+            args = (ctypes.c_void_p * max(len(c.slots), 1))(*[arena.table[s] for s in c.slots])
+            self._kernel_fn(c.kernel)(ctypes.addressof(args), None)
+            for p in writes[t]:
+                s = c.slots[p]
+                if s in region:
+                    sealed[s] = (zlib.crc32(region[s]), t)
+                    if s in span:
+                        written_by[s] = t
+            for s in dies.get(t, ()):
+                lo, hi = span[s]
+                # the memory a live value holds (an in-place successor) is not poisoned
+                if not any(o != s and life[o][0] <= t < life[o][1] and span[o][0] < hi and lo < span[o][1]
+                           for o in span if o in life):
+                    poison(region[s], slots[s].dtype)
+                sealed.pop(s, None)
 
     # -- measuring ----------------------------------------------------------------------
     def _kernel_fn(self, name: str):

@@ -1,6 +1,9 @@
 """Shared test configuration.
 
 * The compile cache goes to a temporary folder for the whole session (never ~/.cache).
+* Debug mode is on (``TENSORFUSE_DEBUG=1`` unless set otherwise; ``tensorfuse.debug``): the
+  graph is verified after every pass and rule application, and compiled modules poison freed
+  arena regions and check that no kernel reads a reused one (``runtime.memory_plan``).
 * ``shared_models`` fixture: the folder ../shared/models beside the checkout. Tests that need it
   skip with a visible reason where it is absent (a user's own clone) and fail instead when
   ``TENSORFUSE_REQUIRE_SHARED=1`` (which .ci/run sets).
@@ -19,6 +22,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 SHARED_MODELS = ROOT.parent / "shared" / "models"
+
+os.environ.setdefault("TENSORFUSE_DEBUG", "1")
 
 # The compile cache (runtime/cache.py) of the whole test session lives in a fresh temporary
 # folder, so tests never read or write the user's ~/.cache/tensorfuse. Tests of the cache itself

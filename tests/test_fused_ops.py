@@ -258,6 +258,32 @@ def test_embed_layernorm_one_gather_nd_table_no_beta():
     np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("bad", [50, -51])
+def test_embed_layernorm_out_of_range_ids_raise_as_gather_does(bad):
+    # issue 9, defect 8: the reference clipped such ids silently while Gather raises
+    import tensorfuse
+    word, pos, scale = rand(50, 16), rand(10, 16, seed=2), rand(16, seed=5)
+    ids = rand(2, 10, dtype=np.int64, low=0, high=49, seed=3)
+    ids[1, 3] = bad
+    model, feeds, inits = _embed_onnx([word], [ids], [pos], scale, None, 1e-5, False)
+    with pytest.raises(Exception, match="out of (data )?bounds|out of range|invalid"):
+        ort_run(model, feeds)                   # onnxruntime refuses the unfused graph
+    g = Graph()
+    b = Builder(g)
+    (iv,) = ir_inputs(g, feeds)
+    y = b.op("EmbedLayerNormalization", b.const(word), iv, b.const(scale), None, b.const(pos), domain=F,
+             num_gathers=1)
+    gather = Builder(g).op("Gather", b.const(word), iv, axis=0)
+    with pytest.raises(IndexError, match=f"id {bad} is out of range for a dimension of size 50"):
+        run_reference(y.producer, [word, ids, scale, None, pos])
+    with pytest.raises(IndexError, match=f"index {bad} is out of range"):
+        run_reference(gather.producer, [word, ids])
+    mod = tensorfuse.compile(model, opt_level=2, cache=False)
+    assert any(n.op == "EmbedLayerNormalization" for n in mod.graph.nodes), mod.graph.op_histogram()
+    with pytest.raises(ValueError, match="out of range"):
+        mod.run(**feeds)
+
+
 def test_embed_layernorm_errors():
     g = Graph()
     t = g.add_input("t", TensorType(DType.f32, (5, 4)))
@@ -396,3 +422,43 @@ def test_fused_anchor_errors():
     bias = g.add_input("bias", TensorType(DType.f32, (5,)))
     with pytest.raises(ShapeError, match="bias of shape"):
         Builder(g).op("FusedMatMul", a, g.add_input("b4", TensorType(DType.f32, (4, 3))), bias, domain=F)
+
+
+F16_ACTS = [("Sigmoid", []), ("HardSigmoid", [0.3, 0.4]), ("HardSwish", []), ("SiLU", []), ("Tanh", []),
+            ("Gelu", []), ("GeluTanh", []), ("LeakyRelu", [0.1]), ("Clip", [0.0, 6.0])]
+
+
+@pytest.mark.parametrize("anchor,act,params", [("MatMul", a, p) for a, p in F16_ACTS] +
+                         [(an, a, p) for an in ("Gemm", "Conv") for a, p in F16_ACTS if a in ("SiLU", "GeluTanh")],
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_float16_fused_activation_is_the_unfused_ops(anchor, act, params):
+    # issue 9, defect 8: the fused ops' epilogue computed float16 in float16, the registry's
+    # ops (and fuse_ops epilogues) in float32 rounded once; now bit-identical to O0 (one kernel
+    # per op) and to the composition of the registry's references
+    import tensorfuse
+    if anchor == "Conv":
+        x, w = rand(1, 4, 6, 6, dtype=np.float16, low=-3, high=3), rand(6, 4, 3, 3, dtype=np.float16, seed=1)
+        node = helper.make_node("Conv", ["x", "w"], ["m"], pads=[1, 1, 1, 1])
+    else:
+        x, w = rand(8, 16, dtype=np.float16, low=-3, high=3), rand(16, 12, dtype=np.float16, seed=1)
+        node = helper.make_node(anchor, ["x", "w"], ["m"])
+    an, ai = _act_nodes(act, params, "m", "y")
+    ai = {k: v.astype(np.float16) for k, v in ai.items()}
+    model = graph_model([node] + an, {"x": x}, ["y"], {"w": w, **ai}, opset=20)
+    o0 = tensorfuse.compile(model, opt_level=0, cache=False).run(x=x)[0]
+    g = Graph()
+    b = Builder(g)
+    (xv,) = ir_inputs(g, {"x": x})
+    extra = {"pads": [1, 1, 1, 1]} if anchor == "Conv" else {}
+    y = b.op(f"Fused{anchor}", xv, b.const(w), domain=F, activation=act, activation_params=params, **extra)
+    g.outputs = [y]
+    np.testing.assert_array_equal(compile_graph(g).run(x=x)[0], o0)
+    # the reference: the anchor's reference, then the activation ops' own references
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    ug = import_onnx(model)
+    vals = {ug.inputs[0].name: x, **{k: c.data for k, c in ug.constants.items()}}
+    for n in ug.nodes:
+        outs = run_reference(n, [None if v is None else vals[v.name] for v in n.inputs])
+        vals.update({o.name: a for o, a in zip(n.outputs, outs)})
+    want = vals[ug.outputs[0].name]
+    np.testing.assert_array_equal(run_reference(y.producer, [x, w])[0], want)

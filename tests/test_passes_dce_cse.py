@@ -89,3 +89,43 @@ def test_cse_treats_numpy_and_python_attribute_scalars_alike():
   return %a, %b""")
     g.node("b").attrs["alpha"] = np.float32(1.0)   # the same value as another type: still equal
     assert cse(g)
+
+
+# ----------------------------------------------------------------------------- OpDef.deterministic
+import pytest  # noqa: E402
+
+from tensorfuse.compiler.passes import fold_constants  # noqa: E402
+from tensorfuse.ir import registry  # noqa: E402
+from tensorfuse.ir.registry import OpDef, OpPatternKind  # noqa: E402
+
+
+def _draw_ref(node, inputs):          # a random op: each evaluation another value
+    return [inputs[0] + np.random.default_rng().standard_normal(inputs[0].shape).astype(inputs[0].dtype)]
+
+
+@pytest.fixture(params=[False, True], ids=["random", "deterministic"])
+def draw_op(request, monkeypatch):
+    """A test op cse_test::Draw (x + noise), registered as (not) deterministic."""
+    od = OpDef("Draw", OpPatternKind.INJECTIVE, lambda n: [n.inputs[0].type], _draw_ref, domain="cse_test",
+               deterministic=request.param)
+    monkeypatch.setitem(registry._REGISTRY, ("cse_test", "Draw"), od)
+    return request.param
+
+
+def test_cse_and_fold_read_opdef_deterministic(draw_op):
+    # issue 9, defect 8: the fact lives on the OpDef, and CSE reads it as constant folding does
+    body = """
+  %a: f32[2,3] = cse_test::Draw(%x) @a
+  %b: f32[2,3] = cse_test::Draw(%x) @b
+  %y: f32[2,3] = Add(%a, %b) @add
+  return %y"""
+    g = G(body)
+    assert cse(g) is draw_op
+    assert [n.name for n in g.nodes] == (["a", "add"] if draw_op else ["a", "b", "add"])
+    g = G("""
+  const %c: f32[2,3] = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+  %d: f32[2,3] = cse_test::Draw(%c) @d
+  %y: f32[2,3] = Add(%d, %x) @add
+  return %y""")
+    fold_constants(g)
+    assert ("d" in [n.name for n in g.nodes]) is not draw_op      # a random op never folds

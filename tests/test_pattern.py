@@ -269,3 +269,26 @@ def test_op_input_must_be_pattern():
         P.Relu("x")
     with pytest.raises(ValueError, match="two-input"):
         P.Relu(Any()).commutative()
+
+
+def test_a_sub_pattern_shared_by_two_rules_keeps_each_rules_default_names():
+    # issue 9, defect 8: default capture names used to be written onto the shared object, so
+    # the rule that named it last decided what the other rule's match was called
+    g = G("""
+  %a: f32[2,3] = Exp(%x) @e1
+  %b: f32[2,3] = Exp(%a) @e2
+  %y: f32[2,3] = Relu(%b) @relu
+  return %y""")
+    shared = P.Exp(Any("x"))
+    one = P.Relu(shared)                   # Exp is unique here: captured as m.exp
+    two = P.Relu(P.Exp(shared))            # two Exps: neither gets a default name
+    assert one.names() == ["relu", "exp", "x"]
+    assert two.names() == ["relu", "x"]
+    assert one.names() == ["relu", "exp", "x"]        # unchanged after the other rule named it
+    m1 = at(one, g, "relu")
+    assert m1.exp is g.node("e2") and m1.x is g.value("a")
+    m2 = at(two, g, "relu")
+    assert m2.x is g.inputs[0] and "exp" not in m2.captures
+    m1 = at(one, g, "relu")                # matching the other rule in between changes nothing
+    assert m1.exp is g.node("e2")
+    assert not hasattr(shared, "_default_name") and "_declared" not in vars(one)

@@ -134,6 +134,51 @@ def test_verifier_between_passes_names_the_pass(monkeypatch):
         optimize(g, 1, verify=True)
 
 
+def test_verifier_catches_a_pass_that_breaks_the_order_and_says_it_changed_nothing(monkeypatch):
+    import tensorfuse.compiler.pipeline as pl
+
+    def reordering_cse(g):      # swaps the first two nodes and claims no change
+        g.nodes[0], g.nodes[1] = g.nodes[1], g.nodes[0]
+        return False
+    monkeypatch.setattr(pl, "eliminate_common_subexpressions", reordering_cse)
+    g = import_onnx(model(MIXED))
+    with pytest.raises(CompileError, match="invalid after pass cse(.|\n)*is used before it is defined"):
+        optimize(g, 1, verify=True)
+
+
+class _BreaksTheGraph(Rule):
+    """Relu(Relu(x)) ==> Relu(x), and (wrongly) drops the node that makes the graph output z."""
+    pattern = P.Relu(P.Relu(x=Any()).named("inner"))
+
+    def rewrite(self, m, build):
+        m.graph.nodes = [n for n in m.graph.nodes if n.op != "Tanh"]
+        return m.inner.outputs[0]
+
+
+def test_verifier_after_each_rule_names_the_rule_and_the_pass(monkeypatch):
+    monkeypatch.setattr(compiler.rules, "FUSE_RULES", [_BreaksTheGraph])
+    m = model("""agraph (float[2,3] x) => (float[2,3] y, float[2,3] z) {
+        a = Relu(x)
+        y = Relu(a)
+        z = Tanh(x)
+    }""")
+    with pytest.raises(CompileError, match="invalid after rule _BreaksTheGraph at node .* in pass fuse"
+                                           "(.|\n)*graph output %z is not defined"):
+        optimize(import_onnx(m), 2, verify=True)
+    optimize(import_onnx(m), 2, verify=False)      # unchecked, the broken graph goes through
+
+
+def test_debug_mode_follows_tensorfuse_debug(monkeypatch):
+    from tensorfuse.debug import debug_mode
+    monkeypatch.setenv("TENSORFUSE_DEBUG", "1")
+    assert debug_mode()
+    monkeypatch.setenv("TENSORFUSE_DEBUG", "0")
+    assert not debug_mode()
+    monkeypatch.delenv("TENSORFUSE_DEBUG")
+    monkeypatch.setenv("TENSORFUSE_VERIFY", "1")
+    assert debug_mode()
+
+
 def test_pass_exception_names_the_pass(monkeypatch):
     import tensorfuse.compiler.pipeline as pl
 

@@ -232,3 +232,71 @@ def test_rule_needs_docstring_and_has_name_and_doc():
     assert r.root_ops() == {"Neg"} and RemoveDoubleNeg.captures == ["neg", "inner", "x"]
     assert str(Application("R", ["a", "b"], ["c"])) == "R: a, b -> c"
     assert not Fail("no") and str(Fail("no")) == "no"
+
+
+class NegExpToSinh(Rule):
+    """Exp(Neg(x)) ==> Sinh(x), also replacing Neg(x) by Neg(Sinh(x)) (a dict replacing an interior value)."""
+    pattern = P.Exp(P.Neg(x=Any()))
+
+    def rewrite(self, m, build):
+        s = build.Sinh(m.x)
+        return {m.exp.outputs[0]: s, m.neg.outputs[0]: build.Neg(s)}
+
+
+def test_replacement_of_an_interior_value_goes_before_its_earlier_readers():
+    # issue 9, defect 1 in general: %a is read by @early before the match's last node
+    g = G("""
+  %a: f32[2,3] = Neg(%x) @neg
+  %r: f32[2,3] = Relu(%a) @early
+  %e: f32[2,3] = Exp(%a) @exp
+  return %e, %r""")
+    assert apply_rules(g, [NegExpToSinh]) == 1
+    verify_graph(g)
+    assert [n.op for n in g.nodes] == ["Sinh", "Neg", "Relu"]
+    assert g.node("early").inputs[0].producer.op == "Neg"
+
+
+class NeedsTheReader(Rule):
+    """Exp(Neg(x)) ==> Sinh(Relu-of-Neg), also replacing Neg(x): needs a node after the first reader."""
+    pattern = P.Exp(P.Neg(x=Any()))
+
+    def rewrite(self, m, build):
+        late = m.graph.node("late").outputs[0]
+        s = build.Sinh(build.Add(m.x, late))
+        return {m.exp.outputs[0]: s, m.neg.outputs[0]: build.Neg(s)}
+
+
+def test_readers_move_later_when_the_replacement_needs_a_later_value():
+    g = G("""
+  %a: f32[2,3] = Neg(%x) @neg
+  %r: f32[2,3] = Relu(%a) @early
+  %l: f32[2,3] = Tanh(%x) @late
+  %e: f32[2,3] = Exp(%a) @exp
+  return %e, %r, %l""")
+    assert apply_rules(g, [NeedsTheReader]) == 1
+    verify_graph(g)
+    order = [n.name or n.op for n in g.nodes]
+    assert order.index("late") < order.index("early")
+
+
+class DependsOnItsOwnReader(Rule):
+    """Exp(Neg(x)) ==> Sinh(Relu(Neg x)) replacing Neg(x) too: a cycle through the reader."""
+    pattern = P.Exp(P.Neg(x=Any()))
+
+    def rewrite(self, m, build):
+        r = m.graph.node("early").outputs[0]
+        s = build.Sinh(r)
+        return {m.exp.outputs[0]: s, m.neg.outputs[0]: build.Neg(s)}
+
+
+def test_a_replacement_that_needs_a_reader_of_what_it_replaces_is_refused_and_undone():
+    g = G("""
+  %a: f32[2,3] = Neg(%x) @neg
+  %r: f32[2,3] = Relu(%a) @early
+  %e: f32[2,3] = Exp(%a) @exp
+  return %e, %r""")
+    before = ir.print_graph(g)
+    with pytest.raises(RewriteError, match="DependsOnItsOwnReader.*reader of the value it replaces"):
+        apply_rules(g, [DependsOnItsOwnReader])
+    assert ir.print_graph(g) == before
+    verify_graph(g)

@@ -142,6 +142,35 @@ def test_skip_layernorm_needs_an_add():
     assert count(optimized(m), "LayerNormalization") == 1
 
 
+def _sum_read_before_layernorm(decomposed: bool):
+    """s = Add(x, c) read first by a ReduceSum that is a second graph output, then by a
+    LayerNormalization (the op, or its decomposition): issue 9, defect 1."""
+    x = rand(4, 8)
+    inits = {"c": rand(4, 8, seed=1), "g": rand(8, seed=2), "b": rand(8, seed=3)}
+    nodes = [helper.make_node("Add", ["x", "c"], ["s"]), helper.make_node("ReduceSum", ["s"], ["r"], keepdims=1)]
+    if decomposed:
+        inits.update(ax=np.array([-1], np.int64), two=np.float32(2.0), eps=np.float32(1e-5))
+        nodes += [helper.make_node("ReduceMean", ["s", "ax"], ["mean"]), helper.make_node("Sub", ["s", "mean"], ["d"]),
+                  helper.make_node("Pow", ["d", "two"], ["sq"]), helper.make_node("ReduceMean", ["sq", "ax"], ["var"]),
+                  helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["std"]),
+                  helper.make_node("Div", ["d", "std"], ["n"]), helper.make_node("Mul", ["n", "g"], ["ng"]),
+                  helper.make_node("Add", ["ng", "b"], ["y"])]
+    else:
+        nodes.append(helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], epsilon=1e-5))
+    return graph_model(nodes, {"x": x}, ["y", "r"], inits, opset=18), {"x": x}
+
+
+@pytest.mark.parametrize("decomposed", [False, True], ids=["op", "decomposed"])
+def test_skip_layernorm_placed_before_an_earlier_reader_of_its_sum(decomposed):
+    m, feeds = _sum_read_before_layernorm(decomposed)
+    g = optimized(m, verify=True)      # the verifier checks that the order stays topological
+    skip = [n for n in g.nodes if n.qualified_op == SKIP]
+    assert len(skip) == 1 and len(skip[0].outputs) == 2, g.op_histogram()
+    order = [n.qualified_op for n in g.nodes]
+    assert order.index(SKIP) < order.index("ReduceSum"), order
+    assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(0, 2, 3))
+
+
 # ----------------------------------------------------------------------------- embedding
 def _embed(n_gather=2, pos="const", gather_axis=0, extra_out=(), with_mean=False):
     ids = rand(2, 10, dtype=np.int64, low=0, high=49)

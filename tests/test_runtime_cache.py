@@ -100,13 +100,73 @@ def test_cache_info_explains_a_miss(cache, model, monkeypatch):
     assert tensorfuse.cache_info(model).hit
     info = tensorfuse.cache_info(model, opt_level=1)
     assert not info.hit
-    assert info.differences == ["options.opt_level: 1 (closest entry: 2)"], info.differences
+    assert [d.split(":")[0] for d in info.differences] == ["options.opt_level", "pipeline"], info.differences
+    assert info.differences[0] == "options.opt_level: 1 (closest entry: 2)"
     info = tensorfuse.cache_info(residual_model(5, SHAPE))
     assert [d.split(":")[0] for d in info.differences] == ["model"]
     monkeypatch.setattr(rc, "source_digest", lambda: "0" * 64)
     info = tensorfuse.cache_info(model)
     assert [d.split(":")[0] for d in info.differences] == ["version.source"]
     assert "version.source" in str(info)
+
+
+def _tanh_model():
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Tanh", ["x"], ["y"])], "t",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(SHAPE))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(SHAPE))])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _tanh_to(op):
+    from tensorfuse.compiler.pattern import Any, P
+    from tensorfuse.compiler.rewrite import Rule
+
+    class TanhSwap(Rule):
+        """Tanh(x) ==> another op (a test rule that changes the result, so the test sees which code ran)."""
+        pattern = P.Tanh(x=Any())
+
+        def rewrite(self, m, build):
+            return getattr(build, op)(m.x)
+    return TanhSwap
+
+
+def test_a_rule_appended_to_fuse_rules_is_part_of_the_key(cache, monkeypatch):
+    # issue 9, defect 7: FUSE_RULES.append(...) as the tutorial does, then compile() again
+    from tensorfuse.compiler import rules
+    model, x = _tanh_model(), x_input(3)
+    m0 = tensorfuse.compile(model)
+    np.testing.assert_allclose(m0.run(x)[0], np.tanh(x), rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(rules, "FUSE_RULES", list(rules.FUSE_RULES))
+    rules.FUSE_RULES.append(_tanh_to("Sigmoid"))
+    info = tensorfuse.cache_info(model)
+    assert not info.hit and [d.split(":")[0] for d in info.differences] == ["pipeline"], info.differences
+    m1 = tensorfuse.compile(model)
+    assert m1.cache_hit is False and [a.rule for a in m1.rewrite_log] == ["TanhSwap"]
+    np.testing.assert_allclose(m1.run(x)[0], 1 / (1 + np.exp(-x)), rtol=1e-5, atol=1e-6)
+    # the same rule name with another body (a rule edited in a notebook) is another entry too
+    rules.FUSE_RULES[-1] = _tanh_to("Neg")
+    m2 = tensorfuse.compile(model)
+    assert m2.cache_hit is False
+    np.testing.assert_allclose(m2.run(x)[0], -x, rtol=0, atol=0)
+    # disabling it, or taking it out again, gives the first entry back
+    assert tensorfuse.compile(model, disabled_rules=["TanhSwap"]).cache_hit is False
+    rules.FUSE_RULES.pop()
+    m3 = tensorfuse.compile(model)
+    assert m3.cache_hit is True
+    np.testing.assert_allclose(m3.run(x)[0], np.tanh(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_replaced_pass_is_part_of_the_key(cache, model, monkeypatch):
+    import tensorfuse.compiler.pipeline as pl
+    from tensorfuse.compiler.passes import eliminate_dead_nodes
+    before = pl.pipeline_digest(2)
+    assert pl.pipeline_digest(2) == before and pl.pipeline_digest(1) != before
+
+    def my_dce(g):
+        return eliminate_dead_nodes(g)
+    monkeypatch.setattr(pl, "eliminate_dead_nodes", my_dce)
+    assert pl.pipeline_digest(2) != before
 
 
 def test_cache_info_target_and_host_parts(cache, model, monkeypatch):
@@ -136,7 +196,7 @@ def test_target_cpu_and_features_split_entries(cache, model):
     assert plain_parts["features"] == jit.host_info()["features"] and plain_parts["features"] != parts["features"]
     from tensorfuse.runtime.threads import resolve_num_threads
     info = tensorfuse.cache_info(model, target=other, opt_level=1, num_threads=resolve_num_threads(None))
-    assert [d.split(":")[0] for d in info.differences] == ["options.opt_level"]
+    assert [d.split(":")[0] for d in info.differences] == ["options.opt_level", "pipeline"]
     x = x_input(5)
     check(m1, x)
 

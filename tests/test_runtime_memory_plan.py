@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import tensorfuse
-from tensorfuse.runtime.memory_plan import ALIGNMENT, MemoryPlan, plan_memory
+from tensorfuse.runtime.memory_plan import ALIGNMENT, MemoryPlan, MemoryPlanError, check_plan, plan_memory
 
 
 @dataclass
@@ -27,6 +27,7 @@ class S:
 class C:
     slots: list[int]
     inplace_ok: list = field(default_factory=list)
+    kernel: str = "k"
 
 
 def _check_no_overlap(plan: MemoryPlan):
@@ -111,8 +112,10 @@ def test_random_lifetimes_never_overlap(specs):
     for i, (_, birth, span) in enumerate(specs):
         touch[birth].append(i)
         touch[min(birth + span, ncalls - 1)].append(i)
-    plan = plan_memory(slots, [C(sorted(set(t))) for t in touch])
+    calls = [C(sorted(set(t))) for t in touch]
+    plan = plan_memory(slots, calls)
     _check_no_overlap(plan)
+    check_plan(plan, slots, calls)
     assert plan.peak_live_bytes <= plan.arena_bytes <= plan.naive_bytes + ALIGNMENT * len(specs)
 
 
@@ -176,3 +179,67 @@ def test_plan_reported_on_module(opt_level):
         assert b.size == 3 * 5 * 4 and b.first <= b.last < mod.num_kernels
     x = np.random.default_rng(3).standard_normal((3, 5)).astype(np.float32)
     np.testing.assert_allclose(mod.run(x)[0], residual_ref(x, 2), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the checker (debug mode)
+def test_check_plan_accepts_reuse_and_in_place_and_refuses_overlap():
+    slots = [S(0, "input", 400)] + [S(i, "temp", 400, f"t{i}") for i in range(1, 5)] + [S(5, "output", 400)]
+    chain = [C([i, i + 1]) for i in range(5)]
+    check_plan(plan_memory(slots, chain), slots, chain)
+    inplace = [C([0, 1])] + [C([i, i + 1], [(0, 1)]) for i in range(1, 4)] + [C([4, 5], [(0, 1)])]
+    check_plan(plan_memory(slots, inplace), slots, inplace)
+    # the same one-buffer plan, but the calls do not allow in place: t1..t4 overlap while alive
+    with pytest.raises(MemoryPlanError, match="slot 1 't1'.*and slot 2 't2'.*share arena memory while both are alive"):
+        check_plan(plan_memory(slots, inplace), slots, chain)
+    plan = plan_memory(slots, chain)
+    plan.buffers = [b for b in plan.buffers if b.slot != 3]
+    with pytest.raises(MemoryPlanError, match="slot 3 't3' is read or written by call 2 .* has no place"):
+        check_plan(plan, slots, chain)
+
+
+def _broken(mod, reader: str, early: str):
+    """Move the buffer of ``early`` onto ``reader``'s while ``reader`` is still to be read."""
+    by = {b.name: b for b in mod.memory_plan.buffers}
+    by[early].offset = by[reader].offset
+    by[early].shares = None
+    mod._pool = []            # arenas are made from the plan
+
+
+def test_debug_mode_runs_are_checked_and_poison_dead_values():
+    mod = tensorfuse.compile(residual_model(), opt_level=0, cache=False)
+    assert mod.check_memory        # tests/conftest.py turns debug mode on
+    x = np.random.default_rng(4).standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_allclose(mod.run(x)[0], residual_ref(x), rtol=1e-6)
+    arena = mod._pool[0]
+    for b in mod.memory_plan.buffers:      # every temp has died by the end of the run
+        region = arena.buffer[arena.base_offset + b.offset:arena.base_offset + b.offset + b.size].view(np.float32)
+        assert np.isnan(region).all(), b
+
+
+def test_a_plan_that_reuses_a_region_too_early_is_caught():
+    nodes = [helper.make_node("Neg", ["x"], ["t"], name="neg"), helper.make_node("Exp", ["x"], ["u"], name="exp"),
+             helper.make_node("Add", ["t", "u"], ["y"], name="add")]
+    mod = tensorfuse.compile(_model(nodes, [("x", (4, 64))], ["y"]), opt_level=0, cache=False)
+    x = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
+    _broken(mod, "t", "u")     # Exp writes u over t, which Add still reads
+    mod.check_memory = False
+    np.testing.assert_allclose(mod.run(x)[0], 2 * np.exp(x), rtol=1e-5)      # unchecked: silently wrong
+    mod.check_memory = True
+    with pytest.raises(MemoryPlanError, match="'t'.*and .*'u'.*share arena memory while both are alive"):
+        mod.run(x)
+    mod._plan_checked = True           # past the static check, the run itself catches the stale read
+    with pytest.raises(MemoryPlanError, match=r"\(add_\d+: add\) reads slot \d+ 't', written by call 0 "
+                                              r"\(neg_\d+: neg\), but its arena region was overwritten since by "
+                                              r"slot \d+ 'u' \(call 1 \(exp_\d+: exp\)\)"):
+        mod.run(x)
+
+
+def test_a_kernel_reading_a_value_before_it_is_written_is_caught():
+    x = np.random.default_rng(6).standard_normal((4, 64)).astype(np.float32)
+    mod = tensorfuse.compile(residual_model(), opt_level=0, cache=False)
+    calls = mod._program.calls
+    i = next(k for k, c in enumerate(calls) if c.nodes == ["add0"])
+    calls[i], calls[i + 1] = calls[i + 1], calls[i]          # relu1 before add0, which makes its input
+    mod._plan_checked = True
+    with pytest.raises(MemoryPlanError, match=r"\(relu_\d+: relu1\) reads slot \d+ 'a0' before any kernel wrote it"):
+        mod.run(x)

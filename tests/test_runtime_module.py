@@ -67,6 +67,7 @@ def test_matches_numpy_and_outputs_are_fresh(mlp):
 
 def test_second_run_allocates_only_outputs():
     mod = tensorfuse.compile(mlp_model(n=128), cache=False)
+    mod.check_memory = False        # the production path (debug mode's checked runs allocate)
     x = x_input(3, n=128)
     mod.run(x)
     arena = mod.memory_plan.arena_bytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensorfuse.ir.graph import Graph, Value
+from tensorfuse.ir.registry import is_deterministic
 
 
 def _const_key(v: Value):
@@ -37,7 +38,9 @@ def _attr_key(x):
 def eliminate_common_subexpressions(graph: Graph) -> bool:
     """Merge constants with equal dtype, shape and bytes (so -0.0 and 0.0 stay apart, equal
     NaNs merge), then nodes with equal op, domain, attributes and inputs (in graph order, so
-    chains of duplicates collapse in one call). Later duplicates are redirected to the first;
+    chains of duplicates collapse in one call); nodes of ops whose result is not a function of
+    their inputs (``OpDef.deterministic`` False: random ops) or that the registry does not know
+    are never merged. Later duplicates are redirected to the first;
     graph outputs keep their names (``graph.output_names``). Returns whether anything merged."""
     changed = False
     first: dict = {}
@@ -57,6 +60,9 @@ def eliminate_common_subexpressions(graph: Graph) -> bool:
             n.inputs = [repl.get(id(v), v) if v is not None else None for v in n.inputs]
         key = (n.domain, n.op, len(n.outputs), tuple(id(v) if v is not None else None for v in n.inputs),
                tuple(sorted((k, _attr_key(a)) for k, a in n.attrs.items())))
+        if not is_deterministic(n):     # two draws of a random op are two different values
+            kept.append(n)
+            continue
         same = seen.get(key)
         if same is not None and all(a.type == b.type for a, b in zip(n.outputs, same.outputs)):
             for a, b in zip(n.outputs, same.outputs):

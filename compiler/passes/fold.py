@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensorfuse.ir.graph import Graph, Node, Value
-from tensorfuse.ir.registry import find_op, run_reference
+from tensorfuse.ir.registry import find_op, is_deterministic, run_reference
 
 #: default cap on the bytes one folded node may add beyond the constants it reads
 MAX_FOLD_BYTES = 1 << 20
@@ -27,10 +27,6 @@ MAX_FOLD_BYTES = 1 << 20
 #: default cap on the model's growth (bytes) from constant folding, beyond which no more large
 #: nodes fold (see the module docstring); ``fold_constants(max_growth=)`` overrides it
 MAX_FOLD_GROWTH_BYTES = 256 << 20
-
-#: ops whose result is not a function of their inputs: never folded, never merged by CSE
-NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                              "Multinomial", "Bernoulli"})
 
 #: weight (parameter) input positions of default-domain ops (ONNX input order): a kernel reads
 #: these whole at every call, however they were computed
@@ -55,7 +51,9 @@ WEIGHT_INPUTS: dict[str, frozenset[int]] = {k: frozenset(v) for k, v in {
 
 
 def _can_fold(n: Node) -> bool:
-    return n.op not in NONDETERMINISTIC and find_op(n.op, n.domain) is not None
+    # an op whose result is not a function of its inputs (OpDef.deterministic) never folds,
+    # and neither does one the registry does not know
+    return is_deterministic(n)
 
 
 def _is_small(n: Node, max_bytes: int, relative: bool = True) -> bool:

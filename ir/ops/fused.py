@@ -18,7 +18,9 @@ Ops here:
   (lowered by ``ir/fused_lowering.py``).
 
 Activations shared by the anchored ops: :data:`ACTIVATIONS` (name -> parameters), with
-:func:`activation_expr` (kernel IR) and :func:`activation_np` (numpy) giving their meaning.
+:func:`activation_expr` (kernel IR) and :func:`activation_np` (numpy) evaluating them through
+the registry's own scalar and reference functions of the ops they stand for (Relu, Clip,
+Sigmoid, Gelu ...), so that float16 computes in float32 and rounds once however it was fused.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import numpy as np
 from tensorfuse.ir.graph import Node, Value
 from tensorfuse.ir.kernel import Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum, select, unop
 from tensorfuse.ir.ops._common import broadcast_shapes, erf_np, norm_axis
+from tensorfuse.ir.ops.gather import np_wrap
 from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, op
 from tensorfuse.ir.types import DType, TensorType
 
@@ -68,67 +71,78 @@ def activation_params(node: Node) -> tuple[str, list[float]]:
     return name, given + list(defaults[len(given):])
 
 
+#: each activation as the registry ops it stands for: (op, attributes from the parameters).
+#: Clip's parameters are its min/max inputs (infinite: the input is left out); SiLU is
+#: x * Sigmoid(x), the form fuse_conv/fuse_matmul match.
+_ACTIVATION_OPS = {
+    "Relu": lambda p: ("Relu", {}),
+    "Clip": lambda p: ("Clip", {}),
+    "LeakyRelu": lambda p: ("LeakyRelu", {"alpha": p[0]}),
+    "Sigmoid": lambda p: ("Sigmoid", {}),
+    "HardSigmoid": lambda p: ("HardSigmoid", {"alpha": p[0], "beta": p[1]}),
+    "HardSwish": lambda p: ("HardSwish", {}),
+    "SiLU": lambda p: ("Sigmoid", {}),
+    "Tanh": lambda p: ("Tanh", {}),
+    "Gelu": lambda p: ("Gelu", {"approximate": "none"}),
+    "GeluTanh": lambda p: ("Gelu", {"approximate": "tanh"}),
+}
+
+
+def _activation_node(op_name: str, attrs: dict, dt: DType, n_inputs: int, present=()) -> Node:
+    """A detached node of a registry op on scalars of dtype ``dt`` (inputs beyond the first are
+    there when listed in ``present``), so its own scalar and reference functions can be asked."""
+    t = TensorType(dt, ())
+    ins = [Value("x", t)] + [Value(f"in{i}", t) if i in present else None for i in range(1, n_inputs)]
+    return Node(op_name, ins, [Value("y", t)], attrs, f"activation_{op_name}")
+
+
+def _clip_bounds(params: list[float]) -> list[tuple[int, float]]:
+    """Clip's (input index, bound) pairs: a min of -inf or a max of +inf is an omitted input."""
+    return [(i, b) for i, b in ((1, params[0]), (2, params[1]))
+            if not ((i == 1 and b == -math.inf) or (i == 2 and b == math.inf))]
+
+
 def activation_expr(name: str, params: list[float], x: Expr) -> Expr:
-    """The activation applied to one kernel-IR value (computed in the value's dtype)."""
+    """The activation applied to one kernel-IR value, by the registry op's own scalar function
+    (``OpDef.scalar``: float16 computes in float32 and rounds once, as the unfused op and
+    fuse_ops epilogues do), so a fused op's numerics never depend on the fusion mechanism."""
+    from tensorfuse.ir.registry import get_op
     if name == "":
         return x
-    if name == "Relu":
-        return maximum(x, 0.0)
+    if name not in _ACTIVATION_OPS:
+        raise ShapeError(f"unknown activation {name!r}")
+    op_name, attrs = _ACTIVATION_OPS[name](params)
     if name == "Clip":
-        lo, hi = params
-        y = x
-        if lo != -math.inf:
-            y = maximum(y, lo)
-        if hi != math.inf:
-            y = minimum(y, hi)
-        return y
-    if name == "LeakyRelu":
-        return select(x < 0.0, x * params[0], x)
-    if name == "Sigmoid":
-        return 1.0 / (1.0 + unop("exp", -x))
-    if name == "HardSigmoid":
-        return maximum(minimum(x * params[0] + params[1], 1.0), 0.0)
-    if name == "HardSwish":
-        return x * maximum(minimum(x * (1.0 / 6.0) + 0.5, 1.0), 0.0)
+        bounds = _clip_bounds(params)
+        node = _activation_node("Clip", {}, x.dtype, 3, {i for i, _ in bounds})
+        return get_op("Clip").scalar(node, x, *[as_expr(b, x.dtype) for _, b in bounds])
+    y = get_op(op_name).scalar(_activation_node(op_name, attrs, x.dtype, 1), x)
     if name == "SiLU":
-        return x * (1.0 / (1.0 + unop("exp", -x)))
-    if name == "Tanh":
-        return unop("tanh", x)
-    if name == "Gelu":
-        return x * 0.5 * (1.0 + unop("erf", x * (1.0 / math.sqrt(2.0))))
-    if name == "GeluTanh":
-        return x * 0.5 * (1.0 + unop("tanh", (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)))
-    raise ShapeError(f"unknown activation {name!r}")
+        y = get_op("Mul").scalar(_activation_node("Mul", {}, x.dtype, 2, {1}), x, y)
+    return y
 
 
 def activation_np(name: str, params: list[float], x: np.ndarray) -> np.ndarray:
-    """The activation on a numpy array, with the ONNX ops' semantics (dtype kept)."""
-    dt = x.dtype
+    """The activation on a numpy array, by the registry op's own reference function (the ONNX
+    op's semantics; dtype kept; float16 in float32, rounded once)."""
+    from tensorfuse.ir.registry import get_op
     if name == "":
-        y = x
-    elif name == "Relu":
-        y = np.maximum(x, 0)
-    elif name == "Clip":
-        y = np.minimum(np.maximum(x, dt.type(params[0])), dt.type(params[1]))
-    elif name == "LeakyRelu":
-        y = np.where(x < 0, x * dt.type(params[0]), x)
-    elif name == "Sigmoid":
-        y = 1 / (1 + np.exp(-x))
-    elif name == "HardSigmoid":
-        y = np.clip(x * dt.type(params[0]) + dt.type(params[1]), 0, 1)
-    elif name == "HardSwish":
-        y = x * np.clip(x * dt.type(1 / 6) + dt.type(0.5), 0, 1)
-    elif name == "SiLU":
-        y = x * (1 / (1 + np.exp(-x)))
-    elif name == "Tanh":
-        y = np.tanh(x)
-    elif name == "Gelu":
-        y = x * dt.type(0.5) * (1 + erf_np(x * dt.type(1 / math.sqrt(2))))
-    elif name == "GeluTanh":
-        y = x * dt.type(0.5) * (1 + np.tanh((x + dt.type(0.044715) * x * x * x) * dt.type(math.sqrt(2 / math.pi))))
-    else:
+        return x
+    if name not in _ACTIVATION_OPS:
         raise ShapeError(f"unknown activation {name!r}")
-    return np.asarray(y).astype(dt, copy=False)
+    dt = DType.from_numpy(x.dtype)
+    op_name, attrs = _ACTIVATION_OPS[name](params)
+    if name == "Clip":
+        bounds = _clip_bounds(params)
+        node = _activation_node("Clip", {}, dt, 3, {i for i, _ in bounds})
+        ins = [x, None, None]
+        for i, b in bounds:
+            ins[i] = np.asarray(b, dtype=x.dtype)
+        return np.asarray(get_op("Clip").reference(node, ins)[0]).astype(x.dtype, copy=False)
+    y = get_op(op_name).reference(_activation_node(op_name, attrs, dt, 1), [x])[0]
+    if name == "SiLU":
+        y = get_op("Mul").reference(_activation_node("Mul", {}, dt, 2, {1}), [x, np.asarray(y)])[0]
+    return np.asarray(y).astype(x.dtype, copy=False)
 
 
 ACTIVATION_ATTRS = {
@@ -493,7 +507,8 @@ class EmbedLayerNormalization:
 
     Inputs: ``num_gathers`` pairs (table [V_i, H...], ids int32/int64 of any shape), then scale,
     B (optional) and any number of dense addends. Gather is on axis 0 (ONNX Gather-13, negative
-    ids count from the end; ids out of range make ``Module.run`` raise a ValueError, as for Gather);
+    ids count from the end; ids out of range make ``Module.run`` raise a ValueError and the
+    reference an IndexError, as for Gather);
     every term broadcasts (numpy) to the sum's shape S; scale and B are unidirectionally
     broadcastable to S; LayerNormalization-17 with ``axis`` and ``epsilon``, statistics in f32.
     Outputs: Y [S] and optionally the sum [S]. Raises ShapeError on mixed float dtypes,
@@ -527,8 +542,10 @@ class EmbedLayerNormalization:
         s = None
         for i in range(k):
             t, ids = ins[2 * i], ins[2 * i + 1]
-            ids = np.clip(np.where(ids < 0, ids + t.shape[0], ids), 0, t.shape[0] - 1)
-            g = np.take(t, ids, axis=0)
+            # as Gather: an id out of range raises (IndexError naming it), never clipped; the
+            # kernel's run-time check raises a ValueError for it (onnxruntime's contrib
+            # EmbedLayerNormalization fails on such ids too)
+            g = np.take(t, np_wrap(ids, t.shape[0], "id"), axis=0)
             s = g if s is None else s + g
         scale = ins[2 * k]
         b = ins[2 * k + 1] if len(ins) > 2 * k + 1 else None
