@@ -25,7 +25,8 @@ _API = {
     "compile": ("tensorfuse.compiler.driver", "compile"),
     "explain": ("tensorfuse.compiler.explain", "explain"),
     "export_onnx": ("tensorfuse.compiler.export", "export_onnx"),
-    "cache_info": ("tensorfuse.runtime.cache", "cache_info"),
+    "cache_info": ("tensorfuse.compiler.driver", "cache_info"),
+    "CompileOptions": ("tensorfuse.compiler.options", "CompileOptions"),
     "load": ("tensorfuse.runtime.artifact", "load"),
     "Module": ("tensorfuse.runtime.module", "Module"),
     "backend": ("tensorfuse.compiler.backend", None),     # onnx.backend.base.Backend, device "CPU"
