@@ -312,13 +312,13 @@ class Module:
             fn = self._kernel_fns[name] = _ENTRY_T(self._lib.address(name))
         return fn
 
-    def profile(self, *arrays, repeat: int = 10, warmup: int = 1, show: bool = True, **named):
+    def profile(self, *arrays, repeat: int = 10, warmup: int = 1, show: bool = False, **named):
         """Time every kernel call on its own (each kernel's exported ``void name(ptr args)`` is
         called with its argument array, in run order), ``repeat`` times after ``warmup`` runs.
-        Returns a :class:`~runtime.profile.Profile`: rows (kernel, the ONNX nodes it covers,
-        median ms, share, GFLOP/s where the FLOP count is known, bytes moved) sorted slowest
-        first; prints it when ``show``. Inputs as for :meth:`run`; raises ValueError for bad
-        inputs or repeat < 1."""
+        Returns a :class:`~runtime.profile.Profile` whose ``str`` / ``repr`` is the table: rows
+        (call number, kernel, the ONNX nodes it covers, median ms, share, GFLOP/s where the FLOP
+        count is known, bytes moved) sorted slowest first. Prints nothing unless ``show``.
+        Inputs as for :meth:`run`; raises ValueError for bad inputs or repeat < 1."""
         from .profile import profile_module
         return profile_module(self, arrays, named, repeat=repeat, warmup=warmup, show=show)
 
