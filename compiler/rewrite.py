@@ -181,9 +181,39 @@ def _apply(graph: Graph, rule: Rule, m: Match, node: Node) -> "Application | Fai
             graph.replace_all_uses(old, new)
     _remove_dead(graph, m.nodes)
     _drop_unused_captured_constants(graph, m)
+    _adopt_names(graph, m, created, mapping, build)
     if not _placed_in_order(created, pos, at, m) and not _is_topological(graph):
         graph.toposort()
     return Application(rule.name, [n.name for n in m.nodes], [n.name for n in created])
+
+
+def _adopt_names(graph: Graph, m: Match, created: list[Node], mapping: dict, build: Builder) -> None:
+    """Keep the model's names visible: when a rewrite made one node (Constants aside) and the
+    match's first node (in graph order: the anchor of an epilogue fusion, the Conv of a
+    BatchNormalization fold) is gone, the new node takes that node's name; each new value
+    that replaced a value no longer in the graph takes that value's name. Names the rule
+    gave itself (``build.op(..., name=...)``, ``out_names``) are kept."""
+    made = [n for n in created if n.op != "Constant"]
+    if len(made) != 1 or not m.nodes:
+        return
+    new = made[0]
+    alive = {id(n) for n in graph.nodes}
+    anchor = m.nodes[0]
+    if id(anchor) not in alive and anchor.name and id(new) in build.auto_names:
+        new.name = anchor.name
+    if id(new) not in build.auto_value_names:
+        return
+    live_names = None
+    for old, val in mapping.items():
+        if val.producer is not new or old is val or old.producer is None or id(old.producer) in alive:
+            continue
+        if live_names is None:
+            live_names = {v.name for v in graph.inputs} | set(graph.constants) | \
+                {o.name for n in graph.nodes for o in n.outputs}
+        if old.name not in live_names:
+            live_names.discard(val.name)
+            val.name = old.name
+            live_names.add(val.name)
 
 
 def _mapping(rule: Rule, m: Match, res) -> dict:

@@ -116,24 +116,25 @@ class Benchmark:
 
 def trace_sources(nodes: list[str], log) -> list[str]:
     """The model's node names behind IR nodes: a node a rewrite created stands for the nodes
-    that rewrite matched (followed recursively); other nodes are the model's own.
-    ``log``: rule applications with ``nodes`` (matched) and ``created`` name lists, or None."""
+    that rewrite matched (resolved through earlier rewrites); other nodes are the model's own.
+    ``log``: rule applications in order, with ``nodes`` (matched) and ``created`` name lists,
+    or None. The log is replayed in order, so a created node that took the name of a node it
+    replaced (rewrites name a fused node after its anchor) resolves to what that name stood
+    for at the time."""
     made_from: dict[str, list[str]] = {}
     for app in log or ():
+        srcs: list[str] = []
+        for n in getattr(app, "nodes", None) or ():
+            for s in made_from.get(n, [n]):
+                if s not in srcs:
+                    srcs.append(s)
         for c in getattr(app, "created", None) or ():
-            made_from[c] = list(app.nodes)
+            made_from[c] = srcs
     out: list[str] = []
-
-    def walk(n: str, seen: frozenset) -> None:
-        if n not in made_from or n in seen:
-            if n not in out:
-                out.append(n)
-            return
-        for m in made_from[n]:
-            walk(m, seen | {n})
-
     for n in nodes:
-        walk(n, frozenset())
+        for s in made_from.get(n, [n]):
+            if s not in out:
+                out.append(s)
     return out
 
 

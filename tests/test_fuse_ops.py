@@ -364,7 +364,8 @@ def test_fused_graph_text_round_trips():
     g, _, _ = _fused_graph()
     assert len(fused_nodes(g)) == 2
     text = print_graph(g)
-    assert "= tensorfuse::FusedFunction(" in text and "    body = graph fused_conv_add_relu(" in text
+    # each group is named after its anchor node (the Conv), else its first node
+    assert "= tensorfuse::FusedFunction(" in text and "    body = graph Conv_0(" in text and "@Conv_0 {" in text
     consts = {k: v.data for k, v in g.constants.items()}
     g2 = parse_graph(text, consts)
     assert print_graph(g2) == text and graph_diff(g, g2) == []
