@@ -17,7 +17,7 @@ from typing import Any, Iterable
 NOT_IN_KEY = ("cache", "num_threads")
 
 
-def _rule_names(disabled_rules: str | Iterable[str] | None) -> tuple[str, ...]:
+def rule_names(disabled_rules: str | Iterable[str] | None) -> tuple[str, ...]:
     """A rule name, or an iterable of names, as a sorted tuple (a single string is one name,
     not a sequence of letters). Raises TypeError for anything else."""
     if disabled_rules is None:
@@ -84,7 +84,7 @@ class CompileOptions:
         tgt = Target.parse(target)
         if tgt.kind != "llvm":
             raise CompileError(f"target {tgt.kind!r} is not available yet")
-        return cls(str(tgt), int(opt_level), _shapes(input_shapes), _rule_names(disabled_rules),
+        return cls(str(tgt), int(opt_level), _shapes(input_shapes), rule_names(disabled_rules),
                    None if dump_ir is None else os.fspath(dump_ir), bool(cache), num_threads)
 
     @property

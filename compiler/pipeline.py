@@ -96,10 +96,11 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
                  fold_max_bytes: int = MAX_FOLD_BYTES) -> list[tuple[str, Callable[[Graph], bool]]]:
     """The named pass list of an optimisation level. A ``("cleanup", [...])`` entry is a group
     run to a fixed point. ``disabled_rules`` names rules, or passes of ``SWITCHABLE_PASSES``
-    ("fuse_ops"), to leave out. Raises ValueError for an unknown level or rule name."""
+    ("fuse_ops"), to leave out: one name (a string) or a list of names. Raises ValueError for an unknown level or rule name."""
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
-    disabled = set(disabled_rules)
+    from tensorfuse.compiler.options import rule_names
+    disabled = set(rule_names(disabled_rules))      # one name, or several
     unknown = disabled - set(all_rules()) - set(SWITCHABLE_PASSES)
     if unknown:
         raise ValueError(f"disabled_rules names unknown rules {sorted(unknown)}; known: {sorted(all_rules())}")
