@@ -326,6 +326,15 @@ def test_not_a_module_file(tmp_path):
         tensorfuse.load(tmp_path / "missing.tfm")
 
 
+def test_loading_an_onnx_model_says_so(mlp, tmp_path):
+    import onnx
+    model, _ = mlp
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(ArtifactError, match=r"is an ONNX model, not a saved tensorfuse module: compile it with "
+                                            r"tensorfuse.compile\('m.onnx'\)"):
+        tensorfuse.load(tmp_path / "m.onnx")
+
+
 def test_write_is_atomic(mlp, tmp_path, monkeypatch):
     _, mod = mlp
     path = tmp_path / "m.tfm"
