@@ -26,7 +26,7 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     """Compile an ONNX model into an executable :class:`tensorfuse.runtime.Module`.
 
     model: a path, bytes or ``onnx.ModelProto``. target: "llvm" (the host CPU; ``-mcpu=`` and
-    ``-mattr=`` choose another, see ``compiler.target``). opt_level: 0..3 (docs/pipeline.md:
+    ``-mattr=`` choose another, see ``compiler.target``). opt_level: 0..3 (docs/architecture.md "Optimisation levels":
     0 imports and lowers only, 1 adds constant folding, dead code and common subexpression
     elimination and the simplify rules, 2 adds the fold and fuse rule sets and fuse_ops, 3 adds
     rules that change numerics within rounding). input_shapes: {input name: shape} for inputs

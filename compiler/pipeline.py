@@ -1,4 +1,4 @@
-"""The optimisation pipeline: named pass lists per optimisation level (DESIGN.md).
+"""The optimisation pipeline: named pass lists per optimisation level (docs/architecture.md).
 
 - O0: nothing (import only; every op its own kernel).
 - O1: constant folding (shape subgraphs included), dead-node elimination, CSE, identity
@@ -122,7 +122,7 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
         fuse = sets["fuse"] + (sets["o3"] if opt_level >= 3 else [])
         passes += [("fuse", RewritePass("fuse", _select(fuse, opt_level, disabled), log)),
                    ("dce", eliminate_dead_nodes)]
-        # DESIGN.md "Grouping": what the catalogue left becomes fused functions, one kernel each
+        # docs/architecture.md "Grouping": what the catalogue left becomes fused functions, one kernel each
         if "fuse_ops" not in disabled:
             from tensorfuse.compiler.passes.fuse_ops import FuseOps
             passes += [("fuse_ops", FuseOps())]

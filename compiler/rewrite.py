@@ -1,4 +1,4 @@
-"""Rewrite rules and the one driver that applies them (DESIGN.md, "Rewrites as DAG patterns").
+"""Rewrite rules and the one driver that applies them (docs/architecture.md, "Rewrites as DAG patterns").
 
 A rule is a small top-level class: a pattern (see :mod:`compiler.pattern`), an optional
 condition, a replacement, a name (the class name) and a one-line docstring::

@@ -5,7 +5,7 @@
 a missing input, an unknown name, a wrong dtype or a wrong shape raises ``ValueError`` naming
 the input with expected and got. Outputs are fresh arrays in graph output order.
 
-Memory (DESIGN.md "Runtime"): constants are held once, as the arrays the compiler produced, and
+Memory (docs/architecture.md "Runtime"): constants are held once, as the arrays the compiler produced, and
 their addresses go straight into the slot table. Intermediates live at the offsets of the
 static :class:`~runtime.memory_plan.MemoryPlan` inside one arena. A run takes an arena (with its
 ready-filled slot table) from a pool, writes the input and output addresses into the table,

@@ -1,5 +1,5 @@
 """fuse_ops (compiler/passes/fuse_ops.py): elementwise chains and anchor epilogues grouped into
-``tensorfuse::FusedFunction`` nodes, one kernel each (DESIGN.md "Grouping (fuse_ops)").
+``tensorfuse::FusedFunction`` nodes, one kernel each (docs/architecture.md "Grouping (fuse_ops)").
 
 Each case counts kernels before (O0, or O2 with fuse_ops switched off) and after, and compares
 every output with onnxruntime (optimisations off). The catalogue's own epilogue rules are

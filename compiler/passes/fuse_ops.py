@@ -1,5 +1,5 @@
 """fuse_ops: group what remains after the fusion catalogue into fused functions, one kernel each
-(DESIGN.md "Grouping (fuse_ops)"; TVM's FuseOps in spirit).
+(docs/architecture.md "Grouping (fuse_ops)"; TVM's FuseOps in spirit).
 
 Grouping asks the registry only (``OpDef.kind``, ``OpDef.scalar``); it keeps no op names:
 
