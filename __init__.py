@@ -6,6 +6,7 @@ The public API, imported lazily so that a process which only loads saved modules
 - :func:`compile` (``tensorfuse.compiler.driver.compile``): ONNX model -> executable module;
 - :func:`load`: a module saved with ``Module.save``;
 - :func:`explain`, :func:`export_onnx`, :func:`cache_info`; ``backend`` (the ONNX backend);
+  ``testing`` (checking rules and models against onnxruntime: ``tensorfuse.testing.check_rule``);
 - the error classes :class:`TensorfuseError`, :class:`CompileError`, :class:`ModelLoadError`,
   :class:`UnsupportedModelError`, :class:`ArtifactError`.
 
@@ -30,6 +31,7 @@ _API = {
     "load": ("tensorfuse.runtime.artifact", "load"),
     "Module": ("tensorfuse.runtime.module", "Module"),
     "backend": ("tensorfuse.compiler.backend", None),     # onnx.backend.base.Backend, device "CPU"
+    "testing": ("tensorfuse.testing", None),              # check_rule, assert_matches_ort (onnxruntime)
     "TensorfuseError": ("tensorfuse.compiler.errors", "TensorfuseError"),
     "CompileError": ("tensorfuse.compiler.errors", "CompileError"),
     "ModelLoadError": ("tensorfuse.compiler.errors", "ModelLoadError"),
