@@ -9,10 +9,12 @@ back through the rule log by ``runtime.profile.trace_sources``).
 
 On a compile-cache hit the report comes from the cache entry (``runtime.cache``), not from a
 recompile: the rule log, pass records, LLVM IR and sources are read with the entry; the graph is
-parsed from its stored text, with its constants, on first access to ``graph`` (milliseconds
-for the shared models); the kernel IR is lowered again from that graph on first access to
-``kernels`` (no optimisation passes and no LLVM code generation: tens of milliseconds for
-resnet18). ``from_cache`` says which.
+parsed from its stored text, with its constants, on first access to ``graph`` (resnet18: 0.5 s
+on a busy 2-core machine, whose cold compile took 40 s); the kernel IR is lowered again from
+that graph on first access to ``kernels`` (no optimisation passes and no LLVM code generation;
+resnet18: 1.4 s there). ``from_cache`` says which. The entry keeps the graph's text and only
+the constants the module does not hold itself (resnet18: a 3.6 MB report beside a 94 MB
+module).
 """
 from __future__ import annotations
 
