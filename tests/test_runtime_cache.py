@@ -282,3 +282,23 @@ def test_external_data_files_are_part_of_the_key(cache, tmp_path):
     assert m3.cache_hit is False
     np.testing.assert_array_equal(m3.run(x)[0], x + 2 * c)
     assert tensorfuse.compile(str(path)).cache_hit is True
+
+
+def test_compile_options_are_one_frozen_normalised_value(model):
+    import dataclasses
+
+    from tensorfuse.compiler.options import CompileOptions
+    a = CompileOptions.create("llvm", 2, disabled_rules=["FuseConvAdd", "FuseConvActivation"],
+                              input_shapes={"x": [4, 64]}, num_threads=1)
+    b = CompileOptions.create("llvm   ", 2, disabled_rules=("FuseConvActivation", "FuseConvAdd"),
+                              input_shapes={"x": (4, 64)}, num_threads=3)
+    assert a == b and a.key(model) == b.key(model)           # num_threads is not part of the key
+    assert "num_threads" not in a.key(model)["options"] and "cache" not in a.key(model)["options"]
+    assert CompileOptions.create(disabled_rules="FuseConvAdd").disabled_rules == ("FuseConvAdd",)
+    assert a.key(model) != CompileOptions.create("llvm", 1).key(model)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.opt_level = 3
+    with pytest.raises(ValueError, match="opt_level must be 0, 1, 2 or 3"):
+        CompileOptions.create(opt_level=5)
+    with pytest.raises(ValueError, match=r"input_shapes\['x'\]"):
+        CompileOptions.create(input_shapes={"x": ["a"]})
