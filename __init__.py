@@ -8,6 +8,7 @@ The public API, imported lazily so that a process which only loads saved modules
 - :func:`explain` (one rule), :func:`explain_report` (the whole fusion report), :func:`verify`
   (against onnxruntime, naming the rewrite that changed the numbers), :func:`to_dot` (the fused
   graph as Graphviz), :func:`export_onnx`, :func:`cache_info`; ``backend`` (the ONNX backend);
+  ``testing`` (checking rules and models against onnxruntime: ``tensorfuse.testing.check_rule``);
 - the error classes :class:`TensorfuseError`, :class:`CompileError`, :class:`ModelLoadError`,
   :class:`UnsupportedModelError`, :class:`ArtifactError`.
 
@@ -30,10 +31,12 @@ _API = {
     "verify": ("tensorfuse.compiler.verify", "verify"),
     "to_dot": ("tensorfuse.compiler.dot", "to_dot"),
     "export_onnx": ("tensorfuse.compiler.export", "export_onnx"),
-    "cache_info": ("tensorfuse.runtime.cache", "cache_info"),
+    "cache_info": ("tensorfuse.compiler.driver", "cache_info"),
+    "CompileOptions": ("tensorfuse.compiler.options", "CompileOptions"),
     "load": ("tensorfuse.runtime.artifact", "load"),
     "Module": ("tensorfuse.runtime.module", "Module"),
     "backend": ("tensorfuse.compiler.backend", None),     # onnx.backend.base.Backend, device "CPU"
+    "testing": ("tensorfuse.testing", None),              # check_rule, assert_matches_ort (onnxruntime)
     "TensorfuseError": ("tensorfuse.compiler.errors", "TensorfuseError"),
     "CompileError": ("tensorfuse.compiler.errors", "CompileError"),
     "ModelLoadError": ("tensorfuse.compiler.errors", "ModelLoadError"),

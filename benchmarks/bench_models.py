@@ -55,7 +55,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tensorfuse import compiler  # noqa: E402
+import tensorfuse  # noqa: E402
 from oracle import model_inputs  # noqa: E402
 from tensorfuse.runtime.profile import time_calls  # noqa: E402
 

@@ -2,15 +2,15 @@
 
 For each model: compile time (s), kernels per run, median run time (ms) of tensorfuse and of
 onnxruntime (all graph optimisations on, and off), both with the same number of threads, and
-the ratios. Usage::
+the ratios. Models: .onnx files, folders (with a models.json, or every .onnx in them) or names
+of models in ``--models-dir`` (the shared models by default), as for bench_models.py; a file
+without a models.json entry gets fixed-seed inputs of its declared shapes. Usage::
 
-    .venv/bin/python benchmarks/models.py [--threads 1] [--repeat 20] [--opt-level 2] [model.onnx ...]
+    .venv/bin/python benchmarks/models.py [--threads 1] [--repeat 20] [--opt-level 2] [MODEL ...]
 """
 from __future__ import annotations
 
 import argparse
-import inspect
-import json
 import os
 import pathlib
 import sys
@@ -21,8 +21,10 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from tensorfuse import compiler  # noqa: E402
+import tensorfuse  # noqa: E402
+from bench_models import collect_models, declared_inputs, labels_for  # noqa: E402
 from oracle import model_inputs  # noqa: E402
 from tensorfuse.runtime.profile import time_calls  # noqa: E402
 
@@ -41,27 +43,21 @@ def ort_session(path: str, threads: int, optimise: bool):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("models", nargs="*")
+    ap.add_argument("models", nargs="*", help=".onnx files, folders or model names (default: --models-dir)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--opt-level", type=int, default=2)
     ap.add_argument("--models-dir", type=pathlib.Path, default=SHARED,
                     help="folder with models.json and the .onnx files (default: ../shared/models)")
     args = ap.parse_args()
-    if not (args.models_dir / "models.json").exists():
-        ap.error(f"{args.models_dir / 'models.json'} not found: give the shared models folder with --models-dir")
-    entries = json.loads((args.models_dir / "models.json").read_text())["models"]
-    if args.models:
-        entries = [e for e in entries if any(m in e["file"] for m in args.models)]
-    kw = {}
-    if "cache" in inspect.signature(tensorfuse.compile).parameters:
-        kw["cache"] = False
+    models = collect_models(args)
     rows = []
-    for e in entries:
-        path = str(args.models_dir / e["file"])
-        feeds = model_inputs(e, seed=0)
+    for (p, e), label in zip(models, labels_for(models)):
+        path = str(p)
+        feeds, dynamic = (model_inputs(e, seed=0), {}) if e else declared_inputs(p, seed=0)
         t0 = time.perf_counter()
-        mod = tensorfuse.compile(path, target="llvm", opt_level=args.opt_level, **kw)
+        mod = tensorfuse.compile(path, target="llvm", opt_level=args.opt_level, cache=False,
+                                 input_shapes=dynamic or None, num_threads=args.threads)
         compile_s = time.perf_counter() - t0
         ours = mod.benchmark(**feeds, repeat=args.repeat).median_ms
         ort_on = ort_session(path, args.threads, True)
@@ -69,8 +65,8 @@ def main() -> int:
         err = max(float(np.max(np.abs(a - b))) for a, b in zip(mod.run(**feeds), ort_off.run(None, feeds)))
         t_on = time_calls(lambda: ort_on.run(None, feeds), args.repeat).median_ms
         t_off = time_calls(lambda: ort_off.run(None, feeds), args.repeat).median_ms
-        rows.append((e["file"], compile_s, mod.num_kernels, ours, t_on, t_off, err))
-        print(f"{e['file']:28s} compile {compile_s:6.2f} s  kernels {mod.num_kernels:4d}  "
+        rows.append((label, compile_s, mod.num_kernels, ours, t_on, t_off, err))
+        print(f"{label:28s} compile {compile_s:6.2f} s  kernels {mod.num_kernels:4d}  "
               f"tensorfuse {ours:8.2f} ms  ort(opt) {t_on:7.2f} ms  ort(no opt) {t_off:7.2f} ms  "
               f"ratio {ours / t_on:5.2f}x / {ours / t_off:5.2f}x  max|err| {err:.2e}", flush=True)
     print(f"\nthreads={args.threads} opt_level=O{args.opt_level} repeat={args.repeat}; ratio = tensorfuse / onnxruntime")

@@ -1,6 +1,13 @@
-"""``compile()``: frontend -> passes -> lowering -> codegen -> runtime.Module."""
+"""``compile()``: frontend -> passes -> lowering -> codegen -> runtime.Module, through the compile cache.
+
+One path: the options become a :class:`~compiler.options.CompileOptions`, the driver looks the
+module up in the compile cache (``runtime.cache``, key from ``compiler.options.cache_key``) and
+on a miss builds it and stores it with its compile report (``compiler.report``).
+"""
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any
 
 from llvmlite import ir as lir
@@ -8,68 +15,120 @@ from llvmlite import ir as lir
 from tensorfuse.compiler.errors import CompileError
 from tensorfuse.compiler.frontend.onnx import import_onnx
 from tensorfuse.compiler.lower import lower_graph
+from tensorfuse.compiler.options import CompileOptions, cache_key
+from tensorfuse.compiler.report import CompileReport
 from tensorfuse.compiler.target import Target
 
 
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
             input_shapes: dict[str, Any] | None = None, disabled_rules=(), dump_ir=None,
             cache: bool = True, num_threads: int | None = None):
-    """Compile an ONNX model into an executable :class:`runtime.Module`.
+    """Compile an ONNX model into an executable :class:`tensorfuse.runtime.Module`.
 
-    model: a path, bytes or ``onnx.ModelProto``. target: "llvm" (host CPU). opt_level: 0..3
-    (DESIGN.md "Optimisation levels"). input_shapes: {input name: shape} for inputs with
-    dynamic dimensions. disabled_rules: names of rewrite rules to switch off. dump_ir: a
-    folder for the graph after each pass that changed it, the rule log, and each kernel's IR
-    and the LLVM IR (``compiler.pipeline``). The module's ``graph`` is the optimised graph IR,
-    ``rewrite_log`` the rule applications. cache: look the module up in (and store it into) the compile cache
-    (``runtime.cache``; keyed by model content, target, every other option and the version).
-    num_threads: threads that run the parallel loops of each kernel (default:
-    ``$TENSORFUSE_NUM_THREADS``, else the cores this process may use, ``os.sched_getaffinity``);
-    ``Module.num_threads`` changes it after compiling. Raises ValueError if it is not >= 1.
+    model: a path, bytes or ``onnx.ModelProto``. target: "llvm" (the host CPU; ``-mcpu=`` and
+    ``-mattr=`` choose another, see ``compiler.target``). opt_level: 0..3 (docs/architecture.md "Optimisation levels":
+    0 imports and lowers only, 1 adds constant folding, dead code and common subexpression
+    elimination and the simplify rules, 2 adds the fold and fuse rule sets and fuse_ops, 3 adds
+    rules that change numerics within rounding). input_shapes: {input name: shape} for inputs
+    with dynamic dimensions. disabled_rules: a rule name or a list of rule names to switch off
+    (``compiler.pipeline.all_rules()`` lists them; "fuse_ops" switches that pass off).
+    dump_ir: a folder for the graph after each pass that changed it, the rule log, and each
+    kernel's IR and the LLVM IR (``compiler.pipeline``). cache: look the module up in (and
+    store it into) the compile cache (``runtime.cache``; keyed by model content, target, every
+    other option and the version). num_threads: threads that run the parallel loops of each
+    kernel (default: ``$TENSORFUSE_NUM_THREADS``, else the cores this process may use,
+    ``os.sched_getaffinity``); ``Module.num_threads`` changes it after compiling.
+
+    The module's ``report`` (``compiler.report.CompileReport``) says what the compiler did:
+    ``graph`` (the optimised graph IR), ``kernels``, ``llvm_ir``, ``rewrite_log`` (the rule
+    applications), ``passes`` and each kernel call's ONNX nodes; the Module's attributes of the
+    same names read it. A cache hit (``Module.cache_hit``) serves the report stored with the
+    entry: no recompile (see ``compiler.report`` for what the first ``graph`` and ``kernels``
+    access costs).
 
     Raises ModelLoadError (not a valid ONNX model), UnsupportedModelError (unsupported ops, all
     listed with node names; dynamic shapes), CompileError (an internal failure, naming the pass
-    or node).
+    or node; an unavailable target), ValueError (opt_level not 0..3, num_threads below 1, an
+    unknown rule name), TypeError (disabled_rules or input_shapes of the wrong kind).
 
     When shapes depend on the values of graph inputs (Reshape's shape, reduction axes ... given
     as inputs), the result is a ``compiler.specialize.SpecializingModule`` that compiles at its
     first run for those inputs' values (see that module).
     """
-    # every option but these is part of the compile cache's key: keep this line first
-    # (the thread count is a run-time setting of the module: the code does not depend on it)
-    options = {k: v for k, v in locals().items() if k not in ("model", "target", "cache", "num_threads")}
-    tgt = Target.parse(target)
-    from tensorfuse.runtime.threads import resolve_num_threads
-    num_threads = resolve_num_threads(num_threads)
-    if tgt.kind != "llvm":
-        raise CompileError(f"target {tgt.kind!r} is not available yet")
-    if opt_level not in (0, 1, 2, 3):
-        raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+    opts = CompileOptions.create(target, opt_level, input_shapes=input_shapes, disabled_rules=disabled_rules,
+                                 dump_ir=dump_ir, cache=cache, num_threads=num_threads)
+    return compile_with(model, opts)
+
+
+def compile_with(model: Any, options: CompileOptions):
+    """``compile`` with its options as one :class:`~compiler.options.CompileOptions` (the CLI
+    builds them once); see :func:`compile`."""
     from tensorfuse.compiler.specialize import InputValuesNeeded, specialize
-    if cache:
-        from tensorfuse.runtime.cache import cached_compile
-        try:    # cache=None: the inner call leaves specialising to this one
-            m = cached_compile(model, str(tgt), options, lambda: compile(model, target, cache=None, **options))
-            m.num_threads = num_threads
-            return m
-        except InputValuesNeeded as e:
-            return specialize(e, model, target, {**options, "num_threads": num_threads})
+    from tensorfuse.runtime.threads import resolve_num_threads
+    num_threads = resolve_num_threads(options.num_threads)
     try:
-        graph = import_onnx(model, input_shapes=input_shapes)
+        m = _cached_build(model, options) if options.cache else _build(model, options)
     except InputValuesNeeded as e:
-        if cache is None:
-            raise
-        return specialize(e, model, target, {**options, "num_threads": num_threads})
+        return specialize(e, model, options.target, options.kwargs())
+    m.num_threads = num_threads
+    return m
+
+
+def _cached_build(model: Any, options: CompileOptions):
+    """The module through the compile cache (``runtime.cache``): a hit loads the saved module
+    and its stored compile report; a miss builds, then stores both. ``dump_ir`` compiles
+    bypass it (the dumps must be written); so does an unwritable cache place."""
+    from tensorfuse.runtime import cache as rc
+    d = rc.cache_dir()
+    if options.dump_ir is not None or not rc.usable(d):
+        return _build(model, options)
+    try:
+        parts = cache_key(model, options)
+    except Exception:       # unreadable path, not a model ...: the compiler says what is wrong
+        return _build(model, options)
+    is_path = isinstance(model, (str, os.PathLike))
+    entry = rc.lookup(parts, d, external=is_path)
+    if entry is not None:
+        try:
+            m = entry.module
+            m.report = CompileReport.from_stored(entry.report, m, options, _lowerer(options.target))
+            m.cache_hit = True
+            return m
+        except (KeyError, TypeError, ValueError) as e:      # a report this version cannot read
+            warnings.warn(f"tensorfuse compile cache: dropped an entry whose compile report cannot be read "
+                          f"and rebuilding it ({type(e).__name__}: {e})", rc.CacheWarning, stacklevel=3)
+    m = _build(model, options)
+    ext = {p: rc.file_digest(p) for p in rc.external_files(os.fspath(model))} if is_path else {}
+    data, arrays = m.report.to_stored(m._consts)
+    rc.store(parts, m, d, ext, report=data, arrays=arrays)
+    m.cache_hit = False
+    return m
+
+
+def _lowerer(target: str):
+    """The kernel IR of a graph as ``compile`` makes it (lowered, duplicates dropped): what a
+    cache-hit report's ``kernels`` is computed with."""
+    def lower(graph):
+        lowered = lower_graph(graph, Target.parse(target))
+        dedupe_kernels(lowered)
+        return lowered.kernels
+    return lower
+
+
+def _build(model: Any, options: CompileOptions):
+    """Import, optimise, lower and generate code: the module with its compile report. Raises
+    InputValuesNeeded when shapes need input values (``compile_with`` specialises)."""
+    tgt = Target.parse(options.target)
+    graph = import_onnx(model, input_shapes=options.input_shapes_dict)
     output_names = list(graph.output_names or [v.name for v in graph.outputs])
     input_names = [v.name for v in graph.inputs]
     from tensorfuse.compiler.pipeline import dump_kernels, optimize
-    opt = optimize(graph, opt_level, disabled_rules=disabled_rules, dump_ir=dump_ir)
+    opt = optimize(graph, options.opt_level, disabled_rules=options.disabled_rules, dump_ir=options.dump_ir)
     lowered = lower_graph(graph, tgt)
-    m = build_module(lowered, graph, input_names, output_names, tgt)
-    m.num_threads = num_threads
-    m.rewrite_log, m.pass_records = opt.log, opt.passes
-    if dump_ir is not None:
-        dump_kernels(dump_ir, m)
+    m = build_module(lowered, graph, input_names, output_names, tgt, options=options, log=opt.log,
+                     passes=opt.passes)
+    if options.dump_ir is not None:
+        dump_kernels(options.dump_ir, m)
     return m
 
 
@@ -113,10 +172,15 @@ def dedupe_kernels(lowered) -> int:
     return dropped
 
 
-def build_module(lowered, graph, input_names, output_names, target=None):
+def build_module(lowered, graph, input_names, output_names, target=None, *, options: CompileOptions | None = None,
+                 log: list | None = None, passes: list | None = None):
+    """Generate code for a lowered graph: the Module, with its compile report (``log`` and
+    ``passes`` from the pipeline; each kernel call's ONNX nodes traced through ``log``).
+    Raises CompileError when LLVM code generation fails."""
     from tensorfuse.codegen.llvm.emit import emit_entry, emit_kernel, kernel_is_parallel
     from tensorfuse.codegen.llvm.jit import compile_ir
-    from tensorfuse.runtime.module import Module
+    from tensorfuse.runtime.module import Module, Program
+    from tensorfuse.runtime.profile import trace_sources
 
     dedupe_kernels(lowered)
     mod = lir.Module(name=graph.name)
@@ -129,7 +193,30 @@ def build_module(lowered, graph, input_names, output_names, target=None):
         lib, obj, opt_ir = compile_ir(str(mod), graph.name, target=target)
     except Exception as e:
         raise CompileError(f"LLVM code generation failed: {e}") from e
-    m = Module(lowered, lib, "tf_run", input_names, output_names, graph=graph, llvm_ir=str(mod),
-               target=str(target) if target is not None else "llvm")
-    m._object_code = obj
-    return m
+    log = list(log or [])
+    program = Program.from_lowered(lowered)
+    for c in program.calls:
+        c.sources = trace_sources(c.nodes, log)
+    if options is None:
+        options = CompileOptions.create(str(target) if target is not None else "llvm", 0, cache=False)
+    report = CompileReport(options, str(mod), log, list(passes or []), [list(c.sources) for c in program.calls],
+                           _graph=graph, _kernels=list(lowered.kernels))
+    return Module(program, lib, "tf_run", input_names, output_names,
+                  target=str(target) if target is not None else "llvm", object_code=obj, report=report)
+
+
+def cache_info(model: Any, *args, **kwargs):
+    """Would ``tensorfuse.compile(model, *args, **kwargs)`` hit the compile cache? Returns a
+    ``runtime.cache.CacheInfo``; on a miss, ``differences`` names each key part (model content,
+    target, host CPU, an option, the tensorfuse version or sources) that differs from the
+    closest entry. Takes ``compile``'s arguments (raises as it does for bad options)."""
+    import inspect
+
+    from tensorfuse.runtime import cache as rc
+    bound = inspect.signature(compile).bind(model, *args, **kwargs)
+    bound.apply_defaults()
+    opts = dict(bound.arguments)
+    opts.pop("model")
+    target = opts.pop("target")
+    options = CompileOptions.create(target, **opts)
+    return rc.explain(cache_key(model, options))

@@ -1,18 +1,35 @@
-"""Export an (optimised) graph IR back to an ONNX file, for Netron and other ONNX tools.
+"""Export an (optimised) graph IR back to an ONNX file that any ONNX runtime can run.
 
 Default-domain ops are written at the newest opset the installed onnx defines (the IR's
-semantics, see ``ir/registry.py``); fused ops keep their ``tensorfuse`` domain (any non-default
-domain is declared in ``opset_import`` at version 1) with their parameters as attributes, as
-ONNX Runtime's ``optimized_model_filepath`` does for its own fused ops. A fuse_ops group
-(``tensorfuse::FusedFunction``) becomes a call of an ONNX local function named after the node,
-in the ``tensorfuse`` domain, whose body is the group's nodes: where the body holds only ONNX
-ops, onnxruntime runs the exported file (it inlines local functions). Graph outputs carry
-their user-facing names (``graph.output_names``); every intermediate gets a ``value_info`` with
-its type, so a viewer shows shapes.
+semantics, see ``ir/registry.py``). Every fused op of the ``tensorfuse`` domain becomes a call
+of an ONNX model-local function (ONNX IR "Functions", ``ModelProto.functions``) in that domain,
+whose body is the op's decomposition into standard ONNX ops, so onnxruntime (which inlines
+local functions) loads and runs the file and ``tensorfuse.compile`` re-imports it (the
+frontend inlines them too):
+
+- ``FusedConv``: Conv -> Add(Z) -> activation; ``FusedMatMul``: MatMul -> Add(bias) ->
+  activation; ``FusedGemm``: Gemm -> activation (``ir/ops/fused.py`` defines each);
+- ``Attention``: MatMul(Q, Transpose(K)) -> Mul(scale) -> Add(mask) -> Softmax(-1) -> MatMul(V);
+- ``SkipLayerNormalization``: Add(X, skip, bias) -> LayerNormalization (stash_type 1), the sum
+  as the optional second output; ``EmbedLayerNormalization``: Gather(axis 0) of each table,
+  the addends summed -> LayerNormalization;
+- activations: Relu, Clip (bounds as Constant inputs), LeakyRelu, Sigmoid, HardSigmoid,
+  HardSwish, Tanh as the ONNX ops; SiLU as Mul(x, Sigmoid(x)); Gelu and GeluTanh by their
+  formulas with Erf / Tanh (the ONNX Gelu-20 definition);
+- a fuse_ops group (``FusedFunction``) as a function whose body is the group's nodes (fused ops
+  in it call their own functions).
+
+A fused op's function takes the node's present inputs and has its attributes in the body; one
+function per distinct body (named after the op, ``FusedConv``, ``FusedConv_1`` ...). The call
+node keeps the node's name and attributes (declared as function attributes, so viewers such as
+Netron show them). Graph outputs carry their user-facing names (``graph.output_names``); every
+intermediate gets a ``value_info`` with its type, so a viewer shows shapes.
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 
 import numpy as np
 import onnx
@@ -20,6 +37,7 @@ import onnx.defs
 from onnx import helper, numpy_helper
 
 from tensorfuse.ir.graph import Graph, Node, Value
+from tensorfuse.ir.ops.fused import DOMAIN
 
 __all__ = ["export_onnx", "to_onnx"]
 
@@ -90,7 +108,7 @@ def to_onnx(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
 
     nodes = []
     domains: set[str] = set()
-    functions: list[onnx.FunctionProto] = []
+    functions = _Functions(opset)
     for n in graph.nodes:
         if n.domain:
             domains.add(n.domain)
@@ -109,28 +127,73 @@ def to_onnx(graph: Graph, opset: int | None = None) -> onnx.ModelProto:
     g = helper.make_graph(nodes, graph.name, inputs, outputs, initializer=inits, value_info=vinfo)
     imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, CUSTOM_DOMAIN_VERSION)
                                                    for d in sorted(domains)]
-    model = helper.make_model(g, opset_imports=imports, producer_name="tensorfuse", functions=functions)
+    model = helper.make_model(g, opset_imports=imports, producer_name="tensorfuse", functions=functions.protos)
     return model
 
 
-def _node_proto(n: Node, name_of, opset: int, functions: list) -> onnx.NodeProto:
-    """One node; a fused function (a node with a ``body`` graph) becomes a call of an ONNX local
-    function named after the node, in its domain, appended to ``functions``."""
+class _Functions:
+    """The model-local functions written so far: one per distinct body, each named uniquely."""
+
+    def __init__(self, opset: int):
+        self.opset = opset
+        self.protos: list[onnx.FunctionProto] = []
+        self._by_body: dict[tuple, str] = {}
+        self._names: set[str] = set()
+
+    def name(self, want: str) -> str:
+        base = re.sub(r"[^A-Za-z0-9_]", "_", want) or "f"
+        name, k = base, 0
+        while name in self._names:
+            k += 1
+            name = f"{base}_{k}"
+        self._names.add(name)
+        return name
+
+    def add_decomposition(self, n: Node, body: "_Body", inputs: list[str], outputs: list[str],
+                          attr_names: list[str]) -> str:
+        """The name of the function with this body (made on first use)."""
+        key = (n.op, n.domain, tuple(inputs), tuple(outputs), tuple(attr_names),
+               tuple(p.SerializeToString(deterministic=True) for p in body.nodes))
+        name = self._by_body.get(key)
+        if name is None:
+            name = self._by_body[key] = self.name(n.op)
+            self.protos.append(helper.make_function(
+                n.domain, name, inputs, outputs, body.nodes, [helper.make_opsetid("", self.opset)],
+                attributes=attr_names, doc_string=f"{n.qualified_op} as standard ONNX ops (tensorfuse export)"))
+        return name
+
+
+def _node_proto(n: Node, name_of, opset: int, functions: _Functions) -> onnx.NodeProto:
+    """One node; a fused function (a node with a ``body`` graph) and a fused op of
+    :data:`DECOMPOSE` become calls of ONNX local functions, added to ``functions``."""
     ins = ["" if v is None else name_of(v) for v in n.inputs]
     while ins and ins[-1] == "":
         ins.pop()
     outs = [name_of(o) for o in n.outputs]
     body = n.attrs.get("body")
     if isinstance(body, Graph):
-        functions.append(_function_proto(n, body, opset, functions))
+        fname = functions.name(n.name)
+        functions.protos.append(_function_proto(n, fname, body, opset, functions))
         attrs = {k: v for k, v in n.attrs.items() if not isinstance(v, Graph)}
-        return helper.make_node(n.name, ins, outs, name=n.name, domain=n.domain, **dict(sorted(attrs.items())))
+        return helper.make_node(fname, ins, outs, name=n.name, domain=n.domain, **dict(sorted(attrs.items())))
+    if n.domain == DOMAIN and n.op in DECOMPOSE:
+        present = [i for i, v in enumerate(n.inputs) if v is not None]
+        formal = [f"in{i}" for i in present]
+        b = _Body(n)
+        results = DECOMPOSE[n.op](b, n, {i: f for i, f in zip(present, formal)})
+        fouts = [f"out{k}" for k in range(len(n.outputs))]
+        b.rename_outputs(results[:len(n.outputs)], fouts)
+        attr_names = sorted(n.attrs)
+        fname = functions.add_decomposition(n, b, formal, fouts, attr_names)
+        p = helper.make_node(fname, [name_of(n.inputs[i]) for i in present], outs, name=n.name, domain=n.domain)
+        p.attribute.extend(_attribute(n, k, v) for k, v in sorted(n.attrs.items()))
+        return p
     p = helper.make_node(n.op, ins, outs, name=n.name, domain=n.domain)
     p.attribute.extend(_attribute(n, k, v) for k, v in sorted(n.attrs.items()))
     return p
 
 
-def _function_proto(n: Node, body: Graph, opset: int, functions: list) -> onnx.FunctionProto:
+def _function_proto(n: Node, fname: str, body: Graph, opset: int, functions: _Functions) -> onnx.FunctionProto:
     """The local function of a fused function node: its body's nodes, with value types. Its
     string attributes (``kind``, ``anchor``) are declared as the function's attribute
     parameters, so the call node carries them (Netron shows them on the node)."""
@@ -141,12 +204,137 @@ def _function_proto(n: Node, body: Graph, opset: int, functions: list) -> onnx.F
     domains = sorted({m.domain for m in body.nodes if m.domain})
     imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, CUSTOM_DOMAIN_VERSION) for d in domains]
     attr_names = sorted(k for k, v in n.attrs.items() if not isinstance(v, Graph))
-    f = helper.make_function(n.domain, n.name, [v.name for v in body.inputs], [v.name for v in body.outputs],
+    f = helper.make_function(n.domain, fname, [v.name for v in body.inputs], [v.name for v in body.outputs],
                              nodes, imports, attributes=attr_names,
                              doc_string=f"{n.qualified_op}: a group of fuse_ops, one kernel")
     f.value_info.extend(helper.make_tensor_value_info(v.name, v.dtype.onnx, list(v.shape))
                         for v in list(body.inputs) + [o for m in body.nodes for o in m.outputs])
     return f
+
+
+# ----------------------------------------------------------------------------- decompositions
+class _Body:
+    """The nodes of a function body under construction; values are local names."""
+
+    def __init__(self, node: Node):
+        self.node = node
+        self.np_dtype = np.dtype(node.outputs[0].dtype.numpy)
+        self.nodes: list[onnx.NodeProto] = []
+        self._k = 0
+
+    def op(self, op: str, *inputs: str, **attrs) -> str:
+        out = f"t{self._k}"
+        self._k += 1
+        self.nodes.append(helper.make_node(op, list(inputs), [out], **attrs))
+        return out
+
+    def const(self, value, dtype=None) -> str:
+        """A scalar (or array) Constant of the output's dtype (or ``dtype``)."""
+        arr = np.asarray(value, dtype=dtype or self.np_dtype)
+        return self.op("Constant", value=numpy_helper.from_array(arr))
+
+    def rename_outputs(self, values: list[str], formal: list[str]) -> None:
+        """Make the body's results carry the function's output names (an Identity where a
+        result is an input or is returned twice)."""
+        mapping: dict[str, str] = {}
+        for v, f in zip(values, formal):
+            if v in mapping or not any(v in p.output for p in self.nodes):
+                self.nodes.append(helper.make_node("Identity", [mapping.get(v, v)], [f]))
+            else:
+                mapping[v] = f
+        for p in self.nodes:
+            for i, x in enumerate(p.input):
+                if x in mapping:
+                    p.input[i] = mapping[x]
+            for i, x in enumerate(p.output):
+                if x in mapping:
+                    p.output[i] = mapping[x]
+
+
+def _activation(b: _Body, x: str) -> str:
+    """The node's activation (``ir.ops.fused.ACTIVATIONS``) applied to ``x``."""
+    from tensorfuse.ir.ops.fused import activation_params
+    name, params = activation_params(b.node)
+    if name == "":
+        return x
+    if name in ("Relu", "Sigmoid", "HardSwish", "Tanh"):
+        return b.op(name, x)
+    if name == "Clip":
+        lo, hi = params
+        return b.op("Clip", x, b.const(lo) if lo != -math.inf else "", b.const(hi) if hi != math.inf else "")
+    if name == "LeakyRelu":
+        return b.op("LeakyRelu", x, alpha=float(params[0]))
+    if name == "HardSigmoid":
+        return b.op("HardSigmoid", x, alpha=float(params[0]), beta=float(params[1]))
+    if name == "SiLU":
+        return b.op("Mul", x, b.op("Sigmoid", x))
+    if name == "Gelu":        # x * 0.5 * (1 + erf(x / sqrt(2)))
+        e = b.op("Erf", b.op("Div", x, b.const(math.sqrt(2.0))))
+        return b.op("Mul", b.op("Mul", x, b.const(0.5)), b.op("Add", e, b.const(1.0)))
+    if name == "GeluTanh":    # x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))
+        x3 = b.op("Mul", b.op("Mul", x, x), x)
+        inner = b.op("Mul", b.op("Add", x, b.op("Mul", x3, b.const(0.044715))), b.const(math.sqrt(2.0 / math.pi)))
+        return b.op("Mul", b.op("Mul", x, b.const(0.5)), b.op("Add", b.op("Tanh", inner), b.const(1.0)))
+    raise ValueError(f"export: no decomposition of activation {name!r}")
+
+
+
+def _anchor_attrs(n: Node) -> list[onnx.AttributeProto]:
+    from tensorfuse.ir.ops.fused import ACTIVATION_ATTRS
+    return [_attribute(n, k, v) for k, v in sorted(n.attrs.items()) if k not in ACTIVATION_ATTRS]
+
+
+def _anchored(b: _Body, n: Node, f: dict, anchor: str, n_anchor: int, addend: int | None) -> list[str]:
+    ins = [f.get(i, "") for i in range(n_anchor)]
+    while ins and ins[-1] == "":
+        ins.pop()
+    y = b.op(anchor, *ins)
+    b.nodes[-1].attribute.extend(_anchor_attrs(n))
+    if addend is not None and addend in f:
+        y = b.op("Add", y, f[addend])
+    return [_activation(b, y)]
+
+
+def _attention(b: _Body, n: Node, f: dict) -> list[str]:
+    r = n.inputs[1].type.rank
+    kt = b.op("Transpose", f[1], perm=list(range(r - 2)) + [r - 1, r - 2])
+    s = b.op("Mul", b.op("MatMul", f[0], kt), b.const(float(n.attrs["scale"])))
+    if 3 in f:
+        s = b.op("Add", s, f[3])
+    return [b.op("MatMul", b.op("Softmax", s, axis=-1), f[2])]
+
+
+def _layer_norm(b: _Body, n: Node, s: str, scale: str, bias: str | None) -> str:
+    return b.op("LayerNormalization", s, scale, *([bias] if bias else []), axis=int(n.attr("axis", -1)),
+                epsilon=float(n.attr("epsilon", 1e-5)), stash_type=1)
+
+
+def _skip_layernorm(b: _Body, n: Node, f: dict) -> list[str]:
+    s = b.op("Add", f[0], f[1])
+    if 4 in f:
+        s = b.op("Add", s, f[4])
+    return [_layer_norm(b, n, s, f[2], f.get(3)), s]
+
+
+def _embed_layernorm(b: _Body, n: Node, f: dict) -> list[str]:
+    k = int(n.attrs["num_gathers"])
+    terms = [b.op("Gather", f[2 * i], f[2 * i + 1], axis=0) for i in range(k)]
+    terms += [f[i] for i in sorted(f) if i >= 2 * k + 2]
+    s = terms[0]
+    for t in terms[1:]:
+        s = b.op("Add", s, t)
+    return [_layer_norm(b, n, s, f[2 * k], f.get(2 * k + 1)), s]
+
+
+#: fused op -> its decomposition: (body, node, {input index: formal name}) -> result names
+DECOMPOSE = {
+    "FusedConv": lambda b, n, f: _anchored(b, n, f, "Conv", 3, 3),
+    "FusedMatMul": lambda b, n, f: _anchored(b, n, f, "MatMul", 2, 2),
+    "FusedGemm": lambda b, n, f: _anchored(b, n, f, "Gemm", 3, None),
+    "Attention": _attention,
+    "SkipLayerNormalization": _skip_layernorm,
+    "EmbedLayerNormalization": _embed_layernorm,
+}
 
 
 def export_onnx(graph: Graph, path: str | os.PathLike, opset: int | None = None) -> onnx.ModelProto:

@@ -1,4 +1,4 @@
-"""The pattern language of rewrite rules: DAG patterns over the graph IR (DESIGN.md, "Rewrites as
+"""The pattern language of rewrite rules: DAG patterns over the graph IR (docs/architecture.md, "Rewrites as
 DAG patterns").
 
 A pattern describes the values that flow into a node, recursively. Vocabulary:

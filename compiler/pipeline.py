@@ -1,4 +1,4 @@
-"""The optimisation pipeline: named pass lists per optimisation level (DESIGN.md).
+"""The optimisation pipeline: named pass lists per optimisation level (docs/architecture.md).
 
 - O0: nothing (import only; every op its own kernel).
 - O1: constant folding (shape subgraphs included), dead-node elimination, CSE, identity
@@ -147,11 +147,13 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
                  verify: bool | None = None) -> list[tuple[str, Callable[[Graph], bool]]]:
     """The named pass list of an optimisation level. A ``("cleanup", [...])`` entry is a group
     run to a fixed point. ``disabled_rules`` names rules, or passes of ``SWITCHABLE_PASSES``
-    ("fuse_ops"), to leave out. ``verify``: the rewrite passes check the node order after each
-    rule application (None: in debug mode). Raises ValueError for an unknown level or rule name."""
+    ("fuse_ops"), to leave out: one name (a string) or a list of names. ``verify``: the rewrite
+    passes check the node order after each rule application (None: in debug mode). Raises
+    ValueError for an unknown level or rule name."""
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
-    disabled = set(disabled_rules)
+    from tensorfuse.compiler.options import rule_names
+    disabled = set(rule_names(disabled_rules))      # one name, or several
     unknown = disabled - set(all_rules()) - set(SWITCHABLE_PASSES)
     if unknown:
         raise ValueError(f"disabled_rules names unknown rules {sorted(unknown)}; known: {sorted(all_rules())}")
@@ -173,7 +175,7 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
         fuse = sets["fuse"] + (sets["o3"] if opt_level >= 3 else [])
         passes += [("fuse", RewritePass("fuse", _select(fuse, opt_level, disabled), log, verify=verify)),
                    ("dce", eliminate_dead_nodes)]
-        # DESIGN.md "Grouping": what the catalogue left becomes fused functions, one kernel each
+        # docs/architecture.md "Grouping": what the catalogue left becomes fused functions, one kernel each
         if "fuse_ops" not in disabled:
             from tensorfuse.compiler.passes.fuse_ops import FuseOps
             passes += [("fuse_ops", FuseOps())]

@@ -1,4 +1,4 @@
-"""Rewrite rules and the one driver that applies them (DESIGN.md, "Rewrites as DAG patterns").
+"""Rewrite rules and the one driver that applies them (docs/architecture.md, "Rewrites as DAG patterns").
 
 A rule is a small top-level class: a pattern (see :mod:`compiler.pattern`), an optional
 condition, a replacement, a name (the class name) and a one-line docstring::
@@ -201,6 +201,7 @@ def _apply(graph: Graph, rule: Rule, m: Match, node: Node) -> "Application | Fai
             raise RewriteError(f"rule {rule.name} at node {node.name}: the replacement depends on a "
                                f"reader of the value it replaces ({e})") from None
     _drop_unused_captured_constants(graph, m)
+    _adopt_names(graph, m, created, mapping, build)
     return Application(rule.name, [n.name for n in m.nodes], [n.name for n in created],
                        {old.name: new.name for old, new in mapping.items() if old is not new})
 
@@ -222,6 +223,35 @@ def _insertion_point(graph: Graph, created: list[Node], pos: dict, m: Match, map
     need = max((pos.get(id(v.producer), -1) for n in created for v in n.inputs
                 if v is not None and v.producer is not None and id(v.producer) not in made), default=-1)
     return first_reader if need < first_reader else at
+
+
+def _adopt_names(graph: Graph, m: Match, created: list[Node], mapping: dict, build: Builder) -> None:
+    """Keep the model's names visible: when a rewrite made one node (Constants aside) and the
+    match's first node (in graph order: the anchor of an epilogue fusion, the Conv of a
+    BatchNormalization fold) is gone, the new node takes that node's name; each new value
+    that replaced a value no longer in the graph takes that value's name. Names the rule
+    gave itself (``build.op(..., name=...)``, ``out_names``) are kept."""
+    made = [n for n in created if n.op != "Constant"]
+    if len(made) != 1 or not m.nodes:
+        return
+    new = made[0]
+    alive = {id(n) for n in graph.nodes}
+    anchor = m.nodes[0]
+    if id(anchor) not in alive and anchor.name and id(new) in build.auto_names:
+        new.name = anchor.name
+    if id(new) not in build.auto_value_names:
+        return
+    live_names = None
+    for old, val in mapping.items():
+        if val.producer is not new or old is val or old.producer is None or id(old.producer) in alive:
+            continue
+        if live_names is None:
+            live_names = {v.name for v in graph.inputs} | set(graph.constants) | \
+                {o.name for n in graph.nodes for o in n.outputs}
+        if old.name not in live_names:
+            live_names.discard(val.name)
+            val.name = old.name
+            live_names.add(val.name)
 
 
 def _mapping(rule: Rule, m: Match, res) -> dict:

@@ -48,6 +48,10 @@ class Builder:
         self.graph = graph
         self.name_prefix = name_prefix
         self.created: list[Node] = []
+        #: ids of created nodes whose node name (``auto_names``) or output names
+        #: (``auto_value_names``) the builder made up rather than the caller gave
+        self.auto_names: set[int] = set()
+        self.auto_value_names: set[int] = set()
 
     def const(self, array: Any, name: str = "c", dtype=None) -> Value:
         return self.graph.add_const(np.asarray(array, dtype=dtype), name)
@@ -74,6 +78,10 @@ class Builder:
         propagate_known(node)
         g.nodes.append(node)
         self.created.append(node)
+        if name is None:
+            self.auto_names.add(id(node))
+        if out_names is None:
+            self.auto_value_names.add(id(node))
         return node.outputs[0] if n_out == 1 and out_names is None else node.outputs
 
     def __getattr__(self, op: str):

@@ -1,4 +1,4 @@
-"""Kernel IR: loop nests over buffers with schedule annotations (DESIGN.md, IR level 3).
+"""Kernel IR: loop nests over buffers with schedule annotations (docs/architecture.md, IR level 3).
 
 A :class:`Kernel` has buffer parameters and a body of statements: :class:`For` (with a kind:
 ``serial``, ``parallel``, ``vectorize`` or ``unroll``), :class:`Store`, :class:`If`, and

@@ -1,4 +1,4 @@
-"""Printing kernel IR as a small Python-like script (DESIGN.md, IR level 3)."""
+"""Printing kernel IR as a small Python-like script (docs/architecture.md, IR level 3)."""
 from __future__ import annotations
 
 from .kernel import FMA, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var

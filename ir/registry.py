@@ -1,4 +1,4 @@
-"""The op registry: one home for every fact about an op (DESIGN.md).
+"""The op registry: one home for every fact about an op (docs/architecture.md).
 
 Each :class:`OpDef` declares, once: the op name (ONNX's, verbatim) and domain, the attribute
 schema with defaults (taken from ``onnx.defs`` for the default domain, so they are the ONNX

@@ -1,4 +1,4 @@
-"""Schedules of kernel IR: the default CPU schedule and the parallel-loop verifier (DESIGN.md
+"""Schedules of kernel IR: the default CPU schedule and the parallel-loop verifier (docs/architecture.md
 "Kernel IR, schedules and backends").
 
 Hand schedules (conv, matmul ...) are written by their lowerings; :func:`default_schedule` covers

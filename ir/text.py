@@ -1,4 +1,4 @@
-"""The graph IR's text form (DESIGN.md, "IR levels, all printable"): print and parse back.
+"""The graph IR's text form (docs/architecture.md, "IR levels, all printable"): print and parse back.
 
 One statement a line; nodes in graph order; ``print_graph(parse_graph(t)) == t`` for printed
 text, and ``parse_graph(print_graph(g))`` is structurally equal to ``g``::

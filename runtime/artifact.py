@@ -212,6 +212,10 @@ def read_artifact(path) -> tuple[dict, bytes, np.ndarray]:
                 raise ArtifactError(f"{path} is not a tensorfuse module file: {CONSTS} is compressed")
             blob = _read_stored(path, info)
     except zipfile.BadZipFile as e:
+        if _is_onnx_model(path):
+            raise ArtifactError(f"{path} is an ONNX model, not a saved tensorfuse module: compile it with "
+                                f"tensorfuse.compile({os.path.basename(path)!r}) (Module.save writes a module "
+                                f"file that tensorfuse.load reads)") from None
         raise ArtifactError(f"{path} is truncated or corrupt (not a complete zip archive: {e})") from None
     except (EOFError, zipfile.LargeZipFile, OSError) as e:
         raise ArtifactError(f"{path} is truncated or corrupt ({type(e).__name__}: {e})") from None
@@ -221,6 +225,18 @@ def read_artifact(path) -> tuple[dict, bytes, np.ndarray]:
     if crc != info.CRC or (meta.get("crc32") or {}).get(CONSTS) != crc:
         raise ArtifactError(f"{path} is corrupt: the checksum of {CONSTS} does not match")
     return meta, code, blob
+
+
+def _is_onnx_model(path: str) -> bool:
+    """Does the file (not a zip) parse as an ONNX ModelProto with a graph? Only asked when
+    loading failed, to say what the file is."""
+    try:
+        import onnx
+        with open(path, "rb") as f:
+            m = onnx.ModelProto.FromString(f.read())
+        return m.HasField("graph") and (len(m.graph.node) > 0 or len(m.graph.output) > 0)
+    except Exception:
+        return False
 
 
 def _read_stored(path: str, info: zipfile.ZipInfo) -> np.ndarray:

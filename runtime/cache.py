@@ -1,9 +1,13 @@
 """The compile cache: compiled modules on disk, keyed by everything that changes the code.
 
 Place: ``$TENSORFUSE_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/tensorfuse``, else
-``~/.cache/tensorfuse``. An entry is a saved module (:mod:`runtime.artifact`, written atomically)
-named by the SHA-256 of its key, plus a small JSON file holding the key's parts, so that a miss
-can be explained (:func:`cache_info`). The key's parts:
+``~/.cache/tensorfuse``. An entry, named by the SHA-256 of its key, is three files: the saved
+module (``.tfm``, :mod:`runtime.artifact`, written atomically), its compile report
+(``.report.zip``: the optimised graph's text and the constants it needs that the module does
+not hold, the rule log, the pass records, the LLVM IR and each kernel call's ONNX nodes; written
+before the module, so a found entry has it), and a small JSON file holding the key's parts, so
+that a miss can be explained (``tensorfuse.cache_info``). The key is built in one place,
+``compiler.options.cache_key``; its parts:
 
 - ``model``: SHA-256 of the serialized model (a path: the file's bytes; bytes as given; a
   ModelProto: its serialization). External data files of a model path are hashed when the
@@ -11,16 +15,18 @@ can be explained (:func:`cache_info`). The key's parts:
 - ``target``: the canonical target string, and for "llvm" the triple, CPU name and feature
   string the code is generated for (``compiler.target.Target``: this CPU's, or ``-mcpu``'s with
   the ``-mattr`` changes) and the L1d/L2 cache sizes;
-- ``options``: every compile option but ``cache`` (``opt_level``, ``input_shapes`` ...),
-  canonicalised (dicts sorted, tuples as lists);
+- ``options``: every compile option but ``cache`` and ``num_threads`` (``opt_level``,
+  ``input_shapes`` ...), canonicalised (dicts sorted, tuples as lists);
 - ``pipeline``: a digest of the passes and rules the compile runs, by name and source code
   (``compiler.pipeline.pipeline_digest``), so a rule added to ``FUSE_RULES`` at run time (as the
   tutorial does), edited in a notebook, or a pass replaced, never gets the old pipeline's code;
 - ``version``: the tensorfuse version and a digest of tensorfuse's own source files, so a changed
   compiler never serves code an older one generated.
 
-An unwritable or unusable cache place means no cache and one warning (:class:`CacheWarning`),
-never an error. A corrupt entry (bad checksum, truncated) is detected on load, dropped with a
+The compiler (``compiler.driver``) looks entries up and stores them; this module only keeps
+files under a key it is given and imports nothing of the compiler. An unwritable or unusable
+cache place means no cache and one warning (:class:`CacheWarning`), never an error. A corrupt
+entry (bad checksum, truncated, unreadable report) is detected on lookup, dropped with a
 warning, and rebuilt. Compiles with ``dump_ir`` set bypass the cache (they must write the dumps).
 """
 from __future__ import annotations
@@ -32,12 +38,14 @@ import os
 import pathlib
 import tempfile
 import warnings
+import zipfile
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 ENTRY_SUFFIX = ".tfm"
 KEY_SUFFIX = ".key.json"
-_BYPASS_OPTIONS = ("dump_ir",)        # options with side effects a cached module cannot replay
+REPORT_SUFFIX = ".report.zip"
+REPORT_JSON = "report.json"
 _warned: set[str] = set()
 
 
@@ -110,49 +118,25 @@ def model_digest(model: Any) -> str:
     return hashlib.sha256(model.SerializeToString()).hexdigest()
 
 
-def _canon(v: Any) -> Any:
+def canon(v: Any) -> Any:
+    """``v`` as JSON values: dicts sorted by key, tuples and sets as lists, arrays as lists."""
     if isinstance(v, dict):
-        return {str(k): _canon(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+        return {str(k): canon(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
     if isinstance(v, (list, tuple)):
-        return [_canon(x) for x in v]
+        return [canon(x) for x in v]
     if isinstance(v, (set, frozenset)):
-        return sorted((_canon(x) for x in v), key=repr)
+        return sorted((canon(x) for x in v), key=repr)
     if hasattr(v, "tolist"):                       # numpy arrays and scalars
-        return _canon(v.tolist())
+        return canon(v.tolist())
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     return repr(v)
 
 
-def _target_part(target: str) -> dict:
-    """The target string (canonical) and, for "llvm", what the code is generated for: triple,
-    CPU name, LLVM feature string (this CPU's, or the ``-mcpu``'s with the ``-mattr`` changes)
-    and the cache sizes kernels are blocked for."""
-    from tensorfuse.compiler.target import Target
-    tgt = Target.parse(target)
-    part = {"target": str(tgt)}
-    if tgt.kind == "llvm":
-        part.update(triple=tgt.triple, cpu=tgt.cpu, features=tgt.features, l1d_bytes=tgt.l1d_bytes,
-                    l2_bytes=tgt.l2_bytes)
-    return part
-
-
-def _version_part() -> dict:
+def version_part() -> dict:
+    """The key's version part: the tensorfuse version and :func:`source_digest`."""
     from tensorfuse import __version__
     return {"tensorfuse": __version__, "source": source_digest()}
-
-
-def _pipeline_part(options: dict) -> str:
-    """Digest of the passes and rules this compile would run (``compiler.pipeline.pipeline_digest``)."""
-    from tensorfuse.compiler.pipeline import pipeline_digest
-    return pipeline_digest(options.get("opt_level", 2), options.get("disabled_rules") or ())
-
-
-def make_key(model: Any, target: str, options: dict) -> dict:
-    """The key's parts: {"model", "target", "options", "pipeline", "version"} (all JSON values)."""
-    return {"model": model_digest(model), "target": _target_part(target),
-            "options": _canon({k: v for k, v in options.items() if k != "cache"}),
-            "pipeline": _pipeline_part(options), "version": _version_part()}
 
 
 def key_digest(parts: dict) -> str:
@@ -181,7 +165,7 @@ def _write_json(path: pathlib.Path, obj: dict) -> None:
 
 
 def _drop(d: pathlib.Path, digest: str) -> None:
-    for suffix in (ENTRY_SUFFIX, KEY_SUFFIX):
+    for suffix in (ENTRY_SUFFIX, KEY_SUFFIX, REPORT_SUFFIX):
         try:
             (d / (digest + suffix)).unlink()
         except OSError:
@@ -197,9 +181,83 @@ def _external_ok(d: pathlib.Path, digest: str) -> bool:
         return False
 
 
-def lookup(parts: dict, d: pathlib.Path | None = None, external: bool = False):
-    """The cached module for this key, or None (missing, stale external data, or corrupt:
-    then dropped with a warning)."""
+class StoredReport:
+    """The compile report kept with a cache entry: ``data`` (the JSON the compiler stored) and
+    the arrays stored with it, read on demand by :meth:`array` (numpy ``.npy`` members of the
+    report file; no pickles). The compiler turns it back into its report
+    (``compiler.report.CompileReport.from_stored``)."""
+
+    def __init__(self, path: pathlib.Path, data: dict, members: set[str]):
+        self.path, self.data, self._members = path, data, members
+
+    def has_array(self, name: str) -> bool:
+        return name + ".npy" in self._members
+
+    def array(self, name: str):
+        """The stored array ``name``. Raises KeyError when the report has none of that name and
+        CacheCorrupt when the file cannot be read back."""
+        import io
+
+        import numpy as np
+        if not self.has_array(name):
+            raise KeyError(name)
+        try:
+            with zipfile.ZipFile(self.path) as z:
+                return np.load(io.BytesIO(z.read(name + ".npy")), allow_pickle=False)
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise CacheCorrupt(f"the compile cache entry {self.path} is corrupt ({e}); clear it "
+                               f"(delete the file) and compile again") from None
+
+
+class CacheCorrupt(Exception):
+    """A cache entry's report became unreadable after it was found (deleted or damaged)."""
+
+
+def _read_report(path: pathlib.Path) -> StoredReport:
+    with zipfile.ZipFile(path) as z:
+        members = set(z.namelist())
+        data = json.loads(z.read(REPORT_JSON))
+    if not isinstance(data, dict):
+        raise ValueError("the report is not a JSON object")
+    return StoredReport(path, data, members)
+
+
+def _write_report(path: pathlib.Path, data: dict, arrays: dict) -> None:
+    """Write the report file atomically: ``report.json`` and one ``NAME.npy`` per array."""
+    import io
+
+    import numpy as np
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+                z.writestr(REPORT_JSON, json.dumps(data))
+                for name, a in arrays.items():
+                    buf = io.BytesIO()
+                    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+                    z.writestr(name + ".npy", buf.getvalue())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+@dataclass
+class CacheEntry:
+    """What a cache hit gives back: the saved module (loaded, runnable) and the compile report
+    stored with it (None for an entry stored without one)."""
+
+    module: Any
+    report: StoredReport | None
+
+
+def lookup(parts: dict, d: pathlib.Path | None = None, external: bool = False,
+           need_report: bool = True) -> CacheEntry | None:
+    """The cache entry for this key, or None: missing, stale external data, no report when
+    ``need_report``, or corrupt (then dropped with a warning). Imports nothing of the compiler."""
     from .artifact import ArtifactError, load
     d = d or cache_dir()
     digest = key_digest(parts)
@@ -208,18 +266,27 @@ def lookup(parts: dict, d: pathlib.Path | None = None, external: bool = False):
         return None
     if external and not _external_ok(d, digest):
         return None
+    rpath = d / (digest + REPORT_SUFFIX)
+    report = None
     try:
-        return load(path)
-    except ArtifactError as e:
+        if rpath.is_file():
+            report = _read_report(rpath)
+        elif need_report:
+            return None
+        return CacheEntry(load(path), report)
+    except (ArtifactError, OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         warnings.warn(f"tensorfuse compile cache: dropped a corrupt entry and rebuilding it ({e})", CacheWarning,
                       stacklevel=3)
         _drop(d, digest)
         return None
 
 
-def store(parts: dict, module, d: pathlib.Path | None = None, external: dict | None = None) -> bool:
-    """Write ``module`` under this key (``external``: {external data file: sha256}, checked on
-    lookup); False (and one warning per place) when the place is unwritable."""
+def store(parts: dict, module, d: pathlib.Path | None = None, external: dict | None = None,
+          report: dict | None = None, arrays: dict | None = None) -> bool:
+    """Write ``module`` under this key, with its compile report (``report``: JSON values,
+    ``arrays``: {name: numpy array} kept next to it) and ``external`` ({external data file:
+    sha256}, checked on lookup). The report is written before the module, so an entry that is
+    found has its report. False (and one warning per place) when the place is unwritable."""
     from .artifact import ArtifactError
     if not getattr(module, "_object_code", None):       # nothing a file could hold
         return False
@@ -227,6 +294,8 @@ def store(parts: dict, module, d: pathlib.Path | None = None, external: dict | N
     digest = key_digest(parts)
     try:
         d.mkdir(parents=True, exist_ok=True)
+        if report is not None:
+            _write_report(d / (digest + REPORT_SUFFIX), report, arrays or {})
         module.save(d / (digest + ENTRY_SUFFIX))
         _write_json(d / (digest + KEY_SUFFIX), dict(parts, external=external or {}))
         return True
@@ -236,31 +305,9 @@ def store(parts: dict, module, d: pathlib.Path | None = None, external: dict | N
         return False
 
 
-def cached_compile(model: Any, target: str, options: dict, build: Callable[[], Any]):
-    """``build()`` through the cache: a hit loads the saved module (its graph, kernel IR and
-    LLVM IR are rebuilt by ``build`` on first access); a miss builds and stores it. For a model
-    path with external data files, their digests are recorded with the entry and checked on
-    lookup (the common model without external data costs nothing extra)."""
-    if any(options.get(k) for k in _BYPASS_OPTIONS):
-        return build()
-    d = cache_dir()
-    if str(d) in _warned:                      # found unwritable earlier in this process
-        return build()
-    try:
-        parts = make_key(model, target, options)
-    except Exception:       # unreadable path, not a model ...: the compiler says what is wrong
-        return build()
-    is_path = isinstance(model, (str, os.PathLike))
-    mod = lookup(parts, d, external=is_path)
-    if mod is not None:
-        mod._rebuild = build
-        mod.cache_hit = True
-        return mod
-    mod = build()
-    ext = {p: file_digest(p) for p in external_files(os.fspath(model))} if is_path else {}
-    store(parts, mod, d, ext)
-    mod.cache_hit = False
-    return mod
+def usable(d: pathlib.Path | None = None) -> bool:
+    """False once the place was found unwritable in this process (a warning said so)."""
+    return str(d or cache_dir()) not in _warned
 
 
 # ----------------------------------------------------------------------------- explaining
@@ -310,23 +357,3 @@ def explain(parts: dict, d: pathlib.Path | None = None) -> CacheInfo:
         if best_diff is None or len(diffs) < len(best_diff):
             best, best_diff = old, diffs
     return CacheInfo(False, str(path), parts, best, best_diff or [])
-
-
-def cache_info(model: Any, *args, **kwargs) -> CacheInfo:
-    """Would ``compiler.compile(model, *args, **kwargs)`` hit the compile cache? Returns a
-    :class:`CacheInfo`; on a miss, ``differences`` names each key part (model content, target,
-    host CPU, an option, the tensorfuse version or sources) that differs from the closest entry."""
-    import inspect
-
-    from tensorfuse.compiler.driver import compile as _compile
-    bound = inspect.signature(_compile).bind(model, *args, **kwargs)
-    bound.apply_defaults()
-    opts = dict(bound.arguments)
-    opts.pop("model", None)
-    opts.pop("num_threads", None)          # a run-time setting, not part of the key
-    target = opts.pop("target", "llvm")
-    extra = opts.pop("kwargs", None)
-    if isinstance(extra, dict):
-        opts.update(extra)
-    from tensorfuse.compiler.target import Target
-    return explain(make_key(model, str(Target.parse(target)), opts))

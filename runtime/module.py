@@ -5,7 +5,7 @@
 a missing input, an unknown name, a wrong dtype or a wrong shape raises ``ValueError`` naming
 the input with expected and got. Outputs are fresh arrays in graph output order.
 
-Memory (DESIGN.md "Runtime"): constants are held once, as the arrays the compiler produced, and
+Memory (docs/architecture.md "Runtime"): constants are held once, as the arrays the compiler produced, and
 their addresses go straight into the slot table. Intermediates live at the offsets of the
 static :class:`~runtime.memory_plan.MemoryPlan` inside one arena. A run takes an arena (with its
 ready-filled slot table) from a pool, writes the input and output addresses into the table,
@@ -19,8 +19,6 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
-
 import numpy as np
 
 from .memory_plan import MemoryPlan, plan_memory
@@ -132,27 +130,39 @@ class _Arena:
 class Module:
     """A compiled model for one target.
 
-    Attributes: ``input_info`` / ``output_info`` (lists of TensorInfo), ``graph`` (the optimised
-    graph IR), ``kernels`` (kernel IR), ``llvm_ir`` (LLVM IR text), ``num_kernels`` (native kernel
-    calls per run), ``memory_plan`` (:class:`~runtime.memory_plan.MemoryPlan`). A module loaded
-    from a file (``runtime.load``) has no graph, kernel IR or LLVM IR unless it came from the
-    compile cache, which rebuilds them on first access.
+    Attributes: ``input_info`` / ``output_info`` (lists of TensorInfo), ``num_kernels`` (native
+    kernel calls per run), ``calls`` (those calls), ``memory_plan``
+    (:class:`~runtime.memory_plan.MemoryPlan`), ``num_threads``, ``target`` and ``cache_hit``
+    (True / False when ``compile`` looked the module up in the compile cache, None when it did
+    not or the module was loaded from a file).
+
+    ``report`` is the compile report (``compiler.report.CompileReport``) of a module that
+    ``tensorfuse.compile`` made, fresh or from the compile cache, and None for one loaded from a
+    file (``tensorfuse.load``: machine code, memory plan and kernel-call sources only). These
+    read it: ``graph`` (the optimised graph IR), ``kernels`` (kernel IR), ``llvm_ir`` (LLVM IR
+    text), ``rewrite_log`` (the rule applications) and ``pass_records`` (the pass runs). Without
+    a report ``graph``, ``llvm_ir``, ``rewrite_log`` and ``pass_records`` are None and
+    ``kernels`` raises AttributeError. On a cache hit, the first ``graph`` access parses the
+    stored graph and the first ``kernels`` access lowers it again (see ``compiler.report``);
+    nothing is recompiled.
     """
 
-    def __init__(self, lowered, library, entry: str, input_names, output_names, graph=None,
-                 llvm_ir: str | None = None, target: str = "llvm", *, plan: MemoryPlan | None = None,
-                 object_code: bytes | None = None, host: dict | None = None):
-        self._lowered = None if isinstance(lowered, Program) else lowered
+    def __init__(self, lowered, library, entry: str, input_names, output_names, target: str = "llvm", *,
+                 plan: MemoryPlan | None = None, object_code: bytes | None = None, host: dict | None = None,
+                 report=None):
+        """``lowered``: a :class:`Program` (or a lowered graph, made into one); ``library``: the
+        linked code (``codegen.llvm.jit``) with the ``entry`` symbol; ``report``: the compile
+        report, which the compiler passes (None for a module loaded from a file)."""
         self._program = lowered if isinstance(lowered, Program) else Program.from_lowered(lowered)
         prog = self._program
         self._lib = library
         self._entry_name = entry
         self._entry = _ENTRY_T(library.address(entry))
-        self._graph = graph
-        self._llvm_ir = llvm_ir
         self._object_code = object_code
         self._host = host
-        self._rebuild: Callable[[], "Module"] | None = None
+        #: the compile report (``compiler.report.CompileReport``), or None (loaded from a file)
+        self.report = report
+        self.cache_hit: bool | None = None
         self.target = target
         self.input_names = list(input_names)
         self.output_names = list(output_names)
@@ -197,47 +207,34 @@ class Module:
                 self._num_threads = n
                 self._pool = []                 # arenas own teams of the old size
 
-    # -- introspection ------------------------------------------------------------------
-    def _rebuilt(self) -> "Module | None":
-        if self._rebuild is None:
-            return None
-        src = self._rebuild()
-        self._rebuild = None
-        self._graph, self._llvm_ir, self._lowered = src._graph, src._llvm_ir, src._lowered
-        for k, v in vars(src).items():          # what the compiler attached (rewrite_log ...)
-            if not k.startswith("_") and k not in self.__dict__:
-                setattr(self, k, v)
-        return src
-
-    def __getattr__(self, name: str):
-        # only reached for attributes a cached module lacks until the compiler rebuilds them
-        if not name.startswith("_") and self.__dict__.get("_rebuild") is not None:
-            self._rebuilt()
-            if name in self.__dict__:
-                return self.__dict__[name]
-        if name in ("kernels",):
-            raise AttributeError("this module was loaded from a file: it holds machine code, not kernel IR")
-        raise AttributeError(f"{type(self).__name__!s} object has no attribute {name!r}")
-
+    # -- introspection (the compile report) ---------------------------------------------
     @property
     def graph(self):
-        if self._graph is None:
-            self._rebuilt()
-        return self._graph
+        """The optimised graph IR (``ir.Graph``), or None for a module loaded from a file."""
+        return self.report.graph if self.report is not None else None
 
     @property
     def llvm_ir(self) -> str | None:
-        if self._llvm_ir is None:
-            self._rebuilt()
-        return self._llvm_ir
+        """The LLVM IR text the code was generated from, or None for a module loaded from a file."""
+        return self.report.llvm_ir if self.report is not None else None
+
+    @property
+    def rewrite_log(self) -> list | None:
+        """The rule applications (``compiler.rewrite.Application``) in order, or None."""
+        return self.report.rewrite_log if self.report is not None else None
+
+    @property
+    def pass_records(self) -> list | None:
+        """The pass runs (``compiler.pipeline.PassRecord``) in order, or None."""
+        return self.report.passes if self.report is not None else None
 
     @property
     def kernels(self):
-        if self._lowered is None:
-            self._rebuilt()
-        if self._lowered is None:
-            raise AttributeError("kernels")       # __getattr__ explains
-        return self._lowered.kernels
+        """The kernel IR, one per distinct kernel. Raises AttributeError for a module loaded
+        from a file (it holds machine code, not kernel IR)."""
+        if self.report is None:
+            raise AttributeError("this module was loaded from a file: it holds machine code, not kernel IR")
+        return self.report.kernels
 
     @property
     def calls(self) -> list[CallInfo]:
@@ -397,13 +394,13 @@ class Module:
             fn = self._kernel_fns[name] = _ENTRY_T(self._lib.address(name))
         return fn
 
-    def profile(self, *arrays, repeat: int = 10, warmup: int = 1, show: bool = True, **named):
+    def profile(self, *arrays, repeat: int = 10, warmup: int = 1, show: bool = False, **named):
         """Time every kernel call on its own (each kernel's exported ``void name(ptr args)`` is
         called with its argument array, in run order), ``repeat`` times after ``warmup`` runs.
-        Returns a :class:`~runtime.profile.Profile`: rows (kernel, the ONNX nodes it covers,
-        median ms, share, GFLOP/s where the FLOP count is known, bytes moved) sorted slowest
-        first; prints it when ``show``. Inputs as for :meth:`run`; raises ValueError for bad
-        inputs or repeat < 1."""
+        Returns a :class:`~runtime.profile.Profile` whose ``str`` / ``repr`` is the table: rows
+        (call number, kernel, the ONNX nodes it covers, median ms, share, GFLOP/s where the FLOP
+        count is known, bytes moved) sorted slowest first. Prints nothing unless ``show``.
+        Inputs as for :meth:`run`; raises ValueError for bad inputs or repeat < 1."""
         from .profile import profile_module
         return profile_module(self, arrays, named, repeat=repeat, warmup=warmup, show=show)
 
@@ -415,11 +412,12 @@ class Module:
 
     def source_nodes(self, call: CallInfo) -> list[str]:
         """The ONNX node names a kernel call covers: its IR nodes traced back through the
-        rewrites that made them (``rewrite_log``), or as recorded in a saved module."""
+        rewrites that made them (the compiler records them on each call; ``rewrite_log``
+        otherwise), or as recorded in a saved module."""
         if call.sources is not None:
             return list(call.sources)
         from .profile import trace_sources
-        return trace_sources(call.nodes, self.__dict__.get("rewrite_log"))
+        return trace_sources(call.nodes, self.rewrite_log)
 
     # -- saving -------------------------------------------------------------------------
     def save(self, path) -> None:

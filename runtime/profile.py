@@ -18,9 +18,11 @@ import numpy as np
 
 @dataclass
 class ProfileRow:
-    """One kernel call: median time over the repeats, share of the summed medians, GFLOP/s
+    """One kernel call: median time over the repeats (ms), share of the summed medians, GFLOP/s
     (when the op declares a FLOP count), the bytes of its distinct buffers (read and written),
-    the ONNX nodes it covers (``nodes``), the IR nodes and their ops."""
+    the ONNX nodes it covers (``nodes``), the IR nodes and their ops, its place in run order
+    (``call``, from 0) and how many calls of one run use its kernel (``shared_by``: repeated
+    layers share one kernel function)."""
 
     kernel: str
     nodes: list[str]
@@ -30,28 +32,72 @@ class ProfileRow:
     bytes_moved: int
     ir_nodes: list[str]
     ops: list[str]
+    call: int = 0
+    shared_by: int = 1
 
 
-class Profile(list):
-    """Per-kernel rows (:class:`ProfileRow`) sorted by time, slowest first; prints as a table."""
+#: the width the "ONNX nodes" column wraps at (names are never cut: long lists go on more lines)
+NODES_WIDTH = 56
+
+
+def _wrap_names(names: list[str], width: int = NODES_WIDTH) -> list[str]:
+    lines, cur = [], ""
+    for i, n in enumerate(names):
+        piece = n + ("," if i < len(names) - 1 else "")
+        if cur and len(cur) + 1 + len(piece) > width:
+            lines.append(cur)
+            cur = piece
+        else:
+            cur = f"{cur} {piece}" if cur else piece
+    return lines + [cur] if cur or not lines else lines
+
+
+@dataclass
+class Profile:
+    """Per-kernel-call rows (:class:`ProfileRow`) sorted by time, slowest first. Its ``str``
+    and ``repr`` are the table (call number in run order, kernel, the ONNX nodes in full, median
+    ms, share, GFLOP/s, MB moved; a kernel used by several calls is marked ``xN``); it iterates,
+    indexes and has a length like the list of rows. ``total_ms`` is the sum of the medians."""
+
+    rows: list[ProfileRow]
+    repeat: int = 0
+    warmup: int = 0
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return self.rows[i]
 
     @property
     def total_ms(self) -> float:
-        return sum(r.median_ms for r in self)
+        return sum(r.median_ms for r in self.rows)
 
     def __str__(self) -> str:
-        rows = [("kernel", "ONNX nodes", "median ms", "share", "GFLOP/s", "MB moved")]
-        for r in self:
-            nodes = ", ".join(r.nodes) or "(" + ", ".join(r.ops) + ")"
-            rows.append((r.kernel, nodes if len(nodes) <= 48 else nodes[:45] + "...", f"{r.median_ms:.4f}",
-                         f"{100 * r.share:.1f}%", "" if r.gflops is None else f"{r.gflops:.2f}",
-                         f"{r.bytes_moved / 1e6:.3f}"))
-        w = [max(len(r[i]) for r in rows) for i in range(6)]
-        lines = ["  ".join(c.ljust(w[i]) if i < 2 else c.rjust(w[i]) for i, c in enumerate(r)).rstrip()
-                 for r in rows]
-        lines.insert(1, "-" * len(lines[0]))
-        lines.append(f"total {self.total_ms:.3f} ms over {len(self)} kernel calls")
+        head = ("#", "kernel", "ONNX nodes", "median ms", "share", "GFLOP/s", "MB moved")
+        table = []
+        for r in self.rows:
+            names = _wrap_names(r.nodes) if r.nodes else ["(" + ", ".join(r.ops) + ")"]
+            kernel = r.kernel + (f" x{r.shared_by}" if r.shared_by > 1 else "")
+            table.append((str(r.call), kernel, names[0], f"{r.median_ms:.4f}", f"{100 * r.share:.1f}%",
+                          "" if r.gflops is None else f"{r.gflops:.2f}", f"{r.bytes_moved / 1e6:.3f}"))
+            table += [("", "", more, "", "", "", "") for more in names[1:]]
+        w = [max(len(row[i]) for row in [head] + table) for i in range(len(head))]
+        left = (1, 2)
+
+        def line(row):
+            return "  ".join(c.ljust(w[i]) if i in left else c.rjust(w[i]) for i, c in enumerate(row)).rstrip()
+        lines = [line(head), "-" * len(line(head))] + [line(r) for r in table]
+        shared = sum(1 for r in self.rows if r.shared_by > 1)
+        lines.append(f"total {self.total_ms:.3f} ms over {len(self.rows)} kernel calls"
+                     + (f" ({shared} calls use a kernel shared with other layers: xN)" if shared else "")
+                     + (f"; median of {self.repeat} runs" if self.repeat else ""))
         return "\n".join(lines)
+
+    __repr__ = __str__
 
 
 @dataclass
@@ -70,24 +116,25 @@ class Benchmark:
 
 def trace_sources(nodes: list[str], log) -> list[str]:
     """The model's node names behind IR nodes: a node a rewrite created stands for the nodes
-    that rewrite matched (followed recursively); other nodes are the model's own.
-    ``log``: rule applications with ``nodes`` (matched) and ``created`` name lists, or None."""
+    that rewrite matched (resolved through earlier rewrites); other nodes are the model's own.
+    ``log``: rule applications in order, with ``nodes`` (matched) and ``created`` name lists,
+    or None. The log is replayed in order, so a created node that took the name of a node it
+    replaced (rewrites name a fused node after its anchor) resolves to what that name stood
+    for at the time."""
     made_from: dict[str, list[str]] = {}
     for app in log or ():
+        srcs: list[str] = []
+        for n in getattr(app, "nodes", None) or ():
+            for s in made_from.get(n, [n]):
+                if s not in srcs:
+                    srcs.append(s)
         for c in getattr(app, "created", None) or ():
-            made_from[c] = list(app.nodes)
+            made_from[c] = srcs
     out: list[str] = []
-
-    def walk(n: str, seen: frozenset) -> None:
-        if n not in made_from or n in seen:
-            if n not in out:
-                out.append(n)
-            return
-        for m in made_from[n]:
-            walk(m, seen | {n})
-
     for n in nodes:
-        walk(n, frozenset())
+        for s in made_from.get(n, [n]):
+            if s not in out:
+                out.append(s)
     return out
 
 
@@ -96,7 +143,7 @@ def _check_repeat(repeat: int) -> None:
         raise ValueError(f"repeat must be an integer >= 1, got {repeat!r}")
 
 
-def profile_module(mod, arrays, named, repeat: int = 10, warmup: int = 1, show: bool = True) -> Profile:
+def profile_module(mod, arrays, named, repeat: int = 10, warmup: int = 1, show: bool = False) -> Profile:
     """See ``Module.profile``."""
     _check_repeat(repeat)
     inputs = mod._check_inputs(arrays, named)
@@ -123,15 +170,20 @@ def profile_module(mod, arrays, named, repeat: int = 10, warmup: int = 1, show: 
         mod._release(arena)
     med = [statistics.median(t) * 1e3 for t in times]
     total = sum(med) or 1.0
-    rows = Profile()
-    for c, m in zip(prog.calls, med):
+    uses: dict[str, int] = {}
+    for c in prog.calls:
+        uses[c.kernel] = uses.get(c.kernel, 0) + 1
+    rows = []
+    for i, (c, m) in enumerate(zip(prog.calls, med)):
         moved = sum(prog.slots[s].nbytes for s in set(c.slots))
         gf = c.flops / (m * 1e-3) / 1e9 if c.flops and m > 0 else None
-        rows.append(ProfileRow(c.kernel, mod.source_nodes(c), m, m / total, gf, moved, list(c.nodes), list(c.ops)))
+        rows.append(ProfileRow(c.kernel, mod.source_nodes(c), m, m / total, gf, moved, list(c.nodes), list(c.ops),
+                               i, uses[c.kernel]))
     rows.sort(key=lambda r: -r.median_ms)
+    prof = Profile(rows, repeat, warmup)
     if show:
-        print(rows)
-    return rows
+        print(prof)
+    return prof
 
 
 def time_calls(fn, repeat: int = 20, warmup: int = 2) -> Benchmark:

@@ -1,4 +1,4 @@
-"""Thread counts for the native parallel loops (DESIGN.md "CPU codegen", Parallelism)."""
+"""Thread counts for the native parallel loops (docs/architecture.md "CPU codegen", Parallelism)."""
 from __future__ import annotations
 
 import os
@@ -31,7 +31,7 @@ def resolve_num_threads(n: int | None) -> int:
 
 
 class ThreadTeam:
-    """``size`` threads that run one native entry together (DESIGN.md "CPU codegen").
+    """``size`` threads that run one native entry together (docs/architecture.md "CPU codegen").
 
     The calling thread is thread 0; ``size - 1`` daemon workers wait on semaphores. ``run``
     hands every worker the entry and the slot table, calls the entry as thread 0 and waits for

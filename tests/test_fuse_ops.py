@@ -1,5 +1,5 @@
 """fuse_ops (compiler/passes/fuse_ops.py): elementwise chains and anchor epilogues grouped into
-``tensorfuse::FusedFunction`` nodes, one kernel each (DESIGN.md "Grouping (fuse_ops)").
+``tensorfuse::FusedFunction`` nodes, one kernel each (docs/architecture.md "Grouping (fuse_ops)").
 
 Each case counts kernels before (O0, or O2 with fuse_ops switched off) and after, and compares
 every output with onnxruntime (optimisations off). The catalogue's own epilogue rules are
@@ -96,7 +96,7 @@ def test_value_used_outside_the_group_is_materialised():
     assert sorted(o.name for o in f.outputs) == ["a", "z"]
     assert [v.name for v in f.attrs["body"].outputs] == ["a", "z"]
     # a multi-output loop may not run in place; a single-output one may
-    call = next(c for c in mod._lowered.calls if "Add_0" in c.nodes)
+    call = next(c for c in mod.calls if "Add_0" in c.nodes)
     assert call.nodes == ["Add_0", "Mul_1", "Relu_2"] and call.inplace_ok == []
 
 
@@ -105,7 +105,7 @@ def test_single_output_loop_may_run_in_place():
     m = graph_model([N("Exp", ["x"], ["a"]), N("Transpose", ["a"], ["t"]), N("Neg", ["t"], ["b"]),
                      N("Sigmoid", ["b"], ["z"])], {"x": x}, ["z"])
     mod = check(m, {"x": x}, kernels=3, before=4)
-    call = next(c for c in mod._lowered.calls if c.ops == ["Neg", "Sigmoid"])
+    call = next(c for c in mod.calls if c.ops == ["Neg", "Sigmoid"])
     assert call.inplace_ok == [(0, 1)]
 
 
@@ -364,7 +364,8 @@ def test_fused_graph_text_round_trips():
     g, _, _ = _fused_graph()
     assert len(fused_nodes(g)) == 2
     text = print_graph(g)
-    assert "= tensorfuse::FusedFunction(" in text and "    body = graph fused_conv_add_relu(" in text
+    # each group is named after its anchor node (the Conv), else its first node
+    assert "= tensorfuse::FusedFunction(" in text and "    body = graph Conv_0(" in text and "@Conv_0 {" in text
     consts = {k: v.data for k, v in g.constants.items()}
     g2 = parse_graph(text, consts)
     assert print_graph(g2) == text and graph_diff(g, g2) == []

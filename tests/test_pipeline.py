@@ -87,6 +87,21 @@ def test_rewrite_log_on_module_and_disabled_rules():
         tensorfuse.compile(m, disabled_rules=["NoSuchRule"], cache=False)
 
 
+def test_disabled_rules_takes_a_single_name():
+    """A string is one rule name, not a sequence of one-letter names."""
+    m = model(MIXED)
+    one = tensorfuse.compile(m, opt_level=1, disabled_rules="ComposeTransposes", cache=False)
+    assert "ComposeTransposes" not in {a.rule for a in one.rewrite_log}
+    assert str(one.graph) == str(tensorfuse.compile(m, opt_level=1, disabled_rules=["ComposeTransposes"],
+                                                    cache=False).graph)
+    g = import_onnx(m)
+    assert "ComposeTransposes" not in {a.rule for a in optimize(g, 1, disabled_rules="ComposeTransposes").log}
+    with pytest.raises(ValueError, match=r"unknown rules \['NoSuchRule'\]"):
+        tensorfuse.compile(m, disabled_rules="NoSuchRule", cache=False)
+    with pytest.raises(TypeError, match="rule names"):
+        tensorfuse.compile(m, disabled_rules=[3], cache=False)
+
+
 class _MulByOneIsIdentity(Rule):
     """Relu(Relu(x)) ==> Relu(x) (a test rule for the fuse set)."""
     pattern = P.Relu(P.Relu(x=Any()).named("inner"))

@@ -162,3 +162,28 @@ def test_disabled_rules_switch_fusion_off():
     m, feeds = _conv_model("Relu", residual=("input", rand(1, 4, 6, 6, seed=3)))
     g = optimized(m, disabled_rules=["FuseConvAdd", "FuseConvActivation"])
     assert count(g, FC) == 0 and count(g, "Relu") == 1
+
+
+def test_fused_node_keeps_the_onnx_names():
+    """The FusedConv is named after its anchor Conv and its output after the value it
+    replaced, so the model's names show in the graph, the memory plan and the kernel IR; the
+    kernel call still traces back to every node it computes."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["/stem/conv_out"], name="/stem/conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["/stem/conv_out", "x"], ["/stem/add_out"], name="/stem/add"),
+             helper.make_node("Relu", ["/stem/add_out"], ["/stem/relu_out"], name="/stem/relu"),
+             helper.make_node("MaxPool", ["/stem/relu_out"], ["y"], name="/pool", kernel_shape=[2, 2], strides=[2, 2])]
+    g = helper.make_graph(nodes, "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])],
+                          [numpy_helper.from_array(w, "w")])
+    import tensorfuse
+    mod = tensorfuse.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), cache=False)
+    (fused,) = [n for n in mod.graph.nodes if n.op == "FusedConv"]
+    assert fused.name == "/stem/conv" and fused.attrs["activation"] == "Relu"
+    assert [o.name for o in fused.outputs] == ["/stem/relu_out"]
+    assert "/stem/relu_out" in {b.name for b in mod.memory_plan.buffers}
+    assert any("/stem/conv" in k.comment for k in mod.kernels)
+    call = next(c for c in mod.calls if c.nodes == ["/stem/conv"])
+    assert mod.source_nodes(call) == ["/stem/conv", "/stem/add", "/stem/relu"]

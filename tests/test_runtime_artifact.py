@@ -135,6 +135,44 @@ def test_loads_and_runs_in_a_fresh_process_without_codegen(mlp, tmp_path):
     np.testing.assert_array_equal(outs[0], mod.run(x)[0])
 
 
+# the cache-hit path of the runtime: a fresh interpreter finds a compile cache entry by its key
+# (as the compiler built it) and runs the module; neither the compiler nor code generation is
+# imported, and the stored compile report is read without them
+CACHE_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+sys.modules["tensorfuse.codegen.llvm.emit"] = None
+import pathlib
+import numpy as np
+import tensorfuse.runtime.cache as rc
+parts = json.loads(pathlib.Path(sys.argv[2]).read_text())
+parts.pop("external")
+entry = rc.lookup(parts, pathlib.Path(sys.argv[2]).parent)
+assert entry is not None and entry.report is not None
+assert entry.report.data["rewrite_log"] is not None and entry.report.data["graph"].startswith("graph ")
+feeds = dict(np.load(sys.argv[3]))
+np.savez(sys.argv[4], *entry.module.run(**feeds))
+bad = sorted(m for m in sys.modules if m.startswith("tensorfuse.compiler"))
+assert not bad, f"the cache-hit path imported {bad}"
+"""
+
+
+def test_cache_hit_path_imports_nothing_of_the_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    model = mlp_model(n=4, d=64)
+    mod = tensorfuse.compile(model)
+    assert mod.cache_hit is False
+    key = next((tmp_path / "cache").glob("*.key.json"))
+    x = x_input(2, n=4, d=64)
+    xin, yout = tmp_path / "feeds.npz", tmp_path / "outs.npz"
+    np.savez(xin, x=x)
+    r = subprocess.run([sys.executable, "-c", CACHE_SCRIPT, str(ROOT), str(key), str(xin), str(yout)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with np.load(yout) as z:
+        np.testing.assert_array_equal(z["arr_0"], mod.run(x)[0])
+
+
 def test_loaded_module_saves_again(mlp, tmp_path):
     _, mod = mlp
     mod.save(tmp_path / "a.tfm")
@@ -286,6 +324,15 @@ def test_not_a_module_file(tmp_path):
         tensorfuse.load(tmp_path / "z.tfm")
     with pytest.raises(ArtifactError, match="no such tensorfuse module file"):
         tensorfuse.load(tmp_path / "missing.tfm")
+
+
+def test_loading_an_onnx_model_says_so(mlp, tmp_path):
+    import onnx
+    model, _ = mlp
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(ArtifactError, match=r"is an ONNX model, not a saved tensorfuse module: compile it with "
+                                            r"tensorfuse.compile\('m.onnx'\)"):
+        tensorfuse.load(tmp_path / "m.onnx")
 
 
 def test_write_is_atomic(mlp, tmp_path, monkeypatch):

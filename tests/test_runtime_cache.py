@@ -43,11 +43,16 @@ def entries(d):
     return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
 
 
+def modules(d):
+    """The cached modules (each entry is a module, its compile report and its key)."""
+    return [n for n in entries(d) if n.endswith(".tfm")]
+
+
 def test_miss_then_hit(cache, model):
     m1 = tensorfuse.compile(model)
     assert m1.cache_hit is False
     names = entries(cache)
-    assert len(names) == 2 and {n.split(".", 1)[1] for n in names} == {"tfm", "key.json"}
+    assert len(names) == 3 and {n.split(".", 1)[1] for n in names} == {"tfm", "key.json", "report.zip"}
     calls = jit.STATS["codegen_calls"]
     m2 = tensorfuse.compile(model)
     assert m2.cache_hit is True and jit.STATS["codegen_calls"] == calls       # no code generated
@@ -58,24 +63,66 @@ def test_miss_then_hit(cache, model):
     assert entries(cache) == names
 
 
-def test_hit_rebuilds_ir_on_demand(cache, model):
+def test_hit_serves_the_stored_report_without_recompiling(cache, model, monkeypatch):
+    import tensorfuse.compiler.driver as driver
     m1 = tensorfuse.compile(model)
+
+    def no_build(*a, **k):
+        raise AssertionError("a cache hit recompiled the model")
+    monkeypatch.setattr(driver, "_build", no_build)
+    monkeypatch.setattr(driver, "import_onnx", no_build)
     m2 = tensorfuse.compile(model)
-    assert m2.cache_hit
-    # graph, kernel IR, LLVM IR and what the pass pipeline attached come back when asked for
+    assert m2.cache_hit and m2.report.from_cache and not m1.report.from_cache
+    # graph, kernel IR, LLVM IR, rule log, passes and sources come from the entry
     assert str(m2.graph) == str(m1.graph)
-    assert [k.name for k in m2.kernels] == [k.name for k in m1.kernels]
+    assert [str(k) for k in m2.kernels] == [str(k) for k in m1.kernels]
     assert m2.llvm_ir == m1.llvm_ir
-    if hasattr(m1, "rewrite_log"):
-        assert len(m2.rewrite_log) == len(m1.rewrite_log)
+    assert [str(a) for a in m2.rewrite_log] == [str(a) for a in m1.rewrite_log]
+    assert [(p.name, p.changed) for p in m2.pass_records] == [(p.name, p.changed) for p in m1.pass_records]
+    assert m2.report.sources == m1.report.sources == [c.sources for c in m1.calls]
+
+
+def test_hit_graph_keeps_constant_values(cache, tmp_path):
+    """The graph of a cache hit holds the real constants (those the module keeps and those it
+    does not), so exporting it gives the model's numbers."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from oracle import ort_run
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Add", ["t", "b"], ["u"]),
+                           helper.make_node("Relu", ["u"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m1 = tensorfuse.compile(m)
+    m2 = tensorfuse.compile(m)
+    assert m2.cache_hit
+    c1 = {k: v.data for k, v in m1.graph.constants.items()}
+    c2 = {k: v.data for k, v in m2.graph.constants.items()}
+    assert c1.keys() == c2.keys() and all(np.array_equal(c1[k], c2[k]) for k in c1)
+    tensorfuse.export_onnx(m2.graph, tmp_path / "hit.onnx")
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    np.testing.assert_allclose(ort_run(onnx.load(tmp_path / "hit.onnx"), {"x": x})[0], np.maximum(x @ w + b, 0),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_entry_without_a_report_is_a_miss(cache, model):
+    tensorfuse.compile(model)
+    next(cache.glob("*.report.zip")).unlink()
+    m = tensorfuse.compile(model)
+    assert m.cache_hit is False and m.graph is not None
+    assert tensorfuse.compile(model).cache_hit is True
 
 
 def test_cache_false_skips_it(cache, model):
     m = tensorfuse.compile(model, cache=False)
-    assert entries(cache) == [] and not hasattr(m, "cache_hit")
+    assert entries(cache) == [] and m.cache_hit is None
     tensorfuse.compile(model)
     tensorfuse.compile(model, cache=False)
-    assert len(entries(cache)) == 2
+    assert len(modules(cache)) == 1
 
 
 def test_path_bytes_and_proto_share_an_entry(cache, model, tmp_path):
@@ -90,7 +137,7 @@ def test_every_key_part_splits_entries(cache, model):
     tensorfuse.compile(model)
     assert tensorfuse.compile(model, opt_level=0).cache_hit is False
     assert tensorfuse.compile(residual_model(3, SHAPE)).cache_hit is False     # another graph
-    assert len(entries(cache)) == 6
+    assert len(modules(cache)) == 3
 
 
 def test_cache_info_explains_a_miss(cache, model, monkeypatch):
@@ -184,15 +231,16 @@ def test_target_cpu_and_features_split_entries(cache, model):
     m1 = tensorfuse.compile(model, target=other)
     assert m1.cache_hit is False
     plain = tensorfuse.compile(model)
-    assert plain.cache_hit is False and len(entries(cache)) == 4
+    assert plain.cache_hit is False and len(modules(cache)) == 2
     assert tensorfuse.compile(model, target=other).cache_hit is True
     assert tensorfuse.compile(model, target=other.replace(" ", "   ")).cache_hit is True      # canonical string
     assert tensorfuse.compile(model).cache_hit is True
-    parts = rc.make_key(model, other, {})["target"]
+    from tensorfuse.compiler.options import target_part
+    parts = target_part(other)
     t = Target.parse(other)
     assert parts == {"target": str(t), "triple": t.triple, "cpu": t.cpu, "features": t.features,
                      "l1d_bytes": t.l1d_bytes, "l2_bytes": t.l2_bytes}
-    plain_parts = rc.make_key(model, "llvm", {})["target"]
+    plain_parts = target_part("llvm")
     assert plain_parts["features"] == jit.host_info()["features"] and plain_parts["features"] != parts["features"]
     from tensorfuse.runtime.threads import resolve_num_threads
     info = tensorfuse.cache_info(model, target=other, opt_level=1, num_threads=resolve_num_threads(None))
@@ -207,7 +255,7 @@ def test_default_places(tmp_path, monkeypatch, model):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert rc.cache_dir() == tmp_path / "xdg" / "tensorfuse"
     tensorfuse.compile(model)
-    assert len(entries(tmp_path / "xdg" / "tensorfuse")) == 2
+    assert len(modules(tmp_path / "xdg" / "tensorfuse")) == 1
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert rc.cache_dir() == tmp_path / "home" / ".cache" / "tensorfuse"
@@ -294,3 +342,23 @@ def test_external_data_files_are_part_of_the_key(cache, tmp_path):
     assert m3.cache_hit is False
     np.testing.assert_array_equal(m3.run(x)[0], x + 2 * c)
     assert tensorfuse.compile(str(path)).cache_hit is True
+
+
+def test_compile_options_are_one_frozen_normalised_value(model):
+    import dataclasses
+
+    from tensorfuse.compiler.options import CompileOptions
+    a = CompileOptions.create("llvm", 2, disabled_rules=["FuseConvAdd", "FuseConvActivation"],
+                              input_shapes={"x": [4, 64]}, num_threads=1)
+    b = CompileOptions.create("llvm   ", 2, disabled_rules=("FuseConvActivation", "FuseConvAdd"),
+                              input_shapes={"x": (4, 64)}, num_threads=3)
+    assert a == b and a.key(model) == b.key(model)           # num_threads is not part of the key
+    assert "num_threads" not in a.key(model)["options"] and "cache" not in a.key(model)["options"]
+    assert CompileOptions.create(disabled_rules="FuseConvAdd").disabled_rules == ("FuseConvAdd",)
+    assert a.key(model) != CompileOptions.create("llvm", 1).key(model)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.opt_level = 3
+    with pytest.raises(ValueError, match="opt_level must be 0, 1, 2 or 3"):
+        CompileOptions.create(opt_level=5)
+    with pytest.raises(ValueError, match=r"input_shapes\['x'\]"):
+        CompileOptions.create(input_shapes={"x": ["a"]})

@@ -131,8 +131,10 @@ def test_runs_from_two_threads_at_once(mlp, attempt):
 def test_profile_rows(mlp, capsys):
     _, mod = mlp
     prof = mod.profile(x_input(5), repeat=5)
-    printed = capsys.readouterr().out
-    assert len(prof) == mod.num_kernels
+    assert capsys.readouterr().out == ""              # it returns the table, prints nothing
+    printed = str(prof)
+    assert repr(prof) == printed                      # an interactive session shows the table once
+    assert len(prof) == mod.num_kernels and sorted(r.call for r in prof) == list(range(mod.num_kernels))
     times = [r.median_ms for r in prof]
     assert times == sorted(times, reverse=True)
     assert abs(sum(r.share for r in prof) - 1.0) < 1e-9
@@ -190,3 +192,32 @@ def test_trace_sources_follows_rewrites():
     assert trace_sources(["fused_0"], log) == ["conv1", "bn1", "relu1"]
     assert trace_sources(["add", "other"], log) == ["add", "other"]
     assert trace_sources(["x"], None) == ["x"]
+
+
+def test_profile_table_keeps_every_onnx_name_and_marks_shared_kernels():
+    """Long node lists wrap instead of being cut; calls of a kernel shared by repeated layers
+    are told apart (call number) and marked xN."""
+    rng = np.random.default_rng(0)
+    nodes, inits, cur = [], [], "x"
+    for i in range(3):                       # three identical layers: one shared kernel
+        w = f"layer{i}.weight"
+        inits.append(numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), w))
+        nodes.append(helper.make_node("MatMul", [cur, w], [f"m{i}"], name=f"/encoder/layer.{i}/dense/MatMul"))
+        nodes.append(helper.make_node("Tanh", [f"m{i}"], [f"t{i}"], name=f"/encoder/layer.{i}/activation/Tanh"))
+        cur = f"t{i}"
+    for i in range(6):                       # a long chain of elementwise ops: one fused loop
+        nodes.append(helper.make_node("Sigmoid" if i % 2 else "Neg", [cur], [f"e{i}"],
+                                      name=f"/head/a_rather_long_module_name/op_{i}"))
+        cur = f"e{i}"
+    g = helper.make_graph(nodes, "layers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 16))],
+                          [helper.make_tensor_value_info(cur, TensorProto.FLOAT, (4, 16))], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    mod = tensorfuse.compile(m, cache=False)
+    prof = mod.profile(rng.standard_normal((4, 16)).astype(np.float32), repeat=2)
+    table = str(prof)
+    for n in nodes:
+        assert n.name in table, n.name                  # never cut
+    shared = [r for r in prof if r.shared_by > 1]
+    # the last layer's kernel also computes the elementwise chain: the first two share one
+    assert len(shared) == 2 and len({r.kernel for r in shared}) == 1 and len({r.call for r in shared}) == 2
+    assert all(r.shared_by == 2 for r in shared) and f"{shared[0].kernel} x2" in table

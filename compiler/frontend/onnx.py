@@ -65,6 +65,16 @@ def load_model(model: Any) -> onnx.ModelProto:
     return proto
 
 
+def _inline_functions(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with every call of a model-local function replaced by the function's body
+    (``onnx.inliner``). Raises ModelLoadError when the functions cannot be inlined."""
+    import onnx.inliner
+    try:
+        return onnx.inliner.inline_local_functions(proto)
+    except Exception as e:
+        raise ModelLoadError(f"the model's local functions cannot be inlined ({type(e).__name__}: {e})") from None
+
+
 def _check(proto: onnx.ModelProto) -> None:
     try:
         onnx.checker.check_model(proto)
@@ -270,6 +280,8 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
     proto = load_model(model)
     if check:
         _check(proto)
+    if proto.functions:     # model-local functions (tensorfuse's own export writes fused ops so)
+        proto = _inline_functions(proto)
     opset = opset_of(proto)
     if 1 <= opset < MIN_OPSET:
         proto, opset = _upgrade_opset(proto, opset), MIN_OPSET

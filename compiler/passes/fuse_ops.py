@@ -1,5 +1,5 @@
 """fuse_ops: group what remains after the fusion catalogue into fused functions, one kernel each
-(DESIGN.md "Grouping (fuse_ops)"; TVM's FuseOps in spirit).
+(docs/architecture.md "Grouping (fuse_ops)"; TVM's FuseOps in spirit).
 
 Grouping asks the registry only (``OpDef.kind``, ``OpDef.scalar``); it keeps no op names:
 
@@ -211,7 +211,10 @@ def _fused_node(graph: Graph, grp: Group, outputs: list[Value]) -> Node:
     for m in grp.nodes:
         if m.op.lower() not in ops:
             ops.append(m.op.lower())
-    name = graph.fresh_name("fused_" + "_".join(ops[:4]) + ("_etc" if len(ops) > 4 else ""))
+    # named after the group's anchor (else its first node): the model's names stay visible in
+    # the graph, the memory plan and the kernels; the members leave the graph, so it is free
+    named = grp.anchor if grp.anchor is not None and grp.anchor.name else grp.nodes[0]
+    name = named.name or graph.fresh_name("fused_" + "_".join(ops[:4]) + ("_etc" if len(ops) > 4 else ""))
     body = Graph(name)
     vmap: dict[int, Value] = {}
     ext: list[Value] = []

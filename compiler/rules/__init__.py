@@ -1,4 +1,4 @@
-"""Rule sets of the optimisation pipeline, grouped by purpose (DESIGN.md, "Optimisation levels").
+"""Rule sets of the optimisation pipeline, grouped by purpose (docs/architecture.md, "Optimisation levels").
 
 The pipeline (:mod:`compiler.pipeline`) reads these lists; a rule is a :class:`compiler.rewrite.Rule`
 subclass (see docs/writing-a-fusion-rule.md). Add a rule by appending its class to the list of

@@ -1,4 +1,4 @@
-"""The register-blocked schedules of 2-D float32 convolution with group 1 (DESIGN.md "CPU
+"""The register-blocked schedules of 2-D float32 convolution with group 1 (docs/architecture.md "CPU
 codegen"). Graph layout stays NCHW.
 
 General convolutions (:func:`emit_conv_blocked`): inside the kernel the output channels are

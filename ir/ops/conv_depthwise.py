@@ -1,5 +1,5 @@
 """The vector schedule of 2-D float32 depthwise convolution (ONNX operator spec "Conv",
-Conv-22 semantics, with group == C == M; DESIGN.md "CPU codegen").
+Conv-22 semantics, with group == C == M; docs/architecture.md "CPU codegen").
 
 X [N, C, H, W], W [C, 1, KH, KW] (a compile-time constant), optional B [C], Y [N, C, OH, OW],
 all f32, NCHW. Each output channel reads one input plane, so there are only KH*KW

@@ -762,7 +762,7 @@ def _fused_body(node: Node):
     attrs={"body": AttrSpec("graph", None, required=True), "kind": AttrSpec("string", "OPAQUE"),
            "anchor": AttrSpec("string", "")})
 class FusedFunction:
-    """A group made by the ``fuse_ops`` pass (DESIGN.md "Grouping"), computed by one kernel.
+    """A group made by the ``fuse_ops`` pass (docs/architecture.md "Grouping"), computed by one kernel.
 
     Attribute ``body`` is a graph: its inputs are the group's external inputs (this node's
     inputs, in order, same types), its outputs the values the group materialises (this node's

@@ -1,4 +1,4 @@
-"""The register-blocked schedule of float32 MatMul / Gemm with a constant B (DESIGN.md "CPU
+"""The register-blocked schedule of float32 MatMul / Gemm with a constant B (docs/architecture.md "CPU
 codegen"): Y[i, j] = finish(sum_k A[i, k] * B[k, j], i, j).
 
 - B' [K, N] (a compile-time constant; Gemm's transB is resolved while packing) is packed once

@@ -1,0 +1,133 @@
+"""Compile options as one frozen value, and the compile cache's key built from them.
+
+:class:`CompileOptions` holds every keyword of ``tensorfuse.compile`` but the model, checked and
+normalised once (``disabled_rules`` a sorted tuple, ``input_shapes`` a sorted tuple of
+``(name, shape)`` pairs, the target string canonical), so that two calls that mean the same
+compile have equal options. :func:`cache_key` is the one place the compile cache's key is built
+(see :mod:`tensorfuse.runtime.cache` for what each part means); ``runtime.cache`` only stores and
+finds entries under a key it is given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+#: options that do not change the generated code: they are not part of the cache key
+#: (``num_threads`` is a run-time setting of the module; ``cache`` says whether to use it)
+NOT_IN_KEY = ("cache", "num_threads")
+
+
+def rule_names(disabled_rules: str | Iterable[str] | None) -> tuple[str, ...]:
+    """A rule name, or an iterable of names, as a sorted tuple (a single string is one name,
+    not a sequence of letters). Raises TypeError for anything else."""
+    if disabled_rules is None:
+        return ()
+    if isinstance(disabled_rules, str):
+        return (disabled_rules,) if disabled_rules else ()
+    try:
+        names = list(disabled_rules)
+    except TypeError:
+        raise TypeError(f"disabled_rules must be a rule name or a list of rule names, got "
+                        f"{type(disabled_rules).__name__}") from None
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"disabled_rules must hold rule names (strings), got {bad[0]!r}")
+    return tuple(sorted(set(names)))
+
+
+def _shapes(input_shapes) -> tuple[tuple[str, tuple], ...] | None:
+    if input_shapes is None:
+        return None
+    if not isinstance(input_shapes, dict):
+        raise TypeError(f"input_shapes must be a dict {{input name: shape}}, got {type(input_shapes).__name__}")
+    out = []
+    for name, shape in input_shapes.items():
+        try:
+            dims = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"input_shapes['{name}'] must be a sequence of integers, got {shape!r}") from None
+        out.append((str(name), dims))
+    return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Everything ``tensorfuse.compile`` was asked for, but the model (see that function for
+    each option's meaning). Build it with :meth:`create`, which checks and normalises.
+
+    ``target``: canonical target string (``compiler.target.Target``); ``opt_level``: 0..3;
+    ``input_shapes``: ``((input name, shape), ...)`` sorted by name, or None;
+    ``disabled_rules``: sorted rule names; ``dump_ir``: a folder or None; ``cache``: use the
+    compile cache; ``num_threads``: the requested thread count (None: the default).
+    """
+
+    target: str = "llvm"
+    opt_level: int = 2
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    disabled_rules: tuple[str, ...] = ()
+    dump_ir: str | None = None
+    cache: bool = True
+    num_threads: int | None = field(default=None, compare=False)
+
+    @classmethod
+    def create(cls, target: str = "llvm", opt_level: int = 2, *, input_shapes=None, disabled_rules=(),
+               dump_ir=None, cache: bool = True, num_threads: int | None = None) -> "CompileOptions":
+        """Check and normalise. Raises ValueError (opt_level not 0..3, a bad shape),
+        TypeError (disabled_rules or input_shapes of the wrong kind), CompileError (a target
+        that does not parse or is not available)."""
+        import os
+
+        from tensorfuse.compiler.errors import CompileError
+        from tensorfuse.compiler.target import Target
+        if isinstance(opt_level, bool) or opt_level not in (0, 1, 2, 3):
+            raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+        tgt = Target.parse(target)
+        if tgt.kind != "llvm":
+            raise CompileError(f"target {tgt.kind!r} is not available yet")
+        return cls(str(tgt), int(opt_level), _shapes(input_shapes), rule_names(disabled_rules),
+                   None if dump_ir is None else os.fspath(dump_ir), bool(cache), num_threads)
+
+    @property
+    def input_shapes_dict(self) -> dict[str, tuple[int, ...]] | None:
+        return None if self.input_shapes is None else dict(self.input_shapes)
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``tensorfuse.compile`` (but ``target``) these options stand for."""
+        return {"opt_level": self.opt_level, "input_shapes": self.input_shapes_dict,
+                "disabled_rules": self.disabled_rules, "dump_ir": self.dump_ir, "cache": self.cache,
+                "num_threads": self.num_threads}
+
+    def key_options(self) -> dict[str, Any]:
+        """The options part of the cache key: every option but :data:`NOT_IN_KEY`, as JSON values."""
+        return {"opt_level": self.opt_level,
+                "input_shapes": None if self.input_shapes is None else {k: list(v) for k, v in self.input_shapes},
+                "disabled_rules": list(self.disabled_rules), "dump_ir": self.dump_ir}
+
+    def key(self, model: Any) -> dict:
+        """The compile cache key of compiling ``model`` with these options (:func:`cache_key`)."""
+        return cache_key(model, self)
+
+
+def target_part(target: str) -> dict:
+    """The key's target part: the canonical target string and, for "llvm", what the code is
+    generated for: triple, CPU name, LLVM feature string (this CPU's, or the ``-mcpu``'s with the
+    ``-mattr`` changes) and the cache sizes kernels are blocked for."""
+    from tensorfuse.compiler.target import Target
+    tgt = Target.parse(target)
+    part = {"target": str(tgt)}
+    if tgt.kind == "llvm":
+        part.update(triple=tgt.triple, cpu=tgt.cpu, features=tgt.features, l1d_bytes=tgt.l1d_bytes,
+                    l2_bytes=tgt.l2_bytes)
+    return part
+
+
+def cache_key(model: Any, options: CompileOptions) -> dict:
+    """The compile cache's key, the one place it is built: ``{"model", "target", "options",
+    "pipeline", "version"}``, all JSON values (``runtime.cache`` documents each part). Raises OSError for
+    an unreadable model path."""
+    from tensorfuse.runtime import cache as rc
+    from tensorfuse.compiler.pipeline import pipeline_digest
+    return {"model": rc.model_digest(model), "target": target_part(options.target),
+            "options": rc.canon(options.key_options()),
+            "pipeline": pipeline_digest(options.opt_level, options.disabled_rules),
+            "version": rc.version_part()}
