@@ -442,23 +442,27 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
         else:
             _run(name, p, g, res, False, dumper)
 
-    # the fate of every anchor op: walk the final graph's nodes back through the rewrites
-    made: dict[str, Application] = {}
+    # the fate of every anchor op: replay the rewrites in order (a rewrite may give its new node
+    # the name of a node it replaced, so names are reused), carrying for each current node name
+    # the rules that made it and the original nodes it covers
+    state: dict[str, tuple[list[str], list[str]]] = {}
     for app in res.log:
+        rules_made: list[str] = []
+        covered: list[str] = []
+        for m in app.nodes:
+            r, leaves_m = state.get(m, ([], [m]))
+            rules_made += [x for x in r if x not in rules_made]
+            covered += [x for x in leaves_m if x not in covered]
+        if app.rule not in rules_made:
+            rules_made.append(app.rule)
         for c in app.created:
-            made[c] = app
+            state[c] = (rules_made, covered)
     fate: dict[str, tuple[str, str, list[str], list[str]]] = {}
 
-    def lineage(name: str, rules_seen: list[str], leaves: list[str], seen: frozenset) -> None:
-        app = made.get(name)
-        if app is None or name in seen:
-            if name not in leaves:
-                leaves.append(name)
-            return
-        for m in app.nodes:
-            lineage(m, rules_seen, leaves, seen | {name})
-        if app.rule not in rules_seen:
-            rules_seen.append(app.rule)
+    def lineage(name: str, rules_seen: list[str], leaves: list[str]) -> None:
+        r, covered = state.get(name, ([], [name]))
+        rules_seen += [x for x in r if x not in rules_seen]
+        leaves += [x for x in covered if x not in leaves]
 
     for n in g.nodes:
         body = n.attrs.get("body") if n.op == "FusedFunction" else None
@@ -466,7 +470,7 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
         rules_seen: list[str] = []
         leaves: list[str] = []
         for part in parts:
-            lineage(part, rules_seen, leaves, frozenset())
+            lineage(part, rules_seen, leaves)
         if body is not None:
             rules_seen.append("fuse_ops")
         for leaf in leaves:
