@@ -233,7 +233,7 @@ _MASKED_LOAD = re.compile(
     r"<\d+ x i1> <(?P<mask>(?:i1 (?:true|false)(?:, )?)+)>, "
     r"<\d+ x [\w]+> (?P<pass>[^)]+)\)(?P<rest>.*)$")
 
-_ELEM_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat": 2, "i8": 1, "i16": 2, "i32": 4, "i64": 8}
+_ELEM_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat": 2, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "ptr": 8}
 
 
 def scalarize_constant_masked_loads(text: str) -> str:
