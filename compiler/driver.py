@@ -13,7 +13,7 @@ from tensorfuse.compiler.target import Target
 
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
             input_shapes: dict[str, Any] | None = None, disabled_rules=(), dump_ir=None,
-            cache: bool = True, num_threads: int | None = None):
+            cache: bool = True, num_threads: int | None = None, max_memory: int | str | None = None):
     """Compile an ONNX model into an executable :class:`runtime.Module`.
 
     model: a path, bytes or ``onnx.ModelProto``. target: "llvm" (host CPU). opt_level: 0..3
@@ -26,6 +26,10 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     num_threads: threads that run the parallel loops of each kernel (default:
     ``$TENSORFUSE_NUM_THREADS``, else the cores this process may use, ``os.sched_getaffinity``);
     ``Module.num_threads`` changes it after compiling. Raises ValueError if it is not >= 1.
+    max_memory: the memory cap, bytes or a string like ``"64G"`` (default
+    ``$TENSORFUSE_MAX_MEMORY``, else the physical memory; ``compiler.limits``): a model with a
+    graph input or node output larger than it is refused with UnsupportedModelError naming the
+    node and shape, instead of failing when it runs.
 
     Raises ModelLoadError (not a valid ONNX model), UnsupportedModelError (unsupported ops, all
     listed with node names; dynamic shapes), CompileError (an internal failure, naming the pass
@@ -38,6 +42,8 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     # every option but these is part of the compile cache's key: keep this line first
     # (the thread count is a run-time setting of the module: the code does not depend on it)
     options = {k: v for k, v in locals().items() if k not in ("model", "target", "cache", "num_threads")}
+    from tensorfuse.compiler.limits import resolve_max_memory
+    options["max_memory"] = max_memory = resolve_max_memory(max_memory)   # the resolved cap is in the key
     tgt = Target.parse(target)
     from tensorfuse.runtime.threads import resolve_num_threads
     num_threads = resolve_num_threads(num_threads)
@@ -55,7 +61,7 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
         except InputValuesNeeded as e:
             return specialize(e, model, target, {**options, "num_threads": num_threads})
     try:
-        graph = import_onnx(model, input_shapes=input_shapes)
+        graph = import_onnx(model, input_shapes=input_shapes, max_memory=max_memory)
     except InputValuesNeeded as e:
         if cache is None:
             raise

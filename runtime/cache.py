@@ -319,5 +319,7 @@ def cache_info(model: Any, *args, **kwargs) -> CacheInfo:
     extra = opts.pop("kwargs", None)
     if isinstance(extra, dict):
         opts.update(extra)
+    from tensorfuse.compiler.limits import resolve_max_memory
+    opts["max_memory"] = resolve_max_memory(opts.get("max_memory"))   # as compile() keys it
     from tensorfuse.compiler.target import Target
     return explain(make_key(model, str(Target.parse(target)), opts))

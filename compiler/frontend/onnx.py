@@ -95,11 +95,69 @@ def attr_value(a: onnx.AttributeProto, allow_graphs: bool = False) -> Any:
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")
     if isinstance(v, onnx.TensorProto):
-        return numpy_helper.to_array(v)
+        return tensor_array(v, f"attribute '{a.name}'")
     if isinstance(v, list):
         return [x.decode("utf-8", "replace") if isinstance(x, bytes) else
-                numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x for x in v]
+                tensor_array(x, f"attribute '{a.name}'") if isinstance(x, onnx.TensorProto) else x for x in v]
     return v
+
+
+def tensor_array(t: onnx.TensorProto, what: str) -> np.ndarray:
+    """``numpy_helper.to_array(t)``, with a tensor whose data does not match its dims and type
+    (raw_data of the wrong size, too many or too few values) or whose type tensorfuse lacks
+    refused as ModelLoadError naming ``what``, not numpy's reshape error."""
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:
+        dims = list(t.dims)
+        need = None
+        if t.HasField("raw_data"):
+            try:
+                need = int(np.prod(dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+                tname = onnx.TensorProto.DataType.Name(t.data_type)
+            except (KeyError, ValueError, TypeError):
+                need = None
+        if need is not None and need != len(t.raw_data):
+            raise ModelLoadError(f"{what}: the tensor's raw_data has {len(t.raw_data)} bytes, its dims "
+                                 f"{dims} and type {tname} need {need}") from None
+        raise ModelLoadError(f"{what}: its tensor (dims {dims}) cannot be read: {type(e).__name__}: "
+                             f"{str(e)[:200]}") from None
+    return arr
+
+
+def _where(n: onnx.NodeProto, i: int | None = None) -> str:
+    """How error messages name an ONNX node."""
+    if n.name:
+        return f"node '{n.name}' ({n.op_type})"
+    first = n.output[0] if n.output else ""
+    return f"unnamed {n.op_type} node{f' #{i}' if i is not None else ''} (first output '{first}')"
+
+
+def check_names(graph: onnx.GraphProto, _path: str = "") -> None:
+    """Raise ModelLoadError if a name in ``graph`` (its own, a node's, an input's, an output's,
+    a value's, an initializer's; subgraphs too) is not valid UTF-8. ONNX names are protobuf
+    strings; the Python protobuf runtime returns bytes for invalid UTF-8 in them, which the rest
+    of the compiler cannot use as names."""
+    def bad(what: str, name) -> None:
+        if isinstance(name, bytes):
+            raise ModelLoadError(f"{_path}{what}: the name {name!r} is not valid UTF-8")
+
+    bad("graph name", graph.name)
+    for kind, vis in (("graph input", graph.input), ("graph output", graph.output),
+                      ("value_info", graph.value_info)):
+        for vi in vis:
+            bad(kind, vi.name)
+    for t in graph.initializer:
+        bad("initializer", t.name)
+    for i, n in enumerate(graph.node):
+        where = f"node #{i} ({n.op_type})"
+        for what, name in ([("node name", n.name), ("op type", n.op_type), ("domain", n.domain)] +
+                           [("input", x) for x in n.input] + [("output", x) for x in n.output]):
+            bad(f"{where} {what}", name)
+        for a in n.attribute:
+            bad(f"{where} attribute name", a.name)
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                check_names(sub, f"{_path}{n.name or f'#{i}'}/")
 
 
 def _tensor_type(vi: onnx.ValueInfoProto, input_shapes: dict) -> TensorType:
@@ -151,7 +209,10 @@ class ImportCtx:
             raise UnsupportedModelError(f"value '{name}' is used but never defined") from None
 
     def attrs(self, proto: onnx.NodeProto) -> dict[str, Any]:
-        return {a.name: attr_value(a) for a in proto.attribute}
+        try:
+            return {a.name: attr_value(a) for a in proto.attribute}
+        except ModelLoadError as e:
+            raise ModelLoadError(f"{_where(proto)}: {e}") from None
 
     def default_import(self, proto: onnx.NodeProto, op: str | None = None, inputs=None, attrs=None):
         """Import as the same op with the node's attributes; returns the output Values."""
@@ -210,8 +271,18 @@ def _upgrade_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 
 
 def _constant_node_value(proto: onnx.NodeProto) -> np.ndarray:
+    """The value of a Constant node (ONNX Constant: exactly one of value, sparse_value,
+    value_float(s), value_int(s), value_string(s)). Raises ModelLoadError naming the node when
+    it has none or several, or when its tensor's data does not match its dims."""
+    if len(proto.attribute) != 1:
+        got = ", ".join(a.name for a in proto.attribute) or "none"
+        raise ModelLoadError(f"{_where(proto)}: a Constant needs exactly one value attribute "
+                             f"(value, value_float, value_int, ...), it has {got}")
     a = proto.attribute[0]
-    v = attr_value(a)
+    try:
+        v = attr_value(a)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{_where(proto)}: {e}") from None
     if a.name == "value":
         return np.asarray(v)
     if a.name in ("value_float", "value_int", "value_string"):
@@ -261,13 +332,22 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
     return outs
 
 
-def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: bool = True) -> Graph:
+def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: bool = True,
+                max_memory: int | str | None = None) -> Graph:
     """Import an ONNX model as an ir.Graph with static shapes.
 
-    Raises ModelLoadError (not ONNX, fails the checker), UnsupportedModelError (ops the registry
-    lacks, listed all at once with node names; opset out of range; dynamic input dimensions).
+    max_memory: the memory cap in bytes (``compiler.limits``: None is ``$TENSORFUSE_MAX_MEMORY``
+    or the physical memory); a graph input or node output larger than it is refused.
+
+    Raises ModelLoadError (not ONNX, fails the checker, names that are not UTF-8, a Constant
+    without a value or with data that does not match its dims), UnsupportedModelError (ops the
+    registry lacks, listed all at once with node names; opset out of range; dynamic input
+    dimensions; a tensor over the memory cap, naming the node and shape).
     """
+    from tensorfuse.compiler.limits import check_memory, resolve_max_memory
+    max_memory = resolve_max_memory(max_memory)
     proto = load_model(model)
+    check_names(proto.graph)
     if check:
         _check(proto)
     opset = opset_of(proto)
@@ -318,4 +398,5 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
             raise UnsupportedModelError(f"graph output '{vi.name}' is never defined")
         g.outputs.append(ctx.env[vi.name])
     g.output_names = [vi.name for vi in proto.graph.output]
+    check_memory(g, max_memory)
     return g
