@@ -74,14 +74,10 @@ def activation_expr(name: str, params: list[float], x: Expr) -> Expr:
         return x
     if name == "Relu":
         return maximum(x, 0.0)
-    if name == "Clip":
+    if name == "Clip":     # NaN stays NaN, a NaN bound clips nothing (ir/ops/activations.py)
+        from tensorfuse.ir.ops.activations import clip_expr
         lo, hi = params
-        y = x
-        if lo != -math.inf:
-            y = maximum(y, lo)
-        if hi != math.inf:
-            y = minimum(y, hi)
-        return y
+        return clip_expr(x, None if lo == -math.inf else lo, None if hi == math.inf else hi)
     if name == "LeakyRelu":
         return select(x < 0.0, x * params[0], x)
     if name == "Sigmoid":
@@ -109,7 +105,8 @@ def activation_np(name: str, params: list[float], x: np.ndarray) -> np.ndarray:
     elif name == "Relu":
         y = np.maximum(x, 0)
     elif name == "Clip":
-        y = np.minimum(np.maximum(x, dt.type(params[0])), dt.type(params[1]))
+        from tensorfuse.ir.ops.activations import clip_np
+        y = clip_np(x, dt.type(params[0]), dt.type(params[1])).astype(dt)
     elif name == "LeakyRelu":
         y = np.where(x < 0, x * dt.type(params[0]), x)
     elif name == "Sigmoid":
