@@ -130,3 +130,106 @@ def test_parse_size():
         with pytest.raises(ValueError):
             parse_size(bad)
     assert resolve_max_memory(None) > 0
+
+
+# -- defect 5: flag attributes outside {0, 1} -----------------------------------------------------
+def _with_attr(m, name, value):
+    for a in m.graph.node[0].attribute:
+        if a.name == name:
+            a.i = value
+            return m
+    m.graph.node[0].attribute.append(helper.make_attribute(name, value))
+    return m
+
+
+@pytest.mark.parametrize("value", [-1, 2, 100])
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceSum", "ArgMax", "ArgMin"])
+def test_keepdims_outside_0_1_is_refused(op, value):
+    from oracle import node_model
+    x = rand(2, 3)
+    if op.startswith("Arg"):
+        m = node_model(op, {"x": x}, dict(axis=1, keepdims=1))
+    else:
+        m = node_model(op, {"x": x}, dict(keepdims=1), initializers={"axes": np.array([1], np.int64)},
+                       opset=18 if op == "ReduceMax" else 17)
+    m.graph.node[0].name = "r"
+    _with_attr(m, "keepdims", value)
+    with pytest.raises(ModelLoadError, match=rf"node 'r' \({op}\): attribute 'keepdims' is {value}; "
+                                             r"the ONNX spec allows only 0 or 1"):
+        _compile(m)
+
+
+@pytest.mark.parametrize("op,attrs,flag", [
+    ("Gemm", {"transA": 0}, "transA"), ("MaxPool", {"kernel_shape": [2, 2], "ceil_mode": 0}, "ceil_mode"),
+    ("MaxPool", {"kernel_shape": [2, 2], "storage_order": 0}, "storage_order")])
+def test_other_flags_outside_0_1_are_refused(op, attrs, flag):
+    from oracle import node_model
+    if op == "Gemm":
+        m = node_model(op, {"a": rand(2, 3), "b": rand(3, 4)}, attrs)
+    else:
+        m = node_model(op, {"x": rand(1, 1, 4, 4)}, attrs)
+    _with_attr(m, flag, 3)
+    with pytest.raises(ModelLoadError, match=rf"attribute '{flag}' is 3; the ONNX spec allows only 0 or 1"):
+        _compile(m)
+
+
+def test_attention_is_causal_2_is_refused():
+    q = helper.make_tensor_value_info("q", TensorProto.FLOAT, [1, 2, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 8])
+    g = helper.make_graph([helper.make_node("Attention", ["q", "q", "q"], ["y"], name="att", is_causal=2)],
+                          "g", [q], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
+    m.ir_version = 10
+    with pytest.raises(ModelLoadError, match=r"node 'att' \(Attention\): attribute 'is_causal' is 2"):
+        _compile(m)
+
+
+# -- defect 5: declarations contradicting inference -----------------------------------------------
+def _relu(out_dims, elem=TensorProto.FLOAT):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", elem, out_dims)
+    return _model([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["h"], ["y"])], [x], [y])
+
+
+def test_declared_output_shape_contradiction():
+    with pytest.raises(ModelLoadError, match=r"graph output 'y' is declared with shape \[2, 4\], but its shape is \[2, 3\]"):
+        _compile(_relu([2, 4]))
+    with pytest.raises(ModelLoadError, match=r"graph output 'y' is declared with shape \[6\]"):
+        _compile(_relu([6]))
+
+
+def test_declared_output_dtype_contradiction():
+    with pytest.raises(ModelLoadError, match=r"graph output 'y' is declared f64, but it is f32"):
+        _compile(_relu([2, 3], TensorProto.DOUBLE))
+
+
+def test_symbolic_and_unknown_declared_dims_are_fine():
+    x = np.array([[1.0, -2.0, 3.0], [-4.0, 5.0, -6.0]], np.float32)
+    for dims in (["N", 3], [None, None], ["a", "b"]):
+        m = _relu(dims)
+        np.testing.assert_array_equal(_compile(m).run(x)[0], -np.maximum(x, 0))
+
+
+def test_value_info_contradiction():
+    m = _relu([2, 3])
+    m.graph.value_info.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, [3, 2]))
+    with pytest.raises(ModelLoadError, match=r"value_info 'h' is declared with shape \[3, 2\], but its shape is \[2, 3\]"):
+        _compile(m)
+    m = _relu([2, 3])
+    m.graph.value_info.append(helper.make_tensor_value_info("h", TensorProto.INT64, ["a", "b"]))
+    with pytest.raises(ModelLoadError, match=r"value_info 'h' is declared i64, but it is f32"):
+        _compile(m)
+
+
+def test_initializer_declared_as_input_with_another_shape():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    wdecl = helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    w = numpy_helper.from_array(np.ones((2, 3), np.float32), "w")
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [x, wdecl], [y], [w])
+    with pytest.raises(ModelLoadError, match=r"graph input \(an initializer\) 'w' is declared with shape \[3, 2\], "
+                                             r"but its shape is \[2, 3\]"):
+        _compile(m)
+    m.graph.input[1].CopyFrom(helper.make_tensor_value_info("w", TensorProto.FLOAT, ["a", 3]))   # fine
+    xv = rand(2, 3)
+    np.testing.assert_array_equal(_compile(m).run(xv)[0], xv + 1)

@@ -292,11 +292,65 @@ def _constant_node_value(proto: onnx.NodeProto) -> np.ndarray:
     raise UnsupportedModelError(f"Constant node '{proto.name}': attribute {a.name} is not supported")
 
 
+#: default-domain attributes whose only values the ONNX spec allows are 0 and 1 (onnx.reference
+#: takes any non-zero value as 1, onnxruntime and onnx shape inference some as 0: a value
+#: outside {0, 1} has no meaning, so it is refused)
+FLAG_ATTRS = frozenset({
+    "keepdims", "noop_with_empty_axes", "select_last_index", "is_causal", "ceil_mode",
+    "count_include_pad", "storage_order", "transA", "transB", "allowzero", "exclusive", "reverse",
+    "center_point_box", "largest", "sorted", "training_mode", "detect_negative", "detect_positive",
+    "upper", "linear_before_reset", "input_forget", "onesided", "inverse", "fmod", "saturate",
+    "new_axis", "interleaved", "layout"})
+
+
+def check_flag_attrs(n: onnx.NodeProto) -> None:
+    """Raise ModelLoadError naming the node and attribute if a default-domain node gives a
+    0/1 flag (:data:`FLAG_ATTRS`) another value."""
+    if n.domain not in SUPPORTED_DOMAINS:
+        return
+    for a in n.attribute:
+        if a.name in FLAG_ATTRS and a.type == onnx.AttributeProto.INT and a.i not in (0, 1):
+            raise ModelLoadError(f"{_where(n)}: attribute '{a.name}' is {a.i}; the ONNX spec allows only 0 or 1")
+
+
+def _declared(vi: onnx.ValueInfoProto):
+    """(DType or None, dims or None) a ValueInfoProto declares: None where it declares nothing;
+    a dim is an int or None (symbolic / unknown)."""
+    if not vi.type.HasField("tensor_type"):
+        return None, None
+    tt = vi.type.tensor_type
+    dt = None
+    if tt.elem_type:
+        try:
+            dt = DType.from_onnx(tt.elem_type)
+        except TypeError:
+            dt = None
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] if tt.HasField("shape") else None
+    return dt, dims
+
+
+def check_declared(kind: str, vi: onnx.ValueInfoProto, t: TensorType) -> None:
+    """Raise ModelLoadError if ``vi`` (a graph output, value_info or input entry) declares a
+    dtype or a definite shape that contradicts ``t``, the type tensorfuse inferred (or the
+    initializer's). Symbolic and unknown dims, and declarations without a shape, are fine."""
+    dt, dims = _declared(vi)
+    if dt is not None and dt != t.dtype:
+        raise ModelLoadError(f"{kind} '{vi.name}' is declared {dt.value}, but it is {t.dtype.value} "
+                             f"(shape {list(t.shape)})")
+    if dims is None:
+        return
+    if len(dims) != len(t.shape) or any(d is not None and d != s for d, s in zip(dims, t.shape)):
+        shown = [d if d is not None else "?" for d in dims]
+        raise ModelLoadError(f"{kind} '{vi.name}' is declared with shape {shown}, but its shape is "
+                             f"{list(t.shape)}")
+
+
 def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
     """Import one ONNX node into ``ctx.graph``, reading its inputs from ``ctx.env`` and binding
     its output names there; returns the output Values. Constant nodes become graph constants;
     If/Loop/Scan are inlined by compiler/frontend/control_flow.py. Raises InputValuesNeeded when
     a shape-deciding input is computed from graph inputs, UnsupportedModelError otherwise."""
+    check_flag_attrs(n)
     if n.op_type == "Constant" and n.domain in SUPPORTED_DOMAINS:
         arr = _constant_node_value(n)
         v = Value(n.output[0], TensorType.of(arr), data=arr)
@@ -340,7 +394,9 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
     or the physical memory); a graph input or node output larger than it is refused.
 
     Raises ModelLoadError (not ONNX, fails the checker, names that are not UTF-8, a Constant
-    without a value or with data that does not match its dims), UnsupportedModelError (ops the
+    without a value or with data that does not match its dims, a 0/1 flag attribute with another
+    value, a graph output, value_info or initializer-input declaration whose dtype or definite
+    dims contradict the inferred type), UnsupportedModelError (ops the
     registry lacks, listed all at once with node names; opset out of range; dynamic input
     dimensions; a tensor over the memory cap, naming the node and shape).
     """
@@ -378,7 +434,8 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
         g.constants[t.name] = v
         ctx.env[t.name] = v
     for vi in proto.graph.input:
-        if vi.name in inits:
+        if vi.name in inits:     # an initializer that is also an input: its declaration must fit it
+            check_declared("graph input (an initializer)", vi, g.constants[vi.name].type)
             continue
         v = Value(vi.name, _tensor_type(vi, input_shapes))
         g.reserve(vi.name)
@@ -398,5 +455,10 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
             raise UnsupportedModelError(f"graph output '{vi.name}' is never defined")
         g.outputs.append(ctx.env[vi.name])
     g.output_names = [vi.name for vi in proto.graph.output]
+    for vi in proto.graph.output:
+        check_declared("graph output", vi, ctx.env[vi.name].type)
+    for vi in proto.graph.value_info:
+        if vi.name in ctx.env and ctx.env[vi.name] is not None:
+            check_declared("value_info", vi, ctx.env[vi.name].type)
     check_memory(g, max_memory)
     return g
