@@ -22,7 +22,7 @@ from tensorfuse.compiler.target import Target
 
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
             input_shapes: dict[str, Any] | None = None, disabled_rules=(), dump_ir=None,
-            cache: bool = True, num_threads: int | None = None):
+            cache: bool = True, num_threads: int | None = None, max_memory: int | str | None = None):
     """Compile an ONNX model into an executable :class:`tensorfuse.runtime.Module`.
 
     model: a path, bytes or ``onnx.ModelProto``. target: "llvm" (the host CPU; ``-mcpu=`` and
@@ -37,7 +37,11 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     store it into) the compile cache (``runtime.cache``; keyed by model content, target, every
     other option and the version). num_threads: threads that run the parallel loops of each
     kernel (default: ``$TENSORFUSE_NUM_THREADS``, else the cores this process may use,
-    ``os.sched_getaffinity``); ``Module.num_threads`` changes it after compiling.
+    ``os.sched_getaffinity``); ``Module.num_threads`` changes it after compiling. max_memory:
+    the memory cap, bytes or a string like ``"64G"`` (default ``$TENSORFUSE_MAX_MEMORY``, else
+    the physical memory; ``compiler.limits``): a model with a graph input or node output larger
+    than it is refused with UnsupportedModelError naming the node and shape, instead of failing
+    when it runs.
 
     The module's ``report`` (``compiler.report.CompileReport``) says what the compiler did:
     ``graph`` (the optimised graph IR), ``kernels``, ``llvm_ir``, ``rewrite_log`` (the rule
@@ -56,7 +60,8 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     first run for those inputs' values (see that module).
     """
     opts = CompileOptions.create(target, opt_level, input_shapes=input_shapes, disabled_rules=disabled_rules,
-                                 dump_ir=dump_ir, cache=cache, num_threads=num_threads)
+                                 dump_ir=dump_ir, cache=cache, num_threads=num_threads,
+                                 max_memory=max_memory)
     return compile_with(model, opts)
 
 
@@ -119,7 +124,7 @@ def _build(model: Any, options: CompileOptions):
     """Import, optimise, lower and generate code: the module with its compile report. Raises
     InputValuesNeeded when shapes need input values (``compile_with`` specialises)."""
     tgt = Target.parse(options.target)
-    graph = import_onnx(model, input_shapes=options.input_shapes_dict)
+    graph = import_onnx(model, input_shapes=options.input_shapes_dict, max_memory=options.max_memory)
     output_names = list(graph.output_names or [v.name for v in graph.outputs])
     input_names = [v.name for v in graph.inputs]
     from tensorfuse.compiler.pipeline import dump_kernels, optimize

@@ -58,7 +58,8 @@ class CompileOptions:
     ``target``: canonical target string (``compiler.target.Target``); ``opt_level``: 0..3;
     ``input_shapes``: ``((input name, shape), ...)`` sorted by name, or None;
     ``disabled_rules``: sorted rule names; ``dump_ir``: a folder or None; ``cache``: use the
-    compile cache; ``num_threads``: the requested thread count (None: the default).
+    compile cache; ``num_threads``: the requested thread count (None: the default);
+    ``max_memory``: the resolved memory cap in bytes (``compiler.limits.resolve_max_memory``).
     """
 
     target: str = "llvm"
@@ -68,16 +69,19 @@ class CompileOptions:
     dump_ir: str | None = None
     cache: bool = True
     num_threads: int | None = field(default=None, compare=False)
+    max_memory: int | None = None
 
     @classmethod
     def create(cls, target: str = "llvm", opt_level: int = 2, *, input_shapes=None, disabled_rules=(),
-               dump_ir=None, cache: bool = True, num_threads: int | None = None) -> "CompileOptions":
+               dump_ir=None, cache: bool = True, num_threads: int | None = None,
+               max_memory: int | str | None = None) -> "CompileOptions":
         """Check and normalise. Raises ValueError (opt_level not 0..3, a bad shape),
         TypeError (disabled_rules or input_shapes of the wrong kind), CompileError (a target
         that does not parse or is not available)."""
         import os
 
         from tensorfuse.compiler.errors import CompileError
+        from tensorfuse.compiler.limits import resolve_max_memory
         from tensorfuse.compiler.target import Target
         if isinstance(opt_level, bool) or opt_level not in (0, 1, 2, 3):
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
@@ -85,7 +89,8 @@ class CompileOptions:
         if tgt.kind != "llvm":
             raise CompileError(f"target {tgt.kind!r} is not available yet")
         return cls(str(tgt), int(opt_level), _shapes(input_shapes), rule_names(disabled_rules),
-                   None if dump_ir is None else os.fspath(dump_ir), bool(cache), num_threads)
+                   None if dump_ir is None else os.fspath(dump_ir), bool(cache), num_threads,
+                   resolve_max_memory(max_memory))
 
     @property
     def input_shapes_dict(self) -> dict[str, tuple[int, ...]] | None:
@@ -95,13 +100,14 @@ class CompileOptions:
         """The keyword arguments of ``tensorfuse.compile`` (but ``target``) these options stand for."""
         return {"opt_level": self.opt_level, "input_shapes": self.input_shapes_dict,
                 "disabled_rules": self.disabled_rules, "dump_ir": self.dump_ir, "cache": self.cache,
-                "num_threads": self.num_threads}
+                "num_threads": self.num_threads, "max_memory": self.max_memory}
 
     def key_options(self) -> dict[str, Any]:
         """The options part of the cache key: every option but :data:`NOT_IN_KEY`, as JSON values."""
         return {"opt_level": self.opt_level,
                 "input_shapes": None if self.input_shapes is None else {k: list(v) for k, v in self.input_shapes},
-                "disabled_rules": list(self.disabled_rules), "dump_ir": self.dump_ir}
+                "disabled_rules": list(self.disabled_rules), "dump_ir": self.dump_ir,
+                "max_memory": self.max_memory}
 
     def key(self, model: Any) -> dict:
         """The compile cache key of compiling ``model`` with these options (:func:`cache_key`)."""

@@ -286,6 +286,27 @@ def maximum(a, b) -> Expr:
     return binop("max", a, b)
 
 
+def maxnum(a, b) -> Expr:
+    """NaN-skipping maximum (IEEE 754 maxNum, numpy.fmax): the larger of ``a`` and ``b``; a NaN
+    operand is ignored, so the result is NaN only when both are. Integers: :func:`maximum`. The
+    rule of tensorfuse's max-like reductions and windows (ReduceMax, MaxPool, GlobalMaxPool,
+    README "NaN in max/min-like ops"). Two selects, which vectorise to compares and blends."""
+    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
+    b = as_expr(b, a.dtype)
+    if not a.dtype.is_float:
+        return maximum(a, b)
+    return select(b > a, b, select(unop("isnan", a), b, a))
+
+
+def minnum(a, b) -> Expr:
+    """NaN-skipping minimum (IEEE 754 minNum, numpy.fmin); see :func:`maxnum`."""
+    a = as_expr(a, b.dtype if isinstance(b, Expr) else None)
+    b = as_expr(b, a.dtype)
+    if not a.dtype.is_float:
+        return minimum(a, b)
+    return select(b < a, b, select(unop("isnan", a), b, a))
+
+
 # ----------------------------------------------------------------------------- buffers
 @dataclass(eq=False)
 class Buffer:

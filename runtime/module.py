@@ -127,6 +127,37 @@ class _Arena:
             self.team.run(entry, self.addr)
 
 
+def _as_input_array(info, a) -> np.ndarray:
+    """A run-time input that is not an ndarray (a Python number or bool, a nested list or tuple
+    of them, a numpy scalar, an object with ``__array__``) as an array of ``info``'s dtype.
+    Raises TypeError naming the input for a str, bytes, dict, set or anything whose elements are
+    not numbers, ValueError for a ragged nested list and for numbers the dtype cannot hold
+    (floats for an integer input, integers out of its range, numbers for a bool input)."""
+    want = f"a numpy array (or nested list of numbers) of dtype {info.dtype} and shape {list(info.shape)}"
+    if isinstance(a, (str, bytes, bytearray, dict, set, frozenset)) or a is None:
+        raise TypeError(f"input '{info.name}': expected {want}, got {type(a).__name__}")
+    import warnings
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")          # old numpy: ragged lists only warn
+            arr = np.asarray(a)
+    except (ValueError, TypeError, np.exceptions.VisibleDeprecationWarning) as e:
+        ragged = "inhomogeneous" in str(e) or "sequence" in str(e) or "ragged" in str(e)
+        raise ValueError(f"input '{info.name}': expected {want}, got a {type(a).__name__} that is not "
+                         f"{'rectangular (a ragged nested list)' if ragged else 'array-like'}") from None
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"input '{info.name}': expected {want}, got a {type(a).__name__} of "
+                        f"{'strings' if arr.dtype.kind in 'SU' else arr.dtype.name + ' elements'}")
+    want_dt = np.dtype(info.dtype)
+    if not np.can_cast(arr.dtype, want_dt, casting="same_kind"):
+        raise ValueError(f"input '{info.name}': expected {want}, got {arr.dtype.name} values "
+                         f"(convert them explicitly)")
+    out = arr.astype(want_dt)
+    if want_dt.kind in "iu" and arr.size and not np.array_equal(out.astype(arr.dtype), arr):
+        raise ValueError(f"input '{info.name}': values out of the range of {info.dtype}")
+    return out
+
+
 class Module:
     """A compiled model for one target.
 
@@ -267,7 +298,7 @@ class Module:
             if a is None:
                 raise ValueError(f"input '{info.name}' is missing: expected {info.dtype}{list(info.shape)}")
             if not isinstance(a, np.ndarray):
-                a = np.asarray(a, dtype=info.dtype)
+                a = _as_input_array(info, a)
             if a.dtype != info.dtype:
                 raise ValueError(f"input '{info.name}': expected dtype {info.dtype}, got {a.dtype}")
             if tuple(a.shape) != info.shape:

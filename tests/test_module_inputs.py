@@ -50,3 +50,34 @@ def test_non_contiguous_input_and_fresh_outputs(add_module):
     out2 = add_module.run(b, b)[0]
     assert out1 is not out2
     np.testing.assert_array_equal(out1, a + b)   # not overwritten by the second run
+
+
+# -- issue 9 defect 4: inputs of the wrong kind name the input and what was expected ------------
+@pytest.mark.parametrize("bad,err,what", [
+    (b"abcdefgh", TypeError, "got bytes"),
+    ("abc", TypeError, "got str"),
+    ({"x": 1}, TypeError, "got dict"),
+    ({1.0, 2.0}, TypeError, "got set"),
+    ([[1.0, 2.0, 3.0], [4.0, 5.0]], ValueError, r"got a list that is not rectangular \(a ragged nested list\)"),
+    ([["a", "b", "c"], ["d", "e", "f"]], TypeError, "got a list of strings"),
+    ([[1, 2, None], [4, 5, 6]], TypeError, "got a list of object elements"),
+])
+def test_wrong_kind_of_input_names_the_input(add_module, bad, err, what):
+    with pytest.raises(err, match=rf"input 'b': expected a numpy array \(or nested list of numbers\) of dtype "
+                                  rf"float32 and shape \[2, 3\], {what}"):
+        add_module.run(rand(2, 3), bad)
+
+
+def test_nested_lists_and_scalars_are_converted(add_module):
+    a = rand(2, 3)
+    out = add_module.run(a, [[1, 2, 3], [4.5, 5, 6]])[0]          # ints and floats: float32
+    np.testing.assert_array_equal(out, a + np.array([[1, 2, 3], [4.5, 5, 6]], np.float32))
+
+
+def test_floats_for_an_integer_input_are_refused():
+    mod = tensorfuse.compile(node_model("Add", {"a": np.zeros(2, np.int32), "b": np.zeros(2, np.int32)}))
+    np.testing.assert_array_equal(mod.run([1, 2], (3, 4))[0], np.array([4, 6], np.int32))
+    with pytest.raises(ValueError, match=r"input 'a': expected .* dtype int32 .*, got float64 values"):
+        mod.run([1.5, 2.0], [1, 2])
+    with pytest.raises(ValueError, match=r"input 'b': values out of the range of int32"):
+        mod.run([1, 2], [2 ** 40, 1])

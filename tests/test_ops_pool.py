@@ -215,18 +215,21 @@ def test_global_pool_vectorised(op, attrs, shape):
 
 
 def test_global_max_pool_nan_inf():
-    """A NaN anywhere in a plane gives NaN (numpy.maximum), in the vector part or the tail;
-    +-inf planes against onnxruntime."""
+    """NaN is skipped (maxNum, README "NaN in max/min-like ops"), in the vector part or the
+    tail; a plane of NaN only gives NaN; +-inf planes against onnxruntime."""
     x = _with_specials((2, 8, 5, 7), seed=10, nan=False)
     x[0, 1, 0, 3] = np.nan          # first vector
     x[1, 2, 4, 6] = -np.nan         # tail (35 = 4 vectors + 3 on 8 lanes; 2 vectors + 3 on 16)
     x[1, 5, 2, 1] = np.nan
+    x[1, 7] = np.nan                # a whole plane
     m = node_model("GlobalMaxPool", {"x": x}, {})
-    ref = np.max(x, axis=(2, 3), keepdims=True)
+    ref = np.fmax.reduce(x.reshape(2, 8, -1), axis=2)[..., None, None]
     got = tensorfuse.compile(m).run(x)[0]
     np.testing.assert_array_equal(got, ref)
+    assert np.isnan(got).sum() == 1 and np.isnan(got[1, 7]).all()
     ok = ~np.isnan(ref)
-    np.testing.assert_array_equal(got[ok], ort_run(m, {"x": x})[0][ok])
+    xi = np.where(np.isnan(x), -np.inf, x)          # onnxruntime without NaN: the same maxima
+    np.testing.assert_array_equal(got[ok], ort_run(m, {"x": xi})[0][ok])
 
 
 @pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
@@ -346,16 +349,17 @@ def _with_specials(shape, seed, nan=True):
 
 @pytest.mark.parametrize("shape,attrs", [ROWS_CASES[i] for i in (0, 3, 5, 8, 10, 12, 16, 22)])
 def test_maxpool_rows_nan(shape, attrs):
-    """NaN anywhere in a window gives NaN (numpy.maximum's rule, which the numpy reference and
-    the generic kernel's llvm.maximum follow): onnxruntime drops NaN depending on where it sits
-    in the window, so it is the oracle only for the windows without NaN; +-inf everywhere."""
+    """NaN is skipped (maxNum, README "NaN in max/min-like ops"): a window gives the maximum of
+    its numbers, NaN only when all of them are NaN. onnxruntime keeps or drops a NaN depending on
+    where it sits in the window, so the oracle is onnxruntime on x with NaN as -inf, and on the
+    not-NaN mask to find the windows of NaN only; +-inf everywhere."""
     x = _with_specials(shape, seed=3)
+    x.reshape(-1)[: x.shape[-1] * 3] = np.nan                 # some windows of NaN only
     m = node_model("MaxPool", {"x": x}, attrs)
-    (ref,), _ = _ref("MaxPool", [x], **attrs)
+    numbers = ort_run(m, {"x": (~np.isnan(x)).astype(np.float32)})[0]
+    ref = np.where(numbers > 0, ort_run(m, {"x": np.where(np.isnan(x), -np.inf, x)})[0], np.nan).astype(np.float32)
     has_nan = np.isnan(ref)
     assert has_nan.any() and not has_nan.all()
-    ort = ort_run(m, {"x": x})[0]
-    np.testing.assert_array_equal(ref[~has_nan], ort[~has_nan])
     for lvl in (0, 2):
         mod = tensorfuse.compile(m, opt_level=lvl)
         assert _rows_kernels(mod)

@@ -78,6 +78,21 @@ _INTRINSIC_UNARY = {"sqrt": "sqrt", "exp": "exp", "log": "log", "sin": "sin", "c
 _FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
 
 
+#: the longest buffer name used as an LLVM local name (longer ones are shortened)
+MAX_LOCAL_NAME = 64
+
+
+def local_name(name: str) -> str:
+    """The LLVM local name for a buffer (an ONNX value) name: the name itself, or for one longer
+    than :data:`MAX_LOCAL_NAME` its start and a hash of the whole. LLVM truncates local names
+    of over 1024 characters while parsing IR, so two long names sharing a prefix would become
+    one value ("multiple definition of local value"); names are only labels in the IR."""
+    if len(name) <= MAX_LOCAL_NAME:
+        return name
+    import hashlib
+    return f"{name[:MAX_LOCAL_NAME - 17]}.{hashlib.sha1(name.encode('utf-8', 'surrogatepass')).hexdigest()[:16]}"
+
+
 class _FnEmitter:
     def __init__(self, module: ir.Module, kernel: Kernel):
         self.m = module
@@ -99,10 +114,10 @@ class _FnEmitter:
         for i, buf in enumerate(kernel.params):
             slot = self.b.gep(self.fn.args[0], [ir.Constant(I64, i)], source_etype=PTR)
             p = self.b.load(slot, typ=PTR)
-            p.name = buf.name
+            p.name = local_name(buf.name)
             self.ptrs[id(buf)] = p
         for buf in kernel.locals:
-            a = self.b.alloca(ir.ArrayType(ltype(buf.dtype, True), max(buf.numel, 1)), name=buf.name)
+            a = self.b.alloca(ir.ArrayType(ltype(buf.dtype, True), max(buf.numel, 1)), name=local_name(buf.name))
             a.align = 64
             self.ptrs[id(buf)] = a
         self.tid, self.nth = _team_ids(self.b, self.fn.args[1])     # after the allocas: entry block

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -205,13 +206,75 @@ def _new_target_machine(opt: int = 3, target=None):
                                                                  reloc="pic", codemodel="jitdefault")
 
 
-def optimize(mod, opt: int = 3, target=None) -> None:
+def optimize(mod, opt: int = 3, target=None):
+    """Run LLVM's optimisation pipeline on ``mod`` for ``target``; returns the module to
+    generate code from: ``mod`` itself, or a re-parsed copy in which the constant-mask masked
+    loads were scalarised (:func:`scalarize_constant_masked_loads`)."""
     tm = target_machine(target, opt)
     pto = llvm.create_pipeline_tuning_options(speed_level=opt)
     pto.loop_vectorization = opt >= 2
     pto.slp_vectorization = opt >= 2
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
+    text = str(mod)
+    if "@llvm.masked.load." not in text:
+        return mod
+    fixed = scalarize_constant_masked_loads(text)
+    if fixed == text:
+        return mod
+    return parse_and_verify(fixed, mod.name)
+
+
+# `%v = [tail] call <N x T> @llvm.masked.load.*(ptr [align A] %p, <N x i1> <i1 true, ...>, <N x T> pass)`
+_MASKED_LOAD = re.compile(
+    r"^(?P<indent>\s*)(?P<res>%[-\w.$]+|%\d+) = (?:tail |notail |musttail )?call (?:[\w ]+ )?"
+    r"<(?P<n>\d+) x (?P<ty>[\w]+)> @llvm\.masked\.load\.[\w.]+\("
+    r"ptr (?:[\w]+ )*?(?:align (?P<align>\d+) )?(?P<ptr>%[-\w.$]+|%\d+), "
+    r"<\d+ x i1> <(?P<mask>(?:i1 (?:true|false)(?:, )?)+)>, "
+    r"<\d+ x [\w]+> (?P<pass>[^)]+)\)(?P<rest>.*)$")
+
+_ELEM_BYTES = {"float": 4, "double": 8, "half": 2, "bfloat": 2, "i8": 1, "i16": 2, "i32": 4, "i64": 8, "ptr": 8}
+
+
+def scalarize_constant_masked_loads(text: str) -> str:
+    """Replace each ``llvm.masked.load`` with a constant mask in optimised LLVM IR text by one
+    scalar load per enabled lane and ``insertelement`` into the pass-through value.
+
+    LLVM's SLP vectoriser (LLVM 21+, "masked load + compress") turns scalar loads with gaps
+    between them (an unrolled strided or clipped loop, as ConvTranspose's kernels have) into a
+    masked load of an odd width (``<11 x float>``) with a constant mask. On AVX-512 targets
+    LLVM's instruction selection cannot always lower what the X86 DAG combiner makes of it and
+    aborts the process (``LLVM ERROR: Cannot select: ... zero_extend_vector_inreg ...
+    masked_load v16f32``, issue 9 defect 2). Loading the enabled lanes one by one reads the
+    same memory (no lane the mask disables is read) and gives the same value; masked loads
+    whose mask is computed at run time (the loop vectoriser's) are kept."""
+    out, count = [], 0
+    for line in text.split("\n"):
+        m = _MASKED_LOAD.match(line) if "@llvm.masked.load." in line else None
+        if m is None or m["ty"] not in _ELEM_BYTES:
+            out.append(line)
+            continue
+        n, ty, ptr, ind = int(m["n"]), m["ty"], m["ptr"], m["indent"]
+        lanes = [w == "true" for w in re.findall(r"true|false", m["mask"])]
+        if len(lanes) != n:
+            out.append(line)
+            continue
+        align = int(m["align"] or _ELEM_BYTES[ty])
+        vec, acc, tag = f"<{n} x {ty}>", m["pass"].strip(), f"%tf.mload{count}"
+        count += 1
+        enabled = [i for i in range(n) if lanes[i]]
+        if not enabled:
+            out.append(f"{ind}{m['res']} = shufflevector {vec} {acc}, {vec} poison, "
+                       f"<{n} x i32> <{', '.join(f'i32 {i}' for i in range(n))}>")
+            continue
+        for j, i in enumerate(enabled):
+            a = align if i == 0 else min(align, _ELEM_BYTES[ty])
+            out.append(f"{ind}{tag}.p{i} = getelementptr inbounds {ty}, ptr {ptr}, i64 {i}")
+            out.append(f"{ind}{tag}.l{i} = load {ty}, ptr {tag}.p{i}, align {a}")
+            res = m["res"] if j == len(enabled) - 1 else f"{tag}.v{i}"
+            out.append(f"{ind}{res} = insertelement {vec} {acc}, {ty} {tag}.l{i}, i64 {i}")
+            acc = res
+    return "\n".join(out)
 
 
 class NativeLibrary:
@@ -247,8 +310,7 @@ def compile_ir(ir_text: str, name: str = "module", opt: int = 3, target=None):
     ``target_info`` records the target, CPU and features the code was generated for."""
     STATS["codegen_calls"] += 1
     target = _as_target(target)
-    mod = parse_and_verify(ir_text, name)
-    optimize(mod, opt, target)
+    mod = optimize(parse_and_verify(ir_text, name), opt, target)
     tm = target_machine(target, opt)
     obj = tm.emit_object(mod)
     lib = load_object(obj)
@@ -260,8 +322,7 @@ def emit_assembly(ir_text: str, name: str = "module", opt: int = 3, target=None)
     """The assembly ``compile_ir`` would generate for this IR and target (for inspecting which
     instructions and registers the code uses); generates no loadable code."""
     target = _as_target(target)
-    mod = parse_and_verify(ir_text, name)
-    optimize(mod, opt, target)
+    mod = optimize(parse_and_verify(ir_text, name), opt, target)
     return target_machine(target, opt).emit_assembly(mod)
 
 

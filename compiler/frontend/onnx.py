@@ -105,11 +105,69 @@ def attr_value(a: onnx.AttributeProto, allow_graphs: bool = False) -> Any:
     if isinstance(v, bytes):
         return v.decode("utf-8", "replace")
     if isinstance(v, onnx.TensorProto):
-        return numpy_helper.to_array(v)
+        return tensor_array(v, f"attribute '{a.name}'")
     if isinstance(v, list):
         return [x.decode("utf-8", "replace") if isinstance(x, bytes) else
-                numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else x for x in v]
+                tensor_array(x, f"attribute '{a.name}'") if isinstance(x, onnx.TensorProto) else x for x in v]
     return v
+
+
+def tensor_array(t: onnx.TensorProto, what: str) -> np.ndarray:
+    """``numpy_helper.to_array(t)``, with a tensor whose data does not match its dims and type
+    (raw_data of the wrong size, too many or too few values) or whose type tensorfuse lacks
+    refused as ModelLoadError naming ``what``, not numpy's reshape error."""
+    try:
+        arr = numpy_helper.to_array(t)
+    except Exception as e:
+        dims = list(t.dims)
+        need = None
+        if t.HasField("raw_data"):
+            try:
+                need = int(np.prod(dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+                tname = onnx.TensorProto.DataType.Name(t.data_type)
+            except (KeyError, ValueError, TypeError):
+                need = None
+        if need is not None and need != len(t.raw_data):
+            raise ModelLoadError(f"{what}: the tensor's raw_data has {len(t.raw_data)} bytes, its dims "
+                                 f"{dims} and type {tname} need {need}") from None
+        raise ModelLoadError(f"{what}: its tensor (dims {dims}) cannot be read: {type(e).__name__}: "
+                             f"{str(e)[:200]}") from None
+    return arr
+
+
+def _where(n: onnx.NodeProto, i: int | None = None) -> str:
+    """How error messages name an ONNX node."""
+    if n.name:
+        return f"node '{n.name}' ({n.op_type})"
+    first = n.output[0] if n.output else ""
+    return f"unnamed {n.op_type} node{f' #{i}' if i is not None else ''} (first output '{first}')"
+
+
+def check_names(graph: onnx.GraphProto, _path: str = "") -> None:
+    """Raise ModelLoadError if a name in ``graph`` (its own, a node's, an input's, an output's,
+    a value's, an initializer's; subgraphs too) is not valid UTF-8. ONNX names are protobuf
+    strings; the Python protobuf runtime returns bytes for invalid UTF-8 in them, which the rest
+    of the compiler cannot use as names."""
+    def bad(what: str, name) -> None:
+        if isinstance(name, bytes):
+            raise ModelLoadError(f"{_path}{what}: the name {name!r} is not valid UTF-8")
+
+    bad("graph name", graph.name)
+    for kind, vis in (("graph input", graph.input), ("graph output", graph.output),
+                      ("value_info", graph.value_info)):
+        for vi in vis:
+            bad(kind, vi.name)
+    for t in graph.initializer:
+        bad("initializer", t.name)
+    for i, n in enumerate(graph.node):
+        where = f"node #{i} ({n.op_type})"
+        for what, name in ([("node name", n.name), ("op type", n.op_type), ("domain", n.domain)] +
+                           [("input", x) for x in n.input] + [("output", x) for x in n.output]):
+            bad(f"{where} {what}", name)
+        for a in n.attribute:
+            bad(f"{where} attribute name", a.name)
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                check_names(sub, f"{_path}{n.name or f'#{i}'}/")
 
 
 def _tensor_type(vi: onnx.ValueInfoProto, input_shapes: dict) -> TensorType:
@@ -161,7 +219,10 @@ class ImportCtx:
             raise UnsupportedModelError(f"value '{name}' is used but never defined") from None
 
     def attrs(self, proto: onnx.NodeProto) -> dict[str, Any]:
-        return {a.name: attr_value(a) for a in proto.attribute}
+        try:
+            return {a.name: attr_value(a) for a in proto.attribute}
+        except ModelLoadError as e:
+            raise ModelLoadError(f"{_where(proto)}: {e}") from None
 
     def default_import(self, proto: onnx.NodeProto, op: str | None = None, inputs=None, attrs=None):
         """Import as the same op with the node's attributes; returns the output Values."""
@@ -220,8 +281,18 @@ def _upgrade_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 
 
 def _constant_node_value(proto: onnx.NodeProto) -> np.ndarray:
+    """The value of a Constant node (ONNX Constant: exactly one of value, sparse_value,
+    value_float(s), value_int(s), value_string(s)). Raises ModelLoadError naming the node when
+    it has none or several, or when its tensor's data does not match its dims."""
+    if len(proto.attribute) != 1:
+        got = ", ".join(a.name for a in proto.attribute) or "none"
+        raise ModelLoadError(f"{_where(proto)}: a Constant needs exactly one value attribute "
+                             f"(value, value_float, value_int, ...), it has {got}")
     a = proto.attribute[0]
-    v = attr_value(a)
+    try:
+        v = attr_value(a)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{_where(proto)}: {e}") from None
     if a.name == "value":
         return np.asarray(v)
     if a.name in ("value_float", "value_int", "value_string"):
@@ -231,11 +302,65 @@ def _constant_node_value(proto: onnx.NodeProto) -> np.ndarray:
     raise UnsupportedModelError(f"Constant node '{proto.name}': attribute {a.name} is not supported")
 
 
+#: default-domain attributes whose only values the ONNX spec allows are 0 and 1 (onnx.reference
+#: takes any non-zero value as 1, onnxruntime and onnx shape inference some as 0: a value
+#: outside {0, 1} has no meaning, so it is refused)
+FLAG_ATTRS = frozenset({
+    "keepdims", "noop_with_empty_axes", "select_last_index", "is_causal", "ceil_mode",
+    "count_include_pad", "storage_order", "transA", "transB", "allowzero", "exclusive", "reverse",
+    "center_point_box", "largest", "sorted", "training_mode", "detect_negative", "detect_positive",
+    "upper", "linear_before_reset", "input_forget", "onesided", "inverse", "fmod", "saturate",
+    "new_axis", "interleaved", "layout"})
+
+
+def check_flag_attrs(n: onnx.NodeProto) -> None:
+    """Raise ModelLoadError naming the node and attribute if a default-domain node gives a
+    0/1 flag (:data:`FLAG_ATTRS`) another value."""
+    if n.domain not in SUPPORTED_DOMAINS:
+        return
+    for a in n.attribute:
+        if a.name in FLAG_ATTRS and a.type == onnx.AttributeProto.INT and a.i not in (0, 1):
+            raise ModelLoadError(f"{_where(n)}: attribute '{a.name}' is {a.i}; the ONNX spec allows only 0 or 1")
+
+
+def _declared(vi: onnx.ValueInfoProto):
+    """(DType or None, dims or None) a ValueInfoProto declares: None where it declares nothing;
+    a dim is an int or None (symbolic / unknown)."""
+    if not vi.type.HasField("tensor_type"):
+        return None, None
+    tt = vi.type.tensor_type
+    dt = None
+    if tt.elem_type:
+        try:
+            dt = DType.from_onnx(tt.elem_type)
+        except TypeError:
+            dt = None
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] if tt.HasField("shape") else None
+    return dt, dims
+
+
+def check_declared(kind: str, vi: onnx.ValueInfoProto, t: TensorType) -> None:
+    """Raise ModelLoadError if ``vi`` (a graph output, value_info or input entry) declares a
+    dtype or a definite shape that contradicts ``t``, the type tensorfuse inferred (or the
+    initializer's). Symbolic and unknown dims, and declarations without a shape, are fine."""
+    dt, dims = _declared(vi)
+    if dt is not None and dt != t.dtype:
+        raise ModelLoadError(f"{kind} '{vi.name}' is declared {dt.value}, but it is {t.dtype.value} "
+                             f"(shape {list(t.shape)})")
+    if dims is None:
+        return
+    if len(dims) != len(t.shape) or any(d is not None and d != s for d, s in zip(dims, t.shape)):
+        shown = [d if d is not None else "?" for d in dims]
+        raise ModelLoadError(f"{kind} '{vi.name}' is declared with shape {shown}, but its shape is "
+                             f"{list(t.shape)}")
+
+
 def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
     """Import one ONNX node into ``ctx.graph``, reading its inputs from ``ctx.env`` and binding
     its output names there; returns the output Values. Constant nodes become graph constants;
     If/Loop/Scan are inlined by compiler/frontend/control_flow.py. Raises InputValuesNeeded when
     a shape-deciding input is computed from graph inputs, UnsupportedModelError otherwise."""
+    check_flag_attrs(n)
     if n.op_type == "Constant" and n.domain in SUPPORTED_DOMAINS:
         arr = _constant_node_value(n)
         v = Value(n.output[0], TensorType.of(arr), data=arr)
@@ -271,13 +396,24 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
     return outs
 
 
-def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: bool = True) -> Graph:
+def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: bool = True,
+                max_memory: int | str | None = None) -> Graph:
     """Import an ONNX model as an ir.Graph with static shapes.
 
-    Raises ModelLoadError (not ONNX, fails the checker), UnsupportedModelError (ops the registry
-    lacks, listed all at once with node names; opset out of range; dynamic input dimensions).
+    max_memory: the memory cap in bytes (``compiler.limits``: None is ``$TENSORFUSE_MAX_MEMORY``
+    or the physical memory); a graph input or node output larger than it is refused.
+
+    Raises ModelLoadError (not ONNX, fails the checker, names that are not UTF-8, a Constant
+    without a value or with data that does not match its dims, a 0/1 flag attribute with another
+    value, a graph output, value_info or initializer-input declaration whose dtype or definite
+    dims contradict the inferred type), UnsupportedModelError (ops the
+    registry lacks, listed all at once with node names; opset out of range; dynamic input
+    dimensions; a tensor over the memory cap, naming the node and shape).
     """
+    from tensorfuse.compiler.limits import check_memory, resolve_max_memory
+    max_memory = resolve_max_memory(max_memory)
     proto = load_model(model)
+    check_names(proto.graph)
     if check:
         _check(proto)
     if proto.functions:     # model-local functions (tensorfuse's own export writes fused ops so)
@@ -310,7 +446,8 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
         g.constants[t.name] = v
         ctx.env[t.name] = v
     for vi in proto.graph.input:
-        if vi.name in inits:
+        if vi.name in inits:     # an initializer that is also an input: its declaration must fit it
+            check_declared("graph input (an initializer)", vi, g.constants[vi.name].type)
             continue
         v = Value(vi.name, _tensor_type(vi, input_shapes))
         g.reserve(vi.name)
@@ -330,4 +467,10 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
             raise UnsupportedModelError(f"graph output '{vi.name}' is never defined")
         g.outputs.append(ctx.env[vi.name])
     g.output_names = [vi.name for vi in proto.graph.output]
+    for vi in proto.graph.output:
+        check_declared("graph output", vi, ctx.env[vi.name].type)
+    for vi in proto.graph.value_info:
+        if vi.name in ctx.env and ctx.env[vi.name] is not None:
+            check_declared("value_info", vi, ctx.env[vi.name].type)
+    check_memory(g, max_memory)
     return g

@@ -159,18 +159,37 @@ def _clip_scalar(node, x, *bounds):
     it = iter(bounds)
     lo = next(it) if node.input(1) is not None else None
     hi = next(it) if node.input(2) is not None else None
+    return clip_expr(x, lo, hi)
+
+
+def clip_expr(x, lo=None, hi=None):
+    """Clip of a kernel-IR value by bounds (None: no bound) as compares and selects: a NaN
+    input stays NaN, a NaN bound clips nothing (as onnxruntime), and with min > max the upper
+    bound, applied last, gives max everywhere (the spec)."""
     y = x
     if lo is not None:
-        y = maximum(y, lo)
+        y = select(y < lo, lo, y)
     if hi is not None:
-        y = minimum(y, hi)   # min last: min > max gives max, as the spec says
+        y = select(y > hi, hi, y)
+    return y
+
+
+def clip_np(x: np.ndarray, lo=None, hi=None) -> np.ndarray:
+    """:func:`clip_expr` on numpy arrays (bounds are scalars or None)."""
+    y = x
+    with np.errstate(invalid="ignore"):
+        if lo is not None:
+            y = np.where(y < lo, lo, y)
+        if hi is not None:
+            y = np.where(y > hi, hi, y)
     return y
 
 
 @op("Clip", BC)
 class Clip:
     """y = min(max(x, min), max); omitted bounds do not clip; min > max gives max everywhere;
-    NaN stays NaN. min and max are optional one-element tensors of x's dtype (any numeric),
+    a NaN input stays NaN; a NaN bound clips nothing (onnxruntime's result; README "NaN in
+    max/min-like ops"). min and max are optional one-element tensors of x's dtype (any numeric),
     known at compile time or not. Clip-6 (opsets 7..10) had float attributes min/max
     (defaults -/+FLT_MAX), imported as constant inputs. Raises ShapeError for bounds with more
     than one element. ONNX spec: Clip-13."""
@@ -185,12 +204,9 @@ class Clip:
 
     def reference(node, ins):
         x = ins[0]
-        y = x
-        if len(ins) > 1 and ins[1] is not None:
-            y = np.maximum(y, ins[1].reshape(()))
-        if len(ins) > 2 and ins[2] is not None:
-            y = np.minimum(y, ins[2].reshape(()))
-        return [np.asarray(y).astype(x.dtype)]
+        lo = ins[1].reshape(()) if len(ins) > 1 and ins[1] is not None else None
+        hi = ins[2].reshape(()) if len(ins) > 2 and ins[2] is not None else None
+        return [np.asarray(clip_np(x, lo, hi)).astype(x.dtype)]
 
     scalar = _clip_scalar
 

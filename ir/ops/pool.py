@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from tensorfuse.ir.kernel import Buffer, Ramp, as_expr, binop, maximum, select, unop
+from tensorfuse.ir.kernel import Buffer, Ramp, as_expr, binop, maximum, maxnum, select, unop
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops._common import const_input
 from tensorfuse.ir.ops.conv import (FLOAT_TYPES, ROW_TILE, Geometry, _tiles, conv_geometry, flat_offset,
@@ -50,6 +50,12 @@ def pool_geometry(node) -> Geometry:
     return conv_geometry(node, x.shape[2:], ks, ceil_mode=ceil_mode)
 
 
+def _max_init(dt: DType):
+    """MaxPool's accumulator start: NaN for floats (maxNum skips it, so a window of NaN or
+    padding only stays NaN), the lowest value for integers."""
+    return float("nan") if dt.is_float else _lowest(dt)
+
+
 def _lowest(dt: DType):
     if dt.is_float:
         return float("-inf")
@@ -74,7 +80,7 @@ def pool_reference(x: np.ndarray, geo: Geometry, kind: str, count_include_pad: i
         pad.append((geo.pads_begin[i], end))
     if kind == "max":
         xv = x if x.dtype.kind in "iu" else x.astype(cd)
-        fill = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf
+        fill = np.iinfo(x.dtype).min if x.dtype.kind in "iu" else np.nan   # padding: no value
     else:
         xv = np.abs(x.astype(cd)) ** p if kind == "lp" else x.astype(cd)
         fill = 0
@@ -104,9 +110,9 @@ def pool_reference(x: np.ndarray, geo: Geometry, kind: str, count_include_pad: i
                 for i in range(nsp):
                     o = np.arange(geo.out_shape[i]) * geo.strides[i] - geo.pads_begin[i] + k[i] * geo.dilations[i]
                     pos = np.add.outer(pos, o * in_strides[i]) if i else o * in_strides[i]
-                better = xs > acc
+                better = (xs > acc) | np.isnan(acc)
                 idx = np.where(better, pos, idx)
-            acc = np.maximum(acc, xs)
+            acc = np.fmax(acc, xs)
         else:
             acc = acc + xs
             cnt = cnt + counted[sl]
@@ -152,7 +158,7 @@ def emit_pool(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: str, *,
     # strides of the spatial position in the index output (row- or column-major)
     pos_strides = ([math.prod(ins[i + 1:]) for i in range(nsp)] if storage_order == 0 else
                    [math.prod(ins[:i]) for i in range(nsp)])
-    init = _lowest(acc_dt) if kind == "max" else 0
+    init = _max_init(acc_dt) if kind == "max" else 0
     s_l, d_l, p_l, k_l = geo.strides[-1], geo.dilations[-1], geo.pads_begin[-1], geo.kernel[-1]
     with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
         with kb.grid(out[:-1]) as orow, _tiles(kb, ow_n, tile) as (ow0, tw):
@@ -179,12 +185,12 @@ def emit_pool(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: str, *,
                     a = ow - ow0 if tiled else ow
                     xv = x.flat(xrow + ow * s_l + off)
                     if kind == "max" and arg is not None:
-                        better = xv > acc[a]
+                        better = (xv > acc[a]) | unop("isnan", acc[a]) if acc_dt.is_float else xv > acc[a]
                         p_idx = nc * plane + pos + (ow * s_l + off) * pos_strides[-1]
                         kb.store(arg, a, select(better, p_idx, arg[a]))
                         kb.store(acc, a, select(better, xv, acc[a]))
                     elif kind == "max":
-                        kb.store(acc, a, maximum(acc[a], xv))
+                        kb.store(acc, a, maxnum(acc[a], xv))
                     else:
                         v = xv.cast(acc_dt)
                         if kind == "lp":
@@ -234,11 +240,11 @@ def emit_global_pool(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int = 2,
     kb = ctx.kernel(params=params)
     acc = kb.local(acc_dt, (1,), hint="acc")
     with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
-        kb.store(acc, 0, as_expr(_lowest(acc_dt) if kind == "max" else 0, acc_dt))
+        kb.store(acc, 0, as_expr(_max_init(acc_dt) if kind == "max" else 0, acc_dt))
         with kb.loop(plane, hint="i") as i:
             xv = x.flat(nc * plane + i).cast(acc_dt)
             if kind == "max":
-                kb.store(acc, 0, maximum(acc[0], xv))
+                kb.store(acc, 0, maxnum(acc[0], xv))
             else:
                 if kind == "lp":
                     xv = xv * xv if p == 2 else unop("abs", xv) if p == 1 else \
@@ -262,10 +268,10 @@ def _emit_global_pool_vec(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int
     nvec = plane // L
     U = max(1, min(GLOBAL_ACCUMULATORS, nvec))
     f32 = DType.f32
-    init = as_expr(float("-inf") if kind == "max" else 0.0, f32)
+    init = as_expr(float("nan") if kind == "max" else 0.0, f32)
 
     def red(a, b):
-        return nan_max(a, b) if kind == "max" else a + b
+        return maxnum(a, b) if kind == "max" else a + b
 
     def term(v):
         if kind == "lp":
@@ -331,6 +337,8 @@ class MaxPool:
     (X's dtype) and optional Indices (i64): the flat index of each max in X (row-major, or
     column-major over the spatial dims with storage_order=1, plus (n*C + c) * D1*...*Dn).
     Raises ShapeError for a missing kernel_shape, bad attribute lengths, an empty output.
+    NaN is skipped (IEEE maxNum): a window gives NaN only when all its elements are NaN (README
+    "NaN in max/min-like ops"; onnxruntime's result depends on the NaN's place in the window).
     """
 
     def infer(node):
@@ -422,8 +430,8 @@ def _infer_global(node, allowed, opname):
 def _global_ref(x, kind, p=2):
     axes = tuple(range(2, x.ndim))
     cd = np.float64 if x.dtype == np.float64 else np.float32
-    if kind == "max":
-        return np.max(x, axis=axes, keepdims=True) if axes else x.copy()
+    if kind == "max":     # NaN skipped (maxNum): NaN only for a plane of NaN
+        return np.fmax.reduce(x, axis=axes, keepdims=True) if axes else x.copy()
     xv = x.astype(cd)
     if kind == "avg":
         return np.mean(xv, axis=axes, keepdims=True).astype(x.dtype)
@@ -450,7 +458,8 @@ class GlobalAveragePool:
 @op("GlobalMaxPool", POOL)
 class GlobalMaxPool:
     """Max over all spatial dims. ONNX spec: GlobalMaxPool-22. X float [N, C, D1..Dn] ->
-    Y [N, C, 1, ..., 1], X's dtype."""
+    Y [N, C, 1, ..., 1], X's dtype. NaN is skipped (IEEE maxNum, as onnxruntime for one NaN in
+    a plane): NaN only for a plane of NaN (README "NaN in max/min-like ops")."""
 
     def infer(node):
         return _infer_global(node, FLOAT_TYPES, "GlobalMaxPool")
@@ -643,8 +652,8 @@ def emit_pool2d_rows(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: s
     L = ctx.target.lanes(DType.f32)
     owp, span = _rows_layout(geo, L)
     wu = max(0, min(W, span - pw))            # input columns some window reads
-    init = as_expr(float("-inf") if kind == "max" else 0.0, DType.f32)
-    red = nan_max if kind == "max" else (lambda a, b: a + b)
+    init = as_expr(float("nan") if kind == "max" else 0.0, DType.f32)      # max: NaN is "no value"
+    red = maxnum if kind == "max" else (lambda a, b: a + b)
 
     def ld(buf, i, lanes):
         return buf.vload(i, lanes) if lanes > 1 else buf.flat(i)
@@ -711,11 +720,11 @@ def emit_pool2d_rows(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: s
         if sw > 1 and kind == "max":
             if OW >= L:
                 with kb.loop((OW // L) * L, kind="vectorize", hint="ow") as ow:
-                    kb.store(y, [n_i, c_i, oh, ow], ctx.apply_epilogue(strided(ow, nan_max_blend),
+                    kb.store(y, [n_i, c_i, oh, ow], ctx.apply_epilogue(strided(ow, maxnum),
                                                                        [n_i, c_i, oh, ow]))
             if OW % L:
                 with kb.loop(OW, start=(OW // L) * L, hint="ot") as ow:
-                    kb.store(y, [n_i, c_i, oh, ow], ctx.apply_epilogue(strided(ow, nan_max), [n_i, c_i, oh, ow]))
+                    kb.store(y, [n_i, c_i, oh, ow], ctx.apply_epilogue(strided(ow, maxnum), [n_i, c_i, oh, ow]))
         elif sw > 1:
             with kb.loop(owp, kind="vectorize", hint="ow") as ow:
                 kb.store(o, ow, strided(ow, red))

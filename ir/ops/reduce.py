@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, broadcast, maximum, maxnum, minimum, minnum, select, unop
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops._common import const_input, norm_axis
 from tensorfuse.ir.ops.softmax import axis_blocks, split_axis
@@ -186,13 +186,27 @@ def _lse_shift(m):
     return select(unop("isinf", m), as_expr(0.0, m.dtype), m)
 
 
+def _nan_or(extreme, dt: DType):
+    return math.nan if dt.is_float else extreme(dt)
+
+
+def _empty_or(acc, count: int, extreme, out: DType):
+    """The max/min accumulator, or for an empty reduced slice the spec's identity value."""
+    if count == 0 and acc.dtype.is_float:
+        return as_expr(extreme(acc.dtype), acc.dtype).cast(out) if acc.lanes == 1 else \
+            broadcast(as_expr(extreme(acc.dtype), acc.dtype), acc.lanes).cast(out)
+    return acc.cast(out)
+
+
 _SPEC = {
     "ReduceSum": (_NUM, [_sum_pass()], lambda a, c, o: a[0].cast(o)),
     "ReduceMean": (_NUM, [_sum_pass()], _mean_finish),
-    "ReduceMax": (_NUM8 + (DType.bool,), [Pass(lambda dt: as_expr(_lowest(dt), dt),
-                                               lambda p, a, x: maximum(a, x))], lambda a, c, o: a[0].cast(o)),
-    "ReduceMin": (_NUM8 + (DType.bool,), [Pass(lambda dt: as_expr(_highest(dt), dt),
-                                               lambda p, a, x: minimum(a, x))], lambda a, c, o: a[0].cast(o)),
+    # NaN skipped (maxNum): the accumulator starts as NaN, so a slice of NaN only gives NaN; an
+    # empty slice gives the spec's lowest / highest value
+    "ReduceMax": (_NUM8 + (DType.bool,), [Pass(lambda dt: as_expr(_nan_or(_lowest, dt), dt),
+                                               lambda p, a, x: maxnum(a, x))], lambda a, c, o: _empty_or(a[0], c, _lowest, o)),
+    "ReduceMin": (_NUM8 + (DType.bool,), [Pass(lambda dt: as_expr(_nan_or(_highest, dt), dt),
+                                               lambda p, a, x: minnum(a, x))], lambda a, c, o: _empty_or(a[0], c, _highest, o)),
     "ReduceProd": (_NUM, [Pass(lambda dt: as_expr(1, dt), lambda p, a, x: a * x)], lambda a, c, o: a[0].cast(o)),
     "ReduceL1": (_NUM, [_sum_pass(_abs)], lambda a, c, o: a[0].cast(o)),
     "ReduceL2": (_NUM, [_sum_pass(_sq)], lambda a, c, o: _as_float(a[0], lambda v: unop("sqrt", v), o)),
@@ -230,7 +244,8 @@ def _np_reduce(name: str, x: np.ndarray, axes, keepdims: bool) -> np.ndarray:
             fill = (_lowest if name == "ReduceMax" else _highest)(DType.from_numpy(dt))
             r = np.full(reduced_shape(x.shape, ax, keepdims), fill, dt)
         else:
-            r = (np.max if name == "ReduceMax" else np.min)(x, axis=ax, keepdims=keepdims)
+            # NaN skipped (IEEE maxNum / minNum): NaN only where the whole slice is NaN
+            r = (np.fmax if name == "ReduceMax" else np.fmin).reduce(x, axis=ax, keepdims=keepdims)
     elif name == "ReduceProd":
         r = np.prod(w, axis=ax, keepdims=keepdims, dtype=w.dtype)
     elif name == "ReduceL1":
@@ -303,7 +318,10 @@ def _make_reduce(name: str, new_since: int, flops_per_elem: float):
            f"rank, dtypes {', '.join(d.value for d in allowed)} (f16 accumulates in f32); output "
            f"same dtype. Older versions with an ``axes`` attribute (before {new_since}) are "
            f"imported with a constant axes input. Raises ShapeError for an axis out of range "
-           f"or named twice, axes computed at run time, or an unsupported dtype.")
+           f"or named twice, axes computed at run time, or an unsupported dtype." +
+           (" NaN is skipped (IEEE maxNum / minNum, numpy.fmax / fmin): NaN only where the whole "
+            "reduced slice is NaN; an empty slice gives the lowest / highest value (README \"NaN in "
+            "max/min-like ops\")." if name in ("ReduceMax", "ReduceMin") else ""))
     cls = type(name, (), {"__doc__": doc, "infer": infer, "reference": reference, "lower": lower,
                           "importer": _import_axes_attr(new_since), "flops": flops,
                           "const_inputs": (1,)})
