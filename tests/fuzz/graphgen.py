@@ -1119,6 +1119,16 @@ def _candidates(model: onnx.ModelProto):
             del m.graph.output[i]
             yield "drop output " + outs[i].name, _dce(m)
     shapes = _value_shapes(model)
+    # 1b. an output replaced by an input of the node that makes it (drops that node)
+    makers = {o: n for n in g.node for o in n.output}
+    for k, o in enumerate(outs):
+        n = makers.get(o.name)
+        for i in (n.input if n is not None else []):
+            if i in shapes and i not in {x.name for x in outs} and i not in {x.name for x in g.input}:
+                m = onnx.ModelProto()
+                m.CopyFrom(model)
+                m.graph.output[k].CopyFrom(helper.make_tensor_value_info(i, _F, shapes[i]))
+                yield f"output {o.name} -> {i}", _dce(m)
     consts = {t.name for t in g.initializer} | {n.output[0] for n in g.node if n.op_type == "Constant"}
     # 2. cut a value into a graph input (drops what computes it)
     for n in g.node:
