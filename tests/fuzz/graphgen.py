@@ -799,6 +799,14 @@ def g_pool(b):
     # tensorfuse refuses it with UnsupportedModelError (reported in issue 9's note); not drawn
     d = attrs.get("dilations", [1, 1])
     p = attrs.get("pads", [0, 0, 0, 0])
+    if ap.startswith("SAME"):
+        # SAME_* where the stride overshoots the input, (out-1)*stride + extent < in: the spec's
+        # padding formula is negative there; onnxruntime shifts the windows (or refuses),
+        # onnx.reference fails, tensorfuse pads 0 (as onnxruntime's Conv does): not drawn
+        s_ = attrs.get("strides", [1, 1])
+        for kk, dd, n, ss in zip(k, d, b.shapes[x][2:], s_):
+            if (-(-n // ss) - 1) * ss + (kk - 1) * dd + 1 < n:
+                raise Reject("SAME padding would be negative")
     if any((kk - 1) * dd + 1 > n + p[i] + p[i + 2] for i, (kk, dd, n) in enumerate(zip(k, d, b.shapes[x][2:]))):
         raise Reject("pool window larger than the padded input")
     return b.node1(op, [x], **attrs)
