@@ -4,7 +4,8 @@
 
 Graph ``i`` of a run is ``graphgen.generate(seed * 1_000_003 + i)``; each is compiled at O0, O2 and
 O3 in a child process (an abort or hang is counted, not fatal), run, and compared with
-onnxruntime (``ORT_DISABLE_ALL``) within the bounds of ``fuzz.graphgen``. Prints the counts of
+onnxruntime (``ORT_DISABLE_ALL``) within the bounds of ``fuzz.graphgen``. ``--target "llvm
+-mcpu=znver4"`` compiles for another CPU (AVX-512 on a machine without it) and does not run. Prints the counts of
 ok / mismatch / crash / hang / internal error / refused (our own UnsupportedModelError on a
 valid graph) per level and the time. Each failure is shrunk (``graphgen.shrink``: outputs and
 nodes deleted while the same failure persists) and saved in ``--out`` (default
@@ -35,10 +36,10 @@ def graph_seed(seed: int, i: int) -> int:
     return seed * 1_000_003 + i
 
 
-def shrink_failure(case, outcome, timeout):
+def shrink_failure(case, outcome, timeout, target="llvm"):
     """Shrink ``case`` while the same kind of failure persists at the same level."""
     def still(m, feeds):
-        (o,) = check_model(m, feeds, None, levels=(outcome.level,), timeout=timeout)
+        (o,) = check_model(m, feeds, None, levels=(outcome.level,), timeout=timeout, target=target)
         return o.kind == outcome.kind
     return shrink(case.model, case.feeds, still)
 
@@ -52,6 +53,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per compile+run before it counts as a hang")
     ap.add_argument("--out", default="fuzz-failures", help="folder for shrunk failures")
     ap.add_argument("--no-shrink", action="store_true")
+    ap.add_argument("--target", default="llvm",
+                    help='another CPU, e.g. "llvm -mcpu=znver4" (AVX-512): compile only, count aborts and errors')
+    ap.add_argument("--ops", default=None, help="comma-separated generator names (conv,pool,...): draw only these")
     ap.add_argument("--max-nodes", type=int, default=None, help="ops drawn per graph (default: 1 to 6 generators)")
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)
@@ -64,8 +68,8 @@ def main(argv=None) -> int:
 
     def one(i):
         s = graph_seed(args.seed, i)
-        case = generate(s, max_nodes=args.max_nodes)
-        res = check_case(case, timeout=args.timeout)
+        case = generate(s, max_nodes=args.max_nodes, ops=tuple(args.ops.split(',')) if args.ops else None)
+        res = check_case(case, timeout=args.timeout, target=args.target)
         bad = [o for o in res if o.kind != "ok"]
         with lock:
             done[0] += 1
@@ -82,7 +86,7 @@ def main(argv=None) -> int:
             o = bad[0]
             name = f"{s}-O{o.level}-{o.kind}"
             case.save(str(out / (name + ".orig.onnx")))
-            m, feeds = (case.model, case.feeds) if args.no_shrink else shrink_failure(case, o, args.timeout)
+            m, feeds = (case.model, case.feeds) if args.no_shrink else shrink_failure(case, o, args.timeout, args.target)
             graphgen.Case(s, m, feeds).save(str(out / (name + ".onnx")))
             (out / (name + ".txt")).write_text(
                 f"seed {s} (--seed {args.seed}, graph {i}); ops {case.ops}\n"

@@ -85,3 +85,17 @@ def test_long_constant_name():
                 helper.make_node("Constant", [], [long], value=eps), helper.make_node("Add", ["var", long], ["ve"]),
                 helper.make_node("Sqrt", ["ve"], ["sd"]), helper.make_node("Div", ["d", "sd"], ["y"])])
     _compiles_right_or_refuses(m, np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 9 defect 2, fixed on another branch")
+def test_convtranspose_does_not_abort_llvm_for_avx512():
+    """The issue's recipe, compiled for an AVX-512 CPU (znver4) in a child process: LLVM aborts
+    in instruction selection (zero_extend_vector_inreg of a masked_load v16f32) on any machine."""
+    from fuzz import graphgen
+    from oracle import node_model, rand
+    m = node_model("ConvTranspose", {"x": rand(6, 3, 6, 8)},
+                   {"group": 3, "kernel_shape": [2, 3], "strides": [1, 3], "pads": [2, 2, 1, 0]},
+                   initializers={"w": rand(3, 1, 2, 3, seed=1)})
+    feeds = {"x": rand(6, 3, 6, 8)}
+    outs = graphgen.check_model(m, feeds, levels=(0, 2), target="llvm -mcpu=znver4")
+    assert all(o.kind == "ok" for o in outs), outs
