@@ -648,10 +648,32 @@ def g_layernorm(b):
     r = b.rng
     x = b.pick(rank_at_least(1), make=lambda: b.rand_shape(int(r.choice([2, 3]))))
     s = b.shapes[x]
-    if r.random() < 0.3:   # a residual add in front, the SkipLayerNorm shape
-        x = b.node1("Add", [x, operand(b, s)])
+    residual = r.random() < 0.4
+    if residual:   # a residual add in front (a bias, or a value of the same shape): SkipLayerNorm
+        y = b.fconst((s[-1],), -1, 1, "skipb") if r.random() < 0.5 else operand(b, s)
+        x = b.node1("Add", [x, y] if r.random() < 0.7 else [y, x])
         s = b.shapes[x]
-    axis = int(r.integers(-len(s), len(s))) if r.random() < 0.4 else -1
+    # the sum may have another reader too (BERT's residual stream), before or after the
+    # normalisation in node order
+    other = residual and r.random() < 0.8
+    before = r.random() < 0.5
+
+    def reader():
+        if r.random() < 0.5:
+            b.node1("ReduceSum", [x, b.iconst([-1])], keepdims=int(r.random() < 0.5))
+        else:
+            b.node1(str(r.choice(["Relu", "Neg", "Sigmoid"])), [x])
+    if other and before:
+        reader()
+    y = _layernorm_body(b, x, s, last_axis=residual)
+    if other and not before:
+        reader()
+    return y
+
+
+def _layernorm_body(b, x, s, last_axis=False):
+    r = b.rng
+    axis = int(r.integers(-len(s), len(s))) if r.random() < 0.4 and not last_axis else -1
     a = axis % len(s)
     nshape = s[a:]
     eps = float(r.choice([1e-5, 1e-12, 1e-3]))
@@ -958,7 +980,9 @@ def generate(seed: int, max_nodes: int | None = None, attempts: int = 20, ops: t
             model = _typed_outputs(model)
             onnx.checker.check_model(model, full_check=True)
             ref = ort_run(model, b.feeds)
-        except Exception:  # noqa: BLE001 - an invalid draw (for onnxruntime): try another
+        except Exception as e:  # noqa: BLE001 - an invalid draw (for onnxruntime): try another
+            if DEBUG:
+                print(f"seed {seed} draw {attempt} discarded: {type(e).__name__}: {str(e)[:200]}")
             continue
         if any(not np.all(np.isfinite(x)) or (x.size and np.abs(x).max() > MAX_MAGNITUDE) for x in ref):
             continue
