@@ -1026,13 +1026,14 @@ def decoy_feeds(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def compile_and_run(model_bytes: bytes, feeds: dict[str, np.ndarray], opt_level: int,
-                    target: str = "llvm") -> list[np.ndarray] | None:
+                    target: str = "llvm", disabled_rules: tuple[str, ...] = ()) -> list[np.ndarray] | None:
     """Compile at ``opt_level`` (no cache, one thread), run a decoy input, then ``feeds``.
     For another ``target`` than the host's ("llvm -mcpu=znver4": AVX-512 code on a machine
     without it) only compile, and return None: LLVM's instruction selection for that CPU is
     what may abort."""
     import tensorfuse
-    mod = tensorfuse.compile(model_bytes, target=target, opt_level=opt_level, cache=False, num_threads=1)
+    mod = tensorfuse.compile(model_bytes, target=target, opt_level=opt_level, cache=False, num_threads=1,
+                             disabled_rules=list(disabled_rules))
     if target != "llvm":
         return None
     mod.run(**decoy_feeds(feeds))
@@ -1091,7 +1092,7 @@ LEVELS = (0, 2, 3)
 
 
 def check_model(model: onnx.ModelProto, feeds, o3_model=None, levels=LEVELS, timeout: float = 120.0,
-                target: str = "llvm") -> list[Outcome]:
+                target: str = "llvm", disabled_rules: tuple[str, ...] = ()) -> list[Outcome]:
     """Compile and run ``model`` at each level in a child process; compare with onnxruntime
     (for a ``target`` other than "llvm", compile only: see :func:`compile_and_run`)."""
     from fuzz.isolate import run_isolated
@@ -1101,13 +1102,14 @@ def check_model(model: onnx.ModelProto, feeds, o3_model=None, levels=LEVELS, tim
     refs3 = [exact] + ([reference(o3_model, feeds)] if o3_model is not None else [])
     out = []
     for lvl in levels:
-        res = run_isolated(compile_and_run, (data, feeds, lvl, target), timeout=timeout)
+        res = run_isolated(compile_and_run, (data, feeds, lvl, target, tuple(disabled_rules)), timeout=timeout)
         out.append(classify(lvl, res, refs3 if lvl >= 3 else [exact], names))
     return out
 
 
-def check_case(case: Case, levels=LEVELS, timeout: float = 120.0, target: str = "llvm") -> list[Outcome]:
-    return check_model(case.model, case.feeds, case.o3_model, levels, timeout, target)
+def check_case(case: Case, levels=LEVELS, timeout: float = 120.0, target: str = "llvm",
+               disabled_rules: tuple[str, ...] = ()) -> list[Outcome]:
+    return check_model(case.model, case.feeds, case.o3_model, levels, timeout, target, disabled_rules)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ def context():
         # the forkserver child process inherits these; no thread team in the compile children
         os.environ.setdefault("TENSORFUSE_NUM_THREADS", "1")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+        # the IR verifier after every pass (as under pytest): node order, defined-before-use
+        os.environ.setdefault("TENSORFUSE_VERIFY", "1")
         _ctx = mp.get_context("forkserver")
         _ctx.set_forkserver_preload(_PRELOAD)
     return _ctx
