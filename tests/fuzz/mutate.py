@@ -670,7 +670,8 @@ KNOWN_DEFECTS: list[tuple[int, str, str]] = [
     # a Constant's raw data that does not match its dims or dtype: numpy's error from onnx.numpy_helper
     (3, r"ValueError: (cannot reshape array|buffer size must be).*numpy_helper\.py", r"."),
     # names that are not valid UTF-8
-    (3, r"(cannot use a string pattern on a bytes-like object|'bytes' object has no attribute 'encode')",
+    (3, r"(cannot use a string pattern on a bytes-like object|'bytes' object has no attribute 'encode'"
+        r"|between instances of 'str' and 'bytes')",
      r"invalid_utf8|bytes_"),
     # long names that collide once LLVM truncates them ("multiple definition of local value")
     (3, r"LLVMError inside CompileError: LLVM code generation failed: LLVM rejected the IR",
