@@ -183,14 +183,14 @@ def _tensor_type(vi: onnx.ValueInfoProto, input_shapes: dict) -> TensorType:
         if tt.HasField("shape") and len(tt.shape.dim) != len(shape):
             raise UnsupportedModelError(f"input_shapes['{vi.name}'] has rank {len(shape)}, the model says {len(tt.shape.dim)}")
         for i, d in enumerate(tt.shape.dim if tt.HasField("shape") else []):
-            if d.HasField("dim_value") and d.dim_value != shape[i]:
+            if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != shape[i]:
                 raise UnsupportedModelError(f"input_shapes['{vi.name}'][{i}] = {shape[i]} but the model fixes it to {d.dim_value}")
         return TensorType(dtype, shape)
     if not tt.HasField("shape"):
         raise UnsupportedModelError(f"input '{vi.name}' has no shape; give it with input_shapes={{'{vi.name}': [...]}}")
     shape = []
     for i, d in enumerate(tt.shape.dim):
-        if not d.HasField("dim_value"):
+        if not d.HasField("dim_value") or d.dim_value < 0:   # a negative one: unknown, as onnxruntime reads it
             sym = f" ('{d.dim_param}')" if d.dim_param else ""
             raise UnsupportedModelError(
                 f"input '{vi.name}' has a dynamic dimension {i}{sym}; tensorfuse compiles static shapes: "

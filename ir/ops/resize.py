@@ -461,7 +461,8 @@ def emit_resize(ctx, x, y, p: ResizePlan) -> None:
         def taps_loop(k, src, wprod):
             if k == len(p.axes):
                 full = [src.get(a, i) for a, i in enumerate(idx)]
-                kb.store(acc, 0, acc.flat(0) + wprod.cast(ct) * x[full].cast(ct))
+                xv = x[full].cast(ct)       # no resized axis (sizes == input shape): weight 1
+                kb.store(acc, 0, acc.flat(0) + (xv if wprod is None else wprod.cast(ct) * xv))
                 return
             ax = p.axes[k]
             ix, w, _ = loc[ax.axis]

@@ -1,0 +1,93 @@
+"""Differential testing of random graphs in the default suite (issue 9).
+
+A fixed-seed sample of ``tests/fuzz/random_graphs.py``: random valid ONNX graphs
+(``fuzz.graphgen``, at most three op generators each, about 4 nodes) merged forty at a time into
+one model (the graphs stay disjoint, so one compile checks forty; a compile's fixed cost is most
+of a small graph's), compiled at O0, O2 and O3 in a child process, run twice (a decoy input
+first) and compared with onnxruntime (``ORT_DISABLE_ALL``) within ``graphgen``'s bounds. No
+mismatch, crash, hang, internal error or refusal may occur. About 60-100 s on 2 cores (120 graphs; measured while other jobs shared them).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from fuzz import graphgen
+
+SEED0 = 90_000
+GRAPHS = 120
+BATCH = 40
+MAX_NODES = 3
+
+
+@functools.lru_cache(maxsize=1)
+def _batches():
+    return graphgen.batches(range(SEED0, SEED0 + GRAPHS), BATCH, max_nodes=MAX_NODES)
+
+
+@pytest.mark.parametrize("k", range(GRAPHS // BATCH + len(graphgen.OPSETS)))
+def test_random_graphs_match_onnxruntime(k):
+    bs = _batches()
+    if k >= len(bs):
+        pytest.skip(f"batch {k}: the {GRAPHS} graphs make {len(bs)} batches (grouped by opset)")
+    part, case = bs[k]
+    res = graphgen.check_case(case)
+    bad = [o for o in res if o.kind != "ok"]
+    if bad and all(o.kind in ("mismatch", "internal") and o.level >= 2 for o in bad):
+        # issue 9 defect 1 (SkipLayerNorm placed after a reader of its sum): gone with the rule off?
+        again = graphgen.check_case(case, levels=sorted({o.level for o in bad}), disabled_rules=("SkipLayerNorm",))
+        if all(o.kind == "ok" for o in again):
+            pytest.xfail("issue 9 defect 1 (SkipLayerNorm node order), fixed on another branch: "
+                         + "; ".join(f"O{o.level}: {o.detail}" for o in bad))
+    assert not bad, (f"graphs {[c.seed for c in part]} (python tests/fuzz/random_graphs.py finds and shrinks "
+                     f"each): " + "; ".join(f"O{o.level} {o.kind}: {o.detail}" for o in bad))
+
+
+def test_generator_is_deterministic_and_covers_the_op_set():
+    a, b = graphgen.generate(SEED0 + 3), graphgen.generate(SEED0 + 3)
+    assert a.model.SerializeToString() == b.model.SerializeToString()
+    assert all(np.array_equal(a.feeds[k], b.feeds[k]) for k in a.feeds)
+    ops = {n.op_type for _p, c in _batches() for n in c.model.graph.node}
+    for op in ("Conv", "ConvTranspose", "MatMul", "Gemm", "ReduceMean", "Transpose", "Reshape", "Concat",
+               "Slice", "Gather", "Softmax", "BatchNormalization", "LayerNormalization", "Erf", "Pad",
+               "MaxPool", "AveragePool", "Resize", "Where", "Expand"):
+        assert op in ops, f"{op} not drawn in the sample"
+
+
+def test_comparison_catches_a_wrong_value():
+    """The check is not vacuous: one element off by 1e-2 is a mismatch, rounding noise is not."""
+    e = np.linspace(-3, 3, 50, dtype=np.float32)
+    assert graphgen.close(e + np.float32(1e-6), e)[0]
+    g = e.copy()
+    g[7] += 1e-2
+    assert not graphgen.close(g, e)[0]
+    assert not graphgen.close(e.reshape(5, 10), e.reshape(10, 5))[0]
+    assert not graphgen.close(np.where(e > 0, np.nan, e), e)[0]
+
+
+def test_shrinker_keeps_the_failure_and_drops_the_rest():
+    """Shrinking against "has a Softmax" ends with a small graph that still has one."""
+    for s in range(SEED0, SEED0 + 200):
+        c = graphgen.generate(s)
+        ops = [n.op_type for n in c.model.graph.node]
+        if "Softmax" in ops and len(ops) >= 6:
+            break
+    else:
+        pytest.fail("no graph with a Softmax among 200")
+    m, _ = graphgen.shrink(c.model, c.feeds, lambda m, f: any(n.op_type == "Softmax" for n in m.graph.node))
+    kept = [n.op_type for n in m.graph.node if n.op_type != "Constant"]
+    assert kept == ["Softmax"], kept
+
+
+def test_random_graphs_compile_for_avx512_without_aborting():
+    """LLVM's instruction selection for AVX-512 has aborted the process (issue 9 defect 2,
+    SIGABRT in a ConvTranspose kernel) on machines that have it; compiling for one (znver4) works
+    on any machine, so this catches such aborts everywhere (compile only, O2, in a child process)."""
+    cases = [graphgen.generate(s, max_nodes=1, ops=("conv", "convtranspose", "matmul", "gemm", "pool"))
+             for s in range(SEED0, SEED0 + 30)]
+    part = [c for c in cases if c.model.opset_import[0].version == 17]
+    case = graphgen.merge_cases(part)
+    (res,) = graphgen.check_case(case, levels=(2,), target="llvm -mcpu=znver4")
+    assert res.kind == "ok", f"graphs {[c.seed for c in part]}: {res.kind}: {res.detail}"
