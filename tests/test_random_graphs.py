@@ -35,12 +35,6 @@ def test_random_graphs_match_onnxruntime(k):
     part, case = bs[k]
     res = graphgen.check_case(case)
     bad = [o for o in res if o.kind != "ok"]
-    if bad and all(o.kind in ("mismatch", "internal") and o.level >= 2 for o in bad):
-        # issue 9 defect 1 (SkipLayerNorm placed after a reader of its sum): gone with the rule off?
-        again = graphgen.check_case(case, levels=sorted({o.level for o in bad}), disabled_rules=("SkipLayerNorm",))
-        if all(o.kind == "ok" for o in again):
-            pytest.xfail("issue 9 defect 1 (SkipLayerNorm node order), fixed on another branch: "
-                         + "; ".join(f"O{o.level}: {o.detail}" for o in bad))
     assert not bad, (f"graphs {[c.seed for c in part]} (python tests/fuzz/random_graphs.py finds and shrinks "
                      f"each): " + "; ".join(f"O{o.level} {o.kind}: {o.detail}" for o in bad))
 

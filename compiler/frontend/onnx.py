@@ -325,7 +325,7 @@ def check_flag_attrs(n: onnx.NodeProto) -> None:
 
 def _declared(vi: onnx.ValueInfoProto):
     """(DType or None, dims or None) a ValueInfoProto declares: None where it declares nothing;
-    a dim is an int or None (symbolic / unknown)."""
+    a dim is an int or None (symbolic, unknown, or negative: read as unknown, as onnxruntime does)."""
     if not vi.type.HasField("tensor_type"):
         return None, None
     tt = vi.type.tensor_type
@@ -335,7 +335,8 @@ def _declared(vi: onnx.ValueInfoProto):
             dt = DType.from_onnx(tt.elem_type)
         except TypeError:
             dt = None
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim] if tt.HasField("shape") else None
+    dims = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else None      # negative: unknown
+            for d in tt.shape.dim] if tt.HasField("shape") else None
     return dt, dims
 
 

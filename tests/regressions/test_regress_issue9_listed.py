@@ -1,6 +1,5 @@
 """Regression tests, shrunk from what tests/fuzz/fuzz_models.py found, for defects that issue 9
-lists (fixed on other branches): each is a strict xfail until the fix is merged, so the merge
-shows it as XPASS and the mark can go."""
+lists (defects 1, 2 and 3); each failed before its fix."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +9,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tensorfuse
 from oracle import ort_run
-
-DEFECT3 = pytest.mark.xfail(strict=True, reason="issue 9 defect 3, fixed on another branch")
 
 
 def _model(nodes, inits=(), x_shape=(2, 3), out="y", name="g"):
@@ -41,7 +38,6 @@ def _compiles_right_or_refuses(model: onnx.ModelProto | bytes, x: np.ndarray):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
 
-@DEFECT3
 def test_constant_without_value():
     """fuzz_models.py mutation 'constant_without_value' (IndexError in compiler/frontend/onnx.py)."""
     m = _model([helper.make_node("Constant", [], ["k"]), helper.make_node("Add", ["x", "k"], ["y"])])
@@ -49,7 +45,6 @@ def test_constant_without_value():
         tensorfuse.compile(m, cache=False)
 
 
-@DEFECT3
 def test_constant_whose_data_does_not_match_its_dims():
     """fuzz_models.py mutation 'tensor_size' on a Constant (numpy's reshape ValueError)."""
     t = numpy_helper.from_array(np.arange(5, dtype=np.float32), "kt")
@@ -60,7 +55,6 @@ def test_constant_whose_data_does_not_match_its_dims():
         tensorfuse.compile(m, cache=False)
 
 
-@DEFECT3
 @pytest.mark.parametrize("what", ["graph", "value"])
 def test_names_not_utf8(what):
     """fuzz_models.py mutation 'bytes_invalid_utf8': the graph's or a value's name replaced by
@@ -73,7 +67,6 @@ def test_names_not_utf8(what):
     _compiles_right_or_refuses(data, np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
 
 
-@DEFECT3
 def test_long_constant_name():
     """fuzz_models.py mutation 'rename_odd': a Constant's output named with 5000 characters,
     in a LayerNorm decomposition ("multiple definition of local value" from LLVM's IR parser,
@@ -87,7 +80,6 @@ def test_long_constant_name():
     _compiles_right_or_refuses(m, np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9 defect 2, fixed on another branch")
 def test_convtranspose_does_not_abort_llvm_for_avx512():
     """The issue's recipe, compiled for an AVX-512 CPU (znver4) in a child process: LLVM aborts
     in instruction selection (zero_extend_vector_inreg of a masked_load v16f32) on any machine."""
@@ -120,7 +112,6 @@ def _skip_ln_model(reader: str):
     return m
 
 
-@pytest.mark.xfail(strict=True, reason="issue 9 defect 1, fixed on another branch")
 @pytest.mark.parametrize("reader", ["ReduceSum", "Sigmoid"])
 def test_skip_layernorm_sum_read_before_the_fused_node(reader):
     """At O2 the fused SkipLayerNorm is placed after a node that reads its sum output: that
