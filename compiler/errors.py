@@ -23,3 +23,12 @@ class UnsupportedModelError(TensorfuseError, ValueError):
 
 class CompileError(TensorfuseError, RuntimeError):
     """A pass, the lowering or the code generator failed; names the pass and the node."""
+
+
+class DeclaredShapeWarning(UserWarning):
+    """A graph output or ``value_info`` entry declares a definite shape that contradicts the one
+    tensorfuse infers. A warning, not an error: ``onnx.shape_inference`` itself writes such
+    declarations for some valid models (Resize at a rounding boundary, pools with ``ceil_mode``,
+    NonMaxSuppression, STFT), and onnxruntime runs them, warning, with the shape tensorfuse
+    infers. A contradicting dtype, or an initializer whose shape contradicts its graph-input
+    entry, is a ``ModelLoadError``."""

@@ -340,10 +340,12 @@ def _declared(vi: onnx.ValueInfoProto):
     return dt, dims
 
 
-def check_declared(kind: str, vi: onnx.ValueInfoProto, t: TensorType) -> None:
-    """Raise ModelLoadError if ``vi`` (a graph output, value_info or input entry) declares a
-    dtype or a definite shape that contradicts ``t``, the type tensorfuse inferred (or the
-    initializer's). Symbolic and unknown dims, and declarations without a shape, are fine."""
+def check_declared(kind: str, vi: onnx.ValueInfoProto, t: TensorType, *, shape_is_error: bool = False) -> None:
+    """Check ``vi`` (a graph output, value_info or input entry) against ``t``, the type tensorfuse
+    inferred (or the initializer's). A contradicting dtype raises ModelLoadError naming the
+    value; a contradicting definite shape raises it when ``shape_is_error`` (an initializer's
+    graph-input entry), else warns with :class:`~compiler.errors.DeclaredShapeWarning` (see
+    there why). Symbolic, unknown and negative dims, and declarations without a shape, are fine."""
     dt, dims = _declared(vi)
     if dt is not None and dt != t.dtype:
         raise ModelLoadError(f"{kind} '{vi.name}' is declared {dt.value}, but it is {t.dtype.value} "
@@ -352,8 +354,13 @@ def check_declared(kind: str, vi: onnx.ValueInfoProto, t: TensorType) -> None:
         return
     if len(dims) != len(t.shape) or any(d is not None and d != s for d, s in zip(dims, t.shape)):
         shown = [d if d is not None else "?" for d in dims]
-        raise ModelLoadError(f"{kind} '{vi.name}' is declared with shape {shown}, but its shape is "
-                             f"{list(t.shape)}")
+        msg = f"{kind} '{vi.name}' is declared with shape {shown}, but its shape is {list(t.shape)}"
+        if shape_is_error:
+            raise ModelLoadError(msg)
+        import warnings
+
+        from tensorfuse.compiler.errors import DeclaredShapeWarning
+        warnings.warn(msg + " (the computed shape is used, as onnxruntime does)", DeclaredShapeWarning, stacklevel=2)
 
 
 def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
@@ -448,7 +455,7 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
         ctx.env[t.name] = v
     for vi in proto.graph.input:
         if vi.name in inits:     # an initializer that is also an input: its declaration must fit it
-            check_declared("graph input (an initializer)", vi, g.constants[vi.name].type)
+            check_declared("graph input (an initializer)", vi, g.constants[vi.name].type, shape_is_error=True)
             continue
         v = Value(vi.name, _tensor_type(vi, input_shapes))
         g.reserve(vi.name)
