@@ -109,8 +109,8 @@ def resize_plan(node, shape, roi, scales, sizes) -> ResizePlan:
         sv = np.asarray(scales, dtype=np.float32).ravel()
         if len(sv) != n:
             raise ShapeError(f"scales has {len(sv)} values, expected {n}")
-        if (sv <= 0).any():
-            raise ShapeError(f"scales {sv.tolist()} must be positive")
+        if not np.isfinite(sv).all() or (sv <= 0).any():
+            raise ShapeError(f"scales {sv.tolist()} must be positive and finite")
         for a, s in zip(axes, sv):
             scl[a] = F32(s)
             out[a] = int(np.floor(F32(s) * F32(shape[a])))

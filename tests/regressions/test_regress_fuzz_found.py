@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import tensorfuse
 from oracle import assert_matches_ort, rand
 
 
@@ -46,3 +47,17 @@ def test_negative_input_dimension_is_a_dynamic_one():
     x = rand(3, 4)
     (y,) = tensorfuse.compile(m, cache=False, input_shapes={"x": [3, 4]}).run(x=x)
     np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_resize_with_non_finite_scales_is_refused(bad):
+    # tests/fuzz/fuzz_models.py seed 3, mutation 195 (a flipped byte in Resize's scales): an
+    # infinite scale raised OverflowError from the output-shape computation
+    from onnx import TensorProto, helper, numpy_helper
+    sc = numpy_helper.from_array(np.array([1, 1, bad, 2], np.float32), "sc")
+    g = helper.make_graph([helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)], initializer=[sc])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+    with pytest.raises(tensorfuse.TensorfuseError, match="positive and finite"):
+        tensorfuse.compile(m, cache=False)
