@@ -150,11 +150,13 @@ def _warn_once(tag: str, message: str) -> None:
         warnings.warn(message, CacheWarning, stacklevel=4)
 
 
-def _write_json(path: pathlib.Path, obj: dict) -> None:
+def _atomic_write(path: pathlib.Path, mode: str, write) -> None:
+    """Write ``path`` through a temporary file in its folder, renamed over it when ``write(f)``
+    succeeds (readers never see half a file); the temporary file is removed on any failure."""
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True)
+        with os.fdopen(fd, mode) as f:
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -162,6 +164,10 @@ def _write_json(path: pathlib.Path, obj: dict) -> None:
         except OSError:
             pass
         raise
+
+
+def _write_json(path: pathlib.Path, obj: dict) -> None:
+    _atomic_write(path, "w", lambda f: json.dump(obj, f, indent=1, sort_keys=True))
 
 
 def _drop(d: pathlib.Path, digest: str) -> None:
@@ -227,22 +233,14 @@ def _write_report(path: pathlib.Path, data: dict, arrays: dict) -> None:
     import io
 
     import numpy as np
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
-                z.writestr(REPORT_JSON, json.dumps(data))
-                for name, a in arrays.items():
-                    buf = io.BytesIO()
-                    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
-                    z.writestr(name + ".npy", buf.getvalue())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    def write(f):
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+            z.writestr(REPORT_JSON, json.dumps(data))
+            for name, a in arrays.items():
+                buf = io.BytesIO()
+                np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+                z.writestr(name + ".npy", buf.getvalue())
+    _atomic_write(path, "wb", write)
 
 
 @dataclass
