@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-cuda venv clean
 
 venv: $(STAMP)
 
@@ -18,6 +18,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider
+
+# the cuda target's tests under numba's CUDA simulator (no GPU needed); .ci/run runs it after `test`
+test-cuda: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider tests/cuda
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -4,6 +4,8 @@
 * Debug mode is on (``TENSORFUSE_DEBUG=1`` unless set otherwise; ``tensorfuse.debug``): the
   graph is verified after every pass and rule application, and compiled modules poison freed
   arena regions and check that no kernel reads a reused one (``runtime.memory_plan``).
+* ``tests/cuda/`` (the cuda target under the CUDA simulator) is collected only by ``make test-cuda``
+  (``NUMBA_ENABLE_CUDASIM=1``) or on a GPU (``TENSORFUSE_GPU_TESTS=1``).
 * ``shared_models`` fixture: the folder ../shared/models beside the checkout. Tests that need it
   skip with a visible reason where it is absent (a user's own clone) and fail instead when
   ``TENSORFUSE_REQUIRE_SHARED=1`` (which .ci/run sets).
@@ -24,6 +26,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 SHARED_MODELS = ROOT.parent / "shared" / "models"
 
 os.environ.setdefault("TENSORFUSE_DEBUG", "1")
+
+# tests/cuda/ runs the cuda target's kernels: under numba's CUDA simulator, which must be switched
+# on before numba is first imported, so it is its own pytest run (`make test-cuda`, which sets
+# NUMBA_ENABLE_CUDASIM=1), or on a real GPU with TENSORFUSE_GPU_TESTS=1 (benchmarks/gpu_check.sh).
+# The default run (`make test`) leaves it out.
+if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" and os.environ.get("TENSORFUSE_GPU_TESTS") != "1":
+    collect_ignore = ["cuda"]
 
 # The compile cache (runtime/cache.py) of the whole test session lives in a fresh temporary
 # folder, so tests never read or write the user's ~/.cache/tensorfuse. Tests of the cache itself
