@@ -115,16 +115,15 @@ class CompileOptions:
 
 
 def target_part(target: str) -> dict:
-    """The key's target part: the canonical target string and, for "llvm", what the code is
-    generated for: triple, CPU name, LLVM feature string (this CPU's, or the ``-mcpu``'s with the
-    ``-mattr`` changes) and the cache sizes kernels are blocked for."""
+    """The key's target part, as the target's backend gives it (``codegen.base.Backend.target_key``):
+    the canonical target string and, for "llvm", what the code is generated for: triple, CPU
+    name, LLVM feature string (this CPU's, or the ``-mcpu``'s with the ``-mattr`` changes) and
+    the cache sizes kernels are blocked for; for "cuda", the device's compute capability (or
+    the simulator) and the numba-cuda version."""
+    from tensorfuse.codegen.base import get_backend
     from tensorfuse.compiler.target import Target
     tgt = Target.parse(target)
-    part = {"target": str(tgt)}
-    if tgt.kind == "llvm":
-        part.update(triple=tgt.triple, cpu=tgt.cpu, features=tgt.features, l1d_bytes=tgt.l1d_bytes,
-                    l2_bytes=tgt.l2_bytes)
-    return part
+    return get_backend(tgt.kind).target_key(tgt)
 
 
 def cache_key(model: Any, options: CompileOptions) -> dict:
