@@ -86,8 +86,11 @@ class CompileOptions:
         if isinstance(opt_level, bool) or opt_level not in (0, 1, 2, 3):
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         tgt = Target.parse(target)
-        if tgt.kind != "llvm":
-            raise CompileError(f"target {tgt.kind!r} is not available yet")
+        if tgt.kind == "cuda":
+            from tensorfuse.compiler.target import cuda_unavailable_reason
+            reason = cuda_unavailable_reason()
+            if reason is not None:
+                raise CompileError(f"target 'cuda' is not available here: {reason}")
         return cls(str(tgt), int(opt_level), _shapes(input_shapes), rule_names(disabled_rules),
                    None if dump_ir is None else os.fspath(dump_ir), bool(cache), num_threads,
                    resolve_max_memory(max_memory))
