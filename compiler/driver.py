@@ -10,7 +10,6 @@ import os
 import warnings
 from typing import Any
 
-from tensorfuse.compiler.errors import CompileError
 from tensorfuse.compiler.frontend.onnx import import_onnx
 from tensorfuse.compiler.lower import lower_graph
 from tensorfuse.compiler.options import CompileOptions, cache_key

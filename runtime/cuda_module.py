@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from .memory_plan import MemoryPlan
-from .module import ModuleBase, Program, TensorInfo
+from .module import ModuleBase, TensorInfo
 
 #: byte alignment of every device view (the plan's offsets and the extra slots'); at least
 #: what cudaMalloc gives and what vector loads of any dtype need
