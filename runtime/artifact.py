@@ -1,24 +1,28 @@
-"""Saved modules: one file with machine code, memory plan, constants and metadata.
+"""Saved modules: one file with the code, memory plan, constants and metadata.
 
 The file is a zip archive (stored, not compressed: weights do not compress), with no pickled
 code anywhere:
 
-- ``tensorfuse.json``: metadata. Format name and version, tensorfuse version, target string,
+- ``tensorfuse.json``: metadata. Format name and version, tensorfuse version, the ``backend``
+  that made the module (``codegen.base.get_backend``; "llvm" for files that do not say) and the
+  member holding its code (``code``), the target string, input and output info, the slot table,
+  the kernel call table (for the profiler), the memory plan, the layout of the constants blob,
+  the SHA-256 of the code and the CRC-32 of the constants, and what the backend adds: for llvm,
   what the code was generated for (``host``: target string, triple, CPU name, LLVM feature
-  string, and ``needs``, the CPU features the code may use), entry symbol, input and output
-  info, the slot table, the kernel call table (for the profiler), the memory plan, the layout
-  of the constants blob, the SHA-256 of the code and the CRC-32 of the constants.
-- ``code.o``: the relocatable object code llvmlite's ``TargetMachine.emit_object`` produced.
+  string, and ``needs``, the CPU features the code may use) and the entry symbol; for cuda, the
+  device key (``cuda``: simulator or compute capability, numba-cuda version).
+- the code: ``code.o`` (llvm: the relocatable object code llvmlite's
+  ``TargetMachine.emit_object`` produced) or ``library.cuda`` (cuda: ``CudaLibrary.to_blob()``).
 - ``consts.bin``: every constant's bytes, each at a 64-byte aligned offset, so loading is one
   read into one aligned buffer and the constants are views into it (held once, never copied).
 
 ``load(path)`` checks, in this order, that the file is a complete zip holding those members,
-the format, the tensorfuse version, the target triple and that this CPU has every feature the
-code needs (compared with llvmlite's host features), then each member's
-checksum (SHA-256 for the code; CRC-32, as zip itself uses, for the constants, which are read
-straight from the file into place), and only then links the object code into the process (no
-LLVM code generation).
-Every failure raises :class:`ArtifactError` saying which check failed.
+the format, the tensorfuse version, then what the backend checks (llvm: the target triple and
+that this CPU has every feature the code needs, compared with llvmlite's host features; cuda:
+a GPU or the simulator is there), then each member's checksum (SHA-256 for the code; CRC-32,
+as zip itself uses, for the constants, which are read straight from the file into place), and
+only then hands the code to the backend (llvm links the object code into the process: no LLVM
+code generation). Every failure raises :class:`ArtifactError` saying which check failed.
 """
 from __future__ import annotations
 
