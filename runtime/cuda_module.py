@@ -370,6 +370,16 @@ class CudaModule(ModuleBase):
     __call__ = run
 
     # -- measuring ----------------------------------------------------------------------
+    def benchmark(self, *arrays, repeat: int = 20, warmup: int = 2, return_device: bool = False, **named):
+        """Median, min and max wall time (ms) of whole ``run()`` calls (inputs copied in or
+        bound, every launch, the synchronize and the outputs copied out, or left on the device
+        with ``return_device``) over ``repeat`` runs after ``warmup`` runs (a
+        :class:`~runtime.profile.Benchmark`). Inputs as for :meth:`run`, checked once first
+        (ValueError)."""
+        from .profile import time_calls
+        self._check_inputs(arrays, named)
+        return time_calls(lambda: self.run(*arrays, return_device=return_device, **named), repeat, warmup)
+
     def profile(self, *arrays, repeat: int = 10, warmup: int = 1, show: bool = False, **named):
         """Time every kernel call on its own, in run order (each sees the data of a real run),
         ``repeat`` times after ``warmup`` runs. On a GPU each call is timed with CUDA events

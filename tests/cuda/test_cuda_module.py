@@ -198,6 +198,12 @@ def test_profile_times_every_call_on_the_host_under_the_simulator():
         mod.profile(x_input(), repeat=0)
     bench = mod.benchmark(x_input(), repeat=2, warmup=0)
     assert bench.repeat == 2 and bench.min_ms > 0
+    bench = mod.benchmark(cuda.to_device(x_input()), repeat=2, warmup=0, return_device=True)
+    assert bench.repeat == 2 and bench.min_ms > 0
+    prof = mod.profile(x=cuda.to_device(x_input()), repeat=1, warmup=0)
+    assert len(prof) == 5
+    with pytest.raises(ValueError, match=r"input 'x': expected shape"):
+        mod.benchmark(np.zeros(4, np.float32), repeat=1)
 
 
 def test_concurrent_runs_from_two_threads():
