@@ -72,8 +72,7 @@ def compile_with(model: Any, options: CompileOptions):
         m = _cached_build(model, options) if options.cache else _build(model, options)
     except InputValuesNeeded as e:
         return specialize(e, model, options.target, options.kwargs())
-    if getattr(type(m), "num_threads", None) is not None:     # CPU modules: the threads of each run
-        m.num_threads = num_threads
+    m.num_threads = num_threads
     return m
 
 

@@ -249,6 +249,17 @@ class CudaModule(ModuleBase):
     def can_save(self) -> bool:
         return hasattr(self._lib, "to_blob")
 
+    @property
+    def num_threads(self) -> int:
+        """Always 1: the kernels run on the GPU, and one host thread launches them (the CPU
+        module's setting; setting it checks the value, ValueError below 1, and changes nothing)."""
+        return 1
+
+    @num_threads.setter
+    def num_threads(self, n) -> None:
+        from .threads import resolve_num_threads
+        resolve_num_threads(n)
+
     # -- inputs -------------------------------------------------------------------------
     def _check_input(self, info: TensorInfo, a):
         """A numpy (or array-like) input as the CPU module checks it; a device array (numba's,

@@ -337,3 +337,11 @@ def test_cuda_sources_and_report_attributes():
     assert mod.backend == "cuda" and mod.target == "cuda" and mod.layout_report is None
     assert mod.num_kernels == 5 and mod.report is None and mod.graph is None
     assert repr(mod).startswith("<tensorfuse.CudaModule target=cuda (x: f32[2,3]) -> (y: f32[2,3], b: bool[2,3])")
+
+
+def test_num_threads_is_one_and_checked():
+    mod, _ = make_module()
+    mod.num_threads = 4
+    assert mod.num_threads == 1
+    with pytest.raises(ValueError):
+        mod.num_threads = 0
