@@ -10,9 +10,6 @@ import os
 import warnings
 from typing import Any
 
-from llvmlite import ir as lir
-
-from tensorfuse.compiler.errors import CompileError
 from tensorfuse.compiler.frontend.onnx import import_onnx
 from tensorfuse.compiler.lower import lower_graph
 from tensorfuse.compiler.options import CompileOptions, cache_key
@@ -128,13 +125,24 @@ def _build(model: Any, options: CompileOptions):
     output_names = list(graph.output_names or [v.name for v in graph.outputs])
     input_names = [v.name for v in graph.inputs]
     from tensorfuse.compiler.pipeline import dump_kernels, optimize
-    opt = optimize(graph, options.opt_level, disabled_rules=options.disabled_rules, dump_ir=options.dump_ir)
+    kw = {"target": tgt} if _optimize_takes_target(optimize) else {}
+    opt = optimize(graph, options.opt_level, disabled_rules=options.disabled_rules, dump_ir=options.dump_ir, **kw)
     lowered = lower_graph(graph, tgt)
     m = build_module(lowered, graph, input_names, output_names, tgt, options=options, log=opt.log,
                      passes=opt.passes)
+    m.layout_report = getattr(opt, "layout_report", None)
     if options.dump_ir is not None:
         dump_kernels(options.dump_ir, m)
     return m
+
+
+def _optimize_takes_target(optimize) -> bool:
+    """Does ``compiler.pipeline.optimize`` take ``target=`` (the layout pass for cuda needs it)?"""
+    import inspect
+    try:
+        return "target" in inspect.signature(optimize).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _structural_key(kernel) -> str:
@@ -179,35 +187,16 @@ def dedupe_kernels(lowered) -> int:
 
 def build_module(lowered, graph, input_names, output_names, target=None, *, options: CompileOptions | None = None,
                  log: list | None = None, passes: list | None = None):
-    """Generate code for a lowered graph: the Module, with its compile report (``log`` and
-    ``passes`` from the pipeline; each kernel call's ONNX nodes traced through ``log``).
-    Raises CompileError when LLVM code generation fails."""
-    from tensorfuse.codegen.llvm.emit import emit_entry, emit_kernel, kernel_is_parallel
-    from tensorfuse.codegen.llvm.jit import compile_ir
-    from tensorfuse.runtime.module import Module, Program
-    from tensorfuse.runtime.profile import trace_sources
-
+    """Generate code for a lowered graph with the target's backend (``codegen.base.get_backend``
+    of ``target.kind``; the host CPU's LLVM backend when ``target`` is None): the module, with
+    its compile report (``log`` and ``passes`` from the pipeline; each kernel call's ONNX nodes
+    traced through ``log``). Duplicate kernels are dropped first (:func:`dedupe_kernels`).
+    Raises CompileError when code generation fails."""
+    from tensorfuse.codegen.base import get_backend
+    tgt = Target.parse(target) if target is not None else None
     dedupe_kernels(lowered)
-    mod = lir.Module(name=graph.name)
-    from tensorfuse.compiler.progress import iterate
-    for k in iterate(lowered.kernels, "generating kernels", unit="kernel"):
-        emit_kernel(mod, k)
-    emit_entry(mod, "tf_run", [(c.kernel, c.slots) for c in lowered.calls],
-               {k.name: kernel_is_parallel(k) for k in lowered.kernels})
-    try:
-        lib, obj, opt_ir = compile_ir(str(mod), graph.name, target=target)
-    except Exception as e:
-        raise CompileError(f"LLVM code generation failed: {e}") from e
-    log = list(log or [])
-    program = Program.from_lowered(lowered)
-    for c in program.calls:
-        c.sources = trace_sources(c.nodes, log)
-    if options is None:
-        options = CompileOptions.create(str(target) if target is not None else "llvm", 0, cache=False)
-    report = CompileReport(options, str(mod), log, list(passes or []), [list(c.sources) for c in program.calls],
-                           _graph=graph, _kernels=list(lowered.kernels))
-    return Module(program, lib, "tf_run", input_names, output_names,
-                  target=str(target) if target is not None else "llvm", object_code=obj, report=report)
+    backend = get_backend(tgt.kind if tgt is not None else "llvm")
+    return backend.build(lowered, graph, input_names, output_names, tgt, options=options, log=log, passes=passes)
 
 
 def cache_info(model: Any, *args, **kwargs):

@@ -86,8 +86,11 @@ class CompileOptions:
         if isinstance(opt_level, bool) or opt_level not in (0, 1, 2, 3):
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         tgt = Target.parse(target)
-        if tgt.kind != "llvm":
-            raise CompileError(f"target {tgt.kind!r} is not available yet")
+        if tgt.kind == "cuda":
+            from tensorfuse.compiler.target import cuda_unavailable_reason
+            reason = cuda_unavailable_reason()
+            if reason is not None:
+                raise CompileError(f"target 'cuda' is not available here: {reason}")
         return cls(str(tgt), int(opt_level), _shapes(input_shapes), rule_names(disabled_rules),
                    None if dump_ir is None else os.fspath(dump_ir), bool(cache), num_threads,
                    resolve_max_memory(max_memory))
@@ -115,16 +118,15 @@ class CompileOptions:
 
 
 def target_part(target: str) -> dict:
-    """The key's target part: the canonical target string and, for "llvm", what the code is
-    generated for: triple, CPU name, LLVM feature string (this CPU's, or the ``-mcpu``'s with the
-    ``-mattr`` changes) and the cache sizes kernels are blocked for."""
+    """The key's target part, as the target's backend gives it (``codegen.base.Backend.target_key``):
+    the canonical target string and, for "llvm", what the code is generated for: triple, CPU
+    name, LLVM feature string (this CPU's, or the ``-mcpu``'s with the ``-mattr`` changes) and
+    the cache sizes kernels are blocked for; for "cuda", the device's compute capability (or
+    the simulator) and the numba-cuda version."""
+    from tensorfuse.codegen.base import get_backend
     from tensorfuse.compiler.target import Target
     tgt = Target.parse(target)
-    part = {"target": str(tgt)}
-    if tgt.kind == "llvm":
-        part.update(triple=tgt.triple, cpu=tgt.cpu, features=tgt.features, l1d_bytes=tgt.l1d_bytes,
-                    l2_bytes=tgt.l2_bytes)
-    return part
+    return get_backend(tgt.kind).target_key(tgt)
 
 
 def cache_key(model: Any, options: CompileOptions) -> dict:

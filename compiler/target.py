@@ -6,7 +6,7 @@ options pick another CPU or change features, with LLVM's names::
     Target.parse("llvm -mcpu=znver3")                       # AMD Zen 3: AVX2 and FMA, no AVX-512
     Target.parse("llvm -mcpu=skylake-avx512 -mattr=-avx512f,+fma")
     Target.parse("llvm -mattr=-avx512f")                    # this CPU without AVX-512
-    Target.parse("cuda")                                    # NVIDIA GPU (not available yet)
+    Target.parse("cuda")                                    # NVIDIA GPU (numba.cuda; NHWC)
 
 Code generation (vector width, FMA and AVX-512 use, cache blocking) reads :attr:`Target.vector_bits`,
 :meth:`Target.lanes`, :attr:`Target.has_fma`, :attr:`Target.has_avx512`, :attr:`Target.l1d_bytes`
@@ -292,7 +292,16 @@ def _parse_size(text: str) -> int:
     return int(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
 
 
+def cuda_unavailable_reason() -> str | None:
+    """Why the cuda target cannot run here, or None when it can: the CUDA simulator
+    (``NUMBA_ENABLE_CUDASIM=1``) is checked first, then ``cuda.is_available()`` (the reason is
+    ``cuda.cuda_error()``: no driver, no GPU), then whether libNVVM loads. Quick: nothing is
+    compiled (``runtime.cuda_module.cuda_unavailable_reason``)."""
+    from tensorfuse.runtime.cuda_module import cuda_unavailable_reason as reason
+    return reason()
+
+
 def cuda_available() -> bool:
-    """True when the cuda target can run here: a GPU through numba.cuda, or its simulator
-    (NUMBA_ENABLE_CUDASIM=1). The cuda code generator is not part of this release yet."""
-    return False
+    """True when the cuda target can run here: a GPU through numba.cuda with libNVVM, or the
+    simulator (NUMBA_ENABLE_CUDASIM=1); :func:`cuda_unavailable_reason` says why not."""
+    return cuda_unavailable_reason() is None

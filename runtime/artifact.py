@@ -1,24 +1,28 @@
-"""Saved modules: one file with machine code, memory plan, constants and metadata.
+"""Saved modules: one file with the code, memory plan, constants and metadata.
 
 The file is a zip archive (stored, not compressed: weights do not compress), with no pickled
 code anywhere:
 
-- ``tensorfuse.json``: metadata. Format name and version, tensorfuse version, target string,
+- ``tensorfuse.json``: metadata. Format name and version, tensorfuse version, the ``backend``
+  that made the module (``codegen.base.get_backend``; "llvm" for files that do not say) and the
+  member holding its code (``code``), the target string, input and output info, the slot table,
+  the kernel call table (for the profiler), the memory plan, the layout of the constants blob,
+  the SHA-256 of the code and the CRC-32 of the constants, and what the backend adds: for llvm,
   what the code was generated for (``host``: target string, triple, CPU name, LLVM feature
-  string, and ``needs``, the CPU features the code may use), entry symbol, input and output
-  info, the slot table, the kernel call table (for the profiler), the memory plan, the layout
-  of the constants blob, the SHA-256 of the code and the CRC-32 of the constants.
-- ``code.o``: the relocatable object code llvmlite's ``TargetMachine.emit_object`` produced.
+  string, and ``needs``, the CPU features the code may use) and the entry symbol; for cuda, the
+  device key (``cuda``: simulator or compute capability, numba-cuda version).
+- the code: ``code.o`` (llvm: the relocatable object code llvmlite's
+  ``TargetMachine.emit_object`` produced) or ``library.cuda`` (cuda: ``CudaLibrary.to_blob()``).
 - ``consts.bin``: every constant's bytes, each at a 64-byte aligned offset, so loading is one
   read into one aligned buffer and the constants are views into it (held once, never copied).
 
 ``load(path)`` checks, in this order, that the file is a complete zip holding those members,
-the format, the tensorfuse version, the target triple and that this CPU has every feature the
-code needs (compared with llvmlite's host features), then each member's
-checksum (SHA-256 for the code; CRC-32, as zip itself uses, for the constants, which are read
-straight from the file into place), and only then links the object code into the process (no
-LLVM code generation).
-Every failure raises :class:`ArtifactError` saying which check failed.
+the format, the tensorfuse version, then what the backend checks (llvm: the target triple and
+that this CPU has every feature the code needs, compared with llvmlite's host features; cuda:
+a GPU or the simulator is there), then each member's checksum (SHA-256 for the code; CRC-32,
+as zip itself uses, for the constants, which are read straight from the file into place), and
+only then hands the code to the backend (llvm links the object code into the process: no LLVM
+code generation). Every failure raises :class:`ArtifactError` saying which check failed.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ import zlib
 import numpy as np
 
 from .memory_plan import MemoryPlan
-from .module import CallInfo, Module, Program, SlotInfo
+from .module import CallInfo, Program, SlotInfo
 
 FORMAT = "tensorfuse-module"
 FORMAT_VERSION = 1
@@ -56,21 +60,6 @@ def tensorfuse_version() -> str:
     return __version__
 
 
-def _host_info() -> dict:
-    from tensorfuse.codegen.llvm.jit import host_info
-    return host_info()
-
-
-def _compiled_for(mod: Module) -> dict:
-    """What the module's code was generated for: recorded by ``compile_ir`` on its library, or
-    read from the file it was loaded from; this machine when unknown."""
-    info = mod._host or getattr(mod._lib, "target_info", None)
-    if info is None:
-        from tensorfuse.codegen.llvm.jit import target_info
-        info = target_info(None)
-    return dict(info)
-
-
 def _sha(b) -> str:
     return hashlib.sha256(b).hexdigest()
 
@@ -88,22 +77,36 @@ def _pack_consts(consts: dict[int, np.ndarray]) -> tuple[np.ndarray, list[dict]]
     return blob, layout
 
 
-def save_module(mod: Module, path) -> None:
-    """Write ``mod`` to ``path`` atomically (a temporary file in the same folder, then
-    ``os.replace``). Raises ArtifactError when the module has no object code."""
+def _backend(name: str, path: str):
+    """The backend a saved module names (``codegen.base.get_backend``); ArtifactError for one
+    this tensorfuse does not know or cannot import."""
+    from tensorfuse.codegen.base import get_backend
+    try:
+        return get_backend(name)
+    except ValueError:
+        raise ArtifactError(f"{path} was made by backend {name!r}, which this tensorfuse does not have") from None
+    except ImportError as e:
+        raise ArtifactError(f"{path} needs the {name} backend, which cannot be imported here ({e})") from None
+
+
+def save_module(mod, path) -> None:
+    """Write ``mod`` (a ``runtime.module.ModuleBase``) to ``path`` atomically (a temporary file
+    in the same folder, then ``os.replace``). The module's backend (``mod.backend``) gives the
+    code blob and its own metadata. Raises ArtifactError when the module has no code to save."""
     path = os.fspath(path)
-    code = mod._object_code
-    if not code:
-        raise ArtifactError(f"cannot save to {path}: this module has no object code")
+    backend = _backend(mod.backend, path)
+    try:
+        code, extra = backend.artifact_code(mod)
+    except ArtifactError as e:
+        raise ArtifactError(f"cannot save to {path}: {e}") from None
     prog = mod._program
     blob, layout = _pack_consts(mod._consts)
-    compiled_for = _compiled_for(mod)
     meta = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "tensorfuse_version": tensorfuse_version(),
-        "target": compiled_for.get("target") or mod.target,
-        "host": compiled_for,
-        "entry": mod._entry_name,
+        "backend": backend.name, "code": backend.code_member,
+        "target": mod.target,
+        **extra,
         "inputs": [{"name": i.name, "dtype": i.dtype.str, "shape": list(i.shape)} for i in mod.input_info],
         "outputs": [{"name": o.name, "dtype": o.dtype.str, "shape": list(o.shape)} for o in mod.output_info],
         "slots": [{"index": s.index, "name": s.name, "kind": s.kind, "dtype": s.dtype.str, "shape": list(s.shape)}
@@ -116,7 +119,7 @@ def save_module(mod: Module, path) -> None:
                   for c in prog.calls],
         "plan": mod.memory_plan.to_dict(),
         "consts": layout,
-        "sha256": {CODE: _sha(code)},
+        "sha256": {backend.code_member: _sha(code)},
         "crc32": {CONSTS: zlib.crc32(blob)},
     }
     folder = os.path.dirname(os.path.abspath(path))
@@ -128,7 +131,7 @@ def save_module(mod: Module, path) -> None:
         with os.fdopen(fd, "wb") as f:
             with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
                 z.writestr(META, json.dumps(meta, indent=1))
-                z.writestr(CODE, bytes(code))
+                z.writestr(backend.code_member, bytes(code))
                 z.writestr(CONSTS, memoryview(blob))
             f.flush()
             os.fsync(f.fileno())
@@ -143,9 +146,15 @@ def save_module(mod: Module, path) -> None:
         raise
 
 
+def _code_member(meta: dict) -> str:
+    """The zip member holding the code blob (``code.o`` for files written before it was recorded)."""
+    m = meta.get("code", CODE)
+    return m if isinstance(m, str) and m not in (META, CONSTS) else CODE
+
+
 def _read_meta(z: zipfile.ZipFile, path: str) -> dict:
     names = set(z.namelist())
-    missing = [n for n in (META, CODE, CONSTS) if n not in names]
+    missing = [n for n in (META, CONSTS) if n not in names]
     if missing:
         raise ArtifactError(f"{path} is not a tensorfuse module file: it lacks {', '.join(missing)}")
     try:
@@ -154,31 +163,17 @@ def _read_meta(z: zipfile.ZipFile, path: str) -> dict:
         raise ArtifactError(f"{path} is corrupt: its metadata cannot be read ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ArtifactError(f"{path} is not a tensorfuse module file (format {meta.get('format')!r})")
+    if _code_member(meta) not in names:
+        raise ArtifactError(f"{path} is not a tensorfuse module file: it lacks {_code_member(meta)}")
     return meta
 
 
-def needed_features(saved: dict) -> set[str]:
-    """The CPU features the saved code needs: its ``needs`` list, or for a file without one,
-    every ``+feature`` of its feature string but the system-only ones the code never uses
-    (``codegen.llvm.jit.SYSTEM_ONLY_FEATURES``)."""
-    if isinstance(saved.get("needs"), list):
-        return {str(f) for f in saved["needs"]}
-    from tensorfuse.codegen.llvm.jit import SYSTEM_ONLY_FEATURES
-    return {f[1:] for f in (saved.get("features") or "").split(",") if f.startswith("+")} - SYSTEM_ONLY_FEATURES
-
-
-def lacking_features(info: dict) -> list[str]:
-    """The features code generated as ``info`` says (a saved module's ``host`` record, or
-    ``codegen.llvm.jit.target_info``) needs that this CPU lacks, sorted."""
-    host = _host_info()
-    have = {f[1:] for f in host["features"].split(",") if f.startswith("+")}
-    return sorted(needed_features(info) - have)
-
-
 def check_compatible(meta: dict, path: str = "the file") -> None:
-    """Raise ArtifactError unless this tensorfuse and this CPU can run the saved module: the
-    format and tensorfuse version match, the triple is this machine's, and this CPU has every
-    feature the code needs (the message names the missing ones)."""
+    """Raise ArtifactError unless this tensorfuse and this machine can run the saved module: the
+    format and tensorfuse version match, then the backend that made it (``meta["backend"]``,
+    "llvm" for files that do not say) checks its own part (for llvm: the triple is this
+    machine's and this CPU has every feature the code needs; for cuda: a GPU or the simulator
+    is there)."""
     if meta.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{path} has module format version {meta.get('format_version')}; this tensorfuse "
                             f"reads version {FORMAT_VERSION}")
@@ -186,15 +181,7 @@ def check_compatible(meta: dict, path: str = "the file") -> None:
     if meta.get("tensorfuse_version") != ours:
         raise ArtifactError(f"{path} was written by tensorfuse {meta.get('tensorfuse_version')}, this is tensorfuse "
                             f"{ours}: recompile the model with this version")
-    saved, host = meta.get("host") or {}, _host_info()
-    if saved.get("triple") != host["triple"]:
-        raise ArtifactError(f"{path} holds machine code for {saved.get('triple')}, this machine is {host['triple']}")
-    lacking = lacking_features(saved)
-    if lacking:
-        target = saved.get("target") or meta.get("target") or "llvm"
-        raise ArtifactError(f"{path}: this module was compiled for {saved.get('cpu')} (target {target!r}) and needs "
-                            f"{', '.join(lacking)}; this CPU ({host['cpu']}) lacks {'them' if len(lacking) > 1 else 'it'}: "
-                            "recompile it here")
+    _backend(str(meta.get("backend", "llvm")), path).check_compatible(meta, path)
 
 
 def read_artifact(path) -> tuple[dict, bytes, np.ndarray]:
@@ -206,7 +193,8 @@ def read_artifact(path) -> tuple[dict, bytes, np.ndarray]:
         with zipfile.ZipFile(path) as z:
             meta = _read_meta(z, path)
             check_compatible(meta, path)
-            code = z.read(CODE)
+            member = _code_member(meta)
+            code = z.read(member)
             info = z.getinfo(CONSTS)
             if info.compress_type != zipfile.ZIP_STORED:
                 raise ArtifactError(f"{path} is not a tensorfuse module file: {CONSTS} is compressed")
@@ -219,8 +207,8 @@ def read_artifact(path) -> tuple[dict, bytes, np.ndarray]:
         raise ArtifactError(f"{path} is truncated or corrupt (not a complete zip archive: {e})") from None
     except (EOFError, zipfile.LargeZipFile, OSError) as e:
         raise ArtifactError(f"{path} is truncated or corrupt ({type(e).__name__}: {e})") from None
-    if (meta.get("sha256") or {}).get(CODE) != _sha(code):
-        raise ArtifactError(f"{path} is corrupt: the checksum of {CODE} does not match")
+    if (meta.get("sha256") or {}).get(member) != _sha(code):
+        raise ArtifactError(f"{path} is corrupt: the checksum of {member} does not match")
     crc = zlib.crc32(blob)
     if crc != info.CRC or (meta.get("crc32") or {}).get(CONSTS) != crc:
         raise ArtifactError(f"{path} is corrupt: the checksum of {CONSTS} does not match")
@@ -261,10 +249,12 @@ def _read_stored(path: str, info: zipfile.ZipInfo) -> np.ndarray:
     return blob
 
 
-def load(path) -> Module:
-    """Load a module written by ``Module.save``: links the saved object code into this process
-    (no LLVM code generation) and returns a runnable :class:`Module`. Raises ArtifactError
-    (missing, truncated or corrupt file; another tensorfuse version; incompatible CPU)."""
+def load(path):
+    """Load a module written by ``Module.save``: the backend that made it (recorded in the file)
+    turns its code back into a runnable module (``runtime.module.Module`` for llvm: the object
+    code is linked into this process, no LLVM code generation; ``runtime.cuda_module.CudaModule``
+    for cuda). Raises ArtifactError (missing, truncated or corrupt file; another tensorfuse
+    version; an incompatible CPU; no GPU or simulator for a cuda module)."""
     path = os.fspath(path)
     meta, code, blob = read_artifact(path)
     try:
@@ -282,12 +272,7 @@ def load(path) -> Module:
         plan = MemoryPlan.from_dict(meta["plan"])
         in_names = [i["name"] for i in meta["inputs"]]
         out_names = [o["name"] for o in meta["outputs"]]
-        entry, target, host = meta["entry"], meta["target"], meta["host"]
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"{path} is corrupt: its metadata is incomplete ({type(e).__name__}: {e})") from None
-    from tensorfuse.codegen.llvm.jit import load_object
-    try:
-        lib = load_object(code)
-    except Exception as e:
-        raise ArtifactError(f"{path}: its object code cannot be linked into this process ({e})") from None
-    return Module(prog, lib, entry, in_names, out_names, target=target, plan=plan, object_code=code, host=host)
+    backend = _backend(str(meta.get("backend", "llvm")), path)
+    return backend.load(meta, code, prog, plan, in_names, out_names, path)

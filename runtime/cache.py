@@ -286,8 +286,9 @@ def store(parts: dict, module, d: pathlib.Path | None = None, external: dict | N
     sha256}, checked on lookup). The report is written before the module, so an entry that is
     found has its report. False (and one warning per place) when the place is unwritable."""
     from .artifact import ArtifactError
-    if not getattr(module, "_object_code", None):       # nothing a file could hold
-        return False
+    can_save = getattr(module, "can_save", None)
+    if not (can_save() if can_save is not None else getattr(module, "_object_code", None)):
+        return False                                    # nothing a file could hold
     d = d or cache_dir()
     digest = key_digest(parts)
     try:

@@ -158,85 +158,56 @@ def _as_input_array(info, a) -> np.ndarray:
     return out
 
 
-class Module:
-    """A compiled model for one target.
+class ModuleBase:
+    """What every compiled module has, whichever backend made it.
 
-    Attributes: ``input_info`` / ``output_info`` (lists of TensorInfo), ``num_kernels`` (native
-    kernel calls per run), ``calls`` (those calls), ``memory_plan``
-    (:class:`~runtime.memory_plan.MemoryPlan`), ``num_threads``, ``target`` and ``cache_hit``
-    (True / False when ``compile`` looked the module up in the compile cache, None when it did
-    not or the module was loaded from a file).
+    Attributes: ``input_info`` / ``output_info`` (lists of TensorInfo), ``num_kernels`` (kernel
+    calls per run), ``calls`` (those calls), ``memory_plan``
+    (:class:`~runtime.memory_plan.MemoryPlan`), ``target`` (the target string), ``backend``
+    (the name of the backend that made it, ``codegen.base.get_backend``), ``layout_report``
+    (the layout pass's report for targets that run one, else None) and ``cache_hit`` (True /
+    False when ``compile`` looked the module up in the compile cache, None when it did not or
+    the module was loaded from a file).
 
     ``report`` is the compile report (``compiler.report.CompileReport``) of a module that
     ``tensorfuse.compile`` made, fresh or from the compile cache, and None for one loaded from a
-    file (``tensorfuse.load``: machine code, memory plan and kernel-call sources only). These
+    file (``tensorfuse.load``: code, memory plan and kernel-call sources only). These
     read it: ``graph`` (the optimised graph IR), ``kernels`` (kernel IR), ``llvm_ir`` (LLVM IR
     text), ``rewrite_log`` (the rule applications) and ``pass_records`` (the pass runs). Without
     a report ``graph``, ``llvm_ir``, ``rewrite_log`` and ``pass_records`` are None and
     ``kernels`` raises AttributeError. On a cache hit, the first ``graph`` access parses the
     stored graph and the first ``kernels`` access lowers it again (see ``compiler.report``);
     nothing is recompiled.
+
+    Subclasses run the code (:meth:`run`) and may accept more kinds of input
+    (:meth:`_check_input`); the input matching and checking is here, once.
     """
 
-    def __init__(self, lowered, library, entry: str, input_names, output_names, target: str = "llvm", *,
-                 plan: MemoryPlan | None = None, object_code: bytes | None = None, host: dict | None = None,
-                 report=None):
-        """``lowered``: a :class:`Program` (or a lowered graph, made into one); ``library``: the
-        linked code (``codegen.llvm.jit``) with the ``entry`` symbol; ``report``: the compile
-        report, which the compiler passes (None for a module loaded from a file)."""
+    #: the backend name recorded in saved modules (``codegen.base``)
+    backend = "llvm"
+
+    def __init__(self, lowered, input_names, output_names, target: str, *, plan: MemoryPlan | None = None,
+                 report=None, alignment: int | None = None):
         self._program = lowered if isinstance(lowered, Program) else Program.from_lowered(lowered)
         prog = self._program
-        self._lib = library
-        self._entry_name = entry
-        self._entry = _ENTRY_T(library.address(entry))
-        self._object_code = object_code
-        self._host = host
         #: the compile report (``compiler.report.CompileReport``), or None (loaded from a file)
         self.report = report
         self.cache_hit: bool | None = None
         self.target = target
+        #: the layout pass's report (``compiler.passes.layout``) where the target runs it, else None
+        self.layout_report = None
         self.input_names = list(input_names)
         self.output_names = list(output_names)
         slots = prog.slots
         self.input_info = [TensorInfo(n, slots[s].dtype, slots[s].shape) for n, s in zip(input_names, prog.inputs)]
         self.output_info = [TensorInfo(n, slots[s].dtype, slots[s].shape) for n, s in zip(output_names, prog.outputs)]
-        self._consts = prog.consts      # held once; slot tables point at them, never copied
-        self.memory_plan = plan if plan is not None else plan_memory(prog.slots, prog.calls)
-        self._pool: list[_Arena] = []
-        self._pool_lock = threading.Lock()
-        self._kernel_fns: dict[str, object] = {}
-        from tensorfuse.debug import debug_mode
-        #: debug mode's memory check on every run (see :meth:`run`); settable
-        self.check_memory = debug_mode()
-        self._plan_checked = False
-        from .threads import resolve_num_threads
-        self._num_threads = resolve_num_threads(None)
-        #: why this CPU cannot run the code (compiled for features it lacks), or None
-        self._cannot_run = None
-        info = getattr(library, "target_info", None)
-        if info:
-            from .artifact import lacking_features
-            lacking = lacking_features(info)
-            if lacking:
-                self._cannot_run = (f"this module was compiled for target {info.get('target')!r} and its code "
-                                    f"needs {', '.join(lacking)}, which this CPU lacks: save it and run it on a "
-                                    f"CPU that has {'them' if len(lacking) > 1 else 'it'}")
-
-    @property
-    def num_threads(self) -> int:
-        """Threads that run each run's parallel loops (``compile(num_threads=...)``, else
-        ``$TENSORFUSE_NUM_THREADS``, else the cores this process may use). Settable; raises
-        ValueError for a count below 1."""
-        return self._num_threads
-
-    @num_threads.setter
-    def num_threads(self, n: int) -> None:
-        from .threads import resolve_num_threads
-        n = resolve_num_threads(n)
-        if n != self._num_threads:
-            with self._pool_lock:
-                self._num_threads = n
-                self._pool = []                 # arenas own teams of the old size
+        self._consts = prog.consts      # held once, never copied on the host
+        if plan is None:
+            plan = (plan_memory(prog.slots, prog.calls) if alignment is None
+                    else plan_memory(prog.slots, prog.calls, alignment=alignment))
+        self.memory_plan = plan
+        #: why this machine cannot run the code (set by the backend), or None
+        self._cannot_run: str | None = None
 
     # -- introspection (the compile report) ---------------------------------------------
     @property
@@ -277,7 +248,10 @@ class Module:
         return len(self._program.calls)
 
     # -- running ------------------------------------------------------------------------
-    def _check_inputs(self, arrays, named) -> list[np.ndarray]:
+    def _check_inputs(self, arrays, named) -> list:
+        """The inputs of a run in graph input order: positional then named, each checked by
+        :meth:`_check_input`. Raises ValueError for too many, unknown, repeated or missing
+        inputs, RuntimeError when this machine cannot run the code."""
         if self._cannot_run:            # running it would die of an illegal instruction
             raise RuntimeError(self._cannot_run)
         infos = self.input_info
@@ -297,14 +271,120 @@ class Module:
         for info, a in zip(infos, given):
             if a is None:
                 raise ValueError(f"input '{info.name}' is missing: expected {info.dtype}{list(info.shape)}")
-            if not isinstance(a, np.ndarray):
-                a = _as_input_array(info, a)
-            if a.dtype != info.dtype:
-                raise ValueError(f"input '{info.name}': expected dtype {info.dtype}, got {a.dtype}")
-            if tuple(a.shape) != info.shape:
-                raise ValueError(f"input '{info.name}': expected shape {list(info.shape)}, got {list(a.shape)}")
-            out.append(np.ascontiguousarray(a))
+            out.append(self._check_input(info, a))
         return out
+
+    def _check_input(self, info: TensorInfo, a):
+        """One input as the kernels take it: a C-contiguous ndarray of ``info``'s dtype and
+        shape. Raises ValueError naming the input with expected and got (TypeError for what is
+        not array-like; see ``_as_input_array``)."""
+        if not isinstance(a, np.ndarray):
+            a = _as_input_array(info, a)
+        if a.dtype != info.dtype:
+            raise ValueError(f"input '{info.name}': expected dtype {info.dtype}, got {a.dtype}")
+        if tuple(a.shape) != info.shape:
+            raise ValueError(f"input '{info.name}': expected shape {list(info.shape)}, got {list(a.shape)}")
+        return np.ascontiguousarray(a)
+
+    def run(self, *arrays, **named) -> list[np.ndarray]:
+        """Run the model (see the subclass); inputs by position or by name."""
+        raise NotImplementedError
+
+    def __call__(self, *arrays, **named):
+        return self.run(*arrays, **named)
+
+    # -- measuring ----------------------------------------------------------------------
+    def profile(self, *arrays, repeat: int = 10, warmup: int = 1, show: bool = False, **named):
+        """Time every kernel call on its own (see the subclass); returns a
+        :class:`~runtime.profile.Profile`."""
+        raise NotImplementedError
+
+    def benchmark(self, *arrays, repeat: int = 20, warmup: int = 2, **named):
+        """Median, min and max wall time (ms) of whole ``run()`` calls over ``repeat`` runs
+        (a :class:`~runtime.profile.Benchmark`)."""
+        from .profile import benchmark_module
+        return benchmark_module(self, arrays, named, repeat=repeat, warmup=warmup)
+
+    def source_nodes(self, call: CallInfo) -> list[str]:
+        """The ONNX node names a kernel call covers: its IR nodes traced back through the
+        rewrites that made them (the compiler records them on each call; ``rewrite_log``
+        otherwise), or as recorded in a saved module."""
+        if call.sources is not None:
+            return list(call.sources)
+        from .profile import trace_sources
+        return trace_sources(call.nodes, self.rewrite_log)
+
+    # -- saving -------------------------------------------------------------------------
+    def can_save(self) -> bool:
+        """Whether :meth:`save` has code to write."""
+        return True
+
+    def save(self, path) -> None:
+        """Write the module to one file (see :mod:`runtime.artifact`); ``runtime.load`` reads
+        it back. The write is atomic. Raises ArtifactError when the module has no code to save."""
+        from .artifact import save_module
+        save_module(self, path)
+
+    def __repr__(self) -> str:
+        ins = ", ".join(map(str, self.input_info))
+        outs = ", ".join(map(str, self.output_info))
+        return f"<tensorfuse.{type(self).__name__} target={self.target} ({ins}) -> ({outs}), {self.num_kernels} kernels>"
+
+
+class Module(ModuleBase):
+    """A compiled model for a CPU: native code (``codegen.llvm``, through ``LLVMBackend``) run
+    with one native call per run (see the module docstring), plus what every module has
+    (:class:`ModuleBase`).
+
+    ``num_threads`` sets the threads that run the parallel loops.
+    """
+
+    def __init__(self, lowered, library, entry: str, input_names, output_names, target: str = "llvm", *,
+                 plan: MemoryPlan | None = None, object_code: bytes | None = None, host: dict | None = None,
+                 report=None, cannot_run: str | None = None):
+        """``lowered``: a :class:`Program` (or a lowered graph, made into one); ``library``: the
+        linked native code, with ``address(symbol)`` for the ``entry`` symbol and each kernel;
+        ``object_code``: its relocatable object code (what ``save`` writes); ``host``: what it
+        was generated for, as saved; ``report``: the compile report, which the compiler passes
+        (None for a module loaded from a file); ``cannot_run``: why this machine cannot run the
+        code (the backend says; ``run`` then raises RuntimeError with it), or None."""
+        super().__init__(lowered, input_names, output_names, target, plan=plan, report=report)
+        self._lib = library
+        self._entry_name = entry
+        self._entry = _ENTRY_T(library.address(entry))
+        self._object_code = object_code
+        self._host = host
+        self._pool: list[_Arena] = []
+        self._pool_lock = threading.Lock()
+        self._kernel_fns: dict[str, object] = {}
+        from tensorfuse.debug import debug_mode
+        #: debug mode's memory check on every run (see :meth:`run`); settable
+        self.check_memory = debug_mode()
+        self._plan_checked = False
+        from .threads import resolve_num_threads
+        self._num_threads = resolve_num_threads(None)
+        #: why this CPU cannot run the code (compiled for features it lacks), or None
+        self._cannot_run = cannot_run
+
+    def can_save(self) -> bool:
+        """Whether :meth:`save` has object code to write (a module built without it has none)."""
+        return bool(self._object_code)
+
+    @property
+    def num_threads(self) -> int:
+        """Threads that run each run's parallel loops (``compile(num_threads=...)``, else
+        ``$TENSORFUSE_NUM_THREADS``, else the cores this process may use). Settable; raises
+        ValueError for a count below 1."""
+        return self._num_threads
+
+    @num_threads.setter
+    def num_threads(self, n: int) -> None:
+        from .threads import resolve_num_threads
+        n = resolve_num_threads(n)
+        if n != self._num_threads:
+            with self._pool_lock:
+                self._num_threads = n
+                self._pool = []                 # arenas own teams of the old size
 
     def _acquire(self) -> _Arena:
         with self._pool_lock:
@@ -435,29 +515,3 @@ class Module:
         from .profile import profile_module
         return profile_module(self, arrays, named, repeat=repeat, warmup=warmup, show=show)
 
-    def benchmark(self, *arrays, repeat: int = 20, warmup: int = 2, **named):
-        """Median, min and max wall time (ms) of whole ``run()`` calls over ``repeat`` runs
-        (a :class:`~runtime.profile.Benchmark`)."""
-        from .profile import benchmark_module
-        return benchmark_module(self, arrays, named, repeat=repeat, warmup=warmup)
-
-    def source_nodes(self, call: CallInfo) -> list[str]:
-        """The ONNX node names a kernel call covers: its IR nodes traced back through the
-        rewrites that made them (the compiler records them on each call; ``rewrite_log``
-        otherwise), or as recorded in a saved module."""
-        if call.sources is not None:
-            return list(call.sources)
-        from .profile import trace_sources
-        return trace_sources(call.nodes, self.rewrite_log)
-
-    # -- saving -------------------------------------------------------------------------
-    def save(self, path) -> None:
-        """Write the module to one file (see :mod:`runtime.artifact`); ``runtime.load`` reads
-        it back. The write is atomic. Raises ArtifactError when the module has no object code."""
-        from .artifact import save_module
-        save_module(self, path)
-
-    def __repr__(self) -> str:
-        ins = ", ".join(map(str, self.input_info))
-        outs = ", ".join(map(str, self.output_info))
-        return f"<tensorfuse.Module target={self.target} ({ins}) -> ({outs}), {self.num_kernels} kernels>"

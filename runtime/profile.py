@@ -62,6 +62,8 @@ class Profile:
     rows: list[ProfileRow]
     repeat: int = 0
     warmup: int = 0
+    #: how the calls were timed: "host" (wall clock on the host) or "cuda events" (device time)
+    clock: str = "host"
 
     def __iter__(self):
         return iter(self.rows)
@@ -94,7 +96,8 @@ class Profile:
         shared = sum(1 for r in self.rows if r.shared_by > 1)
         lines.append(f"total {self.total_ms:.3f} ms over {len(self.rows)} kernel calls"
                      + (f" ({shared} calls use a kernel shared with other layers: xN)" if shared else "")
-                     + (f"; median of {self.repeat} runs" if self.repeat else ""))
+                     + (f"; median of {self.repeat} runs" if self.repeat else "")
+                     + (f"; timed with {self.clock}" if self.clock != "host" else ""))
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -169,6 +172,13 @@ def profile_module(mod, arrays, named, repeat: int = 10, warmup: int = 1, show: 
     finally:
         mod._release(arena)
     med = [statistics.median(t) * 1e3 for t in times]
+    return make_profile(mod, med, repeat, warmup, show)
+
+
+def make_profile(mod, med: list[float], repeat: int, warmup: int, show: bool = False, clock: str = "host") -> Profile:
+    """The :class:`Profile` of ``mod``'s kernel calls from their median times in ms (one per
+    call, in run order); prints it when ``show``."""
+    prog = mod._program
     total = sum(med) or 1.0
     uses: dict[str, int] = {}
     for c in prog.calls:
@@ -180,7 +190,7 @@ def profile_module(mod, arrays, named, repeat: int = 10, warmup: int = 1, show: 
         rows.append(ProfileRow(c.kernel, mod.source_nodes(c), m, m / total, gf, moved, list(c.nodes), list(c.ops),
                                i, uses[c.kernel]))
     rows.sort(key=lambda r: -r.median_ms)
-    prof = Profile(rows, repeat, warmup)
+    prof = Profile(rows, repeat, warmup, clock)
     if show:
         print(prof)
     return prof

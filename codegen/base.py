@@ -1,0 +1,131 @@
+"""Backends as objects: one interface per code generator, and the registry that finds them.
+
+A :class:`Backend` turns a lowered graph (kernel IR plus the kernel-call sequence) into a
+runnable module, and turns a saved module's code blob back into one. The compiler driver asks
+``get_backend(target.kind)`` to build; the runtime asks ``get_backend(meta["backend"])`` to load
+a saved module, so neither knows which code generator made a library.
+
+Importing this module imports nothing of the compiler and no code generator: the registry
+holds ``"module:Class"`` paths that are imported on first use (a process that only loads a
+saved LLVM module never imports numba, and one that loads a cuda module never imports the
+LLVM emitter).
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+from abc import ABC, abstractmethod
+from typing import Any
+
+#: backend name -> "module:Class" (imported lazily by :func:`get_backend`)
+_REGISTRY: dict[str, str] = {
+    "llvm": "tensorfuse.codegen.llvm.backend:LLVMBackend",
+    "cuda": "tensorfuse.codegen.cuda.backend:CUDABackend",
+}
+_INSTANCES: dict[str, "Backend"] = {}
+_LOCK = threading.Lock()
+
+
+class Backend(ABC):
+    """One code generator and the runtime side of what it makes.
+
+    ``name``: the backend's name, recorded in saved modules (``"llvm"``, ``"cuda"``).
+    ``code_member``: the name of the member of a saved module's zip that holds the code blob
+    (``runtime.artifact``).
+    """
+
+    name: str = ""
+    code_member: str = "code.o"
+
+    @abstractmethod
+    def target_key(self, target) -> dict:
+        """The compile cache key's target part for ``target`` (a ``compiler.target.Target``):
+        JSON values, including the canonical target string under ``"target"`` and whatever
+        else changes the generated code (CPU features, compute capability ...)."""
+
+    @abstractmethod
+    def build(self, lowered, graph, input_names: list[str], output_names: list[str], target, *,
+              options=None, log: list | None = None, passes: list | None = None):
+        """Generate code for a lowered graph (``compiler.lower.LoweredGraph``, duplicates of
+        kernels already dropped or not) and return the runnable module
+        (``runtime.module.ModuleBase``) with its compile report. Raises CompileError when code
+        generation fails."""
+
+    @abstractmethod
+    def artifact_code(self, module) -> tuple[bytes, dict]:
+        """(code blob, backend-specific metadata) that ``runtime.artifact.save_module`` writes
+        for ``module``. Raises ArtifactError when the module has nothing to save."""
+
+    @abstractmethod
+    def check_compatible(self, meta: dict, path: str = "the file") -> None:
+        """Raise ``runtime.artifact.ArtifactError`` unless this machine can run the saved module
+        described by ``meta`` (its ``tensorfuse.json``); the format and tensorfuse version are
+        checked by the artifact reader before this is called."""
+
+    @abstractmethod
+    def load(self, meta: dict, blob: bytes, program, plan, input_names: list[str], output_names: list[str],
+             path: str = "the file"):
+        """A runnable module from a saved module's parts: ``meta`` (checked with
+        :meth:`check_compatible`), the code ``blob``, the ``runtime.module.Program`` (constants
+        included) and its ``MemoryPlan``. Raises ArtifactError when the code cannot be loaded."""
+
+    def __repr__(self) -> str:
+        return f"<tensorfuse backend {self.name!r}>"
+
+
+def backend_names() -> list[str]:
+    """The registered backend names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def register_backend(name: str, where: "str | Backend") -> None:
+    """Register (or replace) a backend: ``where`` is a ``"module:Class"`` path imported on first
+    use, or a Backend instance."""
+    with _LOCK:
+        _INSTANCES.pop(name, None)
+        if isinstance(where, Backend):
+            _INSTANCES[name] = where
+            _REGISTRY[name] = f"{type(where).__module__}:{type(where).__qualname__}"
+        else:
+            _REGISTRY[name] = where
+
+
+def get_backend(kind: str) -> Backend:
+    """The backend named ``kind`` (a target kind: ``"llvm"``, ``"cuda"``), one instance per
+    process. Raises ValueError for an unknown name (the message lists the known ones) and
+    ImportError when the backend's module cannot be imported."""
+    b = _INSTANCES.get(kind)
+    if b is not None:
+        return b
+    with _LOCK:
+        b = _INSTANCES.get(kind)
+        if b is not None:
+            return b
+        where = _REGISTRY.get(kind)
+        if where is None:
+            raise ValueError(f"unknown backend {kind!r}; known backends: {', '.join(sorted(_REGISTRY))}")
+        module, _, cls = where.partition(":")
+        obj: Any = getattr(importlib.import_module(module), cls)
+        b = _INSTANCES[kind] = obj()
+        return b
+
+
+def program_and_report(lowered, graph, target, *, options=None, log: list | None = None,
+                       passes: list | None = None, llvm_ir: str | None = None):
+    """(``runtime.module.Program``, ``compiler.report.CompileReport``) of a lowered graph, as
+    every backend's :meth:`Backend.build` makes them: each call's ONNX nodes traced through the
+    rule ``log``; ``llvm_ir`` the LLVM IR text (None for backends without one). Imports the
+    compiler's report module (build time only)."""
+    from tensorfuse.compiler.options import CompileOptions
+    from tensorfuse.compiler.report import CompileReport
+    from tensorfuse.runtime.module import Program
+    from tensorfuse.runtime.profile import trace_sources
+    log = list(log or [])
+    program = Program.from_lowered(lowered)
+    for c in program.calls:
+        c.sources = trace_sources(c.nodes, log)
+    if options is None:
+        options = CompileOptions.create(str(target) if target is not None else "llvm", 0, cache=False)
+    report = CompileReport(options, llvm_ir, log, list(passes or []), [list(c.sources) for c in program.calls],
+                           _graph=graph, _kernels=list(lowered.kernels))
+    return program, report

@@ -1,0 +1,101 @@
+"""The cuda backend: kernel IR -> numba.cuda kernels (``codegen.cuda.jit.build_library``), run by
+``runtime.cuda_module.CudaModule``.
+
+A saved cuda module holds the library blob (``library.cuda``: ``CudaLibrary.to_blob()``:
+sources, launch shapes, PTX when built on a GPU), the memory plan and the constants, with the
+same format and version checks as a CPU module; loading needs a GPU or the CUDA simulator.
+"""
+from __future__ import annotations
+
+from tensorfuse.codegen.base import Backend, program_and_report
+
+
+def _device_key() -> dict:
+    """What the generated code depends on besides its source: the simulator or the GPU's compute
+    capability, and the numba-cuda version."""
+    from numba.core import config
+    try:
+        from importlib.metadata import version
+        numba_cuda = version("numba-cuda")
+    except Exception:                   # noqa: BLE001 - not installed as a distribution
+        numba_cuda = None
+    key = {"numba_cuda": numba_cuda, "simulator": bool(config.ENABLE_CUDASIM)}
+    if not config.ENABLE_CUDASIM:
+        try:
+            from numba import cuda
+            if cuda.is_available():
+                key["compute_capability"] = list(cuda.get_current_device().compute_capability)
+        except Exception:               # noqa: BLE001 - no GPU: the key says nothing more
+            pass
+    return key
+
+
+class CUDABackend(Backend):
+    """NVIDIA GPUs through numba.cuda (target kind ``"cuda"``); modules are
+    ``runtime.cuda_module.CudaModule``."""
+
+    name = "cuda"
+    code_member = "library.cuda"
+
+    def target_key(self, target) -> dict:
+        """``{"target": "cuda", "numba_cuda", "simulator", "compute_capability"}`` (the last on
+        a GPU only)."""
+        return {"target": str(target), **_device_key()}
+
+    def build(self, lowered, graph, input_names, output_names, target, *, options=None, log=None, passes=None):
+        """Compile every kernel with ``codegen.cuda.jit.build_library`` and make the
+        :class:`~runtime.cuda_module.CudaModule` (constants uploaded), with its compile report.
+        Raises CompileError when the cuda code generator is missing or fails, or when no GPU
+        or simulator is available."""
+        from tensorfuse.compiler.errors import CompileError
+        from tensorfuse.runtime.cuda_module import CudaModule, cuda_unavailable_reason
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            raise CompileError(f"target 'cuda' is not available here: {reason}")
+        try:
+            from tensorfuse.codegen.cuda.jit import build_library
+        except ImportError as e:
+            raise CompileError(f"the cuda code generator (codegen.cuda.jit) cannot be imported: {e}") from e
+        library = build_library(list(lowered.kernels))
+        program, report = program_and_report(lowered, graph, target, options=options, log=log, passes=passes)
+        try:
+            return CudaModule(program, library, input_names, output_names,
+                              target=str(target) if target is not None else "cuda", report=report)
+        except RuntimeError as e:
+            raise CompileError(str(e)) from e
+
+    def artifact_code(self, module) -> tuple[bytes, dict]:
+        """``library.to_blob()`` and ``{"target", "cuda": {the device key}}``."""
+        from tensorfuse.runtime.artifact import ArtifactError
+        to_blob = getattr(module.library, "to_blob", None)
+        if to_blob is None:
+            raise ArtifactError("this module's kernel library cannot be serialised (no to_blob)")
+        return bytes(to_blob()), {"target": module.target, "cuda": _device_key()}
+
+    def check_compatible(self, meta: dict, path: str = "the file") -> None:
+        """A GPU or the simulator is available here; ArtifactError with the reason otherwise."""
+        from tensorfuse.runtime.artifact import ArtifactError
+        from tensorfuse.runtime.cuda_module import cuda_unavailable_reason
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            raise ArtifactError(f"{path} is a cuda module, which cannot run here: {reason}")
+
+    def load_library(self, blob: bytes):
+        """The kernel library from its blob (``codegen.cuda.jit.CudaLibrary.from_blob``)."""
+        from tensorfuse.codegen.cuda.jit import CudaLibrary
+        return CudaLibrary.from_blob(blob)
+
+    def load(self, meta, blob, program, plan, input_names, output_names, path="the file"):
+        """The :class:`~runtime.cuda_module.CudaModule` of a saved cuda module. ArtifactError
+        when the library cannot be rebuilt from its blob or the device is unusable."""
+        from tensorfuse.runtime.artifact import ArtifactError
+        from tensorfuse.runtime.cuda_module import CudaModule
+        try:
+            library = self.load_library(blob)
+        except Exception as e:          # noqa: BLE001 - whatever the library raises names the cause
+            raise ArtifactError(f"{path}: its cuda kernel library cannot be loaded ({type(e).__name__}: {e})") from None
+        try:
+            return CudaModule(program, library, input_names, output_names, target=meta.get("target", "cuda"),
+                              plan=plan)
+        except (RuntimeError, ValueError) as e:
+            raise ArtifactError(f"{path}: {e}") from None

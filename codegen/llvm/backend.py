@@ -1,0 +1,132 @@
+"""The LLVM backend: kernel IR -> LLVM IR (``codegen.llvm.emit``) -> native code linked into
+this process (``codegen.llvm.jit``), run by ``runtime.module.Module``.
+
+A saved LLVM module holds the relocatable object code (``code.o``) and records what the code
+was generated for (``host``: target string, triple, CPU, feature string, and ``needs``, the CPU
+features the code may use); loading checks the triple and the features against this CPU.
+"""
+from __future__ import annotations
+
+from tensorfuse.codegen.base import Backend, program_and_report
+
+
+def host_info() -> dict:
+    """This machine's triple, CPU and features (``codegen.llvm.jit.host_info``)."""
+    from tensorfuse.codegen.llvm.jit import host_info as info
+    return info()
+
+
+def needed_features(saved: dict) -> set[str]:
+    """The CPU features the saved code needs: its ``needs`` list, or for a file without one,
+    every ``+feature`` of its feature string but the system-only ones the code never uses
+    (``codegen.llvm.jit.SYSTEM_ONLY_FEATURES``)."""
+    if isinstance(saved.get("needs"), list):
+        return {str(f) for f in saved["needs"]}
+    from tensorfuse.codegen.llvm.jit import SYSTEM_ONLY_FEATURES
+    return {f[1:] for f in (saved.get("features") or "").split(",") if f.startswith("+")} - SYSTEM_ONLY_FEATURES
+
+
+def lacking_features(info: dict) -> list[str]:
+    """The features code generated as ``info`` says (a saved module's ``host`` record, or
+    ``codegen.llvm.jit.target_info``) needs that this CPU lacks, sorted."""
+    host = host_info()
+    have = {f[1:] for f in host["features"].split(",") if f.startswith("+")}
+    return sorted(needed_features(info) - have)
+
+
+def cannot_run_reason(info: dict | None) -> str | None:
+    """Why this CPU cannot run code generated as ``info`` says (it lacks features the code
+    needs), or None."""
+    if not info:
+        return None
+    lacking = lacking_features(info)
+    if not lacking:
+        return None
+    return (f"this module was compiled for target {info.get('target')!r} and its code "
+            f"needs {', '.join(lacking)}, which this CPU lacks: save it and run it on a "
+            f"CPU that has {'them' if len(lacking) > 1 else 'it'}")
+
+
+class LLVMBackend(Backend):
+    """CPUs through LLVM (target kind ``"llvm"``); modules are ``runtime.module.Module``."""
+
+    name = "llvm"
+    code_member = "code.o"
+
+    def target_key(self, target) -> dict:
+        """``{"target", "triple", "cpu", "features", "l1d_bytes", "l2_bytes"}`` of ``target``
+        (a ``compiler.target.Target``): what the code is generated and blocked for."""
+        return {"target": str(target), "triple": target.triple, "cpu": target.cpu, "features": target.features,
+                "l1d_bytes": target.l1d_bytes, "l2_bytes": target.l2_bytes}
+
+    def build(self, lowered, graph, input_names, output_names, target, *, options=None, log=None, passes=None):
+        """Emit every kernel and the ``tf_run`` entry as one LLVM module, compile and link it;
+        the :class:`~runtime.module.Module` with its compile report. Raises CompileError when
+        LLVM code generation fails."""
+        from llvmlite import ir as lir
+
+        from tensorfuse.codegen.llvm.emit import emit_entry, emit_kernel, kernel_is_parallel
+        from tensorfuse.codegen.llvm.jit import compile_ir
+        from tensorfuse.compiler.errors import CompileError
+        from tensorfuse.compiler.progress import iterate
+        from tensorfuse.runtime.module import Module
+
+        mod = lir.Module(name=graph.name)
+        for k in iterate(lowered.kernels, "generating kernels", unit="kernel"):
+            emit_kernel(mod, k)
+        emit_entry(mod, "tf_run", [(c.kernel, c.slots) for c in lowered.calls],
+                   {k.name: kernel_is_parallel(k) for k in lowered.kernels})
+        try:
+            lib, obj, _opt_ir = compile_ir(str(mod), graph.name, target=target)
+        except Exception as e:
+            raise CompileError(f"LLVM code generation failed: {e}") from e
+        program, report = program_and_report(lowered, graph, target, options=options, log=log, passes=passes,
+                                             llvm_ir=str(mod))
+        return Module(program, lib, "tf_run", input_names, output_names,
+                      target=str(target) if target is not None else "llvm", object_code=obj, report=report,
+                      cannot_run=cannot_run_reason(getattr(lib, "target_info", None)))
+
+    def artifact_code(self, module) -> tuple[bytes, dict]:
+        """The object code and ``{"target", "host", "entry"}``; ArtifactError without object code."""
+        from tensorfuse.runtime.artifact import ArtifactError
+        code = module._object_code
+        if not code:
+            raise ArtifactError("this module has no object code")
+        info = module._host or getattr(module._lib, "target_info", None)
+        if info is None:
+            from tensorfuse.codegen.llvm.jit import target_info
+            info = target_info(None)
+        info = dict(info)
+        return bytes(code), {"target": info.get("target") or module.target, "host": info,
+                             "entry": module._entry_name}
+
+    def check_compatible(self, meta: dict, path: str = "the file") -> None:
+        """The triple is this machine's and this CPU has every feature the code needs (the
+        message names the missing ones); ArtifactError otherwise."""
+        from tensorfuse.runtime.artifact import ArtifactError
+        saved, host = meta.get("host") or {}, host_info()
+        if saved.get("triple") != host["triple"]:
+            raise ArtifactError(f"{path} holds machine code for {saved.get('triple')}, this machine is {host['triple']}")
+        lacking = lacking_features(saved)
+        if lacking:
+            target = saved.get("target") or meta.get("target") or "llvm"
+            raise ArtifactError(f"{path}: this module was compiled for {saved.get('cpu')} (target {target!r}) and "
+                                f"needs {', '.join(lacking)}; this CPU ({host['cpu']}) lacks "
+                                f"{'them' if len(lacking) > 1 else 'it'}: recompile it here")
+
+    def load(self, meta, blob, program, plan, input_names, output_names, path="the file"):
+        """Link the object code into this process (no LLVM code generation): a
+        :class:`~runtime.module.Module`. ArtifactError when it cannot be linked."""
+        from tensorfuse.codegen.llvm.jit import load_object
+        from tensorfuse.runtime.artifact import ArtifactError
+        from tensorfuse.runtime.module import Module
+        try:
+            entry, target, host = meta["entry"], meta["target"], meta["host"]
+        except KeyError as e:
+            raise ArtifactError(f"{path} is corrupt: its metadata is incomplete (KeyError: {e})") from None
+        try:
+            lib = load_object(blob)
+        except Exception as e:
+            raise ArtifactError(f"{path}: its object code cannot be linked into this process ({e})") from None
+        return Module(program, lib, entry, input_names, output_names, target=target, plan=plan, object_code=blob,
+                      host=host)
