@@ -15,6 +15,7 @@ What it does, in order:
 
    - ``Transpose(Transpose(x, p1), p2)`` becomes x when p1[p2] is the identity (a *cancelled*
      pair: both are logged), else one ``Transpose(x, p1[p2])`` (composed);
+   - two Transposes of one value with one perm are merged (the second reads the first);
    - a Transpose inserted here whose permutation only moves axes of size 1 (the [N,C,1,1] <->
      [N,1,1,C] around a global pool) moves no data: it becomes a Reshape;
    - a Transpose ``T(x, p)`` made here is pushed below an op C that reads it when C is
@@ -22,7 +23,8 @@ What it does, in order:
      Relu, Clip, Add with a residual, Mul by a per-channel constant ...) or a Concat, and each
      other input of C is a constant (permuted at compile time: a [C,1,1] per-channel constant
      becomes [C], rank-lower operands are right-aligned first), a one-element value, or a
-     Transpose with the same perm. C then computes in x's layout (Concat's axis remapped to
+     Transpose with the same perm, or any other value of the same rank (a Transpose with the
+     inverse perm is put on it, which may merge with or cancel against others). C then computes in x's layout (Concat's axis remapped to
      p[axis]) and one Transpose with perm p follows it. A push is kept only when, after the
      cancellations it allows, the bytes moved by Transposes do not grow (ties must not add
      Transposes): a push that would strand an extra Transpose (a value with a consumer that
@@ -58,7 +60,8 @@ MAX_ROUNDS = 10000
 @dataclass
 class LayoutEvent:
     """One thing the layout pass did: ``action`` is "converted", "repacked", "inserted",
-    "cancelled", "composed", "pushed" or "reshaped"; ``node`` the node it is about (the
+    "cancelled", "composed", "merged" (a duplicate Transpose of the same value), "pushed" or
+    "reshaped"; ``node`` the node it is about (the
     Transpose, or the converted op); ``detail`` a short sentence."""
 
     action: str
@@ -118,7 +121,7 @@ class LayoutReport:
         conv = ", ".join(f"{n} x{k}" for n, k in sorted(self.converted.items())) or "nothing"
         lines = [f"layout {self.layout}: converted {conv}; {c.get('inserted', 0)} Transposes inserted, "
                  f"{c.get('cancelled', 0)} cancelled, {c.get('pushed', 0)} pushes, {c.get('composed', 0)} composed, "
-                 f"{c.get('reshaped', 0)} became Reshapes",
+                 f"{c.get('merged', 0)} merged, {c.get('reshaped', 0)} became Reshapes",
                  f"{self.count} Transposes left, {self.bytes} bytes per run"]
         if self.transposes:
             lines.append(f"  {'node':<28} {'perm':<14} {'shape':<20} {'bytes':>10}  {'origin':<6} where")
@@ -266,9 +269,18 @@ class _Layout:
         outs = {id(v) for v in g.outputs}
         ins = {id(v) for v in g.inputs} | {id(v) for v in g.constants.values()}
         new_nodes = []
+        seen: dict[tuple, Node] = {}        # (input, perm) -> the first Transpose computing it
         for n in g.nodes:
             if n.op != "Transpose" or n.domain not in ("", "ai.onnx"):
                 new_nodes.append(n)
+                continue
+            key = (id(n.inputs[0]), tuple(_perm_of(n)))
+            first = seen.get(key)
+            if first is not None and (n.name in self.ours or first.name in self.ours) and id(n.outputs[0]) not in outs:
+                g.replace_all_uses(n.outputs[0], first.outputs[0])
+                self.log("merged", n.name, f"computes what {first.name} does: %{n.outputs[0].name} is "
+                                           f"%{first.outputs[0].name}")
+                changed = True
                 continue
             src = produced.get(id(n.inputs[0]))
             if src is not None and src.op == "Transpose" and src.domain in ("", "ai.onnx") and \
@@ -291,6 +303,7 @@ class _Layout:
                 self.log("composed", n.name, f"with {src.name}: perm {p1} then {p2} = {q}")
                 changed = True
                 new_nodes.append(n)
+                seen.setdefault((id(x), tuple(q)), n)
                 continue
             if n.name in self.ours and _moves_only_unit_axes(_perm_of(n), n.inputs[0].shape):
                 shape = g.add_const(np.array(n.outputs[0].shape, np.int64), f"{n.name}_shape")
@@ -301,6 +314,7 @@ class _Layout:
                 changed = True
                 continue
             new_nodes.append(n)
+            seen.setdefault(key, n)
         g.nodes = new_nodes
         if changed:
             from tensorfuse.compiler.passes.dce import eliminate_dead_nodes
@@ -343,6 +357,8 @@ class _Layout:
                 plan.append(("same", v))
             elif v.is_const and v.type.rank <= r and (not is_concat or v.type.rank == r):
                 plan.append(("const", v))
+            elif v.type.rank == r:
+                plan.append(("insert", v))     # a Transpose on it: kept only if it pays (worth)
             else:
                 return None
         return plan
@@ -351,9 +367,14 @@ class _Layout:
         g = self.g
         p = _perm_of(t_node)
         r = len(p)
-        ins = []
+        ins, before = [], []
         for kind, v in plan:
-            ins.append(v if kind in ("same", "src") else self.permuted_const(v, p, r))
+            if kind == "insert":
+                tv = self.transpose(v, _inverse(p), why=f"into {c.op} {c.name}, pushed below it")
+                before.append(tv)
+                ins.append(tv.outputs[0])
+            else:
+                ins.append(v if kind in ("same", "src") else self.permuted_const(v, p, r))
         attrs = dict(c.attrs)
         if c.op == "Concat":
             axis = int(c.attr("axis"))
@@ -367,7 +388,7 @@ class _Layout:
             raise AssertionError(f"pushing {t_node.name} below {c.name}: {ty} != {y2.type}")
         tn = self.transpose(y2, p, out=y, why=f"after {c.op} {c2.name}")
         i = g.nodes.index(c)
-        g.nodes[i:i + 1] = [c2, tn]
+        g.nodes[i:i + 1] = before + [c2, tn]
         self.log("pushed", t_node.name, f"below {c.op} {c.name} (now {c2.name}, followed by {tn.name})")
 
     def cost(self) -> tuple[int, int]:
