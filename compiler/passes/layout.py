@@ -250,19 +250,23 @@ class _Layout:
         out.append(self.transpose(y_nhwc, TO_NCHW, out=y, why=f"out of {target} {conv.name}"))
         return out
 
-    def permuted_const(self, c: Value, perm, rank: int) -> Value:
+    def permuted_const(self, c: Value, perm, rank: int, keep_rank: bool = False) -> Value:
         """Constant ``c`` (right-aligned against rank ``rank``) as the operand u' with
-        Transpose(u', perm) broadcast-equal to it; leading 1s beyond c's own rank dropped."""
+        Transpose(u', perm) broadcast-equal to it; leading 1s dropped (down to rank 1) unless
+        ``keep_rank`` (Concat's operands keep the rank)."""
         a = c.data.reshape((1,) * (rank - c.type.rank) + tuple(c.shape))
         b = np.ascontiguousarray(np.transpose(a, _inverse(perm)))
-        while b.ndim > c.type.rank and b.shape[0] == 1:
+        while not keep_rank and b.ndim > 1 and b.shape[0] == 1:
             b = b.reshape(b.shape[1:])
         if b.shape == tuple(c.shape) and np.array_equal(b, c.data):
             return c
         return self.g.add_const(b, f"{c.name}_{'nhwc' if list(perm) == list(TO_NCHW) else 't'}")
 
     # -- 2. cancel, compose, reshape ----------------------------------------------------------
-    def simplify_once(self) -> bool:
+    def simplify_once(self, reshape: bool = False) -> bool:
+        """One sweep of merging, cancelling and composing Transposes (and with ``reshape``,
+        turning ours that move only size-1 axes into Reshapes: done last, so that pairs cancel
+        first)."""
         g = self.g
         changed = False
         produced = {id(o): n for n in g.nodes for o in n.outputs}
@@ -305,7 +309,7 @@ class _Layout:
                 new_nodes.append(n)
                 seen.setdefault((id(x), tuple(q)), n)
                 continue
-            if n.name in self.ours and _moves_only_unit_axes(_perm_of(n), n.inputs[0].shape):
+            if reshape and n.name in self.ours and _moves_only_unit_axes(_perm_of(n), n.inputs[0].shape):
                 shape = g.add_const(np.array(n.outputs[0].shape, np.int64), f"{n.name}_shape")
                 r = Node("Reshape", [n.inputs[0], shape], n.outputs, {}, g.fresh_node_name("layout_Reshape"))
                 self.log("reshaped", n.name, f"perm {_perm_of(n)} on {list(n.inputs[0].shape)} moves only "
@@ -321,9 +325,9 @@ class _Layout:
             eliminate_dead_nodes(g)
         return changed
 
-    def simplify(self) -> None:
+    def simplify(self, reshape: bool = False) -> None:
         for _ in range(MAX_ROUNDS):
-            if not self.simplify_once():
+            if not self.simplify_once(reshape):
                 return
 
     # -- 2. push ----------------------------------------------------------------------------
@@ -374,7 +378,7 @@ class _Layout:
                 before.append(tv)
                 ins.append(tv.outputs[0])
             else:
-                ins.append(v if kind in ("same", "src") else self.permuted_const(v, p, r))
+                ins.append(v if kind in ("same", "src") else self.permuted_const(v, p, r, c.op == "Concat"))
         attrs = dict(c.attrs)
         if c.op == "Concat":
             axis = int(c.attr("axis"))
@@ -390,12 +394,15 @@ class _Layout:
         i = g.nodes.index(c)
         g.nodes[i:i + 1] = before + [c2, tn]
         self.log("pushed", t_node.name, f"below {c.op} {c.name} (now {c2.name}, followed by {tn.name})")
+        from tensorfuse.compiler.passes.dce import eliminate_dead_nodes
+        eliminate_dead_nodes(g)
 
     def cost(self) -> tuple[int, int]:
-        """(bytes written by Transposes, their number) over the graph's activations."""
+        """(bytes written by Transposes, their number) over the graph's activations; one that
+        moves only size-1 axes costs nothing (it becomes a Reshape)."""
         b = n = 0
         for node in self.g.nodes:
-            if node.op == "Transpose":
+            if node.op == "Transpose" and not _moves_only_unit_axes(_perm_of(node), node.inputs[0].shape):
                 v = node.outputs[0]
                 b += v.type.numel * v.dtype.itemsize
                 n += 1
@@ -476,7 +483,7 @@ def layout_transform(graph: Graph, layout: str = "NHWC") -> LayoutReport:
         st.convert_all()
         st.simplify()
         st.push_all()
-        st.simplify()
+        st.simplify(reshape=True)
         from tensorfuse.compiler.passes.dce import eliminate_dead_nodes
         eliminate_dead_nodes(graph)
     st.fill_report()
