@@ -128,6 +128,20 @@ def test_fused_conv_nhwc_residual_and_activation(nhwc):
     assert rep.converted == {"FusedConvNHWC": 1}
 
 
+@pytest.mark.parametrize("zshape", [(1, 4, 5, 5), (4, 1, 5)], ids=["full", "broadcast"])
+def test_fused_conv_nhwc_constant_residual_is_permuted(nhwc, zshape):
+    rng = np.random.default_rng(19)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "z"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    model = _model(nodes, [_vi("x", [1, 3, 5, 5])], [_vi("y", None)],
+                   [("w", _rand(rng, 4, 3, 3, 3)), ("z", _rand(rng, *zshape))])
+    g, r = _optimized(model)
+    (fc,) = [n for n in g.nodes if n.op == "FusedConvNHWC"]
+    assert fc.input(3).is_const and _perms(g) == [[0, 2, 3, 1], [0, 3, 1, 2]]
+    _check(nhwc, model, {"x": _rand(rng, 1, 3, 5, 5)})
+
+
 def test_fused_conv_nhwc_reference_is_fused_conv():
     from tensorfuse.ir.graph import Node, Value
     from tensorfuse.ir.registry import get_op, run_reference

@@ -233,12 +233,12 @@ class _Layout:
                 ins[1] = tw.outputs[0]
             z = n.input(3)
             if z is not None:
-                if z.type.rank == 4 and z.shape == n.outputs[0].shape:
+                if z.is_const:       # Z' with Transpose(Z', [0,3,1,2]) = Z, i.e. Z in NHWC
+                    ins[3] = self.permuted_const(z, TO_NCHW, 4)
+                else:
                     tz = self.transpose(z, TO_NHWC, why=f"residual of {target} {n.name}")
                     out.append(tz)
                     ins[3] = tz.outputs[0]
-                else:
-                    ins[3] = self.permuted_const(z, TO_NHWC, 4)
         y = n.outputs[0]
         y_nhwc = Value(g.fresh_name(f"{y.name}_nhwc"), TensorType(y.dtype, tuple(y.shape[p] for p in TO_NHWC)))
         conv = Node(target, ins, [y_nhwc], dict(n.attrs), g.fresh_name(f"{n.name}_nhwc"), DOMAIN)
