@@ -340,6 +340,38 @@ def test_flatten_of_spatial_size_not_one_keeps_transpose(nhwc):
     _check(nhwc, model, {"x": _rand(rng, 1, 2, 3, 1)})
 
 
+def test_value_with_an_nchw_consumer_keeps_one_transpose(nhwc):
+    """Relu's value feeds a Conv (NHWC) and a Reshape that mixes channels and space (NCHW): the
+    Transpose is pushed below the Relu, cancels for the Conv, and stays for the Reshape."""
+    rng = np.random.default_rng(20)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w2"], ["y"]),
+             helper.make_node("Reshape", ["r", "shape"], ["z"])]
+    model = _model(nodes, [_vi("x", [1, 3, 4, 4])], [_vi("y", None), _vi("z", None)],
+                   [("w1", _w(rng, 4, 3)), ("w2", _w(rng, 2, 4, 1)), ("shape", np.array([1, 64], np.int64))])
+    g, r = _optimized(model, 1)
+    assert _perms(g) == [[0, 2, 3, 1], [0, 3, 1, 2], [0, 3, 1, 2]]
+    (relu,) = [n for n in g.nodes if n.op == "Relu"]
+    assert relu.outputs[0].shape == (1, 4, 4, 4)
+    assert "Reshape" in r.layout_report.transposes[1].where
+    _check(nhwc, model, {"x": _rand(rng, 1, 3, 4, 4)}, opt_level=1)
+
+
+def test_op_that_must_stay_nchw_keeps_its_transposes(nhwc):
+    rng = np.random.default_rng(21)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]),
+             helper.make_node("Softmax", ["a"], ["s"], axis=1),
+             helper.make_node("Conv", ["s", "w2"], ["y"])]
+    model = _model(nodes, [_vi("x", [1, 3, 4, 4])], [_vi("y", None)],
+                   [("w1", _w(rng, 4, 3, 1)), ("w2", _w(rng, 2, 4, 1))])
+    g, r = _optimized(model)
+    assert _perms(g) == [[0, 2, 3, 1], [0, 3, 1, 2], [0, 2, 3, 1], [0, 3, 1, 2]]
+    (sm,) = [n for n in g.nodes if n.op == "Softmax"]
+    assert sm.outputs[0].shape == (1, 4, 4, 4) and sm.attrs["axis"] == 1       # still NCHW
+    _check(nhwc, model, {"x": _rand(rng, 1, 3, 4, 4)})
+
+
 def test_graph_output_in_the_middle_keeps_its_transpose(nhwc):
     rng = np.random.default_rng(13)
     nodes = [helper.make_node("Conv", ["x", "w1"], ["mid"], pads=[1, 1, 1, 1]),
@@ -457,4 +489,21 @@ def test_shared_model_layout(name):
     feeds = model_inputs(entry, seed=0)
     got = _run_graph(g, {g.inputs[i].name: feeds[nm] for i, nm in enumerate(names)})
     for a, b in zip(got, ort_run(str(path), feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+def test_shared_squeezenet_nhwc_on_llvm(nhwc):
+    """End to end through the NHWC kernels on the CPU: compile with the pass forced and run."""
+    import json
+    from conftest import shared_models_dir
+    from oracle import model_inputs
+    path = shared_models_dir() / "squeezenet1_1.onnx"
+    entry = next(e for e in json.loads((shared_models_dir() / "models.json").read_text())["models"]
+                 if e["file"] == "squeezenet1_1.onnx")
+    feeds = model_inputs(entry, seed=0)
+    mod, rep = nhwc(str(path))
+    assert rep.count == 1
+    for a, b in zip(mod.run(**feeds), ort_run(str(path), feeds)):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
