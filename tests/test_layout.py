@@ -297,6 +297,12 @@ def test_per_channel_constant_is_permuted(nhwc):
     assert mul.inputs[1].shape == (3,)                  # [C,1,1] -> [C], the last axis in NHWC
     assert add.inputs[1].shape == (4, 1)                # [W] -> [W, 1] (H, W, C in NHWC)
     _check(nhwc, model, {"x": _rand(rng, 1, 2, 3, 4)}, opt_level=1)
+    # O2: fuse_ops puts the pushed Mul into the NHWC conv's epilogue
+    g, r = _optimized(model, 2)
+    groups = [n for n in g.nodes if n.op == "FusedFunction"]
+    assert any(n.attrs["kind"] == "OUT_ELEMWISE_FUSABLE" and
+               any(b.op in ("ConvNHWC", "FusedConvNHWC") for b in n.attrs["body"].nodes) for n in groups), str(g)
+    _check(nhwc, model, {"x": _rand(rng, 1, 2, 3, 4)}, opt_level=2)
 
 
 def test_global_pool_flatten_needs_no_transpose(nhwc):
