@@ -120,7 +120,7 @@ class LayoutReport:
         c = self.counts()
         conv = ", ".join(f"{n} x{k}" for n, k in sorted(self.converted.items())) or "nothing"
         lines = [f"layout {self.layout}: converted {conv}; {c.get('inserted', 0)} Transposes inserted, "
-                 f"{c.get('cancelled', 0)} cancelled, {c.get('pushed', 0)} pushes, {c.get('composed', 0)} composed, "
+                 f"{c.get('cancelled', 0)} cancelled (in pairs), {c.get('pushed', 0)} pushes, {c.get('composed', 0)} composed, "
                  f"{c.get('merged', 0)} merged, {c.get('reshaped', 0)} became Reshapes",
                  f"{self.count} Transposes left, {self.bytes} bytes per run"]
         if self.transposes:
