@@ -8,6 +8,12 @@
   remaining elementwise chains and anchor epilogues grouped into fused functions.
 - O3: O2 + ``O3_RULES`` and rules marked ``numerics_changing``.
 
+Layout (``compiler/passes/layout.py``): for a cuda target (``target.kind == "cuda"``), or when
+forced with ``layout="NHWC"`` (any target: the NHWC ops lower for llvm too), the ``layout``
+pass runs at O1 and above after the rule rewrites (BatchNorm folded, FusedConv made) and
+before ``fuse_ops``, so grouping sees the NHWC ops; its :class:`LayoutReport` is
+``PipelineResult.layout_report`` and its events are in the summary.
+
 Every pass is ``graph -> bool changed``; :func:`optimize` times each, verifies the graph after
 every pass, and its order after every rule application (in debug mode: ``verify=True``,
 ``TENSORFUSE_DEBUG=1``, see ``tensorfuse.debug``; the test suite runs in it), writes
@@ -58,6 +64,8 @@ class PipelineResult:
     opt_level: int
     passes: list[PassRecord] = field(default_factory=list)
     log: list[Application] = field(default_factory=list)
+    #: the layout pass's report (``compiler.passes.layout.LayoutReport``), None when it did not run
+    layout_report: object | None = None
 
     def rule_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -70,6 +78,8 @@ class PipelineResult:
                  f"{sum(p.seconds for p in self.passes) * 1e3:.1f} ms"]
         lines += ["  " + str(p) for p in self.passes]
         lines += [f"  {n:>4} x {r}" for r, n in self.rule_counts().items()]
+        if self.layout_report is not None:
+            lines += ["  " + ln for ln in str(self.layout_report).splitlines()]
         return "\n".join(lines)
 
 
@@ -142,16 +152,36 @@ def _select(rules: Iterable, level: int, disabled: set[str]) -> list:
     return out
 
 
+def resolve_layout(target=None, layout: str | None = None) -> str:
+    """The layout the pipeline converts to: ``layout`` when given ("NHWC" or "NCHW"), else
+    "NHWC" for a cuda target and "NCHW" (no layout pass) otherwise. ``target``: None, a target
+    string or a ``compiler.target.Target``. Raises ValueError for an unknown layout."""
+    from tensorfuse.compiler.passes.layout import LAYOUTS
+    if layout is not None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
+        return layout
+    if target is None:
+        return "NCHW"
+    kind = getattr(target, "kind", None)
+    if kind is None:
+        from tensorfuse.compiler.target import Target
+        kind = Target.parse(target).kind
+    return "NHWC" if kind == "cuda" else "NCHW"
+
+
 def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log: list | None = None,
                  fold_max_bytes: int = MAX_FOLD_BYTES,
-                 verify: bool | None = None) -> list[tuple[str, Callable[[Graph], bool]]]:
+                 verify: bool | None = None, layout: str = "NCHW") -> list[tuple[str, Callable[[Graph], bool]]]:
     """The named pass list of an optimisation level. A ``("cleanup", [...])`` entry is a group
     run to a fixed point. ``disabled_rules`` names rules, or passes of ``SWITCHABLE_PASSES``
     ("fuse_ops"), to leave out: one name (a string) or a list of names. ``verify``: the rewrite
-    passes check the node order after each rule application (None: in debug mode). Raises
-    ValueError for an unknown level or rule name."""
+    passes check the node order after each rule application (None: in debug mode). ``layout``
+    "NHWC" adds the layout pass (a ``compiler.passes.layout.LayoutPass``) at O1 and above,
+    before ``fuse_ops``. Raises ValueError for an unknown level, rule name or layout."""
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+    layout = resolve_layout(None, layout)
     from tensorfuse.compiler.options import rule_names
     disabled = set(rule_names(disabled_rules))      # one name, or several
     unknown = disabled - set(all_rules()) - set(SWITCHABLE_PASSES)
@@ -169,12 +199,17 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
     if opt_level == 0:
         return []
     passes: list = [("cleanup", cleanup)]
+    from tensorfuse.compiler.passes.layout import LayoutPass
+    layout_passes = [("layout", LayoutPass(layout)), ("dce", eliminate_dead_nodes)] if layout != "NCHW" else []
+    if opt_level == 1:
+        passes += layout_passes
     if opt_level >= 2:
         passes += [("fold_rules", RewritePass("fold_rules", _select(sets["fold"], opt_level, disabled), log, verify=verify)),
                    ("fold_constants", fold), ("dce", eliminate_dead_nodes)]
         fuse = sets["fuse"] + (sets["o3"] if opt_level >= 3 else [])
         passes += [("fuse", RewritePass("fuse", _select(fuse, opt_level, disabled), log, verify=verify)),
                    ("dce", eliminate_dead_nodes)]
+        passes += layout_passes      # after BatchNorm folding and FusedConv, before grouping
         # docs/architecture.md "Grouping": what the catalogue left becomes fused functions, one kernel each
         if "fuse_ops" not in disabled:
             from tensorfuse.compiler.passes.fuse_ops import FuseOps
@@ -182,7 +217,7 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
     return passes
 
 
-def pipeline_digest(opt_level: int = 2, disabled_rules: Iterable[str] = ()) -> str:
+def pipeline_digest(opt_level: int = 2, disabled_rules: Iterable[str] = (), layout: str = "NCHW") -> str:
     """SHA-256 over the passes and rules that :func:`build_passes` selects for this level: each
     one's name, qualified name and source code (``inspect.getsource``; for a function, also the
     functions and classes it reads from its globals, so a pass monkeypatched in changes it too;
@@ -195,7 +230,7 @@ def pipeline_digest(opt_level: int = 2, disabled_rules: Iterable[str] = ()) -> s
     notebook, or a replaced pass never gets machine code the old pipeline made."""
     import hashlib
     h = hashlib.sha256()
-    for name, p in build_passes(opt_level, disabled_rules=disabled_rules, verify=False):
+    for name, p in build_passes(opt_level, disabled_rules=disabled_rules, verify=False, layout=layout):
         h.update(f"pass {name}\0".encode())
         for sub_name, q in (p if isinstance(p, list) else [(name, p)]):
             h.update(f"{sub_name}\0".encode())
@@ -280,8 +315,14 @@ def _verify_default() -> bool:
 
 def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] = (),
              dump_ir: str | os.PathLike | None = None, verify: bool | None = None,
-             fold_max_bytes: int = MAX_FOLD_BYTES) -> PipelineResult:
+             fold_max_bytes: int = MAX_FOLD_BYTES, target=None, layout: str | None = None) -> PipelineResult:
     """Run the level's passes on ``graph`` in place; returns the PipelineResult.
+
+    ``target`` (None, a target string or a ``compiler.target.Target``) chooses the layout: a
+    cuda target runs the layout pass (NHWC); ``layout="NHWC"`` forces it on any target (the
+    NHWC ops lower for llvm too: for tests and experiments), ``layout="NCHW"`` switches it
+    off. With the pass, ``result.layout_report`` is its ``LayoutReport`` (also written to
+    ``DIR/layout.txt`` with ``dump_ir``).
 
     ``dump_ir=DIR`` writes ``DIR/00-import.txt``, then ``DIR/NN-<pass>.txt`` after every pass
     that changed the graph, and ``DIR/rewrite_log.txt`` and ``DIR/passes.txt`` at the end.
@@ -290,7 +331,7 @@ def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] 
     result = PipelineResult(opt_level)
     verify = _verify_default() if verify is None else verify
     passes = build_passes(opt_level, disabled_rules=disabled_rules, log=result.log,
-                          fold_max_bytes=fold_max_bytes, verify=verify)
+                          fold_max_bytes=fold_max_bytes, verify=verify, layout=resolve_layout(target, layout))
     dumper = _Dumper(dump_ir)
     dumper.write("import", graph)
     for name, p in passes:
@@ -300,7 +341,12 @@ def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] 
                     break
         else:
             _run(name, p, graph, result, verify, dumper)
+            if name == "layout":
+                result.layout_report = p.report
     if dumper.dir is not None:
+        if result.layout_report is not None:
+            with open(os.path.join(dumper.dir, "layout.txt"), "w") as f:
+                f.write(str(result.layout_report) + "\n" + "".join(f"{e}\n" for e in result.layout_report.events))
         with open(os.path.join(dumper.dir, "rewrite_log.txt"), "w") as f:
             f.write("".join(f"{a}\n" for a in result.log))
         with open(os.path.join(dumper.dir, "passes.txt"), "w") as f:
