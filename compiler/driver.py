@@ -94,6 +94,7 @@ def _cached_build(model: Any, options: CompileOptions):
         try:
             m = entry.module
             m.report = CompileReport.from_stored(entry.report, m, options, _lowerer(options.target))
+            m.layout_report = m.report.layout
             m.cache_hit = True
             return m
         except (KeyError, TypeError, ValueError) as e:      # a report this version cannot read
@@ -125,24 +126,15 @@ def _build(model: Any, options: CompileOptions):
     output_names = list(graph.output_names or [v.name for v in graph.outputs])
     input_names = [v.name for v in graph.inputs]
     from tensorfuse.compiler.pipeline import dump_kernels, optimize
-    kw = {"target": tgt} if _optimize_takes_target(optimize) else {}
-    opt = optimize(graph, options.opt_level, disabled_rules=options.disabled_rules, dump_ir=options.dump_ir, **kw)
+    opt = optimize(graph, options.opt_level, disabled_rules=options.disabled_rules, dump_ir=options.dump_ir,
+                   target=tgt)
     lowered = lower_graph(graph, tgt)
     m = build_module(lowered, graph, input_names, output_names, tgt, options=options, log=opt.log,
                      passes=opt.passes)
-    m.layout_report = getattr(opt, "layout_report", None)
+    m.layout_report = m.report.layout = opt.layout_report
     if options.dump_ir is not None:
         dump_kernels(options.dump_ir, m)
     return m
-
-
-def _optimize_takes_target(optimize) -> bool:
-    """Does ``compiler.pipeline.optimize`` take ``target=`` (the layout pass for cuda needs it)?"""
-    import inspect
-    try:
-        return "target" in inspect.signature(optimize).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _structural_key(kernel) -> str:

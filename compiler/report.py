@@ -35,6 +35,9 @@ class CompileReport:
     passes: list
     sources: list[list[str]]
     from_cache: bool = False
+    #: the layout pass's report (``compiler.passes.layout.LayoutReport``) where the target runs
+    #: it (cuda), else None
+    layout: Any = None
     _graph: Any = field(default=None, repr=False)
     _kernels: list | None = field(default=None, repr=False)
     _load_graph: Callable[[], Any] | None = field(default=None, repr=False)
@@ -91,7 +94,8 @@ class CompileReport:
                 "llvm_ir": self.llvm_ir,
                 "rewrite_log": [{"rule": a.rule, "nodes": list(a.nodes), "created": list(a.created)}
                                 for a in self.rewrite_log],
-                "passes": [asdict(p) for p in self.passes], "sources": self.sources}
+                "passes": [asdict(p) for p in self.passes], "sources": self.sources,
+                "layout": self.layout.to_dict() if self.layout is not None else None}
         return data, arrays
 
     @classmethod
@@ -120,8 +124,12 @@ class CompileReport:
                     arrays[c["name"]] = held[(c["digest"], c["dtype"], tuple(c["shape"]))]
             return parse_graph(data["graph"], constants=arrays)
 
+        layout = None
+        if data.get("layout") is not None:
+            from tensorfuse.compiler.passes.layout import LayoutReport
+            layout = LayoutReport.from_dict(data["layout"])
         return cls(options, data.get("llvm_ir"), log, passes, [list(s) for s in data["sources"]], True,
-                   _load_graph=load_graph, _load_kernels=lower)
+                   layout=layout, _load_graph=load_graph, _load_kernels=lower)
 
 
 def _graphs(graph):

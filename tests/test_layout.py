@@ -513,3 +513,15 @@ def test_shared_squeezenet_nhwc_on_llvm(nhwc):
     assert rep.count == 1
     for a, b in zip(mod.run(**feeds), ort_run(str(path), feeds)):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_layout_report_round_trips_through_json():
+    """The compile cache keeps the layout report as JSON with its entry (compiler.report)."""
+    import json
+
+    from tensorfuse.compiler.passes.layout import LayoutReport
+    _, r = _optimized(_conv_relu_conv(np.random.default_rng(5)), 2)
+    rep = r.layout_report
+    back = LayoutReport.from_dict(json.loads(json.dumps(rep.to_dict())))
+    assert back == rep and str(back) == str(rep)
+    assert back.count == 2 and back.transposes[0].shape == (1, 5, 5, 3)

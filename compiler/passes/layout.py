@@ -42,7 +42,7 @@ NCHW layout and value: a Transpose producing it is never removed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -115,6 +115,15 @@ class LayoutReport:
         for e in self.events:
             out[e.action] = out.get(e.action, 0) + 1
         return out
+
+    def to_dict(self) -> dict:
+        """JSON data (the compile cache keeps the report with its entry); :meth:`from_dict` reads it."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LayoutReport":
+        return cls(d["layout"], [TransposeLeft(**{**t, "shape": tuple(t["shape"])}) for t in d["transposes"]],
+                   [LayoutEvent(**e) for e in d["events"]], dict(d["converted"]))
 
     def __str__(self) -> str:
         c = self.counts()
