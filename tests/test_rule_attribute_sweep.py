@@ -155,6 +155,15 @@ def g_conv_add(ov):
     return b.done(["y"])
 
 
+def g_conv_add_const(ov):
+    b = B()
+    _conv_inputs(b, ov.get("conv", {}))
+    b.node("Conv", ["x", "w", "b"] if ov.get("conv_bias", {}).get("on", True) else ["x", "w"], "c", ov.get("conv"))
+    b.inits["z"] = rand(4, 1, 1, seed=7)
+    b.node("Add", ["c", "z"], "y")
+    return b.done(["y"])
+
+
 def g_conv_act(ov):
     b = B(opset=20)
     _conv_inputs(b, ov.get("conv", {}))
@@ -173,6 +182,9 @@ def _gemm_inputs(b: B, a: dict, const_b: bool):
 def g_gemm_bn(ov):
     b = B()
     _gemm_inputs(b, ov.get("gemm", {}), True)
+    c_shape = ov.get("c", {}).get("shape")
+    if c_shape is not None:
+        b.inits["c"] = rand(*c_shape, seed=2)
     b.node("Gemm", ["a", "w", "c"], "p", ov.get("gemm"))
     _bn(b, "p", ov.get("bn", {}), 4)
     return b.done(["y"])
@@ -523,18 +535,25 @@ SPECS = [
          _keyed("convtranspose", CONVT_V) | _keyed("bn", BN_V)),
     Spec("FoldBatchNormIntoGemm", g_gemm_bn, {"gemm": "Gemm", "bn": "BatchNormalization"},
          _keyed("gemm", GEMM_V) | _keyed("bn", BN_V)),
+    Spec("FoldBatchNormIntoGemm", g_gemm_bn, {"gemm": "Gemm"},         # C of shape [1, N] and [M, N]
+         {("gemm", "beta"): [V(0.5, {("c", "shape"): (1, 4)}), V(0.5, {("c", "shape"): (3, 4)}),
+                             V(0.0, {("c", "shape"): (3, 4)})],
+          ("gemm", "alpha"): [V(2.0, {("c", "shape"): (3, 4)})],
+          ("gemm", "transB"): [V(1, {("c", "shape"): (3, 4)})]},
+         not_swept={("gemm", a): "swept above" for a in ("transA",)}),
     Spec("FoldBatchNormIntoMatMul", g_matmul_bn, {"matmul": "MatMul", "bn": "BatchNormalization"},
          _keyed("bn", BN_V)),
     # fusion
     Spec("GeluErf", _gelu_erf, {}, {(None, None): [V(None, fires=True)]}),
     Spec("GeluTanh", _gelu_tanh, {}, {(None, None): [V(None, fires=True)]}),
     Spec("LayerNormFromParts", g_ln_parts, {"rm1": "ReduceMean", "rm2": "ReduceMean"},
-         {("rm1", "keepdims"): [V(0, fires=False)],
+         {("rm1", "keepdims"): [V(0, fires=False), V(0, {("rm2", "keepdims"): 0}, fires=False)],
           ("rm2", "keepdims"): [V(0, fires=False)],
           ("rm1", "noop_with_empty_axes"): [V(1, fires=True), V(1, {"input:axes": None}, fires=False)],
           ("rm2", "noop_with_empty_axes"): [V(1, fires=True)],
           ("rm1", "input:axes"): [V([1], fires=True), V([0], fires=False), V([0, 1], fires=False),
-                                  V([-2, -1], fires=False)],
+                                  V([-2, -1], fires=False), V([0, 1], {("rm2", "input:axes"): [-2, -1]}, fires=True),
+                                  V([0], {("rm2", "input:axes"): [0]}, fires=False)],
           ("rm2", "input:axes"): [V([0], fires=False)]},
          opset=18),
     Spec("EmbedLayerNorm", g_embed_ln, {"gather": "Gather", "layernormalization": "LayerNormalization"},
@@ -545,6 +564,11 @@ SPECS = [
                                 V(-2, fires=False), V(0, fires=False)],
           ("transpose", "perm"): [V([0, 2, 3, 1], fires=True), V([1, 0, 3, 2], fires=True), V([0, 1, 2, 3], fires=True)]}),
     Spec("FuseConvAdd", g_conv_add, {"conv": "Conv"}, _keyed("conv", CONV_V)),
+    Spec("FuseConvAdd", g_conv_add_const, {"conv": "Conv"},               # the addend goes into the bias
+         {("conv", "group"): [V(2, fires=True), V(2, {("conv_bias", "on"): False}, fires=True)],
+          ("conv", "strides"): [V([2, 2], fires=True)],
+          ("conv", "auto_pad"): [V("SAME_LOWER", {"strides": [2, 2]}, fires=True)]},
+         not_swept={("conv", a): "swept with a runtime addend" for a in ("dilations", "kernel_shape", "pads")}),
     Spec("FuseConvActivation", g_conv_act, {"conv": "Conv"} | ACT_OPS, _act_sweep("conv", CONV_V), opset=20),
     Spec("FuseMatMulBias", g_matmul_bias, {"matmul": "MatMul"}, {("matmul", None): [V(None, fires=True)]}),
     Spec("FuseMatMulActivation", g_matmul_act, {"matmul": "MatMul"} | ACT_OPS, _act_sweep("matmul", {}), opset=20),
@@ -575,7 +599,7 @@ def _id(c):
     s, role, attr, v = c
     if role is None and attr is None:
         return f"{s.rule}-base"
-    extra = "".join(f",{k}={x}" for k, x in v.extra.items())
+    extra = "".join(f",{'.'.join(k) if isinstance(k, tuple) else k}={x}" for k, x in v.extra.items())
     return f"{s.rule}-{role}.{attr}={v.value}{extra}"
 
 
@@ -585,7 +609,11 @@ def _overrides(s: Spec, role, attr, v: V) -> dict:
         a = ov.setdefault(role, {})
         if attr is not None:
             a[attr] = v.value
-        a.update(v.extra)
+        for k, x in v.extra.items():     # "attr" of the same op, or (role, attr) of another
+            if isinstance(k, tuple):
+                ov.setdefault(k[0], {})[k[1]] = x
+            else:
+                a[k] = x
     return ov
 
 
