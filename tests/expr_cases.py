@@ -52,8 +52,13 @@ from tensorfuse.ir.kernel import (BINOPS_ARITH, BINOPS_CMP, UNOPS, Buffer, Cast,
 from tensorfuse.ir.types import DType
 
 DTYPES = sem.DTYPES
-#: (dtype, lanes) groups :func:`check_backend` runs by default
-GROUPS = tuple((dt, 1) for dt in DTYPES) + ((DType.f32, 4), (DType.i32, 4), (DType.f16, 4), (DType.u8, 4))
+#: (dtype, lanes[, loop kind]) groups :func:`check_backend` runs by default: every dtype with
+#: scalar code in a ``parallel`` loop, and a few with explicit vectors of 4 to 16 lanes (up to
+#: an AVX-512 register). (A ``vectorize`` loop over so many outputs is left scalar by LLVM's
+#: loop vectoriser, too many pointers to check for overlap, so vectors are written explicitly.)
+GROUPS = tuple((dt, 1) for dt in DTYPES) + (
+    (DType.f32, 4), (DType.i32, 4), (DType.f16, 4), (DType.u8, 4), (DType.bool, 4),
+    (DType.f32, 16), (DType.f64, 8), (DType.i64, 8), (DType.i8, 16), (DType.u16, 8))
 
 
 def edge_values(dt: DType) -> np.ndarray:
@@ -150,8 +155,10 @@ class Group:
     n: int
 
 
-def build_group(dt: DType, lanes: int = 1, max_pairs: int | None = None, only: Callable | None = None) -> Group:
-    """One kernel computing every case of ``dt`` (``only(case_name)`` filters) on the pairs."""
+def build_group(dt: DType, lanes: int = 1, max_pairs: int | None = None, only: Callable | None = None,
+                kind: str = "parallel") -> Group:
+    """One kernel computing every case of ``dt`` (``only(case_name)`` filters) on the pairs, in
+    a loop of ``kind`` ("parallel", "vectorize" or "serial")."""
     a, b, c = pairs(dt, max_pairs)
     pad = (-len(a)) % lanes
     if pad:
@@ -165,9 +172,9 @@ def build_group(dt: DType, lanes: int = 1, max_pairs: int | None = None, only: C
     for case in chosen:
         e = case.make(*[bb.vload(dummy, lanes) if lanes > 1 else bb.flat(dummy) for bb in bufs])
         outs_bufs.append(Buffer(f"out{len(outs_bufs)}_{_ident(case.name)}", e.dtype, (n,)))
-    kb = KernelBuilder(f"sem_{dt}_x{lanes}", bufs + outs_bufs)
+    kb = KernelBuilder(f"sem_{dt}_x{lanes}_{kind}", bufs + outs_bufs)
     outs = []
-    with kb.loop(n // lanes, kind="parallel", hint="i") as i:
+    with kb.loop(n // lanes, kind=kind, hint="i") as i:
         base = i * lanes if lanes > 1 else i
         loads = [bb.vload(base, lanes) if lanes > 1 else bb.flat(base) for bb in bufs]
         for case, ob in zip(chosen, outs_bufs):
@@ -215,7 +222,7 @@ def compare(group: Group, results: list, fma_mode: str = "either", ulp: dict | N
     for (case, ob, e), got in zip(group.outs, results):
         got = np.asarray(got).reshape(-1)
         if got.dtype != ob.dtype.numpy:
-            failures.append(f"{case.name} {group.dtype} x{group.lanes}: result dtype {got.dtype}, "
+            failures.append(f"{case.name} {group.kernel.name}: result dtype {got.dtype}, "
                             f"expected {ob.dtype.numpy}")
             continue
         want = sem.evaluate(e, env, fma="fused").reshape(-1)
@@ -248,7 +255,7 @@ def compare(group: Group, results: list, fma_mode: str = "either", ulp: dict | N
         for j in np.flatnonzero(bad)[:4]:
             lane_j = j
             ins = ", ".join(_fmt(x[lane_j]) for x in (a, b, c))
-            failures.append(f"{case.name} {group.dtype} x{group.lanes}: inputs (a, b, c) = ({ins}): "
+            failures.append(f"{case.name} {group.kernel.name}: inputs (a, b, c) = ({ins}): "
                             f"got {_fmt(got[j])}, expected {_fmt(want[j])} [{how(j)}]")
     return checked, failures
 
@@ -257,13 +264,13 @@ def check_backend(run_kernel, groups=GROUPS, fma: str = "either", ulp: dict | No
                   max_pairs: int | None = None, only: Callable | None = None) -> int:
     """Check a backend's expressions against the spec (see the module docstring).
 
-    ``groups``: (dtype, lanes) pairs; ``fma``: "either", "fused" or "unfused"; ``ulp``: the
+    ``groups``: (dtype, lanes[, loop kind]) tuples (:data:`GROUPS`); ``fma``: "either", "fused" or "unfused"; ``ulp``: the
     backend's own bounds, ``{(case name, dtype): ulp}``, overriding :func:`ulp_bound`;
     ``only(case_name)``: a filter. Returns the number of values checked; raises AssertionError
     listing (up to 60 of) the failures."""
     failures, total = [], 0
-    for dt, lanes in groups:
-        g = build_group(dt, lanes, max_pairs, only)
+    for dt, lanes, *kind in groups:
+        g = build_group(dt, lanes, max_pairs, only, *kind)
         if not g.outs:
             continue
         res = run_kernel(g.kernel, list(g.inputs), [((g.n,), ob.dtype.numpy) for _, ob, _ in g.outs])
