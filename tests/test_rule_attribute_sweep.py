@@ -92,6 +92,8 @@ def _activation(b: B, src: str, ov: dict) -> str:
     if role == "silu":
         b.node("Sigmoid", [src], "sig")
         return b.node("Mul", [src, "sig"], "y")
+    if role == "clip" and b.opset < 11:       # min and max are attributes before opset 11
+        return b.node("Clip", [src], "y", {"min": 0.0, "max": 6.0} | a)
     if role == "clip":
         ins = [src]
         lo, hi = a.pop("input:min", 0.0), a.pop("input:max", 6.0)
@@ -131,7 +133,7 @@ def _bn(b: B, src: str, a: dict, channels: int, out="y"):
 
 
 def g_conv_bn(ov):
-    b = B()
+    b = B(ov["_opset"])
     _conv_inputs(b, ov.get("conv", {}))
     b.node("Conv", ["x", "w", "b"], "c", ov.get("conv"))
     _bn(b, "c", ov.get("bn", {}), 4)
@@ -139,7 +141,7 @@ def g_conv_bn(ov):
 
 
 def g_convtranspose_bn(ov):
-    b = B()
+    b = B(ov["_opset"])
     _conv_inputs(b, ov.get("convtranspose", {}), transpose=True)
     b.node("ConvTranspose", ["x", "w", "b"], "c", ov.get("convtranspose"))
     _bn(b, "c", ov.get("bn", {}), 4)
@@ -147,7 +149,7 @@ def g_convtranspose_bn(ov):
 
 
 def g_conv_add(ov):
-    b = B()
+    b = B(ov["_opset"])
     _conv_inputs(b, ov.get("conv", {}))
     b.node("Conv", ["x", "w", "b"], "c", ov.get("conv"))
     b.inputs["z"] = rand(*b.shape("c"), seed=7)
@@ -156,7 +158,7 @@ def g_conv_add(ov):
 
 
 def g_conv_add_const(ov):
-    b = B()
+    b = B(ov["_opset"])
     _conv_inputs(b, ov.get("conv", {}))
     b.node("Conv", ["x", "w", "b"] if ov.get("conv_bias", {}).get("on", True) else ["x", "w"], "c", ov.get("conv"))
     b.inits["z"] = rand(4, 1, 1, seed=7)
@@ -165,7 +167,7 @@ def g_conv_add_const(ov):
 
 
 def g_conv_act(ov):
-    b = B(opset=20)
+    b = B(ov["_opset"])
     _conv_inputs(b, ov.get("conv", {}))
     b.node("Conv", ["x", "w", "b"], "c", ov.get("conv"))
     _activation(b, "c", ov)
@@ -180,7 +182,7 @@ def _gemm_inputs(b: B, a: dict, const_b: bool):
 
 
 def g_gemm_bn(ov):
-    b = B()
+    b = B(ov["_opset"])
     _gemm_inputs(b, ov.get("gemm", {}), True)
     c_shape = ov.get("c", {}).get("shape")
     if c_shape is not None:
@@ -191,7 +193,7 @@ def g_gemm_bn(ov):
 
 
 def g_gemm_act(ov):
-    b = B(opset=20)
+    b = B(ov["_opset"])
     _gemm_inputs(b, ov.get("gemm", {}), False)
     b.node("Gemm", ["a", "w", "c"], "p", ov.get("gemm"))
     _activation(b, "p", ov)
@@ -199,7 +201,7 @@ def g_gemm_act(ov):
 
 
 def g_matmul_bn(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(3, 5, seed=0)
     b.inits["w"] = rand(5, 4, seed=1)
     b.node("MatMul", ["x", "w"], "p")
@@ -208,7 +210,7 @@ def g_matmul_bn(ov):
 
 
 def g_matmul_bias(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 3, 5, seed=0)
     b.inits["w"] = rand(5, 4, seed=1)
     b.inits["bias"] = rand(4, seed=2)
@@ -218,7 +220,7 @@ def g_matmul_bias(ov):
 
 
 def g_matmul_act(ov):
-    b = B(opset=20)
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 3, 5, seed=0)
     b.inputs["w"] = rand(5, 4, seed=1)
     b.node("MatMul", ["x", "w"], "p")
@@ -235,7 +237,7 @@ def _ln(b: B, src: str, a: dict, shape):
 
 
 def g_skip_ln(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 3, 8, seed=0)
     b.inputs["skip"] = rand(2, 3, 8, seed=1)
     b.node("Add", ["x", "skip"], "s")
@@ -244,7 +246,7 @@ def g_skip_ln(ov):
 
 
 def g_embed_ln(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["ids"] = np.array([0, 5, 2, 2, 1, 4], np.int64)
     b.inits["table"] = rand(6, 6, seed=1)
     b.inputs["pos"] = rand(6, 6, seed=2)
@@ -255,17 +257,16 @@ def g_embed_ln(ov):
 
 
 def g_ln_parts(ov):
-    b = B(opset=18)
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(8, 8, seed=0)
     b.inits.update(two=np.float32(2.0), eps=np.float32(1e-5), gamma=rand(8, seed=1), beta=rand(8, seed=2))
-    for role, nm in (("rm1", "ax1"), ("rm2", "ax2")):
-        a = ov.get(role, {})
-        axes = a.get("input:axes", [-1])
-        if axes is not None:
-            b.inits[nm] = np.array(axes, np.int64)
     a1, a2 = (dict(ov.get(r, {})) for r in ("rm1", "rm2"))
-    for a in (a1, a2):
-        a.pop("input:axes", None)
+    for a, nm in ((a1, "ax1"), (a2, "ax2")):
+        axes = a.pop("input:axes", [-1])
+        if b.opset < 18:             # axes is an attribute before opset 18
+            a.setdefault("axes", axes)
+        elif axes is not None:
+            b.inits[nm] = np.array(axes, np.int64)
     b.node("ReduceMean", ["x", "ax1"] if "ax1" in b.inits else ["x"], "mean", a1)
     b.node("Sub", ["x", "mean"], "d")
     b.node("Pow", ["d", "two"], "d2")
@@ -279,7 +280,7 @@ def g_ln_parts(ov):
 
 
 def g_attention(ov):
-    b = B()
+    b = B(ov["_opset"])
     perm = ov.get("transpose", {}).get("perm", [0, 1, 3, 2])
     kt_shape = (1, 2, 3, 4)                # [b, h, d, s]
     k_shape = [0] * 4
@@ -300,7 +301,7 @@ def g_attention(ov):
 
 
 def _gelu_erf(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 5, seed=0, low=-4, high=4)
     b.inits.update(r2=np.float32(math.sqrt(2)), one=np.float32(1.0), half=np.float32(0.5))
     b.node("Div", ["x", "r2"], "t")
@@ -312,7 +313,7 @@ def _gelu_erf(ov):
 
 
 def _gelu_tanh(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 5, seed=0, low=-4, high=4)
     b.inits.update(three=np.float32(3.0), c=np.float32(0.044715), k=np.float32(math.sqrt(2 / math.pi)),
                    one=np.float32(1.0), half=np.float32(0.5))
@@ -324,14 +325,14 @@ def _gelu_tanh(ov):
 
 
 def g_gelu_op(ov):
-    b = B(opset=20)
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 5, seed=0, low=-4, high=4)
     b.node("Gelu", ["x"], "y", ov.get("gelu"))
     return b.done(["y"])
 
 
 def g_identity(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 3, seed=0)
     b.node("Identity", ["x"], "i")
     b.node("Neg", ["i"], "y")
@@ -339,7 +340,7 @@ def g_identity(ov):
 
 
 def g_dropout(ov):
-    b = B()
+    b = B(ov["_opset"])
     a = dict(ov.get("dropout", {}))
     b.inputs["x"] = rand(2, 3, seed=0)
     ins = ["x"]
@@ -356,7 +357,7 @@ def g_dropout(ov):
 
 
 def g_cast(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 3, seed=0, low=-3, high=3)
     b.node("Cast", ["x"], "c", ov.get("cast", {"to": TensorProto.FLOAT}))
     b.node("Neg", ["c"], "y")
@@ -370,7 +371,7 @@ def _reshape(b: B, src, out, a: dict, default_shape, nm):
 
 
 def g_noop_reshape(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 3, 4, seed=0)
     if "flatten" in ov:
         b.inputs["x"] = rand(2, 12, seed=0)
@@ -382,7 +383,7 @@ def g_noop_reshape(ov):
 
 
 def g_collapse(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 3, 4, seed=0)
     if "flatten" in ov:
         b.node("Flatten", ["x"], "r1", ov["flatten"])
@@ -394,7 +395,7 @@ def g_collapse(ov):
 
 
 def g_transpose(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 3, 4, seed=0)
     b.node("Transpose", ["x"], "t", ov.get("transpose", {"perm": [0, 1, 2]}))
     b.node("Neg", ["t"], "y")
@@ -402,7 +403,7 @@ def g_transpose(ov):
 
 
 def g_transposes(ov):
-    b = B()
+    b = B(ov["_opset"])
     b.inputs["x"] = rand(2, 3, 4, seed=0)
     b.node("Transpose", ["x"], "t1", ov.get("inner", {"perm": [1, 0, 2]}))
     b.node("Transpose", ["t1"], "t2", ov.get("outer", {"perm": [0, 2, 1]}))
@@ -556,6 +557,12 @@ SPECS = [
                                   V([0], {("rm2", "input:axes"): [0]}, fires=False)],
           ("rm2", "input:axes"): [V([0], fires=False)]},
          opset=18),
+    Spec("LayerNormFromParts", g_ln_parts, {"rm1": "ReduceMean", "rm2": "ReduceMean"},     # axes attributes
+         {("rm1", "axes"): [V([1], fires=True), V([0], fires=False), V(None, fires=False),
+                            V([0, 1], {("rm2", "axes"): [1, 0]}, fires=True)],
+          ("rm2", "axes"): [V([-1], fires=True), V(None, {("rm1", "axes"): None}, fires=True)],
+          ("rm1", "keepdims"): [V(0, fires=False)], ("rm2", "keepdims"): [V(0, fires=False)]},
+         opset=13),
     Spec("EmbedLayerNorm", g_embed_ln, {"gather": "Gather", "layernormalization": "LayerNormalization"},
          {("gather", "axis"): [V(1, fires=False), V(-2, fires=False)]} | _keyed("layernormalization", LN_V)),
     Spec("SkipLayerNorm", g_skip_ln, {"layernormalization": "LayerNormalization"}, _keyed("layernormalization", LN_V)),
@@ -563,6 +570,11 @@ SPECS = [
          {("softmax", "axis"): [V(3, fires=True), V(-1, fires=True), V(2, fires=False), V(1, fires=False),
                                 V(-2, fires=False), V(0, fires=False)],
           ("transpose", "perm"): [V([0, 2, 3, 1], fires=True), V([1, 0, 3, 2], fires=True), V([0, 1, 2, 3], fires=True)]}),
+    Spec("FuseAttention", g_attention, {"softmax": "Softmax", "transpose": "Transpose"},      # Softmax-11: 2-D
+         {("softmax", "axis"): [V(3, fires=True), V(-1, fires=True), V(1, fires=False), V(2, fires=False),
+                                V(None, fires=False)],
+          ("transpose", "perm"): [V([0, 2, 3, 1], fires=True)]}, opset=11,
+         base={"softmax": {"axis": 3}}),      # (Softmax-11's default axis 1 is not attention's)
     Spec("FuseConvAdd", g_conv_add, {"conv": "Conv"}, _keyed("conv", CONV_V)),
     Spec("FuseConvAdd", g_conv_add_const, {"conv": "Conv"},               # the addend goes into the bias
          {("conv", "group"): [V(2, fires=True), V(2, {("conv_bias", "on"): False}, fires=True)],
@@ -570,6 +582,10 @@ SPECS = [
           ("conv", "auto_pad"): [V("SAME_LOWER", {"strides": [2, 2]}, fires=True)]},
          not_swept={("conv", a): "swept with a runtime addend" for a in ("dilations", "kernel_shape", "pads")}),
     Spec("FuseConvActivation", g_conv_act, {"conv": "Conv"} | ACT_OPS, _act_sweep("conv", CONV_V), opset=20),
+    Spec("FuseConvActivation", g_conv_act, {"conv": "Conv", "clip": "Clip"},        # Clip-6: attributes
+         {("clip", "min"): [V(-0.25, fires=True), V(-math.inf, fires=True)],
+          ("clip", "max"): [V(0.5, fires=True), V(math.inf, fires=True)]},   # (Clip-6 needs min <= max)
+         not_swept={("conv", a): "swept at opset 20" for a in CONV_V}, opset=10, base={"clip": {}}),
     Spec("FuseMatMulBias", g_matmul_bias, {"matmul": "MatMul"}, {("matmul", None): [V(None, fires=True)]}),
     Spec("FuseMatMulActivation", g_matmul_act, {"matmul": "MatMul"} | ACT_OPS, _act_sweep("matmul", {}), opset=20),
     Spec("FuseGemmActivation", g_gemm_act, {"gemm": "Gemm"} | ACT_OPS, _act_sweep("gemm", GEMM_V), opset=20),
@@ -605,6 +621,7 @@ def _id(c):
 
 def _overrides(s: Spec, role, attr, v: V) -> dict:
     ov = {k: dict(a) for k, a in s.base.items()}
+    ov["_opset"] = s.opset           # the builders make models of the spec's opset
     if role is not None:
         a = ov.setdefault(role, {})
         if attr is not None:
