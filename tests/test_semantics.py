@@ -275,3 +275,21 @@ def test_harness_subset_for_slow_backends():
     assert g.n == 32
     assert check_backend(run_llvm, groups=[(DType.f32, 1), (DType.i8, 4)], max_pairs=32, ulp=LLVM_ULP) \
         == 32 * len(g.outs) + 32 * len(build_group(DType.i8, 4).outs)
+
+
+def test_llvm_strided_vector_loads_and_stores_meet_the_spec():
+    # gathers and scatters (Load/Store with stride != 1): column i of an [8, 4] matrix as 8 lanes
+    from tensorfuse.ir.kernel import KernelBuilder
+    x = Buffer("x", DType.f32, (8, 4))
+    y = Buffer("y", DType.f32, (8, 4))
+    kb = KernelBuilder("strided", [x, y])
+    with kb.loop(4, kind="parallel") as i:
+        v = fma(x[[Ramp(Const(0), 8), i]], Const(2.0, DType.f32), Const(-1.0, DType.f32))
+        kb.store(y, [Ramp(Const(0), 8), i], maxnum(v, Const(0.0, DType.f32)))
+    data = np.arange(32, dtype=np.float32).reshape(8, 4) - 10.0
+    data[3, 1] = np.nan
+    got = run_llvm(kb.kernel, [data], [((8, 4), np.float32)])[0]
+    store = kb.kernel.body[0].body[0]
+    want = sem.evaluate(store.value, {x: data, i: np.arange(4)})      # [4 columns, 8 lanes]
+    _same_float(got, want.T)
+    assert got[3, 1] == 0.0                      # maxnum skips the NaN
