@@ -166,6 +166,29 @@ def g_conv_add_const(ov):
     return b.done(["y"])
 
 
+def g_conv_add_act(ov):
+    """Conv + Add(runtime) + activation: the activation joins a FusedConv."""
+    b = B(ov["_opset"])
+    _conv_inputs(b, ov.get("conv", {}))
+    b.node("Conv", ["x", "w", "b"], "c", ov.get("conv"))
+    b.inputs["z"] = rand(*b.shape("c"), seed=7)
+    b.node("Add", ["c", "z"], "s")
+    _activation(b, "s", ov)
+    return b.done(["y"])
+
+
+def g_matmul_bias_act(ov):
+    """MatMul + constant bias + activation: the activation joins a FusedMatMul."""
+    b = B(ov["_opset"])
+    b.inputs["x"] = rand(2, 3, 5, seed=0)
+    b.inits["w"] = rand(5, 4, seed=1)
+    b.inits["bias"] = rand(4, seed=2)
+    b.node("MatMul", ["x", "w"], "p")
+    b.node("Add", ["p", "bias"], "s")
+    _activation(b, "s", ov)
+    return b.done(["y"])
+
+
 def g_conv_act(ov):
     b = B(ov["_opset"])
     _conv_inputs(b, ov.get("conv", {}))
@@ -586,6 +609,16 @@ SPECS = [
          {("clip", "min"): [V(-0.25, fires=True), V(-math.inf, fires=True)],
           ("clip", "max"): [V(0.5, fires=True), V(math.inf, fires=True)]},   # (Clip-6 needs min <= max)
          not_swept={("conv", a): "swept at opset 20" for a in CONV_V}, opset=10, base={"clip": {}}),
+    Spec("FuseConvActivation", g_conv_add_act, {"conv": "Conv", "leakyrelu": "LeakyRelu", "gelu": "Gelu"},
+         {("conv", "group"): [V(2, fires=True)], ("conv", "strides"): [V([2, 2], fires=True)],
+          ("conv", "dilations"): [V([2, 2], fires=True)],
+          ("conv", "auto_pad"): [V("SAME_LOWER", {"strides": [2, 2]}, fires=True)],
+          ("leakyrelu", "alpha"): [V(0.5, fires=True)], ("gelu", "approximate"): [V("tanh", fires=True)]},
+         not_swept={("conv", a): "swept on a plain Conv" for a in ("kernel_shape", "pads")}, opset=20),
+    Spec("FuseMatMulActivation", g_matmul_bias_act, {"leakyrelu": "LeakyRelu", "gelu": "Gelu", "clip": "Clip"},
+         {("leakyrelu", "alpha"): [V(0.5, fires=True)], ("gelu", "approximate"): [V("tanh", fires=True)],
+          ("clip", "input:min"): [V(-0.25, fires=True)], ("clip", "input:max"): [V(None, fires=True)]},
+         opset=20),
     Spec("FuseMatMulBias", g_matmul_bias, {"matmul": "MatMul"}, {("matmul", None): [V(None, fires=True)]}),
     Spec("FuseMatMulActivation", g_matmul_act, {"matmul": "MatMul"} | ACT_OPS, _act_sweep("matmul", {}), opset=20),
     Spec("FuseGemmActivation", g_gemm_act, {"gemm": "Gemm"} | ACT_OPS, _act_sweep("gemm", GEMM_V), opset=20),
