@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from llvmlite import ir as lir
 
-from expr_cases import GROUPS, build_group, check_backend, compare
+from expr_cases import GROUPS, build_group, check_backend, pairs
 from tensorfuse.codegen.llvm import vmath
 from tensorfuse.codegen.llvm.emit import emit_entry, emit_kernel, kernel_is_parallel
 from tensorfuse.codegen.llvm.jit import compile_ir
@@ -273,6 +273,11 @@ def test_harness_subset_for_slow_backends():
     # what a simulated backend runs: a capped, deterministic subset of the pairs
     g = build_group(DType.f32, 1, max_pairs=32)
     assert g.n == 32
+    # the subset keeps the special pairs: INT_MIN / -1 and NaN against inf are in it
+    a, b, _ = pairs(DType.i32, max_pairs=48)
+    assert len(a) == 48 and ((a == -2 ** 31) & (b == -1)).any()
+    a, b, _ = pairs(DType.f16, max_pairs=80)
+    assert (np.isnan(a) & np.isinf(b)).any() and ((a == 0) & np.signbit(a) & (b == 1)).any()
     assert check_backend(run_llvm, groups=[(DType.f32, 1), (DType.i8, 4)], max_pairs=32, ulp=LLVM_ULP) \
         == 32 * len(g.outs) + 32 * len(build_group(DType.i8, 4).outs)
 
