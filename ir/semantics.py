@@ -76,6 +76,15 @@ Operations not in this table for a dtype (sqrt of an int, ``not`` of a float, at
 have no semantics: :func:`evaluate` raises :class:`UndefinedSemanticsError`, and a backend
 refuses them too (the LLVM one with ``CodegenError``).
 
+Where a backend's source language differs (notes for code generators that emit Python-like
+source, as numba.cuda does): Python's ``//`` floors and ``%`` takes the divisor's sign (the
+spec truncates, C-like); ``int(x)`` of a float is an unsaturated conversion (the spec
+saturates, NaN -> 0); Python's ``min``/``max`` are order-dependent with NaN (the spec
+propagates it), and C's ``fminf``/``fmaxf`` skip it (that is maxnum/minnum, not max/min);
+a shift by W or more is undefined in LLVM IR and C (the spec gives 0); ``round`` must be half
+to even (C's ``roundf`` rounds half away from zero; ``rintf`` is the spec's); float literals
+need the operand's dtype (a Python float literal is f64, which would promote f32 arithmetic).
+
 Shapes: values are numpy arrays; a scalar expression over an environment whose arrays have
 shape ``S`` gives shape ``S``, a vector of ``n`` lanes gives ``S + (n,)``. Python scalars and
 0-d arrays broadcast.
