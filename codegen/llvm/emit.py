@@ -20,7 +20,9 @@ types (``Load.lanes``, ``Broadcast``, vector ``Store``) become LLVM vector instr
 Semantics of the expression ops on integers follow C with two guards that C lacks: division
 or remainder by zero gives 0 (numpy's result) and INT_MIN / -1 wraps, rather than trapping.
 Float min/max propagate NaN (llvm.minimum / llvm.maximum, as numpy.minimum / maximum).
-float -> int casts saturate (llvm.fptosi.sat), NaN -> 0.
+float -> int casts saturate (llvm.fptosi.sat), NaN -> 0. The full table, per op and dtype, is
+``ir/semantics.py`` (a numpy evaluator: the spec); tests/test_semantics.py checks this emitter
+against it on edge values.
 """
 from __future__ import annotations
 
@@ -301,8 +303,9 @@ class _FnEmitter:
             if not dt.is_signed:
                 return x
             return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), b.neg(x), x)
-        if op in ("isnan", "isinf"):
-            return ir.Constant(I1, 0)
+        if op in ("isnan", "isinf"):       # false, in every lane of a vector
+            t = _like(x.type, I1)
+            return ir.Constant(t, [0] * t.count if isinstance(t, ir.VectorType) else 0)
         if op in ("floor", "ceil", "round", "trunc"):
             return x
         raise CodegenError(f"kernel {self.k.name}: integer op {op} unsupported for {dt}")
@@ -341,7 +344,7 @@ class _FnEmitter:
             if src == DType.f16:
                 x, src = b.fpext(x, _like(x.type, F32)), DType.f32
             name = "fptosi" if dst.is_signed else "fptoui"
-            t = _like(x.type, t)
+            t = _like(x.type, ltype(dst))     # (a vector's element type, not the vector)
             f = self._decl(f"llvm.{name}.sat.{_suffix(t)}.{_suffix(x.type)}", t, [x.type])
             return b.call(f, [x])
         if dst.is_float:

@@ -1,0 +1,300 @@
+"""The kernel IR's expression semantics (ir/semantics.py): unit tests of ``evaluate`` against
+values derived by hand from the spec's table (IEEE 754, C), and the LLVM backend checked against
+``evaluate`` on every dtype's edge values through the backend-agnostic harness
+(tests/expr_cases.py)."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from llvmlite import ir as lir
+
+from expr_cases import GROUPS, build_group, check_backend, pairs
+from tensorfuse.codegen.llvm import vmath
+from tensorfuse.codegen.llvm.emit import emit_entry, emit_kernel, kernel_is_parallel
+from tensorfuse.codegen.llvm.jit import compile_ir
+from tensorfuse.ir import semantics as sem
+from tensorfuse.ir.kernel import Buffer, Cast, Const, Ramp, Var, binop, broadcast, fma, maxnum, select, unop
+from tensorfuse.ir.types import DType
+
+
+# ----------------------------------------------------------------------------- the LLVM backend
+def run_llvm(kernel, inputs, out_shape_dtypes):
+    """run_kernel for the harness: the kernel compiled alone by codegen/llvm, called once."""
+    mod = lir.Module(name="sem")
+    emit_kernel(mod, kernel)
+    emit_entry(mod, "tf_run", [(kernel.name, list(range(len(kernel.params))))],
+               {kernel.name: kernel_is_parallel(kernel)})
+    lib, _, _ = compile_ir(str(mod), "sem")
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(lib.address("tf_run"))
+    ins = [np.ascontiguousarray(a) for a in inputs]
+    outs = [np.zeros(s, d) for s, d in out_shape_dtypes]
+    table = (ctypes.c_void_p * (len(ins) + len(outs)))(*[a.ctypes.data for a in ins + outs])
+    fn(ctypes.addressof(table), None)
+    return outs
+
+
+#: the LLVM backend's own, tighter bounds: the inline float32 exp/log/erf/tanh (vmath.MAX_ULP)
+LLVM_ULP = {(op, DType.f32): b for op, b in vmath.MAX_ULP.items()}
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=["_".join(map(str, g)) for g in GROUPS])
+def test_llvm_expressions_meet_the_spec(group):
+    n = check_backend(run_llvm, groups=[group], ulp=LLVM_ULP)
+    assert n >= 4 * len(build_group(*group[:2]).outs)
+
+
+def test_harness_reports_a_wrong_backend_result():
+    # a "backend" that is the spec itself except that integer division by zero gives -1
+    def wrong(kernel, inputs, out_shape_dtypes):
+        g = build_group(DType.i32, 1)
+        env = {g.params_in[k]: inputs[k] for k in range(3)}
+        env[g.loop_var] = np.arange(g.n)
+        res = [sem.evaluate(e, env) for _, _, e in g.outs]
+        names = [c.name for c, _, _ in g.outs]
+        d = res[names.index("div")]
+        d[inputs[1] == 0] = -1
+        return res
+    with pytest.raises(AssertionError, match=r"div sem_i32_x1_parallel: inputs \(a, b, c\) = \(0, 0, .*got -1, expected 0"):
+        check_backend(wrong, groups=[(DType.i32, 1)])
+
+
+# ----------------------------------------------------------------------------- evaluate by hand
+def _bin(op, dt, x, y):
+    a, b = Var("a", dt), Var("b", dt)
+    return sem.evaluate(binop(op, a, b), {a: np.array(x, dt.numpy), b: np.array(y, dt.numpy)})
+
+
+def _un(op, dt, x):
+    a = Var("a", dt)
+    return sem.evaluate(unop(op, a), {a: np.array(x, dt.numpy)})
+
+
+def _cast(src, dst, x):
+    a = Var("a", src)
+    return sem.evaluate(Cast(dst, a), {a: np.array(x, src.numpy)})
+
+
+I32_MIN, I32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
+@pytest.mark.parametrize("op,dt,x,y,want", [
+    # C truncating division and remainder (sign of the dividend); zero divisor gives 0
+    ("div", DType.i32, [7, -7, 7, -7, 5, 0], [2, 2, -2, -2, 0, 0], [3, -3, -3, 3, 0, 0]),
+    ("rem", DType.i32, [7, -7, 7, -7, 5], [2, 2, -2, -2, 0], [1, -1, 1, -1, 0]),
+    # INT_MIN / -1 wraps to INT_MIN, INT_MIN % -1 is 0
+    ("div", DType.i32, [I32_MIN], [-1], [I32_MIN]),
+    ("rem", DType.i32, [I32_MIN], [-1], [0]),
+    ("div", DType.u8, [200, 7], [0, 2], [0, 3]),
+    # wraparound
+    ("add", DType.i8, [127, -128], [1, -1], [-128, 127]),
+    ("mul", DType.u8, [16], [16], [0]),
+    ("sub", DType.u32, [0], [1], [2 ** 32 - 1]),
+    # shifts: count >= width (or negative, read as unsigned) gives 0, also for shr of negatives
+    ("shl", DType.i32, [1, 1, 1, 1], [31, 32, 33, -1], [I32_MIN, 0, 0, 0]),
+    ("shr", DType.i32, [-8, -8, -8], [1, 32, -1], [-4, 0, 0]),
+    ("shr", DType.u8, [0x80, 0x80], [7, 8], [1, 0]),
+    # integer pow: via f64, saturating; negative exponent truncates toward zero
+    ("pow", DType.i32, [2, 2, 3, -2, 10], [10, -1, 3, 3, 10], [1024, 0, 27, -8, I32_MAX]),
+    ("pow", DType.u8, [2, 3], [8, 2], [255, 9]),
+    # min/max by the dtype's order
+    ("max", DType.u8, [255], [1], [255]),
+    ("min", DType.i8, [-1], [1], [-1]),
+    # bool is a 1-bit unsigned integer
+    ("add", DType.bool, [True, True, False], [True, False, False], [False, True, False]),
+    ("mul", DType.bool, [True, True], [True, False], [True, False]),
+])
+def test_integer_binops_by_hand(op, dt, x, y, want):
+    np.testing.assert_array_equal(_bin(op, dt, x, y), np.array(want, dt.numpy))
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _same_float(got, want):
+    got, want = np.asarray(got), np.asarray(want, got.dtype)
+    assert got.dtype == want.dtype
+    nan = np.isnan(got) & np.isnan(want)
+    bits = f"u{got.dtype.itemsize}"
+    assert (nan | (got.view(bits) == want.view(bits))).all(), (got, want)
+
+
+@pytest.mark.parametrize("op,x,y,want", [
+    ("min", [NAN, 1.0, -0.0, 0.0], [1.0, NAN, 0.0, -0.0], [NAN, NAN, -0.0, -0.0]),
+    ("max", [NAN, -0.0, 0.0], [1.0, 0.0, -0.0], [NAN, 0.0, 0.0]),
+    ("div", [1.0, -1.0, 0.0], [0.0, 0.0, 0.0], [INF, -INF, NAN]),
+    ("rem", [5.5, -5.5, 1.0, INF, 3.0, -0.0], [2.0, 2.0, 0.0, 2.0, INF, 1.0], [1.5, -1.5, NAN, NAN, 3.0, -0.0]),
+    ("pow", [NAN, 1.0, -8.0, 2.0], [0.0, NAN, 1 / 3, 10.0], [1.0, 1.0, NAN, 1024.0]),
+    ("lt", [NAN, 1.0], [1.0, 2.0], [False, True]),
+    ("ne", [NAN, 1.0], [NAN, 1.0], [True, False]),
+    ("eq", [NAN, -0.0], [NAN, 0.0], [False, True]),
+])
+def test_float_binops_by_hand(op, x, y, want):
+    got = _bin(op, DType.f32, x, y)
+    if got.dtype == np.bool_:
+        np.testing.assert_array_equal(got, want)
+    else:
+        _same_float(got, np.array(want, np.float32))
+
+
+def test_f16_arithmetic_is_binary16_rounded_once():
+    # 2049 is not a half; 2048 + 1 rounds to even (2048), 2048 + 3 to 2052
+    got = _bin("add", DType.f16, [2048.0, 2048.0, 65504.0], [1.0, 3.0, 8.0])
+    _same_float(got, np.array([2048.0, 2052.0, 65504.0], np.float16))
+    # 65504 + 16 = 65520 is halfway to 2^16: the tie goes to the even significand, inf
+    _same_float(_bin("add", DType.f16, [65504.0], [16.0]), np.array([INF], np.float16))
+
+
+@pytest.mark.parametrize("op,x,want", [
+    ("round", [0.5, 1.5, 2.5, -0.5, -2.5, 3.5], [0.0, 2.0, 2.0, -0.0, -2.0, 4.0]),
+    ("floor", [-0.5, -0.0, 1.5], [-1.0, -0.0, 1.0]),
+    ("ceil", [-0.5, 0.2], [-0.0, 1.0]),
+    ("trunc", [-0.5, 2.7], [-0.0, 2.0]),
+    ("neg", [0.0, NAN], [-0.0, NAN]),
+    ("abs", [-0.0, -INF], [0.0, INF]),
+    ("sqrt", [-0.0, -1.0, 4.0, INF], [-0.0, NAN, 2.0, INF]),
+    ("exp", [-INF, 0.0, INF], [0.0, 1.0, INF]),
+    ("log", [0.0, -1.0, 1.0], [-INF, NAN, 0.0]),
+    ("tanh", [INF, -INF, -0.0], [1.0, -1.0, -0.0]),
+    ("erf", [INF, -INF, 0.0], [1.0, -1.0, 0.0]),
+])
+def test_float_unops_by_hand(op, x, want):
+    _same_float(_un(op, DType.f32, x), np.array(want, np.float32))
+
+
+def test_isnan_isinf():
+    np.testing.assert_array_equal(_un("isnan", DType.f16, [NAN, INF, 0.0]), [True, False, False])
+    np.testing.assert_array_equal(_un("isinf", DType.f64, [NAN, -INF, 1e308]), [False, True, False])
+    np.testing.assert_array_equal(_un("isnan", DType.i32, [0, -1]), [False, False])
+
+
+@pytest.mark.parametrize("src,dst,x,want", [
+    # float -> int: truncate toward zero, saturate, NaN -> 0
+    (DType.f32, DType.i32, [2.7, -2.7, 3e9, -3e9, NAN, INF, -INF], [2, -2, I32_MAX, I32_MIN, 0, I32_MAX, I32_MIN]),
+    (DType.f32, DType.u8, [-1.5, 300.0, 255.9, NAN], [0, 255, 255, 0]),
+    (DType.f64, DType.i64, [9.3e18, -9.3e18, 2.0 ** 62], [2 ** 63 - 1, -2 ** 63, 2 ** 62]),
+    (DType.f64, DType.u64, [1.9e19, 2.0 ** 63], [2 ** 64 - 1, 2 ** 63]),
+    (DType.f16, DType.i8, [-200.0, 127.5], [-128, 127]),
+    # int -> int: wraps; sign-extended from signed sources, zero-extended from unsigned ones
+    (DType.i32, DType.i8, [300, -129], [44, 127]),
+    (DType.i8, DType.u32, [-1], [2 ** 32 - 1]),
+    (DType.u8, DType.i32, [255], [255]),
+    (DType.bool, DType.i32, [True, False], [1, 0]),
+    # to bool: != 0, NaN is true
+    (DType.f32, DType.bool, [0.0, -0.0, NAN, 0.5], [False, False, True, True]),
+    (DType.i32, DType.bool, [0, -5], [False, True]),
+])
+def test_casts_to_int_by_hand(src, dst, x, want):
+    np.testing.assert_array_equal(_cast(src, dst, x), np.array(want, dst.numpy))
+
+
+@pytest.mark.parametrize("src,dst,x,want", [
+    # f64 -> f16 rounds once: via f32 the first case would be 1.0 (1 + 2^-11 is a tie in f16)
+    (DType.f64, DType.f16, [1 + 2 ** -11 + 2 ** -40, 1 + 2 ** -11, 65520.0, 65519.0, 2.0 ** -25],
+     [1 + 2 ** -10, 1.0, INF, 65504.0, 0.0]),
+    (DType.f64, DType.f16, [2.0 ** -25 + 2.0 ** -40], [2.0 ** -24]),
+    # int -> float: rounded to nearest, ties to even; unsigned sources as unsigned
+    (DType.i32, DType.f32, [2 ** 24 + 1, 2 ** 24 + 3, -(2 ** 24 + 1)], [2.0 ** 24, 2.0 ** 24 + 4, -(2.0 ** 24)]),
+    (DType.u64, DType.f32, [2 ** 64 - 1], [2.0 ** 64]),
+    (DType.i64, DType.f64, [2 ** 53 + 1], [2.0 ** 53]),
+    (DType.u8, DType.f16, [255], [255.0]),
+    (DType.u32, DType.f16, [65520, 65519], [INF, 65504.0]),
+    (DType.bool, DType.f32, [True], [1.0]),
+])
+def test_casts_to_float_by_hand(src, dst, x, want):
+    _same_float(_cast(src, dst, x), np.array(want, dst.numpy))
+
+
+def test_fma_rounds_once_when_fused():
+    # a = b = 1 + 2^-12: a*b = 1 + 2^-11 + 2^-24 exactly; rounded to f32 first, 2^-24 is lost
+    a, b, c = (Var(n, DType.f32) for n in "abc")
+    env = {a: np.float32(1 + 2 ** -12), b: np.float32(1 + 2 ** -12), c: np.float32(-(1 + 2 ** -11))}
+    assert sem.evaluate(fma(a, b, c), env, fma="fused") == np.float32(2.0 ** -24)
+    assert sem.evaluate(fma(a, b, c), env, fma="unfused") == 0.0
+    # an exact product beyond the range plus -inf is -inf fused, NaN unfused
+    env = {a: np.float32(3e38), b: np.float32(4.0), c: np.float32(-INF)}
+    assert sem.evaluate(fma(a, b, c), env, fma="fused") == -INF
+    assert np.isnan(sem.evaluate(fma(a, b, c), env, fma="unfused"))
+
+
+def test_maxnum_skips_nan_and_select():
+    a, b = Var("a", DType.f32), Var("b", DType.f32)
+    env = {a: np.array([NAN, 1.0, NAN], np.float32), b: np.array([2.0, NAN, NAN], np.float32)}
+    _same_float(sem.evaluate(maxnum(a, b), env), np.array([2.0, 1.0, NAN], np.float32))
+    _same_float(sem.evaluate(select(binop("lt", a, b), a, b), env), np.array([2.0, NAN, NAN], np.float32))
+
+
+def test_vectors_loads_ramps_and_broadcasts():
+    buf = Buffer("x", DType.i32, (8,))
+    i = Var("i")
+    e = binop("add", buf.vload(i * 4, 4), broadcast(Const(10, DType.i32), 4))
+    got = sem.evaluate(e, {buf: np.arange(8, dtype=np.int32), i: np.array([0, 1])})
+    np.testing.assert_array_equal(got, [[10, 11, 12, 13], [14, 15, 16, 17]])
+    np.testing.assert_array_equal(sem.evaluate(Ramp(Const(5), 3)), [5, 6, 7])
+    g = buf[[Ramp(Const(0), 2)]]                     # contiguous, then a strided gather
+    np.testing.assert_array_equal(sem.evaluate(g, {buf: np.arange(8, dtype=np.int32)}), [0, 1])
+    m = Buffer("m", DType.i32, (2, 4))
+    np.testing.assert_array_equal(sem.evaluate(m[[Ramp(Const(0), 2), Const(1)]],
+                                               {m: np.arange(8, dtype=np.int32)}), [1, 5])
+
+
+def test_consts_round_and_wrap_to_their_dtype():
+    _same_float(sem.evaluate(Const(0.1, DType.f16)), np.float16(0.1))
+    assert sem.evaluate(Const(-1, DType.u8)) == 255
+    assert sem.evaluate(Const(True, DType.bool)) == np.True_
+
+
+def test_undefined_ops_and_bad_environments_raise():
+    a = Var("a", DType.i32)
+    with pytest.raises(sem.UndefinedSemanticsError, match="sqrt is not defined on i32"):
+        sem.evaluate(unop("sqrt", a), {a: 1})
+    f = Var("f", DType.f32)
+    with pytest.raises(sem.UndefinedSemanticsError, match="xor is not defined on f32"):
+        sem.evaluate(binop("xor", f, f), {f: 1.0})
+    with pytest.raises(KeyError, match="variable a"):
+        sem.evaluate(binop("add", a, a), {})
+    buf = Buffer("x", DType.f32, (4,))
+    with pytest.raises(IndexError, match="outside its 4 elements"):
+        sem.evaluate(buf.flat(Const(4)), {buf: np.zeros(4, np.float32)})
+
+
+def test_ulp_error_and_bounds():
+    assert sem.ulp_error(np.float32(1.0 + 2 ** -23), 1.0, DType.f32) == 1.0
+    assert sem.ulp_error(np.float32(2.0 ** -149), 0.0, DType.f32) == 1.0
+    assert sem.ulp_error(np.float32(INF), INF, DType.f32) == 0.0
+    assert sem.ulp_error(np.float32(NAN), 1.0, DType.f32) == INF
+    assert sem.ulp_bound("exp", DType.f16) == 1.0 and sem.ulp_bound("exp", DType.f32) == 2.0
+    with pytest.raises(KeyError):
+        sem.ulp_bound("add", DType.f32)
+
+
+def test_harness_subset_for_slow_backends():
+    # what a simulated backend runs: a capped, deterministic subset of the pairs
+    g = build_group(DType.f32, 1, max_pairs=32)
+    assert g.n == 32
+    # the subset keeps the special pairs: INT_MIN / -1 and NaN against inf are in it
+    a, b, _ = pairs(DType.i32, max_pairs=48)
+    assert len(a) == 48 and ((a == -2 ** 31) & (b == -1)).any()
+    a, b, _ = pairs(DType.f16, max_pairs=80)
+    assert (np.isnan(a) & np.isinf(b)).any() and ((a == 0) & np.signbit(a) & (b == 1)).any()
+    assert check_backend(run_llvm, groups=[(DType.f32, 1), (DType.i8, 4)], max_pairs=32, ulp=LLVM_ULP) \
+        == 32 * len(g.outs) + 32 * len(build_group(DType.i8, 4).outs)
+
+
+def test_llvm_strided_vector_loads_and_stores_meet_the_spec():
+    # gathers and scatters (Load/Store with stride != 1): column i of an [8, 4] matrix as 8 lanes
+    from tensorfuse.ir.kernel import KernelBuilder
+    x = Buffer("x", DType.f32, (8, 4))
+    y = Buffer("y", DType.f32, (8, 4))
+    kb = KernelBuilder("strided", [x, y])
+    with kb.loop(4, kind="parallel") as i:
+        v = fma(x[[Ramp(Const(0), 8), i]], Const(2.0, DType.f32), Const(-1.0, DType.f32))
+        kb.store(y, [Ramp(Const(0), 8), i], maxnum(v, Const(0.0, DType.f32)))
+    data = np.arange(32, dtype=np.float32).reshape(8, 4) - 10.0
+    data[3, 1] = np.nan
+    got = run_llvm(kb.kernel, [data], [((8, 4), np.float32)])[0]
+    store = kb.kernel.body[0].body[0]
+    want = sem.evaluate(store.value, {x: data, i: np.arange(4)})      # [4 columns, 8 lanes]
+    _same_float(got, want.T)
+    assert got[3, 1] == 0.0                      # maxnum skips the NaN
