@@ -255,10 +255,11 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     """
     from tensorfuse.ir.ops.conv_blocked import blocked_conv_ok, emit_conv_blocked
     from tensorfuse.ir.ops.conv_depthwise import depthwise_conv_ok, emit_conv_depthwise
-    if (depthwise_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
+    cpu = ctx.target.kind != "cuda"     # register-blocked CPU schedules; cuda takes the generic one
+    if (cpu and depthwise_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
             and ctx.const(1) is not None and ctx.inputs[1] is w):
         return emit_conv_depthwise(ctx, x, w, b, y, geo, params=params)
-    if (blocked_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
+    if (cpu and blocked_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
             and ctx.const(1) is not None and ctx.inputs[1] is w):
         return emit_conv_blocked(ctx, x, w, b, y, geo, params=params)
     if acc_dtype is None:

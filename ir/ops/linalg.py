@@ -139,7 +139,10 @@ def _scale(e: Expr, alpha: float) -> Expr:
 
 
 def _constant_b(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer):
-    """B as numpy when the register-blocked f32 schedule applies (B a 2-D constant)."""
+    """B as numpy when the register-blocked f32 schedule applies (B a 2-D constant; a CPU
+    schedule: never for the cuda target)."""
+    if ctx.target.kind == "cuda":
+        return None
     if not (a.dtype == b.dtype == y.dtype == DType.f32) or len(b.shape) != 2 or len(a.shape) < 2:
         return None
     if ctx.inputs[1] is not b:
