@@ -1,0 +1,1 @@
+"""CUDA code generation: kernel IR to numba.cuda source (emit), compiled and launched (jit), and the cuda backend (backend)."""
