@@ -91,6 +91,7 @@ class _Fn:
         self.pre: list[str] = []
         self.memo: dict[tuple[int, int], str] = {}
         self.shared: set[int] = set()
+        self.nonneg_vars: set[int] = set()     # loop variables that start at >= 0 and count up
         for b in k.params:
             self._bind(b, "g_" + b.name)
         for b in k.locals:
@@ -188,7 +189,7 @@ class _Fn:
         if isinstance(e, FMA):
             return self.fma(e.dtype, self.ex(e.a, lane), self.ex(e.b, lane), self.ex(e.c, lane))
         if isinstance(e, Bin):
-            return self.binop(e.op, e.a.dtype, self.ex(e.a, lane), self.ex(e.b, lane), e.b)
+            return self.binop(e.op, e.a.dtype, self.ex(e.a, lane), self.ex(e.b, lane), e.b, e.a)
         if isinstance(e, Un):
             return self.unop(e.op, e.a.dtype, self.ex(e.a, lane))
         if isinstance(e, Cast):
@@ -202,7 +203,19 @@ class _Fn:
             return f"float16(float32(float16(float32({a}) * float32({b}))) + float32({c}))"
         return f"{ctor(dt)}(cuda.fma({a}, {b}, {c}))"
 
-    def binop(self, op: str, dt: DType, x: str, y: str, yexpr=None) -> str:
+    def nonneg(self, e) -> bool:
+        """Whether integer expression ``e`` is known to be >= 0 (index arithmetic over loop
+        variables), so that C division by a positive constant is Python's floor division."""
+        if isinstance(e, Const):
+            return not e.dtype.is_float and e.value >= 0
+        if isinstance(e, Var):
+            return id(e) in self.nonneg_vars
+        if isinstance(e, Bin) and e.op in ("add", "mul", "div", "rem", "min", "max"):
+            return self.nonneg(e.a) and self.nonneg(e.b) and (e.op not in ("div", "rem") or
+                                                             (isinstance(e.b, Const) and e.b.value > 0))
+        return False
+
+    def binop(self, op: str, dt: DType, x: str, y: str, yexpr=None, xexpr=None) -> str:
         T = ctor(dt)
         if dt == DType.f16:
             if op in _CMP:
@@ -274,6 +287,8 @@ class _Fn:
                 sym = "//" if op == "div" else "%"
                 return f"({T}({x} {sym} {y}) if {y} != {T}(0) else {T}(0))"
             if d is not None and d > 0:          # constant positive divisor (index arithmetic)
+                if xexpr is not None and self.nonneg(xexpr):
+                    return f"{T}({x} {'//' if op == 'div' else '%'} {y})"
                 if op == "div":
                     q = self.tmp(f"{x} // {y}")
                     return f"({T}({q} + 1) if ({x} < 0 and {q} * {y} != {x}) else {T}({q}))"
@@ -396,6 +411,8 @@ class _Fn:
             start, stop = self.ex(s.start), self.ex(s.extent)
             self.flush()
             v = self._bind(s.var, "v_" + s.var.name)
+            if self.nonneg(s.start):
+                self.nonneg_vars.add(id(s.var))
             if s.kind in GPU_LOOP_KINDS:
                 base, step = {"grid_stride": ("cuda.grid(1)", "cuda.gridsize(1)"),
                               "threadIdx.x": ("cuda.threadIdx.x", "cuda.blockDim.x"),
