@@ -302,7 +302,9 @@ class Attention:
 
         # K^T of one batch entry in a local buffer when small enough, so that a row of scores
         # accumulates over contiguous keys (vectorisable) instead of one dot product per key
-        transpose_k = sk * d <= ATTENTION_KT_LOCAL
+        # on a GPU a thread per (batch, query row) instead: no per-batch K^T copy in each thread
+        gpu = ctx.target.kind == "cuda"
+        transpose_k = not gpu and sk * d <= ATTENTION_KT_LOCAL
         kt = kb.local(ct, (d * sk,), hint="kt") if transpose_k else None
 
         def finish_score(b, i, j, value):
@@ -322,7 +324,7 @@ class Attention:
             if vec:
                 _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale, L)
                 return
-            with kb.loop(sq, hint="q") as i:
+            with kb.loop(sq, hint="q", role="spatial" if gpu else "") as i:
                 if transpose_k:
                     with kb.loop(sk, kind="vectorize", hint="k") as j:
                         kb.store(scores, j, 0.0)

@@ -245,3 +245,20 @@ def _all_exprs(stmts):
             yield from _all_exprs(s.body)
         elif isinstance(s, If):
             yield from _all_exprs(s.then + s.orelse)
+
+
+@pytest.mark.parametrize("which", ["cnn", "transformer"])
+def test_small_models_end_to_end(which):
+    """A small CNN (Conv+BN+ReLU, depthwise, residual Add, pools, Gemm, Softmax) and a small
+    transformer block (LayerNorm, attention, MatMul+Gelu), at O0 and O2 (fused groups, the
+    fused attention op)."""
+    from test_codegen_cuda_ptx import small_cnn, small_transformer
+    m = small_cnn() if which == "cnn" else small_transformer()
+    x = rand(1, 3, 8, 8) if which == "cnn" else rand(1, 4, 8)
+    exp = ort_run(m, {"x": x})[0]
+    for lvl in (0, 2):
+        lg = cu.lower_cuda(m, lvl)
+        got = cu.run_lowered(lg, [x])[0]
+        np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-5, err_msg=f"O{lvl}")
+    if which == "transformer":
+        assert any("attention" in c.kernel for c in lg.calls), [c.kernel for c in lg.calls]
