@@ -27,6 +27,10 @@ from .emit import ctor, emit_source
 
 #: the blob format's version (:meth:`CudaLibrary.to_blob`)
 BLOB_VERSION = 1
+#: the generic schedule's block size and grid cap under the simulator, where each simulated
+#: thread costs about half a millisecond: grid-stride loops cover the rest with few threads
+SIM_BLOCK_THREADS = 32
+SIM_MAX_BLOCKS = 4
 
 
 def simulator_enabled() -> bool:
@@ -183,17 +187,21 @@ def build_library(kernels: list[Kernel], *, cache_dir: str | None = None, block:
                   max_blocks: int | None = None) -> CudaLibrary:
     """Schedule, emit and import ``kernels`` (kernel IR) for the GPU. ``block`` and
     ``max_blocks``: the generic schedule's threads per block and grid cap (defaults: the cuda
-    target's, 256 and 65535; tests under the simulator pass smaller ones). ``cache_dir``:
+    target's, 256 and 65535; under the simulator :data:`SIM_BLOCK_THREADS` and
+    :data:`SIM_MAX_BLOCKS`, so the launch shapes differ there). ``cache_dir``:
     where the source files go (default :func:`default_cache_dir`). Raises CompileError naming
     the kernel when one cannot be emitted or its source does not import."""
     from tensorfuse.ir.schedule_cuda import BLOCK_THREADS, MAX_BLOCKS, cuda_launches
+    sim = simulator_enabled()
+    block = block or (SIM_BLOCK_THREADS if sim else BLOCK_THREADS)
+    max_blocks = max_blocks or (SIM_MAX_BLOCKS if sim else MAX_BLOCKS)
     entries, seen = [], set()
     for k in kernels:
         if k.name in seen:
             raise CompileError(f"cuda kernel name {k.name} given twice")
         seen.add(k.name)
         try:
-            launches = cuda_launches(k, block or BLOCK_THREADS, max_blocks or MAX_BLOCKS)
+            launches = cuda_launches(k, block, max_blocks)
             src = emit_source(k.name, launches)
         except CompileError:
             raise

@@ -204,6 +204,9 @@ def test_library_blob_roundtrip_and_launch_config(tmp_path):
     np.testing.assert_array_equal(got, np.maximum(x, 0))
     with pytest.raises(RuntimeError, match="simulator"):
         lib.ptx()
+    big = cu.lower_cuda(node_model("Relu", {"x": rand(40, 50)}))
+    lib3 = build_library(big.kernels, cache_dir=str(tmp_path))      # simulator defaults: few threads
+    assert lib3.launch_config(lib3.kernel_names[0]) == [((4,), (32,))]
 
 
 @pytest.mark.parametrize("case", ["conv_blocked", "conv_depthwise", "matmul_blocked", "pools", "concat_rows"])
