@@ -265,3 +265,46 @@ def test_small_models_end_to_end(which):
         np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-5, err_msg=f"O{lvl}")
     if which == "transformer":
         assert any("attention" in c.kernel for c in lg.calls), [c.kernel for c in lg.calls]
+
+
+def test_gpu_loop_kinds_shared_memory_and_barrier_run():
+    """A hand-scheduled kernel: one block per row, a strided per-thread partial sum, a tree
+    reduction in shared memory with barriers (blockIdx.x / threadIdx.x loops)."""
+    from tensorfuse.codegen.cuda.jit import build_library
+    from tensorfuse.ir.kernel import Buffer, KernelBuilder, LaunchShape
+    from tensorfuse.ir.types import DType
+    R, C, T = 3, 50, 16
+    x, y = Buffer("x", DType.f32, (R, C)), Buffer("y", DType.f32, (R,))
+    kb = KernelBuilder("rowsum", [x, y])
+    sh = kb.shared(DType.f32, (T,))
+    acc = kb.local(DType.f32)
+    with kb.loop(R, kind="blockIdx.x", hint="r") as r:
+        with kb.loop(T, kind="threadIdx.x", hint="t") as t:
+            kb.store(acc, 0, 0.0)
+            with kb.reduce(-(-C // T)) as it:
+                c = it * T + t
+                with kb.if_(c < C):
+                    kb.store(acc, 0, acc[0] + x[r, c])
+            kb.store(sh, t, acc[0])
+        kb.barrier()
+        s = T // 2
+        while s:
+            with kb.loop(T, kind="threadIdx.x", hint="t") as t:
+                with kb.if_(t < s):
+                    kb.store(sh, t, sh[t] + sh[t + s])
+            kb.barrier()
+            s //= 2
+        with kb.loop(T, kind="threadIdx.x", hint="t") as t:
+            with kb.if_(t.eq(0)):
+                kb.store(y, r, sh[0])
+        kb.barrier()
+    kb.kernel.launch = LaunchShape((2,), (T,))       # fewer blocks than rows: block-stride
+    lib = build_library([kb.kernel])
+    assert lib.launch_config("rowsum") == [((2,), (T,))]
+    src = lib.sources["rowsum"]
+    assert "cuda.shared.array(16, float32)" in src and "cuda.syncthreads()" in src and "cuda.blockIdx.x" in src
+    from numba import cuda
+    xv = rand(R, C)
+    dy = cuda.device_array(R, np.float32)
+    lib.launch("rowsum", [cuda.to_device(xv.ravel()), dy])
+    np.testing.assert_allclose(dy.copy_to_host(), xv.sum(axis=1), rtol=1e-5, atol=1e-5)
