@@ -215,3 +215,43 @@ def cuda_launches(kernel: Kernel, block: int = BLOCK_THREADS, max_blocks: int = 
         for i, k in enumerate(launches):
             k.name = f"{kernel.name}_l{i}"
     return launches
+
+
+# ----------------------------------------------------------------------------- hand schedules
+def block_threads_for(n: int, target=None) -> int:
+    """Threads per block for a block that cooperates on ``n`` elements: the smallest power of
+    two >= ``n``, at least a warp (32) and at most the target's ``block_threads`` (256)."""
+    cap = target.block_threads if target is not None and target.kind == "cuda" else BLOCK_THREADS
+    t = 32
+    while t < n and t < cap:
+        t *= 2
+    return t
+
+
+def block_strided(kb, T: int, t, n: int, body) -> None:
+    """``body(c)`` for each ``c = t, t+T, t+2T ... < n`` (the elements thread ``t`` of a block
+    of ``T`` threads handles, coalesced across the block); a reduce loop, since the thread's
+    iterations accumulate into its own partials."""
+    steps = -(-n // T)
+    with kb.reduce(steps, hint="it") as it:
+        c = it * T + t
+        if n % T == 0:
+            body(c)
+        else:
+            with kb.if_(c < n):
+                body(c)
+
+
+def block_reduce(kb, sh, T: int, combine, hint: str = "t") -> None:
+    """Tree reduction of the shared buffer ``sh[0:T]`` (``T`` a power of two, one value per
+    thread already stored, no barrier needed before) into ``sh[0]`` with ``combine(a, b)``:
+    log2(T) steps, each a ``threadIdx.x`` loop and a barrier; every thread may read ``sh[0]``
+    afterwards."""
+    kb.barrier()
+    s = T // 2
+    while s:
+        with kb.loop(T, kind="threadIdx.x", hint=hint) as t:
+            with kb.if_(t < s):
+                kb.store(sh, t, combine(sh[t], sh[t + s]))
+        kb.barrier()
+        s //= 2

@@ -308,3 +308,17 @@ def test_gpu_loop_kinds_shared_memory_and_barrier_run():
     dy = cuda.device_array(R, np.float32)
     lib.launch("rowsum", [cuda.to_device(xv.ravel()), dy])
     np.testing.assert_allclose(dy.copy_to_host(), xv.sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op,shape", [("Softmax", (3, 7)), ("Softmax", (2, 3, 40)), ("LogSoftmax", (3, 33))])
+def test_softmax_block_schedule(op, shape):
+    """Softmax over the last axis has a cuda hand schedule: a block per row with shared-memory
+    reductions (its launch shape comes from the lowering)."""
+    x = rand(*shape)
+    x[0, 0] = 30.0
+    m = node_model(op, {"x": x}, {"axis": -1})
+    lg = cu.lower_cuda(m)
+    (k,) = lg.kernels
+    assert k.launch is not None and k.launch.block == (32 if shape[-1] <= 32 else 64,)
+    got = cu.run_lowered(lg, [x])[0]
+    np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
