@@ -322,3 +322,23 @@ def test_softmax_block_schedule(op, shape):
     assert k.launch is not None and k.launch.block == (32 if shape[-1] <= 32 else 64,)
     got = cu.run_lowered(lg, [x])[0]
     np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_row_norm_block_schedules():
+    """LayerNormalization (with its Mean and InvStdDev outputs), InstanceNormalization and
+    GroupNormalization: a block per row with shared-memory sums on cuda."""
+    x = rand(2, 3, 40)
+    g, b = rand(40, seed=1), rand(40, seed=2)
+    m = node_model("LayerNormalization", {"x": x}, {"axis": -1}, outputs=("y", "mean", "inv"),
+                   initializers={"g": g, "b": b})
+    lg = cu.lower_cuda(m)
+    assert lg.kernels[0].launch is not None
+    check(m, {"x": x}, rtol=1e-4, atol=1e-5)
+    x4 = rand(1, 4, 3, 5)
+    s4, b4 = rand(4, seed=3), rand(4, seed=4)
+    check(node_model("InstanceNormalization", {"x": x4}, initializers={"s": s4, "b": b4}), {"x": x4},
+          rtol=1e-4, atol=1e-5)
+    sg, bg = rand(4, seed=5), rand(4, seed=6)
+    m = node_model("GroupNormalization", {"x": x4}, {"num_groups": 2}, opset=21, initializers={"s": sg, "b": bg})
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, x4.shape))
+    check(m, {"x": x4}, rtol=1e-4, atol=1e-5)
