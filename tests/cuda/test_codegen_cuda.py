@@ -342,3 +342,24 @@ def test_row_norm_block_schedules():
     m = node_model("GroupNormalization", {"x": x4}, {"num_groups": 2}, opset=21, initializers={"s": sg, "b": bg})
     m.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, x4.shape))
     check(m, {"x": x4}, rtol=1e-4, atol=1e-5)
+
+
+def test_skip_layernorm_block_schedule():
+    """Add + LayerNormalization fuses (O2) into SkipLayerNormalization, whose cuda kernel is a
+    block per row."""
+    f = TensorProto.FLOAT
+    x, r = rand(2, 3, 40), rand(2, 3, 40, seed=1)
+    g, b = rand(40, seed=2), rand(40, seed=3)
+    nodes = [helper.make_node("Add", ["x", "r"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    gr = helper.make_graph(nodes, "sln", [helper.make_tensor_value_info("x", f, x.shape),
+                                          helper.make_tensor_value_info("r", f, r.shape)],
+                           [helper.make_tensor_value_info("y", f, x.shape)],
+                           initializer=[onnx.numpy_helper.from_array(g, "g"), onnx.numpy_helper.from_array(b, "b")])
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    lg = cu.lower_cuda(m, opt_level=2)
+    assert any("skiplayernormalization" in k.name and k.launch is not None for k in lg.kernels), \
+        [k.name for k in lg.kernels]
+    got = cu.run_lowered(lg, [x, r])[0]
+    np.testing.assert_allclose(got, ort_run(m, {"x": x, "r": r})[0], rtol=1e-4, atol=1e-5)
