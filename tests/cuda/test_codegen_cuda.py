@@ -363,3 +363,25 @@ def test_skip_layernorm_block_schedule():
         [k.name for k in lg.kernels]
     got = cu.run_lowered(lg, [x, r])[0]
     np.testing.assert_allclose(got, ort_run(m, {"x": x, "r": r})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_embed_layernorm_block_schedule():
+    """Gather + Gather + Add + LayerNormalization (a BERT embedding) at O2 on cuda."""
+    f = TensorProto.FLOAT
+    we, pe = rand(10, 40), rand(6, 40, seed=1)
+    g, b = rand(40, seed=2), rand(40, seed=3)
+    ids = np.array([[1, 9, 0, 4]], np.int64)
+    pos = np.array([[0, 1, 2, 3]], np.int64)
+    nodes = [helper.make_node("Gather", ["we", "ids"], ["e1"]), helper.make_node("Gather", ["pe", "pos"], ["e2"]),
+             helper.make_node("Add", ["e1", "e2"], ["s"]),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
+    inits = [onnx.numpy_helper.from_array(v, k) for k, v in dict(we=we, pe=pe, g=g, b=b, pos=pos).items()]
+    gr = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, ids.shape)],
+                           [helper.make_tensor_value_info("y", f, (1, 4, 40))], initializer=inits)
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    lg = cu.lower_cuda(m, opt_level=2)
+    emb = [k for k in lg.kernels if k.name.startswith("embedlayernormalization") and "check" not in k.name]
+    assert len(emb) == 1 and emb[0].launch is not None, [k.name for k in lg.kernels]
+    got = cu.run_lowered(lg, [ids])[0]
+    np.testing.assert_allclose(got, ort_run(m, {"ids": ids})[0], rtol=1e-4, atol=1e-5)
