@@ -109,11 +109,15 @@ class CudaLibrary:
         if j is None:
             from numba import cuda
             mod = self._module(name)
+            # one dispatcher per function, shared by every library that loads this source
+            jitted = mod.__dict__.setdefault("_tf_jitted", {})
             sim = simulator_enabled()
             j = []
-            for fname, grid, block in mod.LAUNCHES:
-                fn = getattr(mod, fname)
-                j.append((cuda.jit(fn) if sim else cuda.jit(fn, cache=True), tuple(grid), tuple(block)))
+            for fname, (grid, block) in zip([f for f, _, _ in mod.LAUNCHES], self._entries[name]["launches"]):
+                if fname not in jitted:
+                    fn = getattr(mod, fname)
+                    jitted[fname] = cuda.jit(fn) if sim else cuda.jit(fn, cache=True)
+                j.append((jitted[fname], tuple(grid), tuple(block)))
             self._jitted[name] = j
         return j
 
@@ -188,7 +192,8 @@ def build_library(kernels: list[Kernel], *, cache_dir: str | None = None, block:
     """Schedule, emit and import ``kernels`` (kernel IR) for the GPU. ``block`` and
     ``max_blocks``: the generic schedule's threads per block and grid cap (defaults: the cuda
     target's, 256 and 65535; under the simulator :data:`SIM_BLOCK_THREADS` and
-    :data:`SIM_MAX_BLOCKS`, so the launch shapes differ there). ``cache_dir``:
+    :data:`SIM_MAX_BLOCKS`, so the launch shapes differ there; the grid of a hand-scheduled
+    kernel is capped at ``max_blocks`` too, which its block-stride loops allow). ``cache_dir``:
     where the source files go (default :func:`default_cache_dir`). Raises CompileError naming
     the kernel when one cannot be emitted or its source does not import."""
     from tensorfuse.ir.schedule_cuda import BLOCK_THREADS, MAX_BLOCKS, cuda_launches
@@ -203,11 +208,15 @@ def build_library(kernels: list[Kernel], *, cache_dir: str | None = None, block:
         try:
             launches = cuda_launches(k, block, max_blocks)
             src = emit_source(k.name, launches)
+            # GPU loops are block- and grid-stride loops, so a smaller grid gives the same
+            # results: hand schedules' grids are capped like the generic ones
+            shapes = [((min(lk.launch.grid[0], max_blocks),) + tuple(lk.launch.grid[1:]), tuple(lk.launch.block))
+                      for lk in launches]
         except CompileError:
             raise
         except Exception as ex:
             raise CompileError(f"cuda kernel {k.name}: code generation failed: {type(ex).__name__}: {ex}") from ex
         entries.append({"name": k.name, "source": src, "nparams": len(k.params),
                         "dtypes": [b.dtype.value for b in k.params],
-                        "launches": [(tuple(lk.launch.grid), tuple(lk.launch.block)) for lk in launches]})
+                        "launches": shapes})
     return CudaLibrary(entries, cache_dir)
