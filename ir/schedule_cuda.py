@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields, replace
 
-from .kernel import (GPU_LOOP_KINDS, Barrier, Buffer, Const, Expr, For, If, Kernel, LaunchShape, Load,
+from .kernel import (GPU_LOOP_KINDS, Buffer, Const, Expr, For, If, Kernel, LaunchShape, Load,
                      Store, Var, binop)
 from .schedule import _first_access, _nest, _stores, all_loops, expr_nodes, parallel_violations
 
@@ -118,7 +118,7 @@ def _grid_stride(kernel: Kernel, s, nest: list[For], name: str) -> For:
     return For(g, Const(math.prod(exts)), body, "grid_stride", Const(0), f"fused {dims}", "spatial")
 
 
-def _global_only(s) -> bool:
+def _locals_only(s) -> bool:
     return all(st.buf.scope == "local" for st in _stores([s], []))
 
 
@@ -180,7 +180,7 @@ def cuda_launches(kernel: Kernel, block: int = BLOCK_THREADS, max_blocks: int = 
         prod = sorted({i for i in range(j) for b in reads
                        if any(st.buf is b for st in _stores([body[i]], []))})
         for i in prod:
-            if not _global_only(body[i]) or _reads_global(body[i], stored_global):
+            if not _locals_only(body[i]) or _reads_global(body[i], stored_global):
                 serial_all = True
         needs.append(prod)
     if serial_all:
@@ -199,7 +199,7 @@ def cuda_launches(kernel: Kernel, block: int = BLOCK_THREADS, max_blocks: int = 
 
     launches = []
     for j, s in enumerate(body):
-        if _global_only(s):
+        if _locals_only(s):
             continue                # stores only to locals: copied into the launches that read them
         pre = [body[i] for i in closure(j)]
         nest = grid_prefix(kernel, s)

@@ -257,7 +257,6 @@ class _Fn:
             raise self.err(f"op {op} unsupported for {dt.value}")
         signed = dt.is_signed
         W = dt.itemsize * 8
-        wide = dt in (DType.i64, DType.u64)
         if op in _ARITH:
             r = f"({x} {_ARITH[op]} {y})"
             return r if dt == DType.i64 else f"{T}{r}"
@@ -306,7 +305,6 @@ class _Fn:
         if op == "pow":
             f = self.tmp(f"float64({x}) ** float64({y})")
             return self.cast(f, DType.f64, dt)
-        del wide
         raise self.err(f"integer op {op} unsupported for {dt.value}")
 
     def unop(self, op: str, dt: DType, x: str) -> str:

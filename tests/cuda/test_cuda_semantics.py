@@ -140,7 +140,6 @@ def test_casts_match_llvm(src, tmp_path):
     dsts = [d for d in CAST_DTYPES if d != src]
     exprs = [lambda x, y, d=d: Cast(d, x) for d in dsts]
     if src == DType.bool:
-        v = np.array([True, False])
         bad = _differential_bool(exprs, dsts, tmp_path)
     else:
         bad = _differential(f"cast_{src.value}", src, exprs, tmp_path, dsts, [False] * len(dsts))
