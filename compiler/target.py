@@ -11,6 +11,12 @@ options pick another CPU or change features, with LLVM's names::
 Code generation (vector width, FMA and AVX-512 use, cache blocking) reads :attr:`Target.vector_bits`,
 :meth:`Target.lanes`, :attr:`Target.has_fma`, :attr:`Target.has_avx512`, :attr:`Target.l1d_bytes`
 and :attr:`Target.l2_bytes`, never constants, so one build serves AVX2 and AVX-512 machines.
+
+The cuda target answers the same questions for a GPU thread (no SIMD vectors: ``lanes()`` is
+1, so lowerings pick their scalar schedules; FMA; the shared memory of a block as "L1") and adds
+the launch limits the cuda schedule reads: :attr:`Target.max_threads_per_block`,
+:attr:`Target.max_shared_bytes`, :attr:`Target.warp_size`, :attr:`Target.block_threads` (the
+generic schedule's block size) and :attr:`Target.max_blocks`.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from dataclasses import dataclass, field
 _LLVM_OPTIONS = ("-mcpu=<cpu>", "-mattr=<+feature,-feature,...>", "-mtriple=<this machine's triple>")
 _DEFAULT_L1D = 32 * 1024
 _DEFAULT_L2 = 512 * 1024
+_GPU_L2 = 50 * 1024 * 1024
 _SUGGESTED_CPUS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "znver3", "znver4", "skylake-avx512",
                    "icelake-server", "sapphirerapids", "generic", "neoverse-v1", "apple-m1")
 
@@ -136,7 +143,10 @@ class Target:
     @property
     def vector_bits(self) -> int:
         """Width in bits of the widest SIMD registers the code may use: 512 with AVX-512F, 256
-        with AVX (or AVX2), 128 with SSE or AArch64 NEON, 0 without SIMD."""
+        with AVX (or AVX2), 128 with SSE or AArch64 NEON, 0 without SIMD (and for cuda: a GPU
+        thread is scalar; the warp is the vector)."""
+        if self.kind == "cuda":
+            return 0
         on = self.feature_set
         if "avx512f" in on:
             return 512
@@ -157,26 +167,74 @@ class Target:
 
     @property
     def has_fma(self) -> bool:
-        """Fused multiply-add instructions are available (x86 FMA3; always with AArch64 NEON)."""
+        """Fused multiply-add instructions are available (x86 FMA3; always with AArch64 NEON and
+        on GPUs)."""
+        if self.kind == "cuda":
+            return True
         on = self.feature_set
         return "fma" in on or ("neon" in on and self.triple.startswith(("aarch64", "arm64")))
 
     @property
     def has_avx512(self) -> bool:
-        """AVX-512 Foundation (512-bit vectors, ``zmm`` registers) is enabled."""
+        """AVX-512 Foundation (512-bit vectors, ``zmm`` registers) is enabled (never for cuda)."""
+        if self.kind == "cuda":
+            return False
         return "avx512f" in self.feature_set
 
     @property
     def l1d_bytes(self) -> int:
         """Level-1 data cache size in bytes, per core: read from
         ``/sys/devices/system/cpu/cpu0/cache`` when the target CPU is this machine's CPU, else
-        (or when unreadable) 32 KiB."""
+        (or when unreadable) 32 KiB. cuda: the static shared memory of one thread block
+        (:attr:`max_shared_bytes`), the fast memory a block's tile lives in."""
+        if self.kind == "cuda":
+            return self.max_shared_bytes
         return _cache_sizes()[0] if self._on_this_cpu() else _DEFAULT_L1D
 
     @property
     def l2_bytes(self) -> int:
-        """Level-2 cache size in bytes (as :attr:`l1d_bytes`; default 512 KiB)."""
+        """Level-2 cache size in bytes (as :attr:`l1d_bytes`; default 512 KiB; cuda: 50 MiB, an
+        H100/H200's L2)."""
+        if self.kind == "cuda":
+            return _GPU_L2
         return _cache_sizes()[1] if self._on_this_cpu() else _DEFAULT_L2
+
+    # -- GPU launch limits (cuda kind) ----------------------------------------------------
+    def _cuda(self, what: str) -> None:
+        if self.kind != "cuda":
+            raise ValueError(f"the {self.kind} target has no GPU property {what}")
+
+    @property
+    def max_threads_per_block(self) -> int:
+        """The most threads one CUDA thread block may have (1024). ValueError for llvm."""
+        self._cuda("max_threads_per_block")
+        return 1024
+
+    @property
+    def max_shared_bytes(self) -> int:
+        """The most static shared memory one thread block may declare (48 KiB). ValueError for
+        llvm."""
+        self._cuda("max_shared_bytes")
+        return 48 * 1024
+
+    @property
+    def warp_size(self) -> int:
+        """Threads per warp (32). ValueError for llvm."""
+        self._cuda("warp_size")
+        return 32
+
+    @property
+    def block_threads(self) -> int:
+        """Threads per block of the generic cuda schedule (256: 8 warps). ValueError for llvm."""
+        self._cuda("block_threads")
+        return 256
+
+    @property
+    def max_blocks(self) -> int:
+        """The most blocks a generic cuda launch uses (65535); a grid-stride loop covers larger
+        extents. ValueError for llvm."""
+        self._cuda("max_blocks")
+        return 65535
 
     def _on_this_cpu(self) -> bool:
         return self.is_host or self.cpu == _jit().host_info()["cpu"]

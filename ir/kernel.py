@@ -1,8 +1,10 @@
 """Kernel IR: loop nests over buffers with schedule annotations (docs/architecture.md, IR level 3).
 
 A :class:`Kernel` has buffer parameters and a body of statements: :class:`For` (with a kind:
-``serial``, ``parallel``, ``vectorize`` or ``unroll``), :class:`Store`, :class:`If`, and
-local scratch buffers (:class:`Buffer` with ``scope="local"``). Expressions are typed
+``serial``, ``parallel``, ``vectorize`` or ``unroll``; on GPUs also ``blockIdx.x``,
+``threadIdx.x`` and ``grid_stride``), :class:`Store`, :class:`If`, :class:`Barrier` (GPUs), and
+scratch buffers (:class:`Buffer` with ``scope="local"``, per thread, or ``scope="shared"``, per
+GPU thread block). A GPU kernel carries its launch shape (:class:`LaunchShape`). Expressions are typed
 (:class:`Expr.dtype`); arithmetic operators build :class:`Bin` nodes, and Python numbers are
 promoted to the other operand's dtype. Indices are int64 and buffers are row-major: ``buf[i, j]``
 builds a :class:`Load` at the flat offset ``i*shape[1] + j``.
@@ -308,9 +310,15 @@ def minnum(a, b) -> Expr:
 
 
 # ----------------------------------------------------------------------------- buffers
+#: buffer scopes: "global" (a kernel parameter), "local" (scratch private to one thread),
+#: "shared" (scratch shared by the threads of one GPU thread block; static shape)
+SCOPES = ("global", "local", "shared")
+
+
 @dataclass(eq=False)
 class Buffer:
-    """A dense row-major buffer. ``scope``: "global" (kernel parameter) or "local" (scratch)."""
+    """A dense row-major buffer. ``scope``: "global" (kernel parameter), "local" (scratch, one
+    copy per thread) or "shared" (GPU only: one copy per thread block, see :data:`SCOPES`)."""
 
     name: str
     dtype: DType
@@ -382,7 +390,14 @@ class Stmt:
 #: loop kinds codegen implements: parallel (split across the thread team), vectorize (the
 #: innermost loop left to LLVM's loop vectoriser), unroll (the body repeated per iteration;
 #: constant extents only)
-LOOP_KINDS = ("serial", "parallel", "vectorize", "unroll")
+CPU_LOOP_KINDS = ("serial", "parallel", "vectorize", "unroll")
+#: GPU loop kinds (the cuda backend only; the LLVM backend refuses them): ``blockIdx.x`` runs
+#: iteration ``v`` on block ``v`` (block-stride: ``v += gridDim.x`` while ``v < extent``),
+#: ``threadIdx.x`` on thread ``v`` of its block (``v += blockDim.x``), ``grid_stride`` on
+#: thread ``cuda.grid(1)`` of the whole grid (``v += cuda.gridsize(1)``). Iterations of such a
+#: loop run concurrently: the loop must be spatial.
+GPU_LOOP_KINDS = ("blockIdx.x", "threadIdx.x", "grid_stride")
+LOOP_KINDS = CPU_LOOP_KINDS + GPU_LOOP_KINDS
 
 
 @dataclass(eq=False)
@@ -415,14 +430,54 @@ class If(Stmt):
 
 
 @dataclass(eq=False)
+class Barrier(Stmt):
+    """GPU only: every thread of the block waits here until all have arrived, and their
+    stores to shared memory before it are visible after it (``cuda.syncthreads()``). Every
+    thread of the block must reach the same barrier (not inside a divergent branch)."""
+
+
+#: the most threads a CUDA thread block may have, and the most static shared memory per block
+MAX_THREADS_PER_BLOCK = 1024
+MAX_SHARED_BYTES = 48 * 1024
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """A GPU kernel's launch: ``grid`` blocks of ``block`` threads (tuples of 1 to 3 dims,
+    x first). ValueError for a non-positive dim or over :data:`MAX_THREADS_PER_BLOCK` threads
+    per block."""
+    grid: tuple
+    block: tuple
+
+    def __post_init__(self):
+        for what, t in (("grid", self.grid), ("block", self.block)):
+            if not (1 <= len(t) <= 3) or any(not isinstance(d, int) or d < 1 for d in t):
+                raise ValueError(f"launch {what} must be 1 to 3 positive ints, got {t!r}")
+        if math.prod(self.block) > MAX_THREADS_PER_BLOCK:
+            raise ValueError(f"launch block {self.block} has {math.prod(self.block)} threads "
+                             f"(at most {MAX_THREADS_PER_BLOCK})")
+
+    @property
+    def threads(self) -> int:
+        """Threads in the whole launch."""
+        return math.prod(self.grid) * math.prod(self.block)
+
+    def __str__(self) -> str:
+        return f"grid={self.grid} block={self.block}"
+
+
+@dataclass(eq=False)
 class Kernel:
-    """A compiled unit: ``params`` are global buffers in call order; ``locals`` are scratch."""
+    """A compiled unit: ``params`` are global buffers in call order; ``locals`` are scratch
+    (local or shared scope). ``launch``: the GPU launch shape (None for CPU kernels, and for
+    GPU kernels before scheduling: the cuda schedule sets it)."""
 
     name: str
     params: list[Buffer]
     body: list[Stmt] = field(default_factory=list)
     locals: list[Buffer] = field(default_factory=list)
     comment: str = ""
+    launch: "LaunchShape | None" = None
 
     def __str__(self) -> str:
         from .kernel_text import print_kernel
@@ -448,11 +503,11 @@ class KernelBuilder:
     def loop(self, extent, kind: str = "serial", start=0, hint: str = "i", comment: str = "",
              role: str = ""):
         """``for v in start..extent`` (extent is the exclusive end). Yields the loop Var.
-        ``kind``: serial | parallel | vectorize | unroll (see :data:`LOOP_KINDS`); ``role``:
+        ``kind``: serial | parallel | vectorize | unroll, or a GPU kind (see :data:`LOOP_KINDS`); ``role``:
         "spatial" | "reduce" | "" (a ``parallel`` loop is spatial by its author's word)."""
         if kind not in LOOP_KINDS:
             raise ValueError(f"loop kind must be one of {LOOP_KINDS}, got {kind!r}")
-        if kind == "parallel":
+        if kind == "parallel" or kind in GPU_LOOP_KINDS:
             role = "spatial"
         v = self.var(hint)
         f = For(v, as_expr(extent, I64), [], kind, as_expr(start, I64), comment, role)
@@ -503,6 +558,25 @@ class KernelBuilder:
         b = Buffer(f"{hint}{self._n}", dtype, tuple(shape), "local")
         self.kernel.locals.append(b)
         return b
+
+    def shared(self, dtype: DType, shape: Sequence[int], hint: str = "sh") -> Buffer:
+        """GPU only: a scratch buffer shared by the threads of a block, of static ``shape``
+        (positive ints); ValueError when the kernel's shared buffers exceed
+        :data:`MAX_SHARED_BYTES`."""
+        if any(not isinstance(d, int) or d < 1 for d in shape):
+            raise ValueError(f"shared buffer shape must be positive ints (static), got {tuple(shape)!r}")
+        self._n += 1
+        b = Buffer(f"{hint}{self._n}", dtype, tuple(shape), "shared")
+        used = sum(x.numel * x.dtype.itemsize for x in self.kernel.locals if x.scope == "shared")
+        if used + b.numel * dtype.itemsize > MAX_SHARED_BYTES:
+            raise ValueError(f"kernel {self.kernel.name}: shared buffers would take "
+                             f"{used + b.numel * dtype.itemsize} bytes (at most {MAX_SHARED_BYTES})")
+        self.kernel.locals.append(b)
+        return b
+
+    def barrier(self) -> None:
+        """GPU only: a :class:`Barrier` (``cuda.syncthreads()``)."""
+        self._emit(Barrier())
 
     def store(self, buf: Buffer, idx, value) -> None:
         off = buf.offset(idx) if isinstance(idx, (list, tuple)) else as_expr(idx, I64)

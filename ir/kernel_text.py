@@ -1,7 +1,7 @@
 """Printing kernel IR as a small Python-like script (docs/architecture.md, IR level 3)."""
 from __future__ import annotations
 
-from .kernel import FMA, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+from .kernel import FMA, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
 
 _SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "lt": "<", "le": "<=",
         "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^",
@@ -59,6 +59,8 @@ def _print_body(stmts, depth, out):
             if s.orelse:
                 out.append(f"{pad}else:")
                 _print_body(s.orelse, depth + 1, out)
+        elif isinstance(s, Barrier):
+            out.append(f"{pad}barrier()")
         else:
             raise TypeError(f"not a statement: {s!r}")
 
@@ -70,7 +72,9 @@ def _buf(b: Buffer) -> str:
 def print_kernel(k: Kernel) -> str:
     head = f"kernel {k.name}({', '.join(_buf(b) for b in k.params)}):"
     out = [head + (f"    # {k.comment}" if k.comment else "")]
+    if k.launch is not None:
+        out.append(f"  launch {k.launch}")
     for b in k.locals:
-        out.append(f"  local {_buf(b)}")
+        out.append(f"  {'shared' if b.scope == 'shared' else 'local'} {_buf(b)}")
     _print_body(k.body, 1, out)
     return "\n".join(out) + "\n"

@@ -117,7 +117,10 @@ def default_schedule(kernel: Kernel) -> Kernel:
     nest with that many (else the widest spatial one) becomes parallel, provided the nest does
     at least :data:`MIN_PARALLEL_WORK` iterations and :func:`parallel_violations` finds nothing.
     Parallel marks anywhere else are made serial (codegen splits only one loop per nest).
+    A GPU kernel (one with a launch shape: a cuda hand schedule) is left as it is.
     Returns the kernel."""
+    if kernel.launch is not None:
+        return kernel
     for top in kernel.body:
         nest = _nest(top)
         chosen = None
@@ -208,7 +211,10 @@ def runs_on_thread0_only(s) -> bool:
 def verify_schedule(kernel: Kernel) -> None:
     """Raise ScheduleError when a parallel loop sits where codegen cannot split it (outside a
     top-level perfect nest, or a second one in a nest) or may write one element twice, or when
-    a statement on thread 0 alone fills locals that a parallel statement reads."""
+    a statement on thread 0 alone fills locals that a parallel statement reads. GPU kernels
+    (with a launch shape) have no CPU schedule to verify."""
+    if kernel.launch is not None:
+        return
     if _thread0_fills_locals(kernel):
         raise ScheduleError(f"kernel {kernel.name}: a statement on thread 0 alone fills locals that the "
                             f"other threads of a parallel statement would read unset")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from tensorfuse.ir.kernel import FMA, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+from tensorfuse.ir.kernel import GPU_LOOP_KINDS, FMA, Barrier, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
 from tensorfuse.ir.schedule import runs_on_thread0_only, statement_is_parallel
 from tensorfuse.ir.types import DType
 
@@ -119,6 +119,9 @@ class _FnEmitter:
             p.name = local_name(buf.name)
             self.ptrs[id(buf)] = p
         for buf in kernel.locals:
+            if buf.scope != "local":
+                raise CodegenError(f"kernel {kernel.name}: buffer {buf.name} has scope {buf.scope!r}, "
+                                   f"which the LLVM backend has not (GPU only)")
             a = self.b.alloca(ir.ArrayType(ltype(buf.dtype, True), max(buf.numel, 1)), name=local_name(buf.name))
             a.align = 64
             self.ptrs[id(buf)] = a
@@ -397,7 +400,8 @@ class _FnEmitter:
                 _store(b, v, p, s.buf.dtype.itemsize)
         elif isinstance(s, For):
             if s.kind not in ("serial", "parallel", "vectorize", "unroll"):
-                raise CodegenError(f"kernel {self.k.name}: loop kind {s.kind!r} has no LLVM lowering")
+                raise CodegenError(f"kernel {self.k.name}: loop kind {s.kind!r} has no LLVM lowering"
+                                   + (" (a GPU loop kind)" if s.kind in GPU_LOOP_KINDS else ""))
             if s.kind == "unroll":
                 self._unrolled(s)
                 return
@@ -439,6 +443,8 @@ class _FnEmitter:
             else:
                 with b.if_then(cond):
                     self.stmts(s.then)
+        elif isinstance(s, Barrier):
+            raise CodegenError(f"kernel {self.k.name}: a barrier (GPU only) has no LLVM lowering")
         else:
             raise CodegenError(f"kernel {self.k.name}: unknown statement {s!r}")
 

@@ -255,10 +255,11 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     """
     from tensorfuse.ir.ops.conv_blocked import blocked_conv_ok, emit_conv_blocked
     from tensorfuse.ir.ops.conv_depthwise import depthwise_conv_ok, emit_conv_depthwise
-    if (depthwise_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
+    cpu = ctx.target.kind != "cuda"     # register-blocked CPU schedules; cuda takes the generic one
+    if (cpu and depthwise_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
             and ctx.const(1) is not None and ctx.inputs[1] is w):
         return emit_conv_depthwise(ctx, x, w, b, y, geo, params=params)
-    if (blocked_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
+    if (cpu and blocked_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
             and ctx.const(1) is not None and ctx.inputs[1] is w):
         return emit_conv_blocked(ctx, x, w, b, y, geo, params=params)
     if acc_dtype is None:
@@ -272,7 +273,9 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     cg, mg = c_ // group, m_ // group
     out, ins = geo.out_shape, geo.in_shape
     ow_n = out[-1]
-    tile = min(ow_n, ROW_TILE)
+    # cuda: one output element per GPU thread (column tiles of 1, the tile loop spatial)
+    gpu = ctx.target.kind == "cuda"
+    tile = 1 if gpu else min(ow_n, ROW_TILE)
     kb = ctx.kernel(params=params)
     acc = kb.local(acc_dtype, (tile,), hint="row")
     s_l, d_l, p_l, k_l = geo.strides[-1], geo.dilations[-1], geo.pads_begin[-1], geo.kernel[-1]
@@ -280,7 +283,7 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
         n = nm / m_ if m_ > 1 else nm
         oc = nm % m_ if m_ > 1 else as_expr(0)
         g = oc / mg if group > 1 else as_expr(0)
-        with kb.grid(out[:-1]) as orow, _tiles(kb, ow_n, tile) as (ow0, tw):
+        with kb.grid(out[:-1]) as orow, _tiles(kb, ow_n, tile, "spatial" if gpu else "") as (ow0, tw):
             with kb.loop(tw, kind="vectorize", hint="j") as j:
                 kb.store(acc, j, as_expr(0, acc_dtype))
             with kb.loop(cg, hint="ic") as ic:
@@ -313,13 +316,13 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
 
 
 @contextlib.contextmanager
-def _tiles(kb: KernelBuilder, n: int, tile: int):
+def _tiles(kb: KernelBuilder, n: int, tile: int, role: str = ""):
     """A loop over column tiles when a row is longer than ``tile``; yields (tile start, tile
-    width) as Exprs (constants when there is one tile)."""
+    width) as Exprs (constants when there is one tile). ``role``: the tile loop's."""
     if tile >= n:
         yield as_expr(0), as_expr(n)
         return
-    with kb.loop(-(-n // tile), hint="t") as t:
+    with kb.loop(-(-n // tile), hint="t", role=role) as t:
         ow0 = t * tile
         yield ow0, minimum(as_expr(tile), n - ow0)
 
@@ -478,7 +481,7 @@ def emit_conv_transpose(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
         oc = nm % m_ if m_ > 1 else as_expr(0)
         g = oc / mg if group > 1 else as_expr(0)
         ocg = oc % mg if group > 1 else oc
-        with kb.grid(out[:-1]) as orow, _tiles(kb, ow_n, tile) as (ow0, tw):
+        with kb.grid(out[:-1]) as orow, _tiles(kb, ow_n, tile, "spatial" if gpu else "") as (ow0, tw):
             with kb.loop(tw, kind="vectorize", hint="j") as j:
                 kb.store(acc, j, as_expr(0, acc_dtype))
             with kb.loop(cg, hint="ic") as ic:

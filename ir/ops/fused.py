@@ -191,10 +191,11 @@ def _layernorm_np(s: np.ndarray, axis: int, eps: float, scale, bias) -> np.ndarr
 
 
 def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, eps: float,
-                         addend, y, scale, bias, sum_out=None) -> None:
+                         addend, y, scale, bias, sum_out=None, target=None) -> None:
     """Shared LayerNorm kernel body: per outer index, s = addend(idx) over the normalised dims is
     stored into ``sum_out`` (or ``y`` as scratch), then mean, variance (two passes) and the
-    normalisation with scale and bias are written to ``y``."""
+    normalisation with scale and bias are written to ``y``. For the cuda ``target`` (the kernel
+    holding nothing else): one thread block per row, the sums reduced in shared memory."""
     ct = _compute_dtype(y.dtype)
     outer, inner = shape[:axis], shape[axis:]
     n = 1
@@ -203,6 +204,8 @@ def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, e
     tmp = sum_out if sum_out is not None else y
     acc = kb.local(ct, (1,), hint="mean")
     var = kb.local(ct, (1,), hint="var")
+    if target is not None and target.kind == "cuda" and n > 0:
+        return _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, ct, acc, var, target)
     with kb.grid(outer, kind="serial") as oidx:
         kb.store(acc, 0, 0.0)
         with kb.grid(inner) as iidx:
@@ -223,6 +226,75 @@ def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, e
             if bias is not None:
                 yv = yv + bias.bcast(idx)
             kb.store(y, idx, yv)
+
+
+def _unravel(i, dims) -> list:
+    """Index list of flat index ``i`` (an Expr) over ``dims`` (row-major)."""
+    out, stride = [], 1
+    for k in range(len(dims) - 1, -1, -1):
+        q = i / stride if stride > 1 else i
+        out.append(q if k == 0 else q % dims[k])
+        stride *= dims[k]
+    return out[::-1]
+
+
+def _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, ct, acc, var, target) -> None:
+    from tensorfuse.ir.kernel import LaunchShape
+    from tensorfuse.ir.schedule_cuda import block_reduce, block_strided, block_threads_for
+    rows = 1
+    for d in outer:
+        rows *= d
+    T = block_threads_for(n, target)
+    sh = kb.shared(ct, (T,), hint="red")
+    part = kb.local(ct, (1,), hint="part")
+
+    def add(a, b):
+        return a + b
+
+    def threads():
+        return kb.loop(T, kind="threadIdx.x", hint="t")
+
+    with kb.loop(rows, kind="blockIdx.x", hint="o") as o:
+        oidx = _unravel(o, list(outer))
+
+        def at(c):
+            return oidx + _unravel(c, list(inner))
+
+        with threads() as t:
+            kb.store(part, 0, as_expr(0.0, ct))
+
+            def first(c):
+                idx = at(c)
+                kb.store(tmp, idx, as_expr(addend(idx), y.dtype))
+                kb.store(part, 0, part[0] + tmp[idx].cast(ct))
+            block_strided(kb, T, t, n, first)
+            kb.store(sh, t, part[0])
+        block_reduce(kb, sh, T, add)
+        with threads() as t:
+            kb.store(acc, 0, sh[0] / float(n))
+        kb.barrier()                     # every thread has read sh[0] before it is overwritten
+        with threads() as t:
+            kb.store(part, 0, as_expr(0.0, ct))
+
+            def second(c):
+                d = tmp[at(c)].cast(ct) - acc[0]
+                kb.store(part, 0, part[0] + d * d)
+            block_strided(kb, T, t, n, second)
+            kb.store(sh, t, part[0])
+        block_reduce(kb, sh, T, add)
+        with threads() as t:
+            kb.store(var, 0, 1.0 / unop("sqrt", sh[0] / float(n) + eps))
+
+            def third(c):
+                idx = at(c)
+                yv = ((tmp[idx].cast(ct) - acc[0]) * var[0]).cast(y.dtype) * scale.bcast(idx)
+                if bias is not None:
+                    yv = yv + bias.bcast(idx)
+                kb.store(y, idx, yv)
+            block_strided(kb, T, t, n, third)
+        kb.barrier()                     # sh[0] read by all before the next row's partials
+    kb.kernel.launch = LaunchShape((max(1, min(rows, target.max_blocks)),), (T,))
+    kb.kernel.comment += f"  [cuda: a block of {T} threads per row, shared-memory reductions]"
 
 
 # ----------------------------------------------------------------------------- Attention
@@ -302,7 +374,9 @@ class Attention:
 
         # K^T of one batch entry in a local buffer when small enough, so that a row of scores
         # accumulates over contiguous keys (vectorisable) instead of one dot product per key
-        transpose_k = sk * d <= ATTENTION_KT_LOCAL
+        # on a GPU a thread per (batch, query row) instead: no per-batch K^T copy in each thread
+        gpu = ctx.target.kind == "cuda"
+        transpose_k = not gpu and sk * d <= ATTENTION_KT_LOCAL
         kt = kb.local(ct, (d * sk,), hint="kt") if transpose_k else None
 
         def finish_score(b, i, j, value):
@@ -322,7 +396,7 @@ class Attention:
             if vec:
                 _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale, L)
                 return
-            with kb.loop(sq, hint="q") as i:
+            with kb.loop(sq, hint="q", role="spatial" if gpu else "") as i:
                 if transpose_k:
                     with kb.loop(sk, kind="vectorize", hint="k") as j:
                         kb.store(scores, j, 0.0)
@@ -479,7 +553,8 @@ class SkipLayerNormalization:
             return s + bias.bcast(idx) if bias is not None else s
 
         kb = ctx.kernel()
-        _emit_layernorm_rows(kb, y.shape, axis, float(ctx.attr("epsilon")), addend, y, scale, b, s_out)
+        _emit_layernorm_rows(kb, y.shape, axis, float(ctx.attr("epsilon")), addend, y, scale, b, s_out,
+                             target=ctx.target)
 
     def flops(node):
         return 10.0 * node.outputs[0].type.numel
@@ -591,7 +666,8 @@ class EmbedLayerNormalization:
             return s
 
         kb = ctx.kernel()
-        _emit_layernorm_rows(kb, y.shape, axis, float(ctx.attr("epsilon")), addend, y, scale, b, s_out)
+        _emit_layernorm_rows(kb, y.shape, axis, float(ctx.attr("epsilon")), addend, y, scale, b, s_out,
+                             target=ctx.target)
 
     def flops(node):
         return 10.0 * node.outputs[0].type.numel

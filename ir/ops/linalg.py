@@ -73,12 +73,14 @@ def emit_matmul_core(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, *, M: int, N: 
         oi = out_index(bidx, i, j)
         kb.store(y, oi, ctx.apply_epilogue(finish(value, bidx, i, j), oi))
 
+    # cuda: the dot-product form, one output element per GPU thread, one accumulator
+    gpu = ctx.target.kind == "cuda"
     with kb.grid(batch) as bidx:
-        if K == 0 or not b_contiguous_in_j:
+        if K == 0 or not b_contiguous_in_j or gpu:
             # dot products over k, contiguous in A's row and in B' (B transposed). LANES
             # independent partial sums make the k loop vectorisable without fast-math; they
             # are added up at the end (a fixed reassociation of the sum).
-            lanes = LANES if K >= 2 * LANES else 1
+            lanes = LANES if K >= 2 * LANES and not gpu else 1
             kmain = K - K % lanes
             s = kb.local(acc, (lanes,), hint="dot")
             with kb.loop(M, hint="i", role="spatial") as i:
@@ -139,7 +141,10 @@ def _scale(e: Expr, alpha: float) -> Expr:
 
 
 def _constant_b(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer):
-    """B as numpy when the register-blocked f32 schedule applies (B a 2-D constant)."""
+    """B as numpy when the register-blocked f32 schedule applies (B a 2-D constant; a CPU
+    schedule: never for the cuda target)."""
+    if ctx.target.kind == "cuda":
+        return None
     if not (a.dtype == b.dtype == y.dtype == DType.f32) or len(b.shape) != 2 or len(a.shape) < 2:
         return None
     if ctx.inputs[1] is not b:

@@ -60,12 +60,17 @@ def _row_loader(buf: Buffer | None, shape: Sequence[int], axis: int):
 
 # ----------------------------------------------------------------------------- row statistics
 def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, eps: float,
-                  ct: DType, post, mean_out: Buffer | None = None, inv_out: Buffer | None = None) -> None:
+                  ct: DType, post, mean_out: Buffer | None = None, inv_out: Buffer | None = None,
+                  target=None) -> None:
     """For each of ``rows`` contiguous rows of ``n`` elements of ``x``: mean and inverse std
     dev (two passes, in ``ct``), then ``y[o*n + j] = post(o, j, (x - mean) * inv)``; the one
-    store to ``y`` per element. Optional per-row stats outputs."""
+    store to ``y`` per element. Optional per-row stats outputs. For the cuda ``target`` the
+    kernel (which must hold nothing else) is a GPU hand schedule: one thread block per row,
+    the sums reduced in shared memory."""
     m = kb.local(ct, (1,), hint="mean")
     v = kb.local(ct, (1,), hint="var")
+    if target is not None and target.kind == "cuda":
+        return _row_norm_cuda(kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, target, m, v)
     with kb.loop(rows, hint="o", role="spatial") as o:       # rows are independent
         base = o * n
         kb.store(m, 0, as_expr(0.0, ct))
@@ -85,6 +90,52 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
             kb.store(inv_out, o, v[0].cast(inv_out.dtype))
 
 
+def _row_norm_cuda(kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, target, m, v) -> None:
+    from tensorfuse.ir.kernel import LaunchShape
+    from tensorfuse.ir.schedule_cuda import block_reduce, block_strided, block_threads_for
+    T = block_threads_for(n, target)
+    sh = kb.shared(ct, (T,), hint="red")
+    part = kb.local(ct, (1,), hint="part")
+
+    def add(a, b):
+        return a + b
+
+    def threads():
+        return kb.loop(T, kind="threadIdx.x", hint="t")
+
+    with kb.loop(rows, kind="blockIdx.x", hint="o") as o:
+        base = o * n
+        with threads() as t:
+            kb.store(part, 0, as_expr(0.0, ct))
+            block_strided(kb, T, t, n, lambda c: kb.store(part, 0, part[0] + x.flat(base + c).cast(ct)))
+            kb.store(sh, t, part[0])
+        block_reduce(kb, sh, T, add)
+        with threads() as t:
+            kb.store(m, 0, sh[0] / as_expr(float(n), ct))
+        kb.barrier()                     # every thread has read sh[0] before it is overwritten
+        with threads() as t:
+            kb.store(part, 0, as_expr(0.0, ct))
+
+            def sq(c):
+                d = x.flat(base + c).cast(ct) - m[0]
+                kb.store(part, 0, part[0] + d * d)
+            block_strided(kb, T, t, n, sq)
+            kb.store(sh, t, part[0])
+        block_reduce(kb, sh, T, add)
+        with threads() as t:
+            kb.store(v, 0, as_expr(1.0, ct) / unop("sqrt", sh[0] / as_expr(float(n), ct) + as_expr(eps, ct)))
+            block_strided(kb, T, t, n, lambda c: kb.store(y, base + c, post(o, c, (x.flat(base + c).cast(ct) - m[0]) * v[0])))
+            if mean_out is not None or inv_out is not None:
+                with kb.if_(t.eq(0)):
+                    if mean_out is not None:
+                        kb.store(mean_out, o, m[0].cast(mean_out.dtype))
+                    if inv_out is not None:
+                        kb.store(inv_out, o, v[0].cast(inv_out.dtype))
+        kb.barrier()                     # sh[0] read by all before the next row's partials
+    kb.kernel.launch = LaunchShape((max(1, min(rows, target.max_blocks)),), (T,))
+    kb.kernel.comment += f"  [cuda: a block of {T} threads per row, shared-memory reductions]"
+
+
 # ----------------------------------------------------------------------------- LayerNormalization
 def emit_layernorm(ctx: LowerCtx, x: Buffer, scale: Buffer, bias: Buffer | None, y: Buffer,
                    mean_out: Buffer | None, inv_out: Buffer | None, axis: int, eps: float,
@@ -101,7 +152,7 @@ def emit_layernorm(ctx: LowerCtx, x: Buffer, scale: Buffer, bias: Buffer | None,
         r = normed.cast(y.dtype) * ld_s(o, j)
         return r + ld_b(o, j) if ld_b is not None else r
 
-    emit_row_norm(kb, x, y, outer, n, eps, stash, post, mean_out, inv_out)
+    emit_row_norm(kb, x, y, outer, n, eps, stash, post, mean_out, inv_out, target=ctx.target)
 
 
 def _stash(node) -> DType:
@@ -222,7 +273,7 @@ class InstanceNormalization:
             c = o % C
             return (normed * s.flat(c).cast(ct) + b.flat(c).cast(ct)).cast(y.dtype)
 
-        emit_row_norm(kb, x, y, N * C, n, float(ctx.attr("epsilon", 1e-5)), ct, post)
+        emit_row_norm(kb, x, y, N * C, n, float(ctx.attr("epsilon", 1e-5)), ct, post, target=ctx.target)
 
     def flops(node):
         return 8.0 * node.inputs[0].type.numel
@@ -281,7 +332,7 @@ class GroupNormalization:
             c = (o % G) * (C // G) + j / spatial
             return (normed * s.flat(c).cast(ct) + b.flat(c).cast(ct)).cast(y.dtype)
 
-        emit_row_norm(kb, x, y, N * G, n, float(ctx.attr("epsilon", 1e-5)), ct, post)
+        emit_row_norm(kb, x, y, N * G, n, float(ctx.attr("epsilon", 1e-5)), ct, post, target=ctx.target)
 
     def importer(ctx, proto, version):
         if version >= 21:
