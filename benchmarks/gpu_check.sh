@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The cuda target on a real GPU, in one prepared run (it installs nothing):
+#   1. the GPU tests (tests/cuda) without the simulator;
+#   2. mobilenet_v2, resnet18 (batch 1 and 8) and bert_mini (batch 1, 128 tokens) compiled with
+#      tensorfuse's cuda target and timed against PyTorch eager (channels_last for the CNNs) on the
+#      same GPU: median of CUDA-event timings after warm-up, written as a table.
+# Needs: python3 with numba-cuda, onnx, onnxruntime, torch, torchvision and transformers (the
+# device image has them); the PyTorch models are built there with random weights and exported to
+# ONNX, so no model files have to travel.
+#   usage: bash benchmarks/gpu_check.sh [OUT_DIR]      (default: ./gpu-check)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${1:-${OUT:-gpu-check}}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+# the repository root is the tensorfuse package: make it importable under that name
+SHIM="$(mktemp -d)"; ln -s "$PWD" "$SHIM/tensorfuse"
+export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+export NUMBA_ENABLE_CUDASIM=0 TENSORFUSE_GPU_TESTS=1
+nvidia-smi -L 2>&1 | tee "$OUT/gpu.txt"
+echo "== GPU tests (no simulator)"
+"$PY" -m pytest -q -p no:cacheprovider tests/cuda -x -q 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
+echo "== models against PyTorch eager"
+"$PY" benchmarks/gpu_bench.py --out "$OUT/gpu_table.md" 2>&1 | tee "$OUT/gpu_bench.txt"
