@@ -252,6 +252,19 @@ class _Fn:
                 return f"({x} != {y})"
             if op in _CMP:
                 return f"(int64({x}) {_CMP[op]} int64({y}))"
+            # bool is a 1-bit unsigned integer (ir/semantics.py): add/sub wrap (xor), mul and
+            # div (x / 0 = 0) are and, rem is always 0, a shift by 1 (the only count >= W
+            # besides 0) gives 0, pow is the saturating cast of x ** y (0 ** 0 = 1)
+            if op in ("add", "sub"):
+                return f"({x} != {y})"
+            if op in ("mul", "div"):
+                return f"({x} & {y})"
+            if op == "rem":
+                return "False"
+            if op in ("shl", "shr"):
+                return f"({x} & (not {y}))"
+            if op == "pow":
+                return f"({x} | (not {y}))"
             raise self.err(f"bool op {op} unsupported")
         if not dt.is_int:
             raise self.err(f"op {op} unsupported for {dt.value}")
@@ -335,7 +348,7 @@ class _Fn:
                 return f"(not {x})"
             if op in ("isnan", "isinf"):
                 return "False"
-            if op in ("abs", "floor", "ceil", "round", "trunc"):
+            if op in ("abs", "floor", "ceil", "round", "trunc", "neg"):    # neg: 0 - x wraps to x
                 return x
             raise self.err(f"bool op {op} unsupported")
         if op == "neg":
