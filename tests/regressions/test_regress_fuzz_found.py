@@ -61,3 +61,25 @@ def test_resize_with_non_finite_scales_is_refused(bad):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
     with pytest.raises(tensorfuse.TensorfuseError, match="positive and finite"):
         tensorfuse.compile(m, cache=False)
+
+
+@pytest.mark.parametrize("ceil_mode", [0, 1])
+def test_maxpool_same_upper_ignores_ceil_mode(ceil_mode):
+    """MaxPool with auto_pad=SAME_UPPER, ceil_mode=1 and dilations: random_graphs.py --seed 6,
+    graph 789 (seed 6000807), shrunk from 4 nodes to this one, "mismatched" at O0, O2 and O3.
+    Not a tensorfuse bug: with SAME_* the spec fixes the output at ceil(in / stride) and the
+    padding at (out - 1) * stride + (k - 1) * dilation + 1 - in, split with the extra at the
+    end, so ceil_mode changes nothing; onnx.reference and tensorfuse give [11, 14] for both
+    ceil_mode values, onnxruntime 1.32 gives [14, 11] for ceil_mode=1. The generator no longer
+    draws SAME_* with ceil_mode=1 (tests/fuzz/graphgen.py g_pool). Expected values by hand:
+    rows -1, 1, 3 (row -1 is padding) and rows 2, 4, 6 (row 6 is padding), each over all 3
+    columns of arange(15).reshape(5, 3)."""
+    node = helper.make_node("MaxPool", ["x"], ["y"], auto_pad="SAME_UPPER", ceil_mode=ceil_mode,
+                            dilations=[2, 1], kernel_shape=[3, 3], strides=[3, 3])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 5, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.arange(15, dtype=np.float32).reshape(1, 1, 5, 3)
+    for level in (0, 2):
+        (y,) = tensorfuse.compile(m, opt_level=level, cache=False).run(x)
+        np.testing.assert_array_equal(y.ravel(), [11.0, 14.0])
