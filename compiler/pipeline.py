@@ -200,7 +200,7 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
         return []
     passes: list = [("cleanup", cleanup)]
     from tensorfuse.compiler.passes.layout import LayoutPass
-    layout_passes = [("layout", LayoutPass(layout)), ("dce", eliminate_dead_nodes)] if layout != "NCHW" else []
+    layout_passes = [("layout", LayoutPass(layout, log)), ("dce", eliminate_dead_nodes)] if layout != "NCHW" else []
     if opt_level == 1:
         passes += layout_passes
     if opt_level >= 2:

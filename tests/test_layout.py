@@ -525,3 +525,14 @@ def test_layout_report_round_trips_through_json():
     back = LayoutReport.from_dict(json.loads(json.dumps(rep.to_dict())))
     assert back == rep and str(back) == str(rep)
     assert back.count == 2 and back.transposes[0].shape == (1, 5, 5, 3)
+
+
+def test_layout_conversions_are_in_the_rewrite_log_and_trace_to_the_model_nodes():
+    """Profiles name the model's nodes: each conversion is a rule "layout" application."""
+    from tensorfuse.runtime.profile import trace_sources
+    g, r = _optimized(_conv_relu_conv(np.random.default_rng(5)), 1)
+    apps = [a for a in r.log if a.rule == "layout"]
+    convs = [n.name for n in g.nodes if n.op == "ConvNHWC"]
+    assert len(convs) == 2 and sorted(c for a in apps for c in a.created if c in convs) == sorted(convs)
+    # the model's nodes are unnamed: the frontend names them <op>_<index>
+    assert set(trace_sources(convs, r.log)) == {"Conv_0", "Conv_2"}

@@ -100,6 +100,10 @@ class LayoutReport:
     transposes: list[TransposeLeft] = field(default_factory=list)
     events: list[LayoutEvent] = field(default_factory=list)
     converted: dict[str, int] = field(default_factory=dict)
+    #: (replaced node names, new node names) of each conversion and push, in order: the
+    #: pipeline writes them into the rewrite log as rule "layout" applications, so profiles and
+    #: ``explain`` trace an NHWC node back to the model's node
+    derived: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def count(self) -> int:
@@ -123,7 +127,8 @@ class LayoutReport:
     @classmethod
     def from_dict(cls, d: dict) -> "LayoutReport":
         return cls(d["layout"], [TransposeLeft(**{**t, "shape": tuple(t["shape"])}) for t in d["transposes"]],
-                   [LayoutEvent(**e) for e in d["events"]], dict(d["converted"]))
+                   [LayoutEvent(**e) for e in d["events"]], dict(d["converted"]),
+                   [(list(a), list(b)) for a, b in d.get("derived", ())])
 
     def __str__(self) -> str:
         c = self.counts()
@@ -255,6 +260,7 @@ class _Layout:
         if t != y_nhwc.type:
             raise AssertionError(f"{target} {conv.name} infers {t}, expected {y_nhwc.type}")
         self.log("converted", conv.name, f"{n.qualified_op} {n.name} -> {DOMAIN}::{target}")
+        self.report.derived.append(([n.name], [conv.name]))
         out.append(conv)
         out.append(self.transpose(y_nhwc, TO_NCHW, out=y, why=f"out of {target} {conv.name}"))
         return out
@@ -403,6 +409,7 @@ class _Layout:
         i = g.nodes.index(c)
         g.nodes[i:i + 1] = before + [c2, tn]
         self.log("pushed", t_node.name, f"below {c.op} {c.name} (now {c2.name}, followed by {tn.name})")
+        self.report.derived.append(([c.name], [c2.name]))
         from tensorfuse.compiler.passes.dce import eliminate_dead_nodes
         eliminate_dead_nodes(g)
 
@@ -503,12 +510,18 @@ class LayoutPass:
     """The pipeline's pass object: ``LayoutPass("NHWC")(graph) -> changed``; ``report`` is the
     :class:`LayoutReport` of the last run."""
 
-    def __init__(self, layout: str = "NHWC"):
+    def __init__(self, layout: str = "NHWC", log: list | None = None):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.layout = layout
         self.report: LayoutReport | None = None
+        #: the pipeline's rewrite log: each conversion and push is appended as a rule "layout"
+        #: ``compiler.rewrite.Application`` (matched: the replaced node, created: the new one)
+        self.log = log
 
     def __call__(self, graph: Graph) -> bool:
         self.report = layout_transform(graph, self.layout)
+        if self.log is not None:
+            from tensorfuse.compiler.rewrite import Application
+            self.log.extend(Application("layout", list(a), list(b)) for a, b in self.report.derived)
         return bool(self.report.events)
