@@ -34,7 +34,9 @@ _API = {
     "cache_info": ("tensorfuse.compiler.driver", "cache_info"),
     "CompileOptions": ("tensorfuse.compiler.options", "CompileOptions"),
     "load": ("tensorfuse.runtime.artifact", "load"),
-    "Module": ("tensorfuse.runtime.module", "Module"),
+    "Module": ("tensorfuse.runtime.module", "Module"),                # the llvm target's module
+    "CudaModule": ("tensorfuse.runtime.cuda_module", "CudaModule"),   # the cuda target's module
+    "ModuleBase": ("tensorfuse.runtime.module", "ModuleBase"),        # what both have in common
     "backend": ("tensorfuse.compiler.backend", None),     # onnx.backend.base.Backend, device "CPU"
     "testing": ("tensorfuse.testing", None),              # check_rule, assert_matches_ort (onnxruntime)
     "TensorfuseError": ("tensorfuse.compiler.errors", "TensorfuseError"),
