@@ -255,3 +255,18 @@ def block_reduce(kb, sh, T: int, combine, hint: str = "t") -> None:
                 kb.store(sh, t, combine(sh[t], sh[t + s]))
         kb.barrier()
         s //= 2
+
+
+#: the square output tile of the cuda matmul schedule: a block of MATMUL_TILE^2 threads, one
+#: output element each, A and B staged through shared memory in MATMUL_TILE-wide K slices
+MATMUL_TILE = 16
+
+
+def unravel(i, dims) -> list:
+    """Index list of flat index ``i`` (an Expr) over ``dims`` (row-major)."""
+    out, stride = [], 1
+    for k in range(len(dims) - 1, -1, -1):
+        q = i / stride if stride > 1 else i
+        out.append(q if k == 0 else q % dims[k])
+        stride *= dims[k]
+    return out[::-1]

@@ -385,3 +385,30 @@ def test_embed_layernorm_block_schedule():
     assert len(emb) == 1 and emb[0].launch is not None, [k.name for k in lg.kernels]
     got = cu.run_lowered(lg, [ids])[0]
     np.testing.assert_allclose(got, ort_run(m, {"ids": ids})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_matmul_tiled_schedule():
+    """MatMul, batched MatMul and Gemm (transposed, with C and an epilogue at O2) big enough for
+    the cuda shared-memory tile schedule (16x16 tiles, partial edge tiles)."""
+    a, b = rand(20, 19), rand(19, 18, seed=1)
+    m = node_model("MatMul", {"a": a, "b": b})
+    (k,) = cu.lower_cuda(m).kernels
+    assert k.launch is not None and k.launch.block == (256,)
+    check(m, {"a": a, "b": b}, rtol=1e-4, atol=1e-5)
+    q, kk = rand(2, 17, 16, seed=2), rand(2, 16, 17, seed=3)
+    check(node_model("MatMul", {"q": q, "k": kk}), {"q": q, "k": kk}, rtol=1e-4, atol=1e-5)
+    at, bt, c = rand(16, 17, seed=4), rand(18, 16, seed=5), rand(18, seed=6)
+    m = node_model("Gemm", {"a": at, "b": bt, "c": c}, {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0})
+    check(m, {"a": at, "b": bt, "c": c}, rtol=1e-4, atol=1e-5)
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "bias"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["y"])]
+    x, w, bias = rand(1, 17, 16), rand(16, 20, seed=7), rand(20, seed=8)
+    gr = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", f, x.shape)],
+                           [helper.make_tensor_value_info("y", f, (1, 17, 20))],
+                           initializer=[onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(bias, "bias")])
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    lg = cu.lower_cuda(m, opt_level=2)
+    assert len(lg.kernels) == 1 and lg.kernels[0].launch is not None
+    np.testing.assert_allclose(cu.run_lowered(lg, [x])[0], ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
