@@ -228,19 +228,10 @@ def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, e
             kb.store(y, idx, yv)
 
 
-def _unravel(i, dims) -> list:
-    """Index list of flat index ``i`` (an Expr) over ``dims`` (row-major)."""
-    out, stride = [], 1
-    for k in range(len(dims) - 1, -1, -1):
-        q = i / stride if stride > 1 else i
-        out.append(q if k == 0 else q % dims[k])
-        stride *= dims[k]
-    return out[::-1]
-
-
 def _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, ct, acc, var, target) -> None:
     from tensorfuse.ir.kernel import LaunchShape
     from tensorfuse.ir.schedule_cuda import block_reduce, block_strided, block_threads_for
+    from tensorfuse.ir.schedule_cuda import unravel as _unravel
     rows = 1
     for d in outer:
         rows *= d
