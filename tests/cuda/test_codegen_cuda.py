@@ -412,3 +412,11 @@ def test_matmul_tiled_schedule():
     lg = cu.lower_cuda(m, opt_level=2)
     assert len(lg.kernels) == 1 and lg.kernels[0].launch is not None
     np.testing.assert_allclose(cu.run_lowered(lg, [x])[0], ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_conv_transpose():
+    x = rand(1, 2, 4, 5)
+    w = rand(2, 3, 3, 3, seed=1)
+    m = node_model("ConvTranspose", {"x": x}, {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 0]},
+                   initializers={"w": w, "b": rand(3, seed=2)})
+    check(m, {"x": x}, rtol=1e-4, atol=1e-4)
