@@ -218,6 +218,16 @@ def cuda_launches(kernel: Kernel, block: int = BLOCK_THREADS, max_blocks: int = 
 
 
 # ----------------------------------------------------------------------------- hand schedules
+#: rows shorter than this stay one thread per row (the generic schedule): a block per row
+#: would leave most of its threads idle and pay a barrier per reduction step
+BLOCK_ROW_MIN = 64
+
+
+def use_block_rows(n: int, target) -> bool:
+    """Whether rows of ``n`` elements take a block-per-row cuda hand schedule."""
+    return target is not None and target.kind == "cuda" and n >= BLOCK_ROW_MIN
+
+
 def block_threads_for(n: int, target=None) -> int:
     """Threads per block for a block that cooperates on ``n`` elements: the smallest power of
     two >= ``n``, at least a warp (32) and at most the target's ``block_threads`` (256)."""

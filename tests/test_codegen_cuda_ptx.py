@@ -81,14 +81,18 @@ def small_transformer():
 
 
 def tiled_matmuls():
-    """MatMul + Add + Relu (fused at O2) and a transposed Gemm large enough for the cuda
-    shared-memory tile schedule."""
+    """MatMul + Add + Relu (fused at O2), Softmax and LayerNormalization over rows of 64 and a
+    transposed Gemm: large enough for the cuda hand schedules (shared-memory tiles, a block
+    per row)."""
     r = np.random.default_rng(2)
     f = TensorProto.FLOAT
-    inits = dict(w=r.standard_normal((16, 24)).astype(np.float32), bias=r.standard_normal(24).astype(np.float32),
-                 gw=r.standard_normal((20, 24)).astype(np.float32))
+    inits = dict(w=r.standard_normal((16, 64)).astype(np.float32), bias=r.standard_normal(64).astype(np.float32),
+                 g=r.standard_normal(64).astype(np.float32), b=r.standard_normal(64).astype(np.float32),
+                 gw=r.standard_normal((20, 64)).astype(np.float32))
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "bias"], ["hb"]),
-             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("Gemm", ["r", "gw"], ["y"], transB=1)]
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("Softmax", ["r"], ["p"], axis=-1),
+             helper.make_node("LayerNormalization", ["p", "g", "b"], ["ln"], axis=-1),
+             helper.make_node("Gemm", ["ln", "gw"], ["y"], transB=1)]
     return _model(nodes, [helper.make_tensor_value_info("x", f, [16, 16])],
                   [helper.make_tensor_value_info("y", f, [16, 20])], inits)
 

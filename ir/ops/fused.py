@@ -204,7 +204,8 @@ def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, e
     tmp = sum_out if sum_out is not None else y
     acc = kb.local(ct, (1,), hint="mean")
     var = kb.local(ct, (1,), hint="var")
-    if target is not None and target.kind == "cuda" and n > 0:
+    from tensorfuse.ir.schedule_cuda import use_block_rows
+    if use_block_rows(n, target):
         return _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, ct, acc, var, target)
     with kb.grid(outer, kind="serial") as oidx:
         kb.store(acc, 0, 0.0)
