@@ -218,6 +218,16 @@ def cuda_launches(kernel: Kernel, block: int = BLOCK_THREADS, max_blocks: int = 
 
 
 # ----------------------------------------------------------------------------- hand schedules
+#: rows shorter than this stay one thread per row (the generic schedule): a block per row
+#: would leave most of its threads idle and pay a barrier per reduction step
+BLOCK_ROW_MIN = 64
+
+
+def use_block_rows(n: int, target) -> bool:
+    """Whether rows of ``n`` elements take a block-per-row cuda hand schedule."""
+    return target is not None and target.kind == "cuda" and n >= BLOCK_ROW_MIN
+
+
 def block_threads_for(n: int, target=None) -> int:
     """Threads per block for a block that cooperates on ``n`` elements: the smallest power of
     two >= ``n``, at least a warp (32) and at most the target's ``block_threads`` (256)."""
@@ -255,3 +265,18 @@ def block_reduce(kb, sh, T: int, combine, hint: str = "t") -> None:
                 kb.store(sh, t, combine(sh[t], sh[t + s]))
         kb.barrier()
         s //= 2
+
+
+#: the square output tile of the cuda matmul schedule: a block of MATMUL_TILE^2 threads, one
+#: output element each, A and B staged through shared memory in MATMUL_TILE-wide K slices
+MATMUL_TILE = 16
+
+
+def unravel(i, dims) -> list:
+    """Index list of flat index ``i`` (an Expr) over ``dims`` (row-major)."""
+    out, stride = [], 1
+    for k in range(len(dims) - 1, -1, -1):
+        q = i / stride if stride > 1 else i
+        out.append(q if k == 0 else q % dims[k])
+        stride *= dims[k]
+    return out[::-1]

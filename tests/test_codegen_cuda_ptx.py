@@ -1,5 +1,5 @@
-"""The PTX gate: every kernel the cuda code generator emits for a small CNN and a small
-transformer block compiles to PTX for sm_90 (the H200) with ``numba.cuda.compile_ptx``, no GPU
+"""The PTX gate: every kernel the cuda code generator emits for a small CNN, a small
+transformer block and tiled matmuls compiles to PTX for sm_90 (the H200) with ``numba.cuda.compile_ptx``, no GPU
 needed (NVVM 13.0.88 from pip). Code the simulator accepts and a GPU rejects fails here.
 
 This runs in the default suite, where numba is imported without the simulator; under the
@@ -80,6 +80,23 @@ def small_transformer():
                   [helper.make_tensor_value_info("y", f, [1, S, D])], inits)
 
 
+def tiled_matmuls():
+    """MatMul + Add + Relu (fused at O2), Softmax and LayerNormalization over rows of 64 and a
+    transposed Gemm: large enough for the cuda hand schedules (shared-memory tiles, a block
+    per row)."""
+    r = np.random.default_rng(2)
+    f = TensorProto.FLOAT
+    inits = dict(w=r.standard_normal((16, 64)).astype(np.float32), bias=r.standard_normal(64).astype(np.float32),
+                 g=r.standard_normal(64).astype(np.float32), b=r.standard_normal(64).astype(np.float32),
+                 gw=r.standard_normal((20, 64)).astype(np.float32))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "bias"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("Softmax", ["r"], ["p"], axis=-1),
+             helper.make_node("LayerNormalization", ["p", "g", "b"], ["ln"], axis=-1),
+             helper.make_node("Gemm", ["ln", "gw"], ["y"], transB=1)]
+    return _model(nodes, [helper.make_tensor_value_info("x", f, [16, 16])],
+                  [helper.make_tensor_value_info("y", f, [16, 20])], inits)
+
+
 def _kernels(model, opt_level):
     from tensorfuse.compiler.frontend.onnx import import_onnx
     from tensorfuse.compiler.lower import lower_graph
@@ -94,7 +111,7 @@ def _kernels(model, opt_level):
 def test_every_kernel_compiles_to_sm90_ptx(tmp_path):
     from tensorfuse.codegen.cuda.jit import build_library
     kernels, seen = [], set()
-    for model in (small_cnn(), small_transformer()):
+    for model in (small_cnn(), small_transformer(), tiled_matmuls()):
         for lvl in (0, 2):
             for k in _kernels(model, lvl):
                 key = str(k).replace(k.name, "K")     # the same kernel at both levels: compile once
@@ -108,5 +125,7 @@ def test_every_kernel_compiles_to_sm90_ptx(tmp_path):
     for name, text in ptx.items():
         assert ".target sm_90" in text, name
         assert text.count(".entry") == len(lib.launch_config(name)), name
-    ops = " ".join(lib.sources.values())
-    assert "cuda.local.array" in ops or "cuda.grid(1)" in ops
+    src = " ".join(lib.sources.values())
+    # the generic schedule and the hand schedules (block reductions, shared-memory tiles) are here
+    for what in ("cuda.grid(1)", "cuda.shared.array", "cuda.syncthreads()", "cuda.blockIdx.x"):
+        assert what in src, what

@@ -204,7 +204,8 @@ def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, e
     tmp = sum_out if sum_out is not None else y
     acc = kb.local(ct, (1,), hint="mean")
     var = kb.local(ct, (1,), hint="var")
-    if target is not None and target.kind == "cuda" and n > 0:
+    from tensorfuse.ir.schedule_cuda import use_block_rows
+    if use_block_rows(n, target):
         return _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, ct, acc, var, target)
     with kb.grid(outer, kind="serial") as oidx:
         kb.store(acc, 0, 0.0)
@@ -228,19 +229,10 @@ def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, e
             kb.store(y, idx, yv)
 
 
-def _unravel(i, dims) -> list:
-    """Index list of flat index ``i`` (an Expr) over ``dims`` (row-major)."""
-    out, stride = [], 1
-    for k in range(len(dims) - 1, -1, -1):
-        q = i / stride if stride > 1 else i
-        out.append(q if k == 0 else q % dims[k])
-        stride *= dims[k]
-    return out[::-1]
-
-
 def _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, ct, acc, var, target) -> None:
     from tensorfuse.ir.kernel import LaunchShape
     from tensorfuse.ir.schedule_cuda import block_reduce, block_strided, block_threads_for
+    from tensorfuse.ir.schedule_cuda import unravel as _unravel
     rows = 1
     for d in outer:
         rows *= d

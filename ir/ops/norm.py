@@ -69,7 +69,8 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
     the sums reduced in shared memory."""
     m = kb.local(ct, (1,), hint="mean")
     v = kb.local(ct, (1,), hint="var")
-    if target is not None and target.kind == "cuda":
+    from tensorfuse.ir.schedule_cuda import use_block_rows
+    if use_block_rows(n, target):
         return _row_norm_cuda(kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, target, m, v)
     with kb.loop(rows, hint="o", role="spatial") as o:       # rows are independent
         base = o * n

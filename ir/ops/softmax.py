@@ -68,7 +68,9 @@ def _lower_softmax(ctx: LowerCtx, log: bool) -> None:
         return
     axis = norm_axis(ctx.attr("axis", -1), len(x.shape))
     acc = _acc(x.dtype)
-    if ctx.target.kind == "cuda" and split_axis(x.shape, axis)[2] == 1:
+    from tensorfuse.ir.schedule_cuda import use_block_rows
+    _, n_axis, inner = split_axis(x.shape, axis)
+    if inner == 1 and use_block_rows(n_axis, ctx.target):
         return _lower_softmax_cuda(ctx, log, axis, acc)
     kb = ctx.kernel()
     chunk = min(split_axis(x.shape, axis)[2], CHUNK)

@@ -310,16 +310,20 @@ def test_gpu_loop_kinds_shared_memory_and_barrier_run():
     np.testing.assert_allclose(dy.copy_to_host(), xv.sum(axis=1), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("op,shape", [("Softmax", (3, 7)), ("Softmax", (2, 3, 40)), ("LogSoftmax", (3, 33))])
+@pytest.mark.parametrize("op,shape", [("Softmax", (3, 7)), ("Softmax", (2, 3, 64)), ("LogSoftmax", (3, 70))])
 def test_softmax_block_schedule(op, shape):
-    """Softmax over the last axis has a cuda hand schedule: a block per row with shared-memory
-    reductions (its launch shape comes from the lowering)."""
+    """Softmax over a last axis of at least 64 has a cuda hand schedule: a block per row with
+    shared-memory reductions (its launch shape comes from the lowering); shorter rows keep a
+    thread per row."""
     x = rand(*shape)
     x[0, 0] = 30.0
     m = node_model(op, {"x": x}, {"axis": -1})
     lg = cu.lower_cuda(m)
     (k,) = lg.kernels
-    assert k.launch is not None and k.launch.block == (32 if shape[-1] <= 32 else 64,)
+    if shape[-1] < 64:
+        assert k.launch is None
+    else:
+        assert k.launch is not None and k.launch.block == (64 if shape[-1] <= 64 else 128,)
     got = cu.run_lowered(lg, [x])[0]
     np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
 
@@ -327,14 +331,14 @@ def test_softmax_block_schedule(op, shape):
 def test_row_norm_block_schedules():
     """LayerNormalization (with its Mean and InvStdDev outputs), InstanceNormalization and
     GroupNormalization: a block per row with shared-memory sums on cuda."""
-    x = rand(2, 3, 40)
-    g, b = rand(40, seed=1), rand(40, seed=2)
+    x = rand(2, 3, 70)
+    g, b = rand(70, seed=1), rand(70, seed=2)
     m = node_model("LayerNormalization", {"x": x}, {"axis": -1}, outputs=("y", "mean", "inv"),
                    initializers={"g": g, "b": b})
     lg = cu.lower_cuda(m)
     assert lg.kernels[0].launch is not None
     check(m, {"x": x}, rtol=1e-4, atol=1e-5)
-    x4 = rand(1, 4, 3, 5)
+    x4 = rand(1, 4, 8, 8)
     s4, b4 = rand(4, seed=3), rand(4, seed=4)
     check(node_model("InstanceNormalization", {"x": x4}, initializers={"s": s4, "b": b4}), {"x": x4},
           rtol=1e-4, atol=1e-5)
@@ -348,8 +352,8 @@ def test_skip_layernorm_block_schedule():
     """Add + LayerNormalization fuses (O2) into SkipLayerNormalization, whose cuda kernel is a
     block per row."""
     f = TensorProto.FLOAT
-    x, r = rand(2, 3, 40), rand(2, 3, 40, seed=1)
-    g, b = rand(40, seed=2), rand(40, seed=3)
+    x, r = rand(2, 3, 64), rand(2, 3, 64, seed=1)
+    g, b = rand(64, seed=2), rand(64, seed=3)
     nodes = [helper.make_node("Add", ["x", "r"], ["s"]),
              helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
     gr = helper.make_graph(nodes, "sln", [helper.make_tensor_value_info("x", f, x.shape),
@@ -368,8 +372,8 @@ def test_skip_layernorm_block_schedule():
 def test_embed_layernorm_block_schedule():
     """Gather + Gather + Add + LayerNormalization (a BERT embedding) at O2 on cuda."""
     f = TensorProto.FLOAT
-    we, pe = rand(10, 40), rand(6, 40, seed=1)
-    g, b = rand(40, seed=2), rand(40, seed=3)
+    we, pe = rand(10, 64), rand(6, 64, seed=1)
+    g, b = rand(64, seed=2), rand(64, seed=3)
     ids = np.array([[1, 9, 0, 4]], np.int64)
     pos = np.array([[0, 1, 2, 3]], np.int64)
     nodes = [helper.make_node("Gather", ["we", "ids"], ["e1"]), helper.make_node("Gather", ["pe", "pos"], ["e2"]),
@@ -377,7 +381,7 @@ def test_embed_layernorm_block_schedule():
              helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-5)]
     inits = [onnx.numpy_helper.from_array(v, k) for k, v in dict(we=we, pe=pe, g=g, b=b, pos=pos).items()]
     gr = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, ids.shape)],
-                           [helper.make_tensor_value_info("y", f, (1, 4, 40))], initializer=inits)
+                           [helper.make_tensor_value_info("y", f, (1, 4, 64))], initializer=inits)
     m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 10
     lg = cu.lower_cuda(m, opt_level=2)
@@ -385,3 +389,38 @@ def test_embed_layernorm_block_schedule():
     assert len(emb) == 1 and emb[0].launch is not None, [k.name for k in lg.kernels]
     got = cu.run_lowered(lg, [ids])[0]
     np.testing.assert_allclose(got, ort_run(m, {"ids": ids})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_matmul_tiled_schedule():
+    """MatMul, batched MatMul and Gemm (transposed, with C and an epilogue at O2) big enough for
+    the cuda shared-memory tile schedule (16x16 tiles, partial edge tiles)."""
+    a, b = rand(20, 19), rand(19, 18, seed=1)
+    m = node_model("MatMul", {"a": a, "b": b})
+    (k,) = cu.lower_cuda(m).kernels
+    assert k.launch is not None and k.launch.block == (256,)
+    check(m, {"a": a, "b": b}, rtol=1e-4, atol=1e-5)
+    q, kk = rand(2, 17, 16, seed=2), rand(2, 16, 17, seed=3)
+    check(node_model("MatMul", {"q": q, "k": kk}), {"q": q, "k": kk}, rtol=1e-4, atol=1e-5)
+    at, bt, c = rand(16, 17, seed=4), rand(18, 16, seed=5), rand(18, seed=6)
+    m = node_model("Gemm", {"a": at, "b": bt, "c": c}, {"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0})
+    check(m, {"a": at, "b": bt, "c": c}, rtol=1e-4, atol=1e-5)
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "bias"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["y"])]
+    x, w, bias = rand(1, 17, 16), rand(16, 20, seed=7), rand(20, seed=8)
+    gr = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", f, x.shape)],
+                           [helper.make_tensor_value_info("y", f, (1, 17, 20))],
+                           initializer=[onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(bias, "bias")])
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    lg = cu.lower_cuda(m, opt_level=2)
+    assert len(lg.kernels) == 1 and lg.kernels[0].launch is not None
+    np.testing.assert_allclose(cu.run_lowered(lg, [x])[0], ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_conv_transpose():
+    x = rand(1, 2, 4, 5)
+    w = rand(2, 3, 3, 3, seed=1)
+    m = node_model("ConvTranspose", {"x": x}, {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 0]},
+                   initializers={"w": w, "b": rand(3, seed=2)})
+    check(m, {"x": x}, rtol=1e-4, atol=1e-4)
