@@ -39,11 +39,12 @@ def _kernels(nodes, inputs, outputs):
     return lower_graph(g, Target.parse("cuda")).kernels
 
 
-def _f16_isnan_isinf_kernels():
+def _f16_to_bool_kernels():
     h, b = TensorProto.FLOAT16, TensorProto.BOOL
-    return _kernels([helper.make_node("IsNaN", ["x"], ["n"]), helper.make_node("IsInf", ["x"], ["i"])],
+    return _kernels([helper.make_node("IsNaN", ["x"], ["n"]), helper.make_node("IsInf", ["x"], ["i"]),
+                     helper.make_node("Cast", ["x"], ["c"], to=b)],
                     [helper.make_tensor_value_info("x", h, [2, 8])],
-                    [helper.make_tensor_value_info("n", b, [2, 8]), helper.make_tensor_value_info("i", b, [2, 8])])
+                    [helper.make_tensor_value_info(v, b, [2, 8]) for v in ("n", "i", "c")])
 
 
 def _relu_kernels():
@@ -86,15 +87,16 @@ def test_sources_dir_env_exports_every_library(tmp_path, monkeypatch):
 
 
 @needs_nvvm
-def test_f16_isnan_isinf_compile_without_extern_functions(tmp_path):
-    # regression: IsNaN of float16 was emitted as `x != x` on float16 values, whose numba-cuda
-    # lowering calls the external C++ shim _ZneRK6__halfS1__nbst: compile_ptx accepted it, ptxas
-    # rejected it ("Unresolved extern function"), and the PTX does not load on its own
+def test_f16_isnan_isinf_cast_bool_compile_without_extern_functions(tmp_path):
+    # regression: IsNaN of float16 was emitted as `x != x` and Cast float16 -> bool as
+    # `x != float16(0.0)` on float16 values, whose numba-cuda lowering calls the external C++
+    # shim _ZneRK6__halfS1__nbst: compile_ptx accepted it, ptxas rejected it ("Unresolved extern
+    # function"), and the PTX does not load on its own. Both now compare in float32.
     from tensorfuse.codegen.cuda.jit import build_library, export_sources
     from tensorfuse.codegen.cuda.ptx_gate import compile_unit, read_sources
-    lib = build_library(_f16_isnan_isinf_kernels(), cache_dir=str(tmp_path / "cache"))
+    lib = build_library(_f16_to_bool_kernels(), cache_dir=str(tmp_path / "cache"))
     src = " ".join(lib.sources.values())
-    assert "float32(g_x[" in src
+    assert "float16(0.0)" not in src and "float32(g_x[" in src
     export_sources(lib, str(tmp_path / "out"))
     units = read_sources(str(tmp_path / "out"))
     assert units
