@@ -128,7 +128,7 @@ def test_gate_passes_good_kernels_and_fails_bad_ones(tmp_path, capsys):
     (bad / "tf_bad.json").write_text(json.dumps({"kernel": "bad_0", "dtypes": ["f32"], "launches": [[[1], [2]]]}))
     assert main(["--sources", str(bad), "--jobs", "1", "--no-ptxas"]) == 1
     out = capsys.readouterr().out
-    assert "FAILED bad_0 (tf_bad): k_bad: compile_ptx:" in out
+    assert f"FAILED bad_0 ({bad / 'tf_bad.py'}): k_bad: compile_ptx:" in out
     assert "1 kernels, 1 unique, 1 failed" in out
     # an empty folder is a failure, not a pass
     (tmp_path / "empty").mkdir()

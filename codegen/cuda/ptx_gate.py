@@ -272,6 +272,7 @@ def run_gate(groups: list[Group], cc=(9, 0), jobs: int = 2, ptxas: str | None = 
                     cached += 1
                     continue
                 todo.append(u)
+            todo.sort(key=lambda u: -os.path.getsize(u.path))      # the longest first: the workers finish together
             args = [(u, cc, ptxas) for u in todo]
             results = pool.imap_unordered(_worker, args) if pool is not None else map(_worker, args)
             for r in results:
@@ -292,7 +293,7 @@ def run_gate(groups: list[Group], cc=(9, 0), jobs: int = 2, ptxas: str | None = 
                   f"{sum(r.seconds for r in seen.values() if r.key in {u.key for u in todo}):.1f} s in workers",
                   file=out)
             for r in bad:
-                print(f"[ptx-gate]   FAILED {r.kernel} ({r.key}): {r.error}", file=out)
+                print(f"[ptx-gate]   FAILED {r.kernel} ({by_key[r.key].path}): {r.error}", file=out)
             slow = sorted((r for r in mine if r.seconds > 0 and r.key in {u.key for u in todo}), key=lambda r: -r.seconds)[:3]
             if slow:
                 print("[ptx-gate]   slowest: " + ", ".join(f"{r.kernel} ({r.key}) {r.seconds:.1f} s" for r in slow), file=out)
