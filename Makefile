@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-cuda venv clean
+.PHONY: demo test test-cuda ptx-gate venv clean
 
 venv: $(STAMP)
 
@@ -19,9 +19,21 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider
 
-# the cuda target's tests under numba's CUDA simulator (no GPU needed); .ci/run runs it after `test`
+# the cuda target's tests under numba's CUDA simulator (no GPU needed), which export every kernel
+# source they generate into $(CUDA_SOURCES); then the PTX gate. .ci/run runs it after `test`
+CUDA_SOURCES := build/cuda-sources
 test-cuda: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider tests/cuda
+	rm -rf $(CUDA_SOURCES)
+	NUMBA_ENABLE_CUDASIM=1 TENSORFUSE_CUDA_SOURCES_DIR=$(CURDIR)/$(CUDA_SOURCES) $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider tests/cuda
+	$(MAKE) --no-print-directory ptx-gate
+
+# the PTX gate, without the simulator: every kernel the simulator tests exported and every kernel
+# of resnet18, mobilenet_v2 and bert_mini (../shared/models) compiles to PTX for sm_90 (and
+# assembles with ptxas when it is on PATH); kernels that compiled before are remembered in
+# build/ptx-gate-cache
+ptx-gate: $(STAMP)
+	env -u NUMBA_ENABLE_CUDASIM $(VENV)/bin/python -m tensorfuse.codegen.cuda.ptx_gate --sources $(CUDA_SOURCES) \
+		--shared-models --cache build/ptx-gate-cache
 
 clean:
 	rm -rf $(VENV) build *.egg-info

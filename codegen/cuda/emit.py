@@ -323,6 +323,10 @@ class _Fn:
     def unop(self, op: str, dt: DType, x: str) -> str:
         T = ctor(dt)
         if dt.is_float:
+            if dt == DType.f16 and op in ("isnan", "isinf"):
+                # compared as float32: numba-cuda's float16 ``!=`` is an external C++ function
+                # (``_ZneRK6__halfS1__nbst``) that the PTX does not contain (the PTX gate found it)
+                x = f"float32({x})"
             if op == "isnan":
                 x = self.atom(x)
                 return f"({x} != {x})"
@@ -372,6 +376,8 @@ class _Fn:
         T = ctor(dst)
         ctor(src)
         if dst == DType.bool:
+            if src == DType.f16:            # in float32: float16 != is an external C++ shim in numba-cuda
+                return f"(float32({x}) != float32(0.0))"
             if src.is_float:
                 return f"({x} != {ctor(src)}(0.0))"
             return f"({x} != {ctor(src)}(0))"

@@ -31,6 +31,11 @@ BLOB_VERSION = 1
 #: thread costs about half a millisecond: grid-stride loops cover the rest with few threads
 SIM_BLOCK_THREADS = 32
 SIM_MAX_BLOCKS = 4
+#: environment variable naming a folder where every :class:`CudaLibrary` made in this process
+#: also writes its kernels' sources with their parameter dtypes (:func:`export_sources`), for
+#: the PTX gate (``python -m tensorfuse.codegen.cuda.ptx_gate --sources DIR``); ``make test-cuda``
+#: sets it for the simulator tests
+SOURCES_DIR_ENV = "TENSORFUSE_CUDA_SOURCES_DIR"
 
 
 def simulator_enabled() -> bool:
@@ -70,6 +75,30 @@ def _import(path: str):
     return mod
 
 
+def export_sources(library: "CudaLibrary", folder: str) -> list[str]:
+    """Write each kernel of ``library`` into ``folder`` as ``tf_<digest>.py`` (its source) and
+    ``tf_<digest>.json`` (``{"kernel", "dtypes", "launches"}``: the kernel's name, its
+    parameters' dtypes in order, its (grid, block) shapes), ``digest`` the sha256 of the source
+    and dtypes, so a kernel exported twice is one pair of files. Returns the ``.py`` paths in
+    ``library.kernel_names`` order. OSError when the folder cannot be written."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for name in library.kernel_names:
+        e = library._entries[name]
+        text = e["source"]
+        meta = {"kernel": name, "dtypes": list(e["dtypes"]), "launches": [[list(g), list(b)] for g, b in e["launches"]]}
+        digest = hashlib.sha256((text + "\0" + json.dumps(meta["dtypes"])).encode("utf-8")).hexdigest()[:32]
+        path = os.path.join(folder, f"tf_{digest}.py")
+        if not os.path.exists(path):
+            for ext, data in ((".json", json.dumps(meta)), (".py", text)):     # the .py last: a complete pair
+                tmp = f"{path[:-3]}{ext}.{os.getpid()}.tmp"
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(data)
+                os.replace(tmp, path[:-3] + ext)
+        paths.append(path)
+    return paths
+
+
 def param_type(dt: DType):
     """The numba type of a kernel parameter of dtype ``dt``: a 1-D C-contiguous array."""
     from numba import types
@@ -96,6 +125,9 @@ class CudaLibrary:
             except Exception as ex:     # a syntax or import error in generated code is ours
                 raise CompileError(f"cuda kernel {e['name']}: its generated source does not import: "
                                    f"{type(ex).__name__}: {ex}") from ex
+        folder = os.environ.get(SOURCES_DIR_ENV)
+        if folder:
+            export_sources(self, folder)
 
     def _module(self, name: str):
         mod = self._modules.get(name)
