@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-cuda ptx-gate venv clean
+.PHONY: demo test test-cuda ptx-gate conformance-cuda venv clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,18 @@ test-cuda: $(STAMP)
 ptx-gate: $(STAMP)
 	env -u NUMBA_ENABLE_CUDASIM $(VENV)/bin/python -m tensorfuse.codegen.cuda.ptx_gate --sources $(CUDA_SOURCES) \
 		--shared-models --cache build/ptx-gate-cache
+
+# the ONNX backend tests of the core subset on device CUDA under numba's CUDA simulator, then their
+# counts per category beside the CPU's (tests/conformance_counts.py). Slow (the simulator runs
+# each GPU thread as a Python thread): not part of `test`. CONFORMANCE_K narrows it, e.g.
+# `make conformance-cuda CONFORMANCE_K="OnnxBackendNodeModelTest and _cuda"` for the node tests.
+CONFORMANCE_K ?= _cuda
+conformance-cuda: $(STAMP)
+	mkdir -p build
+	NUMBA_ENABLE_CUDASIM=1 $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_onnx_backend.py \
+		-k "$(CONFORMANCE_K)" -rf --junitxml=build/conformance-cuda.xml; rc=$$?; \
+	NUMBA_ENABLE_CUDASIM=1 $(VENV)/bin/python tests/conformance_counts.py build/conformance-cuda.xml || rc=1; \
+	exit $$rc
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -6,7 +6,13 @@ node, simple, pytorch-converted and pytorch-operator categories (1436 tests with
 The real category (the light model zoo) runs with ``TENSORFUSE_BACKEND_ALL=1``, which runs every
 test; by default ``tests/test_models.py`` compiles those nine models once and compares them with
 onnxruntime, so CI does not pay for compiling them twice. Tests listed in ``onnx_backend_excludes.txt`` are
-excluded, each with its reason there. CUDA variants skip until the cuda target exists.
+excluded, each with its reason there.
+
+CUDA variants (``..._cuda``) run where ``supports_device("CUDA")`` holds: on a GPU, or under numba's
+CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``; ``make conformance-cuda`` runs them there, outside the
+default suite since the simulator is slow). ``onnx_backend_cuda_excludes.txt`` lists the tests that
+fail on device CUDA only, each with its reason; its patterns exclude ``_cuda`` variants and never
+a ``_cpu`` one.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from tensorfuse.compiler.backend import TensorfuseBackend
 
 HERE = pathlib.Path(__file__).resolve().parent
 CORE_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.BOOL}
+CUDA_EXCLUDES = HERE / "onnx_backend_cuda_excludes.txt"
 KINDS = ("node", "simple", "pytorch-converted", "pytorch-operator", "real")
 
 # onnx's runner caches light models under $ONNX_HOME; keep that out of the user's home
@@ -61,6 +68,11 @@ def read_excludes(path: pathlib.Path = HERE / "onnx_backend_excludes.txt") -> di
     return out
 
 
+def cuda_only(pattern: str) -> str:
+    """``pattern`` restricted to ``..._cuda`` test names (for the CUDA-only exclude file)."""
+    return rf"(?=.*_cuda$)(?:{pattern})"
+
+
 def _non_core_names() -> list[str]:
     names = []
     with warnings.catch_warnings():
@@ -81,6 +93,8 @@ def _real_names() -> list[str]:
 backend_test = onnx.backend.test.BackendTest(TensorfuseBackend, __name__)
 for _pattern in read_excludes():
     backend_test.exclude(_pattern)
+for _pattern in read_excludes(CUDA_EXCLUDES):
+    backend_test.exclude(cuda_only(_pattern))
 if os.environ.get("TENSORFUSE_BACKEND_ALL") != "1":
     for _name in _non_core_names() + _real_names():
         backend_test.exclude(rf"^{re.escape(_name)}_(cpu|cuda)$")
@@ -95,6 +109,10 @@ def test_every_exclude_has_a_reason_and_matches_a_test():
         names.update(cat)
     for pat in excludes:
         assert any(re.search(pat, n) for n in names), f"exclude {pat!r} matches no test"
+    for pat in read_excludes(CUDA_EXCLUDES):
+        hits = [n for n in names if re.search(cuda_only(pat), n)]
+        assert hits, f"cuda exclude {pat!r} matches no _cuda test"
+        assert not any(re.search(cuda_only(pat), n) for n in names if n.endswith("_cpu"))
 
 
 def test_backend_interface_run_node_and_devices():
