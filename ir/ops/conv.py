@@ -471,7 +471,8 @@ def emit_conv_transpose(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     cg, mg = c_ // group, m_ // group
     out, ins = geo.out_shape, geo.in_shape
     ow_n = out[-1]
-    tile = min(ow_n, ROW_TILE)
+    gpu = ctx.target.kind == "cuda"
+    tile = 1 if gpu else min(ow_n, ROW_TILE)
     tiled = tile < ow_n
     kb = ctx.kernel(params=params)
     acc = kb.local(acc_dtype, (tile,), hint="row")
