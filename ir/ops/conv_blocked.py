@@ -273,12 +273,22 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     acc = kb.local(DType.f32, (R * NB * L,), hint="acc")
     pix = NB * L
     nfull = hw // pix
+    rest = hw - nfull * pix
+    nvec_rest = -(-rest // L)
+    # packed panels serve the vector tiles (a plane of fewer pixels than a vector has none)
+    pack = pack_pixels_ok(MB, c_, pix) and (nfull > 0 or hw >= nvec_rest * L)
+    xp = kb.local(DType.f32, (c_ * pix,), hint="xpanel") if pack else None
+    if pack:
+        kb.kernel.comment += f"  [pixel tiles packed as panels [{c_}, {pix}]]"
 
-    def tile(n: Expr, mb: Expr, p0: Expr, nvec: int, lanes: int):
+    def tile(n: Expr, mb: Expr, p0: Expr, nvec: int, lanes: int, packed: bool):
         for q in range(R * nvec):
             kb.store(acc, q * lanes, kb.broadcast(as_expr(0.0, DType.f32), lanes))
         with kb.reduce(c_, hint="ic") as ic:
-            xv = [x.vload((n * c_ + ic) * hw + p0 + v * lanes, lanes) for v in range(nvec)]
+            if packed:
+                xv = [xp.vload(ic * (nvec * lanes) + v * lanes, lanes) for v in range(nvec)]
+            else:
+                xv = [x.vload((n * c_ + ic) * hw + p0 + v * lanes, lanes) for v in range(nvec)]
             for r in range(R):
                 wv = wp.flat((mb * c_ + ic) * R + r)
                 for v in range(nvec):
@@ -304,21 +314,73 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
         mb = t % MB if MB > 1 else as_expr(0)
         return (t / MB if MB > 1 else t), mb
 
+    def packed_tiles(ntiles: int, nvec: int, p0_of):
+        """Parallel over (n, pixel tile, group of channel blocks): X's pixels of the tile are
+        copied once into a contiguous panel [C, nvec*L] that every channel block of the group
+        then reads (from L1/L2, as a stream) instead of C rows spread over the image."""
+        G = pixel_tile_groups(n_ * ntiles, MB)
+        per = -(-MB // G)
+        with kb.loop(n_ * ntiles * G, kind="parallel", hint="t") as t:
+            g = t % G if G > 1 else as_expr(0)
+            nt = t / G if G > 1 else t
+            pb = nt % ntiles if ntiles > 1 else as_expr(0)
+            n = nt / ntiles if ntiles > 1 else nt
+            p0 = p0_of(pb)
+            with kb.loop(c_, hint="ic", role="spatial") as ic:
+                for v in range(nvec):
+                    kb.store(xp, ic * (nvec * L) + v * L, x.vload((n * c_ + ic) * hw + p0 + v * L, L))
+            with kb.loop(per, hint="j", role="spatial") as j:
+                mb = g * per + j
+                if MB % per:
+                    with kb.if_(mb < MB):
+                        tile(n, mb, p0, nvec, L, True)
+                else:
+                    tile(n, mb, p0, nvec, L, True)
+
     if nfull:
-        with kb.loop(n_ * MB * nfull, kind="parallel", hint="t") as t:
-            pb = t % nfull if nfull > 1 else as_expr(0)
-            n, mb = split(t / nfull if nfull > 1 else t)
-            tile(n, mb, pb * pix, NB, L)
-    rest = hw - nfull * pix
+        if pack:
+            packed_tiles(nfull, NB, lambda pb: pb * pix)
+        else:
+            with kb.loop(n_ * MB * nfull, kind="parallel", hint="t") as t:
+                pb = t % nfull if nfull > 1 else as_expr(0)
+                n, mb = split(t / nfull if nfull > 1 else t)
+                tile(n, mb, pb * pix, NB, L, False)
     if rest:
-        with kb.loop(n_ * MB, kind="parallel", hint="t") as t:
-            n, mb = split(t)
-            nvec = -(-rest // L)
-            if hw >= nvec * L:
-                # whole vectors ending at the last pixel: the first lanes overlap pixels done
-                # above and store the same values again (no scalar tail over all of C)
-                tile(n, mb, as_expr(hw - nvec * L), nvec, L)
-            else:                       # fewer pixels than a vector
+        if hw >= nvec_rest * L:
+            # whole vectors ending at the last pixel: the first lanes overlap pixels done
+            # above and store the same values again (no scalar tail over all of C)
+            if pack:
+                packed_tiles(1, nvec_rest, lambda pb: as_expr(hw - nvec_rest * L))
+            else:
+                with kb.loop(n_ * MB, kind="parallel", hint="t") as t:
+                    n, mb = split(t)
+                    tile(n, mb, as_expr(hw - nvec_rest * L), nvec_rest, L, False)
+        else:                       # fewer pixels than a vector
+            with kb.loop(n_ * MB, kind="parallel", hint="t") as t:
+                n, mb = split(t)
                 for p in range(nfull * pix, hw):
-                    tile(n, mb, as_expr(p), 1, 1)
+                    tile(n, mb, as_expr(p), 1, 1, False)
     return kb
+
+
+#: a pointwise convolution packs its pixel tiles (see :func:`emit_conv_pointwise`) when at
+#: least this many channel blocks read each packed panel
+PACK_MIN_BLOCKS = 4
+#: ... and the panel (C x one pixel tile, float32, on the stack) is at most this big
+PACK_MAX_BYTES = 64 * 1024
+#: the parallel loop of packed tiles has at least this many iterations where the channel
+#: blocks allow (pixel tiles times groups of channel blocks), so 2-4 threads get even shares
+PACK_MIN_TASKS = 8
+
+
+def pack_pixels_ok(mb: int, c: int, pix: int) -> bool:
+    """Whether :func:`emit_conv_pointwise` copies each pixel tile into a contiguous panel:
+    enough channel blocks reuse it (:data:`PACK_MIN_BLOCKS`) and it fits
+    :data:`PACK_MAX_BYTES`."""
+    return mb >= PACK_MIN_BLOCKS and c * pix * 4 <= PACK_MAX_BYTES
+
+
+def pixel_tile_groups(tiles: int, mb: int) -> int:
+    """Groups the ``mb`` channel blocks are split into per pixel tile, so that tiles x groups
+    reaches :data:`PACK_MIN_TASKS` (each group packs the tile again)."""
+    return max(1, min(mb, -(-PACK_MIN_TASKS // max(tiles, 1))))
