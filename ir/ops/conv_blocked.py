@@ -292,6 +292,7 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     nvec_rest = -(-rest // L)
     # packed panels serve the vector tiles (a plane of fewer pixels than a vector has none)
     pack = pack_pixels_ok(MB, c_, pix) and (nfull > 0 or hw >= nvec_rest * L)
+    l2 = int(getattr(ctx.target, "l2_bytes", 0) or 512 * 1024)
     xp = kb.local(DType.f32, (c_ * pix,), hint="xpanel") if pack else None
     if pack:
         kb.kernel.comment += f"  [pixel tiles packed as panels [{c_}, {pix}]]"
@@ -333,13 +334,15 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
         """Parallel over (n, pixel tile, group of channel blocks): X's pixels of the tile are
         copied once into a contiguous panel [C, nvec*L] that every channel block of the group
         then reads (from L1/L2, as a stream) instead of C rows spread over the image."""
-        G = pixel_tile_groups(n_ * ntiles, MB)
+        G = pixel_tile_groups(n_ * ntiles, MB, R * c_ * 4, l2)
         per = -(-MB // G)
+        # pixel tiles innermost: a thread's consecutive tasks share one group's weights (a
+        # slice of W sized for L2 when W is larger), so W streams from memory about once
         with kb.loop(n_ * ntiles * G, kind="parallel", hint="t") as t:
-            g = t % G if G > 1 else as_expr(0)
-            nt = t / G if G > 1 else t
-            pb = nt % ntiles if ntiles > 1 else as_expr(0)
-            n = nt / ntiles if ntiles > 1 else nt
+            pb = t % ntiles if ntiles > 1 else as_expr(0)
+            ng = t / ntiles if ntiles > 1 else t
+            g = ng % G if G > 1 else as_expr(0)
+            n = ng / G if G > 1 else ng
             p0 = p0_of(pb)
             with kb.loop(c_, hint="ic", role="spatial") as ic:
                 for v in range(nvec):
@@ -398,7 +401,12 @@ def pack_pixels_ok(mb: int, c: int, pix: int) -> bool:
     return mb >= PACK_MIN_BLOCKS and c * pix * 4 <= PACK_MAX_BYTES
 
 
-def pixel_tile_groups(tiles: int, mb: int) -> int:
-    """Groups the ``mb`` channel blocks are split into per pixel tile, so that tiles x groups
-    reaches :data:`PACK_MIN_TASKS` (each group packs the tile again)."""
-    return max(1, min(mb, -(-PACK_MIN_TASKS // max(tiles, 1))))
+def pixel_tile_groups(tiles: int, mb: int, block_bytes: int = 0, l2_bytes: int = 0) -> int:
+    """Groups the ``mb`` channel blocks (of ``block_bytes`` packed weights each) are split
+    into, each group packing every pixel tile again: enough that tiles x groups reaches
+    :data:`PACK_MIN_TASKS`, and that one group's weights take at most half of
+    ``l2_bytes`` (squeezenet's classifier: 2 MB of weights in 8 groups)."""
+    g = -(-PACK_MIN_TASKS // max(tiles, 1))
+    if block_bytes and l2_bytes:
+        g = max(g, -(-mb * block_bytes // (l2_bytes // 2)))
+    return max(1, min(mb, g))
