@@ -175,6 +175,40 @@ def test_conv_kernel_reads_rows():
     np.testing.assert_allclose(mod.run(x=x, w=w)[0], ort_run(m, {"x": x, "w": w})[0], rtol=RT, atol=AT)
 
 
+@pytest.mark.parametrize("x_shape,m,packed", [
+    ((1, 24, 7, 7), 44, True),     # 3 pixel tiles + a 1-pixel rest; channel blocks in groups (8 = 3+3+2)
+    ((2, 16, 13, 13), 50, True),   # two images, a 9-pixel rest of 2 vectors
+    ((1, 12, 40, 40), 30, True),   # many pixel tiles: one group of channel blocks each
+    ((1, 20, 2, 2), 30, False),    # fewer pixels than a vector: the lane-at-a-time tiles
+    ((1, 1100, 3, 7), 30, False),  # C x one pixel tile above PACK_MAX_BYTES: X read in place
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, threads):
+    """1x1 convs (the pixel-vector GEMM) with a residual Add and Relu fused: with enough
+    channel blocks each pixel tile of X is copied into a per-thread panel read by every block
+    of its group; every tail and group split matches onnxruntime at 1 and 2 threads."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tensorfuse.ir.ops.conv_blocked import PACK_MAX_BYTES
+    x = _u(*x_shape)
+    w = _u(m, x_shape[1], 1, 1, seed=1) * 0.3
+    bias, z = _u(m, seed=2), _u(x_shape[0], m, *x_shape[2:], seed=3)
+    if not packed and x_shape[1] > 100:
+        assert x_shape[1] * 16 * 4 > PACK_MAX_BYTES
+    N = helper.make_node
+    g = helper.make_graph(
+        [N("Conv", ["x", "w", "b"], ["c"]), N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("x", x), ("z", z))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, *x_shape[2:]])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    mod = tensorfuse.compile(model, num_threads=threads, cache=False)
+    (k,) = [k for k in mod.kernels if "pointwise" in k.comment]
+    assert ("pixel tiles packed" in k.comment) == packed, k.comment
+    assert any(b.name.startswith("xpanel") for b in k.locals) == packed
+    np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)
+
+
 @pytest.mark.parametrize("xs,ws,attrs,msg", [
     ((1, 3, 5, 5), (4, 2, 3, 3), {}, "channels"),
     ((1, 4, 5, 5), (3, 2, 3, 3), {"group": 2}, "divisible"),
