@@ -5,7 +5,8 @@
   graph is verified after every pass and rule application, and compiled modules poison freed
   arena regions and check that no kernel reads a reused one (``runtime.memory_plan``).
 * ``tests/cuda/`` (the cuda target under the CUDA simulator) is collected only by ``make test-cuda``
-  (``NUMBA_ENABLE_CUDASIM=1``) or on a GPU (``TENSORFUSE_GPU_TESTS=1``).
+  (``NUMBA_ENABLE_CUDASIM=1``) or on a GPU (``TENSORFUSE_GPU_TESTS=1``); the PTX tests
+  (``test_codegen_cuda_ptx.py``, ``test_ptx_gate.py``) only by its PTX gate (``TENSORFUSE_PTX_TESTS=1``).
 * ``shared_models`` fixture: the folder ../shared/models beside the checkout. Tests that need it
   skip with a visible reason where it is absent (a user's own clone) and fail instead when
   ``TENSORFUSE_REQUIRE_SHARED=1`` (which .ci/run sets).
@@ -33,6 +34,10 @@ os.environ.setdefault("TENSORFUSE_DEBUG", "1")
 # The default run (`make test`) leaves it out.
 if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" and os.environ.get("TENSORFUSE_GPU_TESTS") != "1":
     collect_ignore = ["cuda"]
+# The PTX tests (NVVM compiles for sm_90, no simulator) run with the PTX gate in `make test-cuda`
+# (TENSORFUSE_PTX_TESTS=1), which keeps the default run within its time.
+if os.environ.get("TENSORFUSE_PTX_TESTS") != "1":
+    collect_ignore = globals().get("collect_ignore", []) + ["test_codegen_cuda_ptx.py", "test_ptx_gate.py"]
 
 # The compile cache (runtime/cache.py) of the whole test session lives in a fresh temporary
 # folder, so tests never read or write the user's ~/.cache/tensorfuse. Tests of the cache itself
