@@ -260,6 +260,43 @@ def _onnx_name_of(log) -> "callable":
     return resolve
 
 
+def _group_checks_cuda(mod, arrays, ref: dict, rtol: float, atol: float, resolve, known) -> tuple[int, GroupCheck | None]:
+    """:func:`_group_checks` for a cuda module (``runtime.cuda_module``): each call launched
+    alone, then synchronized, and the values it wrote first copied to the host."""
+    import contextlib
+
+    from tensorfuse.runtime import cuda_module as cm
+    prog = mod._program
+    arena = mod._acquire()
+    written: set[int] = set(prog.inputs) | set(prog.consts)
+    compared = 0
+    try:
+        args = mod._bind(arena, arrays, False)
+        with cm._SIM_LAUNCH_LOCK if mod._simulated else contextlib.nullcontext():
+            for k, c in enumerate(prog.calls):
+                mod._lib.launch(c.kernel, [args[s] for s in c.slots])
+                mod._cuda.synchronize()
+                for s in c.slots:
+                    if s in written:
+                        continue
+                    written.add(s)
+                    info = prog.slots[s]
+                    if info.kind not in ("temp", "output"):
+                        continue
+                    name = resolve(info.name, known)
+                    if name is None:
+                        continue
+                    got = args[s].copy_to_host().reshape(info.shape) if info.nbytes else np.empty(info.shape, info.dtype)
+                    chk = compare(name, got, ref[name], rtol, atol)
+                    compared += 1
+                    if not chk.ok:
+                        return compared, GroupCheck(k, c.kernel, list(c.nodes), list(c.ops), mod.source_nodes(c),
+                                                    name, chk)
+    finally:
+        mod._release(arena)
+    return compared, None
+
+
 def _group_checks(mod, inputs, ref: dict, rtol: float, atol: float) -> tuple[int, GroupCheck | None]:
     """Run the module's kernel calls one at a time (single-threaded), compare each value a call
     writes first that has an onnxruntime value of the same ONNX name. Returns (number of values
@@ -268,6 +305,8 @@ def _group_checks(mod, inputs, ref: dict, rtol: float, atol: float) -> tuple[int
     resolve = _onnx_name_of(getattr(mod, "rewrite_log", None))
     known = set(ref)
     arrays = mod._check_inputs((), inputs)
+    if getattr(mod, "backend", "llvm") == "cuda":
+        return _group_checks_cuda(mod, arrays, ref, rtol, atol, resolve, known)
     outs = [np.empty(i.shape, i.dtype) for i in mod.output_info]
     arena = mod._acquire()
     written: set[int] = set(prog.inputs) | set(prog.consts)
