@@ -364,6 +364,9 @@ def cmd_ir(args) -> int:
             for p in sorted(glob.glob(os.path.join(d, "kernels", "*.txt"))):
                 sys.stdout.write(_read(p).rstrip("\n") + "\n\n")
             return EXIT_OK
+        if args.level in ("llvm", "asm") and not os.path.exists(os.path.join(d, "module.ll")):
+            raise ValueError(f"--level {args.level} shows LLVM's output, and the {mod.target} target makes none: "
+                             f"--level kernel shows its kernel IR (mod.cuda_sources in Python: the numba.cuda source)")
         if args.level == "llvm":
             opt = _read(os.path.join(d, "module.opt.ll"))
             if args.diff:
@@ -434,7 +437,9 @@ def _common(p: argparse.ArgumentParser, compile_opts: bool = True, level_default
     c = p.add_argument_group("compile options")
     c.add_argument("-O", "--opt-level", type=int, choices=range(0, 4), default=level_default, metavar="N",
                    help=f"optimisation level 0..3 (default {level_default})")
-    c.add_argument("--target", default="llvm", help="'llvm' (this CPU; default) or e.g. 'llvm -mcpu=znver3'")
+    c.add_argument("--target", default="llvm",
+                   help="'llvm' (this CPU; default), e.g. 'llvm -mcpu=znver3', or 'cuda' (an NVIDIA GPU, "
+                        "or numba's CUDA simulator with NUMBA_ENABLE_CUDASIM=1)")
     c.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
                    help="shape of an input with dynamic dimensions (repeatable)")
     c.add_argument("--disable-rule", action="append", metavar="RULE", help="switch a rewrite rule off (repeatable)")
@@ -565,6 +570,9 @@ def _hint(e: BaseException, command: str) -> str:
         return "MODEL must be an ONNX file (.onnx)" + ("; 'run' also takes a saved module (.tfm)" if command == "run" else "")
     if isinstance(e, UnsupportedModelError):
         return "dynamic input dimensions need --input-shape NAME=D1,D2,...; unsupported ops are listed above by name"
+    if "cuda" in str(e) and ("not available" in str(e) or "simulator" in str(e)):
+        return ("the cuda target needs an NVIDIA GPU with its driver, or numba's CUDA simulator: "
+                "set NUMBA_ENABLE_CUDASIM=1 in the environment (slow: small models only)")
     if isinstance(e, ArtifactError):
         return f"saved modules come from '{PROG} compile MODEL -o OUT.tfm' with this tensorfuse version"
     if isinstance(e, CompileError):
