@@ -30,10 +30,11 @@ test-cuda: $(STAMP)
 # the PTX gate, without the simulator: every kernel the simulator tests exported and every kernel
 # of resnet18, mobilenet_v2 and bert_mini (../shared/models) compiles to PTX for sm_90 (and
 # assembles with ptxas when it is on PATH); kernels that compiled before are remembered in
-# build/ptx-gate-cache; first the PTX tests (tests/test_codegen_cuda_ptx.py, tests/test_ptx_gate.py)
+# build/ptx-gate-cache; first the PTX tests and every shared model compiled for cuda
+# (tests/test_codegen_cuda_ptx.py, tests/test_ptx_gate.py, tests/test_cuda_models.py)
 ptx-gate: $(STAMP)
 	env -u NUMBA_ENABLE_CUDASIM TENSORFUSE_PTX_TESTS=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider \
-		tests/test_codegen_cuda_ptx.py tests/test_ptx_gate.py
+		tests/test_codegen_cuda_ptx.py tests/test_ptx_gate.py tests/test_cuda_models.py
 	env -u NUMBA_ENABLE_CUDASIM $(VENV)/bin/python -m tensorfuse.codegen.cuda.ptx_gate --sources $(CUDA_SOURCES) \
 		--shared-models --cache build/ptx-gate-cache
 

@@ -36,8 +36,10 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" and os.environ.get("TENSORFUSE_
     collect_ignore = ["cuda"]
 # The PTX tests (NVVM compiles for sm_90, no simulator) run with the PTX gate in `make test-cuda`
 # (TENSORFUSE_PTX_TESTS=1), which keeps the default run within its time.
+# So do the cuda compiles of every shared model (test_cuda_models.py, a simulator subprocess).
 if os.environ.get("TENSORFUSE_PTX_TESTS") != "1":
-    collect_ignore = globals().get("collect_ignore", []) + ["test_codegen_cuda_ptx.py", "test_ptx_gate.py"]
+    collect_ignore = globals().get("collect_ignore", []) + ["test_codegen_cuda_ptx.py", "test_ptx_gate.py",
+                                                            "test_cuda_models.py"]
 
 # The compile cache (runtime/cache.py) of the whole test session lives in a fresh temporary
 # folder, so tests never read or write the user's ~/.cache/tensorfuse. Tests of the cache itself
