@@ -22,6 +22,7 @@ Costs: each bisection step is a full compile (about log2(applications) + LINEAR_
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from dataclasses import dataclass, field
@@ -260,62 +261,59 @@ def _onnx_name_of(log) -> "callable":
     return resolve
 
 
-def _group_checks_cuda(mod, arrays, ref: dict, rtol: float, atol: float, resolve, known) -> tuple[int, GroupCheck | None]:
-    """:func:`_group_checks` for a cuda module (``runtime.cuda_module``): each call launched
-    alone, then synchronized, and the values it wrote first copied to the host."""
-    import contextlib
-
-    from tensorfuse.runtime import cuda_module as cm
-    prog = mod._program
+@contextlib.contextmanager
+def _one_call_at_a_time(mod, arrays):
+    """Run a module's kernel calls one by one on this thread: yields an iterator of
+    ``(index, call, read)`` after each call, where ``read(slot)`` copies that slot's value to a
+    host array. The CPU module calls each kernel through its slot table; a cuda module
+    (``runtime.cuda_module``) launches each call alone and synchronizes."""
     arena = mod._acquire()
-    written: set[int] = set(prog.inputs) | set(prog.consts)
-    compared = 0
+    gen = None
     try:
-        args = mod._bind(arena, arrays, False)
-        with cm._SIM_LAUNCH_LOCK if mod._simulated else contextlib.nullcontext():
-            for k, c in enumerate(prog.calls):
-                mod._lib.launch(c.kernel, [args[s] for s in c.slots])
-                mod._cuda.synchronize()
-                for s in c.slots:
-                    if s in written:
-                        continue
-                    written.add(s)
-                    info = prog.slots[s]
-                    if info.kind not in ("temp", "output"):
-                        continue
-                    name = resolve(info.name, known)
-                    if name is None:
-                        continue
-                    got = args[s].copy_to_host().reshape(info.shape) if info.nbytes else np.empty(info.shape, info.dtype)
-                    chk = compare(name, got, ref[name], rtol, atol)
-                    compared += 1
-                    if not chk.ok:
-                        return compared, GroupCheck(k, c.kernel, list(c.nodes), list(c.ops), mod.source_nodes(c),
-                                                    name, chk)
+        if getattr(mod, "backend", "llvm") == "cuda":
+            from tensorfuse.runtime import cuda_module as cm
+            args = mod._bind(arena, arrays, False)
+
+            def calls():
+                with cm._SIM_LAUNCH_LOCK if mod._simulated else contextlib.nullcontext():
+                    for k, c in enumerate(mod._program.calls):
+                        mod._lib.launch(c.kernel, [args[s] for s in c.slots])
+                        mod._cuda.synchronize()
+                        yield k, c, lambda s: args[s].copy_to_host()
+        else:
+            outs = [np.empty(i.shape, i.dtype) for i in mod.output_info]   # a local: alive while the kernels write them
+            mod._bind(arena, arrays, outs)
+
+            def read(s):
+                n = mod._program.slots[s].nbytes
+                return np.frombuffer((ctypes.c_char * n).from_address(arena.table[s]),
+                                     dtype=mod._program.slots[s].dtype).copy()
+
+            def calls():
+                for k, c in enumerate(mod._program.calls):
+                    args = (ctypes.c_void_p * max(len(c.slots), 1))(*[arena.table[s] for s in c.slots])
+                    mod._kernel_fn(c.kernel)(ctypes.addressof(args), None)
+                    yield k, c, read
+        gen = calls()
+        yield gen
     finally:
+        if gen is not None:
+            gen.close()             # a check that stopped early leaves the simulator's launch lock
         mod._release(arena)
-    return compared, None
 
 
 def _group_checks(mod, inputs, ref: dict, rtol: float, atol: float) -> tuple[int, GroupCheck | None]:
     """Run the module's kernel calls one at a time (single-threaded), compare each value a call
     writes first that has an onnxruntime value of the same ONNX name. Returns (number of values
-    compared, the first beyond tolerance or None)."""
+    compared, the first beyond tolerance or None). Works for llvm and cuda modules."""
     prog = mod._program
     resolve = _onnx_name_of(getattr(mod, "rewrite_log", None))
     known = set(ref)
     arrays = mod._check_inputs((), inputs)
-    if getattr(mod, "backend", "llvm") == "cuda":
-        return _group_checks_cuda(mod, arrays, ref, rtol, atol, resolve, known)
-    outs = [np.empty(i.shape, i.dtype) for i in mod.output_info]
-    arena = mod._acquire()
     written: set[int] = set(prog.inputs) | set(prog.consts)
     compared = 0
-    try:
-        mod._bind(arena, arrays, outs)
-        for k, c in enumerate(prog.calls):
-            args = (ctypes.c_void_p * max(len(c.slots), 1))(*[arena.table[s] for s in c.slots])
-            mod._kernel_fn(c.kernel)(ctypes.addressof(args), None)
+    with _one_call_at_a_time(mod, arrays) as calls:
+        for k, c, read in calls:
             for s in c.slots:
                 if s in written:
                     continue
@@ -326,17 +324,12 @@ def _group_checks(mod, inputs, ref: dict, rtol: float, atol: float) -> tuple[int
                 name = resolve(info.name, known)
                 if name is None:
                     continue
-                n = info.nbytes
-                buf = (ctypes.c_char * n).from_address(arena.table[s]) if n else b""
-                got = np.frombuffer(buf, dtype=info.dtype).reshape(info.shape).copy() if n \
-                    else np.empty(info.shape, info.dtype)
+                got = read(s).reshape(info.shape) if info.nbytes else np.empty(info.shape, info.dtype)
                 chk = compare(name, got, ref[name], rtol, atol)
                 compared += 1
                 if not chk.ok:
                     return compared, GroupCheck(k, c.kernel, list(c.nodes), list(c.ops), mod.source_nodes(c),
                                                 name, chk)
-    finally:
-        mod._release(arena)
     return compared, None
 
 
