@@ -17,7 +17,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from tensorfuse import compiler  # noqa: E402
+import tensorfuse  # noqa: E402
 from tensorfuse.runtime.profile import time_calls  # noqa: E402
 
 
