@@ -15,13 +15,7 @@ from onnx import TensorProto, helper
 numba_config = pytest.importorskip("numba.core.config")
 pytestmark = pytest.mark.skipif(bool(numba_config.ENABLE_CUDASIM), reason="PTX needs numba without the simulator")
 
-
-def _nvvm_ok():
-    try:
-        from numba import cuda
-        return cuda.cudadrv.nvvm.is_available()
-    except Exception:
-        return False
+from test_codegen_cuda_ptx import _nvvm_ok  # noqa: E402  (tests/ is on sys.path: conftest)
 
 
 needs_nvvm = pytest.mark.skipif(not _nvvm_ok(), reason="libNVVM not found (pip install nvidia-nvvm==13.0.88)")
