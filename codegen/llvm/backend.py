@@ -66,7 +66,7 @@ class LLVMBackend(Backend):
         from llvmlite import ir as lir
 
         from tensorfuse.codegen.llvm.emit import emit_entry, emit_kernel, kernel_is_parallel
-        from tensorfuse.codegen.llvm.jit import compile_ir
+        from tensorfuse.codegen.llvm.jit import compile_ir, compile_jobs
         from tensorfuse.compiler.errors import CompileError
         from tensorfuse.compiler.progress import iterate
         from tensorfuse.runtime.module import Module
@@ -76,12 +76,15 @@ class LLVMBackend(Backend):
             emit_kernel(mod, k)
         emit_entry(mod, "tf_run", [(c.kernel, c.slots) for c in lowered.calls],
                    {k.name: kernel_is_parallel(k) for k in lowered.kernels})
+        ir_text = str(mod)      # printing a large module takes seconds: once
         try:
-            lib, obj, _opt_ir = compile_ir(str(mod), graph.name, target=target)
+            lib, obj, _opt_ir = compile_ir(ir_text, graph.name, target=target, jobs=compile_jobs())
+        except CompileError:
+            raise
         except Exception as e:
             raise CompileError(f"LLVM code generation failed: {e}") from e
         program, report = program_and_report(lowered, graph, target, options=options, log=log, passes=passes,
-                                             llvm_ir=str(mod))
+                                             llvm_ir=ir_text)
         return Module(program, lib, "tf_run", input_names, output_names,
                       target=str(target) if target is not None else "llvm", object_code=obj, report=report,
                       cannot_run=cannot_run_reason(getattr(lib, "target_info", None)))

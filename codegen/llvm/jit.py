@@ -202,8 +202,13 @@ def _new_target_machine(opt: int = 3, target=None):
         triple, cpu, features = info["triple"], info["cpu"], info["features"]
     else:
         triple, cpu, features = target.triple, target.cpu, target.features
+    # static relocations and the large code model: every address is an absolute 64-bit one that
+    # MCJIT fills in when it links, with no GOT and no +-2 GiB reach. Code split into several
+    # objects (compile_ir's jobs) read wrong constants with the PIC/GOT relocations MCJIT gave
+    # the large model (mobilenet_v2's output changed), and the small model would overflow
+    # silently once sections land far apart
     return llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=opt,
-                                                                 reloc="pic", codemodel="jitdefault")
+                                                                 reloc="static", codemodel="large")
 
 
 def optimize(mod, opt: int = 3, target=None):
@@ -304,18 +309,213 @@ def parse_and_verify(ir_text: str, name: str = "module"):
     return mod
 
 
-def compile_ir(ir_text: str, name: str = "module", opt: int = 3, target=None):
+def _compile_part(ir_text: str, name: str, opt: int, target) -> tuple[bytes, str]:
+    """(object code, optimised IR text) of one module's text."""
+    mod = optimize(parse_and_verify(ir_text, name), opt, target)
+    return target_machine(target, opt).emit_object(mod), str(mod)
+
+
+def compile_ir(ir_text: str, name: str = "module", opt: int = 3, target=None, jobs: int = 1):
     """Compile LLVM IR text for ``target`` (a ``compiler.target.Target``; None: this machine);
     returns (NativeLibrary, object_code bytes, optimized IR text). The library's
-    ``target_info`` records the target, CPU and features the code was generated for."""
+    ``target_info`` records the target, CPU and features the code was generated for.
+
+    ``jobs`` > 1 lets a large module (at least :data:`PARALLEL_MIN_LINES` lines of IR) compile
+    as up to ``jobs`` parts at once (:func:`split_module`: its external functions dealt out by
+    size), one in this process and the others in forked children, since llvmlite holds one
+    lock around every LLVM call and threads would run one at a time. The object code is then
+    several objects in one blob (:func:`pack_objects`), linked together by :func:`load_object`;
+    the optimised IR text is the parts' texts one after another. LLVMError when LLVM rejects
+    the IR; CompileError when a child dies (LLVM aborting on some input kills the child, not
+    this process)."""
     STATS["codegen_calls"] += 1
     target = _as_target(target)
-    mod = optimize(parse_and_verify(ir_text, name), opt, target)
-    tm = target_machine(target, opt)
-    obj = tm.emit_object(mod)
+    parts = split_module(ir_text, jobs) if jobs > 1 and _can_fork() else [ir_text]
+    if len(parts) == 1:
+        obj, opt_text = _compile_part(ir_text, name, opt, target)
+    else:
+        children = [_fork_compile(p, f"{name}.part{i}", opt, target) for i, p in enumerate(parts[1:], 1)]
+        try:
+            first = _compile_part(parts[0], f"{name}.part0", opt, target)
+        finally:
+            results = [_fork_result(c) for c in children]
+        objs = [first[0]] + [r[0] for r in results]
+        obj, opt_text = pack_objects(objs), "\n".join([first[1]] + [r[1] for r in results])
     lib = load_object(obj)
     lib.target_info = target_info(target)
-    return lib, obj, str(mod)
+    return lib, obj, opt_text
+
+
+# ----------------------------------------------------------------------------- parallel codegen
+#: modules with fewer lines of IR text than this compile in one piece: forking and linking
+#: several objects cost more than they save (mobilenet_v2's module is about 58,000 lines)
+PARALLEL_MIN_LINES = 12000
+
+_MULTI_MAGIC = b"TFOBJS1\0"
+
+
+def compile_jobs() -> int:
+    """How many processes a module's code generation may use: ``$TENSORFUSE_COMPILE_JOBS`` if
+    set (1: never split), else the CPUs this process may run on (at most 8)."""
+    env = os.environ.get("TENSORFUSE_COMPILE_JOBS", "").strip()
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ValueError(f"TENSORFUSE_COMPILE_JOBS must be a whole number, got {env!r}") from None
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
+
+
+def _can_fork() -> bool:
+    return hasattr(os, "fork") and sys.platform != "win32"
+
+
+_DEFINE = re.compile(r'^define (?P<mods>[^@]*)@(?P<name>"[^"]*"|[-\w.$]+)')
+
+
+def split_module(ir_text: str, parts: int) -> list[str]:
+    """LLVM IR text (as llvmlite prints a module: each function ``define ... {`` to a ``}`` line
+    at column 0) split into at most ``parts`` module texts of about equal size. Each external
+    function is defined in one part and declared in the others; internal and private functions,
+    declarations and module-level lines are copied into every part. One text (``ir_text``
+    itself) when the module is smaller than :data:`PARALLEL_MIN_LINES`, has fewer than two
+    external functions, or has module-level definitions other than private or internal ones."""
+    lines = ir_text.split("\n")
+    if parts < 2 or len(lines) < PARALLEL_MIN_LINES:
+        return [ir_text]
+    common: list[tuple[int, list[str]]] = []    # (position, lines) kept in every part
+    funcs: list[tuple[int, str, list[str]]] = []  # (position, header, lines) of external defines
+    i, n = 0, len(lines)
+    while i < n:
+        ln = lines[i]
+        m = _DEFINE.match(ln)
+        if m:
+            j = i
+            while j < n and lines[j] != "}":
+                j += 1
+            block = lines[i:j + 1]
+            mods = m.group("mods").split()
+            if "internal" in mods or "private" in mods:
+                common.append((i, block))
+            else:
+                funcs.append((i, ln, block))
+            i = j + 1
+            continue
+        if ln.startswith("@") and not re.match(r'^@\S+ = (private|internal) ', ln):
+            return [ir_text]        # a global other parts would define again
+        common.append((i, [ln]))
+        i += 1
+    if len(funcs) < 2:
+        return [ir_text]
+    k = min(parts, len(funcs))
+    load, owner = [0] * k, {}
+    for pos, _, block in sorted(funcs, key=lambda f: -len(f[2])):
+        p = load.index(min(load))
+        owner[pos] = p
+        load[p] += len(block)
+    out = []
+    for p in range(k):
+        items = list(common)
+        for pos, header, block in funcs:
+            if owner[pos] == p:
+                items.append((pos, block))
+            else:
+                decl = "declare" + header[len("define"):]
+                items.append((pos, [decl.rstrip().removesuffix("{").rstrip()]))
+        items.sort(key=lambda t: t[0])
+        out.append("\n".join(ln for _, block in items for ln in block))
+    return out
+
+
+def pack_objects(objs: list[bytes]) -> bytes:
+    """Several object files as one blob (what ``compile_ir`` returns and artifacts store): one
+    object as itself, several as a magic, a count and (length, bytes) records."""
+    if len(objs) == 1:
+        return objs[0]
+    out = [_MULTI_MAGIC, len(objs).to_bytes(4, "little")]
+    for o in objs:
+        out += [len(o).to_bytes(8, "little"), o]
+    return b"".join(out)
+
+
+def unpack_objects(blob: bytes) -> list[bytes]:
+    """The object files of a :func:`pack_objects` blob; ValueError when it is cut short."""
+    if not blob.startswith(_MULTI_MAGIC):
+        return [blob]
+    pos = len(_MULTI_MAGIC)
+    count = int.from_bytes(blob[pos:pos + 4], "little")
+    pos += 4
+    objs = []
+    for _ in range(count):
+        size = int.from_bytes(blob[pos:pos + 8], "little")
+        pos += 8
+        if size <= 0 or pos + size > len(blob):
+            raise ValueError("object code blob is truncated")
+        objs.append(blob[pos:pos + size])
+        pos += size
+    return objs
+
+
+def _fork_compile(ir_text: str, name: str, opt: int, target):
+    """Start compiling ``ir_text`` in a forked child; a handle for :func:`_fork_result`. The
+    child writes a pickled (object code, optimised text) or (None, error message) to a pipe."""
+    import pickle
+    rfd, wfd = os.pipe()
+    lock = getattr(getattr(llvm, "ffi", None), "lib", None)
+    lock = getattr(lock, "_lock", None)
+    if lock is not None:
+        lock.__enter__()            # no other thread is inside LLVM while we fork
+    try:
+        pid = os.fork()
+    finally:
+        if lock is not None:
+            lock.__exit__(None, None, None)     # the child releases its copy too
+    if pid == 0:                    # the child: compile, write, leave without cleanup
+        code = 1
+        try:
+            os.close(rfd)
+            import faulthandler
+            faulthandler.disable()      # LLVM says why it aborts; the parent names the signal
+            try:
+                data = pickle.dumps(_compile_part(ir_text, name, opt, target))
+                code = 0
+            except BaseException as e:  # noqa: BLE001 - reported to the parent
+                data = pickle.dumps((None, f"{type(e).__name__}: {e}"))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(wfd, view):]
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    return pid, rfd, name
+
+
+def _fork_result(handle) -> tuple[bytes, str]:
+    """The (object code, optimised text) a :func:`_fork_compile` child made; LLVMError when
+    LLVM rejected its IR, CompileError when it died."""
+    import pickle
+    pid, rfd, name = handle
+    chunks = []
+    with os.fdopen(rfd, "rb") as f:
+        while True:
+            c = f.read(1 << 20)
+            if not c:
+                break
+            chunks.append(c)
+    _, status = os.waitpid(pid, 0)
+    data = b"".join(chunks)
+    if os.WIFSIGNALED(status) or not data:
+        from tensorfuse.compiler.errors import CompileError
+        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+        raise CompileError(f"LLVM code generation of {name} died in a child process ({how})")
+    obj, text = pickle.loads(data)
+    if obj is None:
+        raise LLVMError(f"LLVM code generation of {name} failed: {text}")
+    return obj, text
 
 
 def emit_assembly(ir_text: str, name: str = "module", opt: int = 3, target=None) -> str:
@@ -338,6 +538,7 @@ def load_object(obj: bytes) -> NativeLibrary:
     """Link previously emitted object code into this process without generating code."""
     tm = _new_target_machine(3)
     engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
-    engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+    for o in unpack_objects(obj):       # several objects (parallel codegen) link as one
+        engine.add_object_file(llvm.ObjectFileRef.from_data(o))
     engine.finalize_object()
     return NativeLibrary(engine)

@@ -1,0 +1,142 @@
+"""Parallel LLVM code generation (codegen/llvm/jit.py ``compile_ir(..., jobs=N)``): a large module
+is split into parts compiled in forked children and linked as several objects. The split must
+keep every function defined once, the linked code must compute what one object computes (the
+relocation model once made it read wrong constants across objects: mobilenet_v2's output moved
+by 0.15), a saved module must load, and a child that dies must be our CompileError."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import tensorfuse
+from tensorfuse.codegen.llvm import jit
+from tensorfuse.compiler.errors import CompileError
+
+
+def _model() -> onnx.ModelProto:
+    """Conv+Relu, a Softmax and an Exp/Tanh chain: kernels that use vector constants (masks,
+    polynomial coefficients), which is where cross-object references go wrong."""
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 13])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 12, 13])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8, 12, 13])
+    w = onnx.numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["y"], axis=-1),
+             helper.make_node("Exp", ["x"], ["e"]),
+             helper.make_node("Tanh", ["e"], ["t"]),
+             helper.make_node("Mul", ["t", "r"], ["z"])]
+    g = helper.make_graph(nodes, "par", [x], [y, z], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _feeds():
+    return np.random.default_rng(1).standard_normal((1, 8, 12, 13)).astype(np.float32)
+
+
+@pytest.fixture
+def split_everything(monkeypatch):
+    """Split every module however small, into as many parts as asked."""
+    monkeypatch.setattr(jit, "PARALLEL_MIN_LINES", 0)
+    monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "3")
+
+
+def _defined(text: str) -> list[str]:
+    return re.findall(r'^define (?!internal|private)[^@]*@"?([^"(]+)"?\(', text, re.M)
+
+
+def test_split_defines_each_external_function_once(split_everything):
+    mod = tensorfuse.compile(_model(), cache=False)
+    text = mod.llvm_ir
+    parts = jit.split_module(text, 3)
+    assert len(parts) == 3
+    whole = sorted(_defined(text))
+    assert "tf_run" in whole and len(whole) >= 4
+    per_part = [_defined(p) for p in parts]
+    assert sorted(n for d in per_part for n in d) == whole          # each defined exactly once
+    for p, d in zip(parts, per_part):
+        assert d, "a part with nothing to compile"
+        declared = re.findall(r'^declare [^@]*@"?([^"(]+)"?\(', p, re.M)
+        assert set(whole) - set(d) <= set(declared)                  # the rest declared
+        jit.parse_and_verify(p, "part")                               # each part is valid IR
+    # internal helpers (the team barrier) go into every part that may call them
+    if "@\"tf_barrier\"" in text:
+        assert all("define internal void @\"tf_barrier\"" in p for p in parts)
+
+
+def test_small_modules_and_single_parts_are_not_split():
+    text = 'define void @"a"(ptr %"x")\n{\nentry:\n  ret void\n}\n'
+    assert jit.split_module(text, 4) == [text]                       # under PARALLEL_MIN_LINES
+
+
+def test_split_refuses_modules_with_external_globals(monkeypatch):
+    monkeypatch.setattr(jit, "PARALLEL_MIN_LINES", 0)
+    text = ('@"g" = global i32 0\n'
+            'define void @"a"(ptr %"x")\n{\nentry:\n  ret void\n}\n'
+            'define void @"b"(ptr %"x")\n{\nentry:\n  ret void\n}\n')
+    assert jit.split_module(text, 2) == [text]
+
+
+def test_split_module_computes_what_one_object_computes(split_everything, monkeypatch, tmp_path):
+    x = _feeds()
+    monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "1")
+    one = tensorfuse.compile(_model(), cache=False)
+    assert not one._object_code.startswith(b"TFOBJS")
+    monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "3")
+    many = tensorfuse.compile(_model(), cache=False)
+    assert len(jit.unpack_objects(many._object_code)) == 3
+    a, b = one.run(x), many.run(x)
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)                          # the same code, bit for bit
+    # and against the oracle
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(_model().SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for u, r in zip(b, ref):
+        np.testing.assert_allclose(u, r, rtol=1e-5, atol=1e-5)
+    path = tmp_path / "m.tfm"
+    many.save(str(path))
+    back = tensorfuse.load(str(path))
+    for u, v in zip(back.run(x), b):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_pack_unpack_objects():
+    objs = [b"\x7fELF one", b"\x7fELF two two", b"3"]
+    blob = jit.pack_objects(objs)
+    assert jit.unpack_objects(blob) == objs
+    assert jit.pack_objects([b"\x7fELF"]) == b"\x7fELF"              # one object stays itself
+    assert jit.unpack_objects(b"\x7fELF") == [b"\x7fELF"]
+    with pytest.raises(ValueError, match="truncated"):
+        jit.unpack_objects(blob[:-3])
+
+
+def test_a_child_that_dies_is_a_compile_error(split_everything, monkeypatch):
+    parent = os.getpid()
+    real = jit._compile_part
+
+    def dies_in_child(text, name, opt, target):
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGABRT)     # what an LLVM abort does
+        return real(text, name, opt, target)
+    monkeypatch.setattr(jit, "_compile_part", dies_in_child)
+    with pytest.raises(CompileError, match=r"died in a child process \(signal 6\)"):
+        tensorfuse.compile(_model(), cache=False)
+
+
+def test_compile_jobs_setting(monkeypatch):
+    monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "1")
+    assert jit.compile_jobs() == 1
+    monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "two")
+    with pytest.raises(ValueError, match="TENSORFUSE_COMPILE_JOBS"):
+        jit.compile_jobs()
+    monkeypatch.delenv("TENSORFUSE_COMPILE_JOBS")
+    assert 1 <= jit.compile_jobs() <= 8
