@@ -37,7 +37,7 @@ _API = {
     "Module": ("tensorfuse.runtime.module", "Module"),                # the llvm target's module
     "CudaModule": ("tensorfuse.runtime.cuda_module", "CudaModule"),   # the cuda target's module
     "ModuleBase": ("tensorfuse.runtime.module", "ModuleBase"),        # what both have in common
-    "backend": ("tensorfuse.compiler.backend", None),     # onnx.backend.base.Backend, device "CPU"
+    "backend": ("tensorfuse.backend", None),              # onnx.backend.base.Backend, "CPU"/"CUDA"
     "testing": ("tensorfuse.testing", None),              # check_rule, assert_matches_ort (onnxruntime)
     "TensorfuseError": ("tensorfuse.compiler.errors", "TensorfuseError"),
     "CompileError": ("tensorfuse.compiler.errors", "CompileError"),

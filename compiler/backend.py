@@ -1,7 +1,8 @@
 """tensorfuse as an ONNX backend (``onnx.backend.base.Backend``), for the ONNX backend test suite
 and any tool that speaks that interface.
 
-Devices: "CPU" -> target "llvm"; "CUDA" -> target "cuda" (supported once that target exists).
+Devices: "CPU" -> target "llvm"; "CUDA" -> target "cuda" (where a GPU or the simulator is). Users
+import it as ``tensorfuse.backend``.
 ``prepare`` compiles at once when every input shape is static, otherwise on the first ``run``
 with the shapes of the inputs it is given.
 """

@@ -27,6 +27,24 @@ def test_public_api_names_resolve():
         tensorfuse.nope  # noqa: B018
 
 
+def test_onnx_backend_imports_as_a_module():
+    """``import tensorfuse.backend`` as with onnxruntime.backend (it failed: the attribute existed,
+    the module did not), and it runs a model."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    import tensorfuse.backend as backend
+    assert backend is tensorfuse.backend
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    a = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
+    assert backend.supports_device("CPU")
+    (out,) = backend.run_model(model, [a])
+    np.testing.assert_array_equal(out, np.maximum(a, 0))
+
+
 def test_pyproject_lists_every_sub_package():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {"tensorfuse"} | {
