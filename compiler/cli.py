@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 
 import numpy as np
 
@@ -416,7 +417,9 @@ def cmd_graph(args) -> int:
         prof = mod.profile(**_inputs_for(mod, args), repeat=10, show=False)
     dot = to_dot(mod, profile=prof)
     try:
-        path, note = dot.write(args.output)
+        with warnings.catch_warnings():     # the note below says it
+            warnings.simplefilter("ignore", UserWarning)
+            path, note = dot.write(args.output)
     except OSError as e:
         raise UsageError(f"cannot write {args.output}: {e.strerror or e}", "check the folder")
     _say(note)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +52,8 @@ class DotGraph:
     def write(self, path: str | os.PathLike) -> tuple[str, str]:
         """Write to ``path`` by its extension: ``.dot``/``.gv`` the text; ``.svg`` rendered
         (graphviz package, else the ``dot`` binary); ``.html`` a page holding the SVG. Without
-        a renderer, an ``.svg``/``.html`` request writes ``<path>.dot`` instead. Returns
+        a renderer, an ``.svg``/``.html`` request writes ``<path>.dot`` instead and warns
+        (UserWarning) saying so. Returns
         (the path written, a one-line note for the user). Raises ValueError for another
         extension, OSError when the file cannot be written."""
         path = os.fspath(path)
@@ -66,10 +68,12 @@ class DotGraph:
         if svg is None:
             alt = os.path.splitext(path)[0] + ".dot"
             _write_text(alt, self.source)
-            return alt, (f"neither the graphviz Python package nor the 'dot' binary is installed, so wrote "
-                         f"{alt} instead of {path}; render it with: dot -Tsvg {alt} -o "
-                         f"{os.path.splitext(path)[0]}.svg (apt install graphviz), or paste it into any "
-                         f"Graphviz viewer")
+            note = (f"neither the graphviz Python package nor the 'dot' binary is installed, so wrote "
+                    f"{alt} instead of {path}; render it with: dot -Tsvg {alt} -o "
+                    f"{os.path.splitext(path)[0]}.svg (apt install graphviz), or paste it into any "
+                    f"Graphviz viewer")
+            warnings.warn(note, UserWarning, stacklevel=2)     # a caller that ignores the note still hears
+            return alt, note
         if ext == ".html":
             svg = svg[svg.find("<svg"):] if "<svg" in svg else svg
             page = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>tensorfuse fused graph</title>"

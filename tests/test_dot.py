@@ -41,13 +41,26 @@ def test_profile_times_and_svg_request(tmp_path):
     dot = tensorfuse.to_dot(mod, profile=True)
     labels = [c["attrs"]["label"] for c in parse_dot(dot.source)["clusters"].values()]
     assert labels and all(" ms\\n" in lab for lab in labels)
-    path, note = dot.write(tmp_path / "g.svg")
     if render_svg("digraph { a }") is None:         # no renderer here: the .dot and how to render it
+        with pytest.warns(UserWarning, match="instead of"):
+            path, note = dot.write(tmp_path / "g.svg")
         assert path == str(tmp_path / "g.dot") and "dot -Tsvg" in note and not (tmp_path / "g.svg").exists()
     else:
+        path, note = dot.write(tmp_path / "g.svg")
         assert path == str(tmp_path / "g.svg") and "<svg" in (tmp_path / "g.svg").read_text()
     with pytest.raises(ValueError, match="must end in"):
         dot.write(tmp_path / "g.png")
+
+
+def test_svg_request_without_a_renderer_warns(tmp_path, monkeypatch):
+    """A caller that asks for .svg and ignores the returned note still hears that a .dot was
+    written instead (it was silent)."""
+    import tensorfuse.compiler.dot as dotmod
+    monkeypatch.setattr(dotmod, "render_svg", lambda source: None)
+    dot = tensorfuse.to_dot(tensorfuse.compile(bn_chain(1)))
+    with pytest.warns(UserWarning, match=r"wrote .*g\.dot instead of .*g\.svg"):
+        path, _ = dot.write(tmp_path / "g.svg")
+    assert path == str(tmp_path / "g.dot") and (tmp_path / "g.dot").exists() and not (tmp_path / "g.svg").exists()
 
 
 def test_a_model_path_is_compiled():
