@@ -167,6 +167,10 @@ def _inputs_for(mod, args) -> dict[str, np.ndarray]:
     if missing:
         raise UsageError(f"{path} lacks the model's input(s) {missing}; it has {sorted(given)}",
                          f"the model's inputs: {', '.join(str(i) for i in mod.input_info)}")
+    extra = sorted(set(given) - set(names))
+    if extra:                       # a misspelt name would otherwise be ignored without a word
+        raise UsageError(f"{path} has array(s) {extra} that are not inputs of the model",
+                         f"the model's inputs: {', '.join(str(i) for i in mod.input_info)}")
     return {n: given[n] for n in names}
 
 

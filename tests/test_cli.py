@@ -79,6 +79,9 @@ def test_compile_then_run_a_saved_module(bn_model, tmp_path):
     np.savez(tmp_path / "bad.npz", z=x, w=x)
     r = cli("run", out, "--inputs", tmp_path / "bad.npz")
     assert r.returncode == 2 and "lacks the model's input(s) ['x']" in _one_line_error(r, "run")
+    np.savez(tmp_path / "extra.npz", x=x, xx=x)      # an unknown name is an error, not ignored
+    r = cli("run", out, "--inputs", tmp_path / "extra.npz")
+    assert r.returncode == 2 and "has array(s) ['xx'] that are not inputs" in _one_line_error(r, "run")
 
 
 def test_compile_dump_ir_has_optimised_llvm_and_assembly(bn_model, tmp_path):
