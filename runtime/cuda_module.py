@@ -368,7 +368,13 @@ class CudaModule(ModuleBase):
         Raises ValueError for a missing, unknown or repeated input, a wrong dtype or shape
         (naming the input, expected and got), a non-contiguous device array, or a failed
         run-time check (the check's message and the offending value); RuntimeError when the
-        GPU is gone."""
+        GPU is gone.
+
+        A model input that is itself called ``return_device`` is passed by that keyword as
+        any other input: a value that is not a Python or numpy bool is that input, not the flag."""
+        if "return_device" in self.input_names and not isinstance(return_device, (bool, np.bool_)):
+            named = {**named, "return_device": return_device}
+            return_device = False
         inputs = self._check_inputs(arrays, named)
         arena = self._acquire()
         try:

@@ -173,6 +173,19 @@ def test_return_device_gives_fresh_device_arrays():
     np.testing.assert_array_equal(mod2.run(y1)[0], reference(reference(x1, w_of(mod))[0], w_of(mod2))[0])
 
 
+def test_an_input_called_return_device_is_an_input():
+    """The flag shares its name with nothing the user may call an input: an array passed as
+    ``return_device=`` to a model with that input is the input (it was taken as the flag)."""
+    prog = fake_program(SHAPE)
+    mod = CudaModule(prog, FakeLibrary(int(np.prod(SHAPE))), ["return_device"], ["y", "b"])
+    x = x_input(4)
+    y, b = mod.run(return_device=x)
+    assert isinstance(y, np.ndarray)
+    np.testing.assert_array_equal(y, reference(x, w_of(mod))[0])
+    y, _ = mod.run(x, return_device=True)           # a bool is still the flag
+    assert cuda.cudadrv.devicearray.is_cuda_ndarray(y)
+
+
 def test_a_failed_run_time_check_raises_and_the_next_run_is_clean():
     mod, _ = make_module()
     x = x_input()
