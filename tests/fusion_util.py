@@ -19,10 +19,16 @@ def graph_model(nodes: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], 
     g_in = [helper.make_tensor_value_info(k, np_to_onnx_type(v.dtype), v.shape) for k, v in inputs.items()]
     g_out = [helper.make_empty_tensor_value_info(o) for o in outputs]
     inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()]
-    g = helper.make_graph(list(nodes), "t", g_in, g_out, initializer=inits)
+    return typed_model(helper.make_graph(list(nodes), "t", g_in, g_out, initializer=inits), opset)
+
+
+def typed_model(g: onnx.GraphProto, opset: int = 17, *, ir_version: int | None = None,
+                strict: bool = True) -> onnx.ModelProto:
+    """``g`` as a checked model whose untyped graph outputs take their types from ONNX shape
+    inference (``strict``: inference errors are raised)."""
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = min(m.ir_version, 10)
-    m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
+    m.ir_version = ir_version if ir_version is not None else min(m.ir_version, 10)
+    m = onnx.shape_inference.infer_shapes(m, strict_mode=strict)
     inferred = {vi.name: vi for vi in list(m.graph.value_info) + list(m.graph.output)}
     for o in m.graph.output:
         if not o.type.HasField("tensor_type") and o.name in inferred:

@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tensorfuse
+from fusion_util import typed_model
 from oracle import ort_run
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -54,15 +55,7 @@ def _vi(name, shape, dt=TensorProto.FLOAT):
 def _model(nodes, inputs, outputs, inits=()):
     g = helper.make_graph(nodes, "g", inputs, outputs,
                           [onnx.numpy_helper.from_array(a, n) for n, a in inits])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
-    m.ir_version = 8
-    m = onnx.shape_inference.infer_shapes(m)
-    inferred = {vi.name: vi for vi in list(m.graph.value_info) + list(m.graph.output)}
-    for o in m.graph.output:
-        if not o.type.HasField("tensor_type") and o.name in inferred:
-            o.CopyFrom(inferred[o.name])
-    onnx.checker.check_model(m)
-    return m
+    return typed_model(g, OPSET, ir_version=8, strict=False)
 
 
 def _rand(rng, *shape):

@@ -28,13 +28,14 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import tensorfuse
 from tensorfuse.compiler.errors import TensorfuseError
 from tensorfuse.compiler.explain import explain
 from tensorfuse.compiler.pipeline import all_rules
-from tests.oracle import np_to_onnx_type, ort_run, rand
+from tests.fusion_util import graph_model
+from tests.oracle import ort_run, rand
 
 FULL = os.environ.get("TF_SWEEP_FULL", "") not in ("", "0")
 RTOL, ATOL = 1e-4, 1e-5
@@ -42,19 +43,7 @@ RTOL, ATOL = 1e-4, 1e-5
 
 # ----------------------------------------------------------------------------- model building
 def _model(nodes, inputs: dict, outputs, inits: dict | None = None, opset: int = 17) -> onnx.ModelProto:
-    g_in = [helper.make_tensor_value_info(k, np_to_onnx_type(v.dtype), v.shape) for k, v in inputs.items()]
-    g_out = [helper.make_empty_tensor_value_info(o) for o in outputs]
-    init = [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()]
-    m = helper.make_model(helper.make_graph(list(nodes), "sweep", g_in, g_out, initializer=init),
-                          opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = min(m.ir_version, 10)
-    m = onnx.shape_inference.infer_shapes(m, strict_mode=True)
-    inferred = {vi.name: vi for vi in list(m.graph.value_info) + list(m.graph.output)}
-    for o in m.graph.output:
-        if not o.type.HasField("tensor_type") and o.name in inferred:
-            o.CopyFrom(inferred[o.name])
-    onnx.checker.check_model(m)
-    return m
+    return graph_model(nodes, inputs, outputs, inits, opset)
 
 
 def _shape_of(nodes, inputs, inits, name, opset=17) -> tuple:
