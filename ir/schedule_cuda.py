@@ -280,3 +280,56 @@ def unravel(i, dims) -> list:
         out.append(q if k == 0 else q % dims[k])
         stride *= dims[k]
     return out[::-1]
+
+
+def tiled_gemm(ctx, kb, M: int, N: int, K: int, batch, load_a, load_b, store, acc, T: int = MATMUL_TILE) -> None:
+    """The cuda shared-memory GEMM schedule, into the empty kernel of ``kb``:
+    ``store(bidx, i, j, sum over k of load_a(bidx, i, k) * load_b(bidx, k, j))`` for every
+    ``bidx`` over ``batch`` (a shape; () for none), i < M, j < N.
+
+    A thread block of T*T threads per T x T output tile (block-stride over batch x tiles, so
+    any grid cap is fine), one output element per thread; the K dimension runs in slices of T,
+    each slice of A [T rows, T k] and B [T k, T cols] staged through shared memory (``acc``
+    dtype, 2 T^2 elements) with zeros beyond M, N and K; one accumulator per thread summing k in
+    order; ``store`` only for i < M and j < N. ``load_a``/``load_b`` get in-range indices (they
+    are clamped before the call) and return Exprs of dtype ``acc``; they may gather (an
+    implicit GEMM's im2col loads) and return zero themselves for padding. Sets the kernel's
+    launch shape. Used by MatMul/Gemm (ir/ops/linalg.py) and ConvNHWC (ir/ops/layout_nhwc.py)."""
+    from .kernel import as_expr, minimum, select
+    mt, nt = -(-M // T), -(-N // T)
+    nb = math.prod(batch) if batch else 1
+    sa = kb.shared(acc, (T * T,), hint="ta")
+    sb = kb.shared(acc, (T * T,), hint="tb")
+    part = kb.local(acc, (1,), hint="acc")
+    zero = as_expr(0, acc)
+
+    def threads():
+        return kb.loop(T * T, kind="threadIdx.x", hint="t")
+
+    with kb.loop(nb * mt * nt, kind="blockIdx.x", hint="blk") as blk:
+        tile = blk % (mt * nt) if nb > 1 else blk
+        bidx = unravel(blk / (mt * nt), list(batch)) if batch else []
+        i0 = (tile / nt) * T if nt > 1 else tile * T
+        j0 = (tile % nt) * T if nt > 1 else as_expr(0)
+        with threads() as t:
+            kb.store(part, 0, zero)
+        with kb.reduce(-(-K // T), hint="kt") as kt:
+            k0 = kt * T
+            with threads() as t:
+                ty, tx = t / T, t % T
+                i, k = i0 + ty, k0 + tx
+                kb.store(sa, t, select((i < M) & (k < K), load_a(bidx, minimum(i, M - 1), minimum(k, K - 1)), zero))
+                kk, j = k0 + ty, j0 + tx
+                kb.store(sb, t, select((kk < K) & (j < N), load_b(bidx, minimum(kk, K - 1), minimum(j, N - 1)), zero))
+            kb.barrier()
+            with threads() as t:
+                ty, tx = t / T, t % T
+                with kb.reduce(T, hint="q") as q:
+                    kb.store(part, 0, part[0] + sa[ty * T + q] * sb[q * T + tx])
+            kb.barrier()
+        with threads() as t:
+            i, j = i0 + t / T, j0 + t % T
+            with kb.if_((i < M) & (j < N)):
+                store(bidx, i, j, part[0])
+    kb.kernel.launch = LaunchShape((max(1, min(nb * mt * nt, ctx.target.max_blocks)),), (T * T,))
+    kb.kernel.comment += f"  [cuda: {T}x{T} output tiles, shared-memory A and B slices]"
