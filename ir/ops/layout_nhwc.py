@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from tensorfuse.ir.graph import Node, Value
-from tensorfuse.ir.kernel import as_expr, maxnum, unop
+from tensorfuse.ir.kernel import as_expr, maximum, maxnum, minimum, select, unop
 from tensorfuse.ir.ops.conv import FLOAT_TYPES, Geometry, conv_geometry, conv_reference, window_hi, window_lo
 from tensorfuse.ir.ops.fused import (ACTIVATION_ATTRS, DOMAIN, _check_addend, _epilogue, activation_np,
                                      activation_params)
@@ -130,13 +130,24 @@ def emit_conv_nhwc(ctx, x, w, b, y, group: int, geo: Geometry):
 
     Loops: (n, oh) parallel; (ow, m) a grid with m innermost; the taps inside the input (ranges
     clamped) and the input channels of the group as reductions into a one-element accumulator
-    (x's float type; f32 for f16/bf16)."""
+    (x's float type; f32 for f16/bf16).
+
+    On the cuda target, :func:`_conv_tiled_cuda`, an implicit GEMM through shared-memory
+    tiles, replaces that generic form (one GPU thread per output element, its whole reduction
+    serial) when the GEMM of one group fills a tile: output pixels N*OH*OW, output channels per
+    group M/group and K = KH*KW*C/group all at least ``CONV_TILE`` (a smaller extent would
+    leave most of a tile's threads idle or its K slice mostly zeros). Every other conv keeps
+    the one-thread-per-output form."""
     n_, h_, w_, c_ = x.shape
     kh_, kw_, cg, m_ = w.shape
     oh_, ow_ = geo.out_shape
     mg = m_ // group
     acc_dt = _acc_dtype(x.dtype)
     (sh, sw), (dh, dw), (ph, pw) = geo.strides, geo.dilations, geo.pads_begin
+    if ctx.target.kind == "cuda":
+        P, K = n_ * oh_ * ow_, kh_ * kw_ * cg
+        if P >= CONV_TILE and mg >= CONV_TILE and K >= CONV_TILE:
+            return _conv_tiled_cuda(ctx, x, w, b, y, group, geo, CONV_TILE)
     kb = ctx.kernel()
     acc = kb.local(acc_dt, (1,), hint="acc")
     with kb.loop(n_ * oh_, kind="parallel", hint="nh") as nh:
@@ -159,6 +170,67 @@ def emit_conv_nhwc(ctx, x, w, b, y, group: int, geo: Geometry):
                 v = v + b[oc].cast(acc_dt)
             idx = [n, oh, ow, oc]
             kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
+    return kb
+
+
+#: the cuda implicit-GEMM conv schedule's square output tile (pixels x output channels), and
+#: its K slice: a block of CONV_TILE^2 threads (see ir/schedule_cuda.py MATMUL_TILE)
+CONV_TILE = 16
+
+
+def _clamp(e, hi: int):
+    """``e`` clamped to 0..hi (an in-range index for a load whose value a select may drop)."""
+    return maximum(minimum(e, hi), 0)
+
+
+def _conv_tiled_cuda(ctx, x, w, b, y, group: int, geo: Geometry, T: int):
+    """ConvNHWC on cuda as an implicit GEMM (:func:`tensorfuse.ir.schedule_cuda.tiled_gemm`):
+    per group g, A [P, K] with rows the output pixels p = (n, oh, ow) flattened and columns
+    k = (kh, kw, ic) (ic innermost), gathered im2col-style from x (zero outside the input: pads,
+    any stride and dilation); B [K, M/group] = w[kh, kw, ic, g*M/group + j], which for the HWIO
+    layout is w's memory read as a row-major [K, M] matrix. A thread block per T x T tile of
+    (pixels, channels), block-stride over groups x tiles; K staged in T-wide slices through
+    shared memory; each thread's accumulator (f32 for f16/bf16) gets the bias, then
+    ``ctx.apply_epilogue`` (folded BatchNorm arrives as bias and scaled weights; activation,
+    residual Z), before its one store."""
+    from tensorfuse.ir.schedule_cuda import tiled_gemm, unravel
+    n_, h_, w_, c_ = x.shape
+    kh_, kw_, cg, m_ = w.shape
+    oh_, ow_ = geo.out_shape
+    mg = m_ // group
+    acc_dt = _acc_dtype(x.dtype)
+    (sh, sw), (dh, dw), (ph, pw) = geo.strides, geo.dilations, geo.pads_begin
+    P, K = n_ * oh_ * ow_, kh_ * kw_ * cg
+    kb = ctx.kernel()
+
+    def group_of(bidx):
+        return bidx[0] if group > 1 else as_expr(0)
+
+    def load_a(bidx, i, k):
+        n, oh, ow = unravel(i, [n_, oh_, ow_])
+        kh, kw, ic = unravel(k, [kh_, kw_, cg])
+        ih, iw = oh * sh - ph + kh * dh, ow * sw - pw + kw * dw
+        c = group_of(bidx) * cg + ic if group > 1 else ic
+        v = x[[n, _clamp(ih, h_ - 1), _clamp(iw, w_ - 1), c]].cast(acc_dt)
+        if not any((ph, pw, geo.pads_end[0], geo.pads_end[1])) and \
+                (oh_ - 1) * sh + (kh_ - 1) * dh < h_ and (ow_ - 1) * sw + (kw_ - 1) * dw < w_:
+            return v                      # every tap inside the input
+        inside = (ih >= 0) & (ih < h_) & (iw >= 0) & (iw < w_)
+        return select(inside, v, as_expr(0, acc_dt))
+
+    def load_b(bidx, k, j):
+        return w.flat(k * m_ + (group_of(bidx) * mg + j if group > 1 else j)).cast(acc_dt)
+
+    def store(bidx, i, j, v):
+        n, oh, ow = unravel(i, [n_, oh_, ow_])
+        oc = group_of(bidx) * mg + j if group > 1 else j
+        if b is not None:
+            v = v + b[oc].cast(acc_dt)
+        idx = [n, oh, ow, oc]
+        kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
+
+    tiled_gemm(ctx, kb, P, mg, K, (group,) if group > 1 else (), load_a, load_b, store, acc_dt, T)
+    kb.kernel.comment += f"  [implicit GEMM {P}x{mg}x{K}" + (f", {group} groups]" if group > 1 else "]")
     return kb
 
 

@@ -1,0 +1,131 @@
+"""The cuda hand schedules of ir/schedule_cuda.py users under numba's CUDA simulator, against
+onnxruntime (ORT_DISABLE_ALL): the implicit-GEMM ConvNHWC / FusedConvNHWC tile schedule.
+
+Each test checks the values and that the hand schedule was taken (the kernel's launch shape and
+shared buffers). Models go through the cuda pipeline (layout pass to NHWC at O1 and above,
+BatchNorm folding and FusedConv at O2). Shapes are small but cover several blocks (the test
+library caps grids at ``cuda_util.MAX_BLOCKS``, so block-stride loops run too), partial tiles,
+padding, strides, dilations and groups.
+"""
+import os
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import cuda_util as cu
+from oracle import node_model, ort_run, rand
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+def lower_nhwc(model, opt_level: int = 1):
+    """The cuda LoweredGraph of ``model`` after the cuda pipeline (layout pass included)."""
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.compiler.pipeline import optimize
+    from tensorfuse.compiler.target import Target
+    g = import_onnx(model)
+    optimize(g, opt_level, target="cuda")
+    return lower_graph(g, Target.parse("cuda"))
+
+
+def kernels_named(lg, word: str):
+    return [k for k in lg.kernels if word in k.name.lower()]
+
+
+def shared_sizes(k) -> list[int]:
+    return sorted(b.numel for b in k.locals if b.scope == "shared")
+
+
+def run_check(model, feeds: dict, lg, rtol=1e-4, atol=1e-4):
+    got = cu.run_lowered(lg, list(feeds.values()))
+    exp = ort_run(model, feeds)
+    for g, e in zip(got, exp):
+        assert g.shape == e.shape and g.dtype == e.dtype, (g.shape, e.shape, g.dtype, e.dtype)
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)
+    return got
+
+
+def model(nodes, inputs: dict, outputs: dict, inits: dict, opset: int = 17):
+    f = TensorProto.FLOAT
+    gr = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(k, f, v.shape) for k, v in inputs.items()],
+                           [helper.make_tensor_value_info(k, f, s) for k, s in outputs.items()],
+                           initializer=[onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    return m
+
+
+# ----------------------------------------------------------------------------- tiled conv
+@pytest.mark.parametrize("kw", [
+    # P = 30 pixels, 18 channels, K = 36: partial tiles in rows, columns and K
+    dict(x=(1, 4, 5, 6), w=(18, 4, 3, 3), attrs={"pads": [1, 1, 1, 1]}),
+    # batch 2, stride 2, dilation 2, asymmetric pads: P = 32, K = 27
+    dict(x=(2, 3, 9, 9), w=(16, 3, 3, 3), attrs={"strides": [2, 2], "dilations": [2, 2], "pads": [2, 1, 1, 2]}),
+    # 2 groups of 16 output channels, K = 18 per group
+    dict(x=(1, 4, 4, 4), w=(32, 2, 3, 3), attrs={"group": 2, "pads": [1, 1, 1, 1]}),
+    # 1x1, no padding (no bounds test in the gather), no bias
+    dict(x=(1, 17, 4, 5), w=(20, 17, 1, 1), attrs={}, bias=False),
+], ids=["3x3_pad", "stride_dilation", "grouped", "1x1"])
+def test_conv_tiled(kw):
+    x = rand(*kw["x"])
+    w = rand(*kw["w"], seed=1)
+    inits = {"w": w}
+    if kw.get("bias", True):
+        inits["b"] = rand(kw["w"][0], seed=2)
+    m = node_model("Conv", {"x": x}, kw["attrs"], initializers=inits)
+    lg = lower_nhwc(m)
+    (k,) = kernels_named(lg, "conv")
+    assert k.launch is not None and k.launch.block == (256,), k.launch
+    assert shared_sizes(k) == [256, 256]
+    run_check(m, {"x": x}, lg)
+
+
+def _conv_bn_relu(x, cout, groups=1, residual=False, relu6=False):
+    c = x.shape[1]
+    w = rand(cout, c // groups, 3, 3, seed=1)
+    inits = {"w": w, "b": rand(cout, seed=2), "s": rand(cout, seed=3, low=0.5, high=1.5),
+             "bb": rand(cout, seed=4), "mu": rand(cout, seed=5), "var": rand(cout, seed=6, low=0.5, high=2.0)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=groups),
+             helper.make_node("BatchNormalization", ["c", "s", "bb", "mu", "var"], ["n"], epsilon=1e-5)]
+    last = "n"
+    ins = {"x": x}
+    if residual:
+        ins["r"] = rand(x.shape[0], cout, x.shape[2], x.shape[3], seed=7)
+        nodes.append(helper.make_node("Add", ["n", "r"], ["a"]))
+        last = "a"
+    if relu6:
+        inits["lo"], inits["hi"] = np.array(0, np.float32), np.array(6, np.float32)
+        nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["y"]))
+    else:
+        nodes.append(helper.make_node("Relu", [last], ["y"]))
+    return model(nodes, ins, {"y": (x.shape[0], cout, x.shape[2], x.shape[3])}, inits), ins
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["bn_relu", "bn_add_relu"])
+def test_fused_conv_tiled_epilogue(residual):
+    """Conv + BatchNormalization (folded) + (residual Add) + ReLU at O2: one FusedConvNHWC
+    kernel on the tile schedule, the epilogue applied before its store."""
+    x = rand(1, 5, 4, 5)
+    m, ins = _conv_bn_relu(x, 17, residual=residual)
+    lg = lower_nhwc(m, 2)
+    convs = kernels_named(lg, "conv")
+    assert len(convs) == 1 and convs[0].launch.block == (256,) and shared_sizes(convs[0]) == [256, 256], \
+        [k.name for k in lg.kernels]
+    run_check(m, ins, lg)
+
+
+def test_conv_small_keeps_generic_schedule():
+    """A conv with fewer than 16 output channels keeps one thread per output (no launch shape
+    from the lowering, no shared memory)."""
+    x = rand(1, 3, 5, 5)
+    m = node_model("Conv", {"x": x}, {"pads": [1, 1, 1, 1]}, initializers={"w": rand(4, 3, 3, 3, seed=1)})
+    lg = lower_nhwc(m)
+    (k,) = kernels_named(lg, "conv")
+    assert k.launch is None and shared_sizes(k) == []
+    run_check(m, {"x": x}, lg)
+
