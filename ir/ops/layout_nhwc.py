@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from tensorfuse.ir.graph import Node, Value
-from tensorfuse.ir.kernel import as_expr, maximum, maxnum, minimum, select, unop
+from tensorfuse.ir.kernel import LaunchShape, as_expr, maximum, maxnum, minimum, select, unop
 from tensorfuse.ir.ops.conv import FLOAT_TYPES, Geometry, conv_geometry, conv_reference, window_hi, window_lo
 from tensorfuse.ir.ops.fused import (ACTIVATION_ATTRS, DOMAIN, _check_addend, _epilogue, activation_np,
                                      activation_params)
@@ -132,12 +132,18 @@ def emit_conv_nhwc(ctx, x, w, b, y, group: int, geo: Geometry):
     clamped) and the input channels of the group as reductions into a one-element accumulator
     (x's float type; f32 for f16/bf16).
 
-    On the cuda target, :func:`_conv_tiled_cuda`, an implicit GEMM through shared-memory
-    tiles, replaces that generic form (one GPU thread per output element, its whole reduction
-    serial) when the GEMM of one group fills a tile: output pixels N*OH*OW, output channels per
-    group M/group and K = KH*KW*C/group all at least ``CONV_TILE`` (a smaller extent would
-    leave most of a tile's threads idle or its K slice mostly zeros). Every other conv keeps
-    the one-thread-per-output form."""
+    On the cuda target two hand schedules replace that generic form (one GPU thread per output
+    element, its whole reduction serial) where they pay:
+
+    - :func:`_conv_tiled_cuda`, an implicit GEMM through shared-memory tiles, when the GEMM of
+      one group fills a tile: output pixels N*OH*OW, output channels per group M/group and
+      K = KH*KW*C/group all at least ``CONV_TILE`` (a smaller extent would leave most of a
+      tile's threads idle or its K slice mostly zeros);
+    - :func:`_conv_depthwise_cuda` for a depthwise conv (group == C == M), when its weight
+      tile fits :data:`DEPTHWISE_SHARED_BYTES` of shared memory.
+
+    Every other conv (few channels, 1-channel groups of a channel multiplier, tiny images)
+    keeps the one-thread-per-output form."""
     n_, h_, w_, c_ = x.shape
     kh_, kw_, cg, m_ = w.shape
     oh_, ow_ = geo.out_shape
@@ -148,6 +154,9 @@ def emit_conv_nhwc(ctx, x, w, b, y, group: int, geo: Geometry):
         P, K = n_ * oh_ * ow_, kh_ * kw_ * cg
         if P >= CONV_TILE and mg >= CONV_TILE and K >= CONV_TILE:
             return _conv_tiled_cuda(ctx, x, w, b, y, group, geo, CONV_TILE)
+        if group > 1 and cg == 1 and mg == 1 and \
+                kh_ * kw_ * min(DEPTHWISE_CHANNELS, c_) * acc_dt.itemsize <= DEPTHWISE_SHARED_BYTES:
+            return _conv_depthwise_cuda(ctx, x, w, b, y, geo)
     kb = ctx.kernel()
     acc = kb.local(acc_dt, (1,), hint="acc")
     with kb.loop(n_ * oh_, kind="parallel", hint="nh") as nh:
@@ -176,6 +185,12 @@ def emit_conv_nhwc(ctx, x, w, b, y, group: int, geo: Geometry):
 #: the cuda implicit-GEMM conv schedule's square output tile (pixels x output channels), and
 #: its K slice: a block of CONV_TILE^2 threads (see ir/schedule_cuda.py MATMUL_TILE)
 CONV_TILE = 16
+#: the cuda depthwise schedule: channels per block (one warp's worth of consecutive channels,
+#: so its loads and stores coalesce), threads per block, and the most shared memory its
+#: [KH, KW, channel tile] weight tile may take (larger kernels keep the generic form)
+DEPTHWISE_CHANNELS = 32
+DEPTHWISE_THREADS = 256
+DEPTHWISE_SHARED_BYTES = 16 * 1024
 
 
 def _clamp(e, hi: int):
@@ -231,6 +246,66 @@ def _conv_tiled_cuda(ctx, x, w, b, y, group: int, geo: Geometry, T: int):
 
     tiled_gemm(ctx, kb, P, mg, K, (group,) if group > 1 else (), load_a, load_b, store, acc_dt, T)
     kb.kernel.comment += f"  [implicit GEMM {P}x{mg}x{K}" + (f", {group} groups]" if group > 1 else "]")
+    return kb
+
+
+def _conv_depthwise_cuda(ctx, x, w, b, y, geo: Geometry):
+    """Depthwise ConvNHWC (group == C == M) on cuda: one thread per output (pixel, channel),
+    channels innermost so neighbouring threads load neighbouring channels of x and w and store
+    neighbouring channels of y (coalesced). A block covers CT = min(DEPTHWISE_CHANNELS, C)
+    channels times DEPTHWISE_THREADS / CT pixels (block-stride over channel tiles x pixel
+    tiles); its weights w[:, :, 0, channel tile] are staged once into shared memory
+    ([KH*KW, CT], acc dtype), then each thread sums the taps inside the input (ranges clamped,
+    as the generic form) in tap order, adds the bias and applies ``ctx.apply_epilogue`` before
+    its one store."""
+    from tensorfuse.ir.schedule_cuda import block_strided, unravel
+    n_, h_, w_, c_ = x.shape
+    kh_, kw_, _, m_ = w.shape
+    oh_, ow_ = geo.out_shape
+    acc_dt = _acc_dtype(x.dtype)
+    (sh, sw), (dh, dw), (ph, pw) = geo.strides, geo.dilations, geo.pads_begin
+    P, taps = n_ * oh_ * ow_, kh_ * kw_
+    CT = min(DEPTHWISE_CHANNELS, c_)
+    PT = max(1, min(DEPTHWISE_THREADS // CT, P))
+    NT = CT * PT
+    ctn, ptn = -(-c_ // CT), -(-P // PT)
+    kb = ctx.kernel()
+    wsh = kb.shared(acc_dt, (taps * CT,), hint="wt")
+    acc = kb.local(acc_dt, (1,), hint="acc")
+    zero = as_expr(0, acc_dt)
+
+    def threads():
+        return kb.loop(NT, kind="threadIdx.x", hint="t")
+
+    with kb.loop(ctn * ptn, kind="blockIdx.x", hint="blk") as blk:
+        c0 = (blk / ptn) * CT if ctn > 1 else as_expr(0)
+        p0 = (blk % ptn) * PT if ctn > 1 else blk * PT
+        with threads() as t:
+            def stage(e):
+                ch = c0 + e % CT
+                v = w.flat((e / CT) * m_ + minimum(ch, c_ - 1)).cast(acc_dt)
+                kb.store(wsh, e, v if c_ % CT == 0 else select(ch < c_, v, zero))
+            block_strided(kb, NT, t, taps * CT, stage)
+        kb.barrier()
+        with threads() as t:
+            cc = t % CT
+            c, p = c0 + cc, p0 + t / CT
+            with kb.if_((c < c_) & (p < P)):
+                n, oh, ow = unravel(p, [n_, oh_, ow_])
+                kb.store(acc, 0, zero)
+                ih0, iw0 = oh * sh - ph, ow * sw - pw
+                with kb.reduce(window_hi(h_ - ih0, dh, kh_), start=window_lo(-ih0, dh), hint="kh") as kh:
+                    with kb.reduce(window_hi(w_ - iw0, dw, kw_), start=window_lo(-iw0, dw), hint="kw") as kw:
+                        xv = x[[n, ih0 + kh * dh, iw0 + kw * dw, c]].cast(acc_dt)
+                        kb.store(acc, 0, acc[0] + xv * wsh[(kh * kw_ + kw) * CT + cc])
+                v = acc[0]
+                if b is not None:
+                    v = v + b[c].cast(acc_dt)
+                idx = [n, oh, ow, c]
+                kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
+        kb.barrier()                      # every thread has read the weights before the next tile's
+    kb.kernel.launch = LaunchShape((max(1, min(ctn * ptn, ctx.target.max_blocks)),), (NT,))
+    kb.kernel.comment += f"  [cuda depthwise: blocks of {CT} channels x {PT} pixels, shared-memory weights]"
     return kb
 
 

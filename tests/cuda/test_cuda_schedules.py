@@ -1,5 +1,6 @@
 """The cuda hand schedules of ir/schedule_cuda.py users under numba's CUDA simulator, against
-onnxruntime (ORT_DISABLE_ALL): the implicit-GEMM ConvNHWC / FusedConvNHWC tile schedule.
+onnxruntime (ORT_DISABLE_ALL): the implicit-GEMM ConvNHWC / FusedConvNHWC tile schedule and the
+depthwise ConvNHWC schedule.
 
 Each test checks the values and that the hand schedule was taken (the kernel's launch shape and
 shared buffers). Models go through the cuda pipeline (layout pass to NHWC at O1 and above,
@@ -129,3 +130,36 @@ def test_conv_small_keeps_generic_schedule():
     assert k.launch is None and shared_sizes(k) == []
     run_check(m, {"x": x}, lg)
 
+
+# ----------------------------------------------------------------------------- depthwise conv
+@pytest.mark.parametrize("kw", [
+    # 40 channels: a full and a partial 32-channel tile; stride 2: 9 pixels, 8 per block
+    dict(x=(1, 40, 5, 5), attrs={"pads": [1, 1, 1, 1], "strides": [2, 2]}, k=3, pixels=9),
+    # batch 2, dilation 2, asymmetric pads, no bias: 72 pixels, 32 per block
+    dict(x=(2, 8, 7, 7), attrs={"pads": [2, 1, 1, 2], "dilations": [2, 2]}, k=3, bias=False, pixels=72),
+], ids=["partial_channel_tile", "dilated"])
+def test_conv_depthwise(kw):
+    x = rand(*kw["x"])
+    c, k = kw["x"][1], kw["k"]
+    inits = {"w": rand(c, 1, k, k, seed=1)}
+    if kw.get("bias", True):
+        inits["b"] = rand(c, seed=2)
+    m = node_model("Conv", {"x": x}, {**kw["attrs"], "group": c}, initializers=inits)
+    lg = lower_nhwc(m)
+    (kern,) = kernels_named(lg, "conv")
+    ct = min(32, c)
+    assert kern.launch is not None and kern.launch.block[0] == ct * min(256 // ct, kw["pixels"])
+    assert shared_sizes(kern) == [k * k * ct]
+    run_check(m, {"x": x}, lg)
+
+
+def test_fused_depthwise_bn_relu6():
+    """Depthwise Conv + BatchNormalization + Clip(0, 6) (MobileNet's block) at O2: one fused
+    depthwise kernel with the shared-memory weight tile."""
+    x = rand(1, 24, 4, 4)
+    m, ins = _conv_bn_relu(x, 24, groups=24, relu6=True)
+    lg = lower_nhwc(m, 2)
+    convs = kernels_named(lg, "conv")
+    assert len(convs) == 1 and convs[0].launch.block == (24 * 10,) and shared_sizes(convs[0]) == [9 * 24], \
+        [(k.name, k.launch) for k in lg.kernels]
+    run_check(m, ins, lg)
