@@ -252,19 +252,39 @@ def block_strided(kb, T: int, t, n: int, body) -> None:
                 body(c)
 
 
-def block_reduce(kb, sh, T: int, combine, hint: str = "t") -> None:
+def block_reduce(kb, sh, T: int, combine, hint: str = "t", keep: int = 1) -> None:
     """Tree reduction of the shared buffer ``sh[0:T]`` (``T`` a power of two, one value per
     thread already stored, no barrier needed before) into ``sh[0]`` with ``combine(a, b)``:
     log2(T) steps, each a ``threadIdx.x`` loop and a barrier; every thread may read ``sh[0]``
-    afterwards."""
+    afterwards. With ``keep`` (a power of two dividing ``T``) the reduction stops at
+    ``sh[0:keep]``: ``sh[c]`` combines ``sh[c], sh[c + keep], sh[c + 2 keep] ...`` (``keep``
+    independent reductions whose values are interleaved, e.g. one per channel of a tile)."""
     kb.barrier()
     s = T // 2
-    while s:
+    while s >= keep:
         with kb.loop(T, kind="threadIdx.x", hint=hint) as t:
             with kb.if_(t < s):
                 kb.store(sh, t, combine(sh[t], sh[t + s]))
         kb.barrier()
         s //= 2
+
+
+def block_row_reduce(kb, sh, part, T: int, n: int, init, step, combine, result) -> None:
+    """One reduction of ``n`` elements by a block of ``T`` threads (``T`` a power of two), inside
+    a ``blockIdx.x`` loop: each thread folds ``step(partial, c)`` over its elements
+    ``c = t, t+T, ...`` (:func:`block_strided`) into the local ``part`` from ``init``, the
+    partials meet in the shared ``sh[0:T]`` (:func:`block_reduce` with ``combine``), and every
+    thread stores the total into its local ``result`` (a 1-element buffer). Ends with a barrier,
+    so ``sh`` may be reused at once. ``combine`` must be the fold ``step`` makes (sums: the
+    order of the additions changes; maxNum, min, products: same results)."""
+    with kb.loop(T, kind="threadIdx.x", hint="t") as t:
+        kb.store(part, 0, init)
+        block_strided(kb, T, t, n, lambda c: kb.store(part, 0, step(part[0], c)))
+        kb.store(sh, t, part[0])
+    block_reduce(kb, sh, T, combine)
+    with kb.loop(T, kind="threadIdx.x", hint="t") as t:
+        kb.store(result, 0, sh[0])
+    kb.barrier()                       # every thread has read sh[0] before it is overwritten
 
 
 #: the square output tile of the cuda matmul schedule: a block of MATMUL_TILE^2 threads, one

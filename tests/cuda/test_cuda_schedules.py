@@ -1,6 +1,6 @@
 """The cuda hand schedules of ir/schedule_cuda.py users under numba's CUDA simulator, against
-onnxruntime (ORT_DISABLE_ALL): the implicit-GEMM ConvNHWC / FusedConvNHWC tile schedule and the
-depthwise ConvNHWC schedule.
+onnxruntime (ORT_DISABLE_ALL): the implicit-GEMM ConvNHWC / FusedConvNHWC tile schedule, the
+depthwise ConvNHWC schedule, and the block reductions (Reduce*).
 
 Each test checks the values and that the hand schedule was taken (the kernel's launch shape and
 shared buffers). Models go through the cuda pipeline (layout pass to NHWC at O1 and above,
@@ -163,3 +163,78 @@ def test_fused_depthwise_bn_relu6():
     assert len(convs) == 1 and convs[0].launch.block == (24 * 10,) and shared_sizes(convs[0]) == [9 * 24], \
         [(k.name, k.launch) for k in lg.kernels]
     run_check(m, ins, lg)
+
+
+# ----------------------------------------------------------------------------- reductions
+def _reduce_model(op, x, axes, keepdims=1, **attrs):
+    return node_model(op, {"x": x}, {"keepdims": keepdims, **attrs}, opset=18,
+                      initializers={"axes": np.array(axes, np.int64)})
+
+
+@pytest.mark.parametrize("op,shape,axes,keepdims,block", [
+    ("ReduceMean", (3, 70), [-1], 1, 128),            # contiguous rows, partial last stride
+    ("ReduceSum", (4, 3, 20), [0, 2], 0, 128),        # non-consecutive axes: unravelled
+    ("ReduceSum", (2, 65, 3), [1], 1, 128),           # strided elements (inner 3), few outputs
+    ("ReduceLogSumExp", (2, 64), [1], 0, 64),         # two passes: max then shifted sum
+    ("ReduceL2", (2, 4, 16), [1, 2], 1, 64),
+    ("ReduceMin", (3, 80), [1], 1, 128),
+], ids=["mean_rows", "sum_axes_0_2", "sum_strided", "logsumexp", "l2", "min"])
+def test_reduce_block_schedule(op, shape, axes, keepdims, block):
+    x = rand(*shape)
+    m = _reduce_model(op, x, axes, keepdims)
+    lg = cu.lower_cuda(m)
+    (k,) = lg.kernels
+    assert k.launch is not None and k.launch.block == (block,) and shared_sizes(k) == [block]
+    got = cu.run_lowered(lg, [x])[0]
+    np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_reduce_block_integer_and_f16():
+    xi = rand(3, 100, dtype=np.int32, low=-50, high=50)
+    m = _reduce_model("ReduceSum", xi, [1])
+    assert cu.lower_cuda(m).kernels[0].launch is not None
+    np.testing.assert_array_equal(cu.run_cuda(m, {"x": xi})[0], ort_run(m, {"x": xi})[0])
+    m = _reduce_model("ReduceMean", xi, [1], 0)      # C division of the int32 sum
+    np.testing.assert_array_equal(cu.run_cuda(m, {"x": xi})[0], ort_run(m, {"x": xi})[0])
+    xh = rand(2, 96, dtype=np.float16)
+    m = _reduce_model("ReduceMean", xh, [1])          # accumulated in f32
+    got = cu.run_cuda(m, {"x": xh})[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), xh.astype(np.float32).mean(1, keepdims=True), rtol=2e-3, atol=1e-3)
+
+
+def test_reduce_max_nan_block_schedule():
+    """ReduceMax on cuda's block schedule skips NaN (maxNum) as the CPU kernel does: NaN only
+    for a row of NaN, whichever threads held the NaNs."""
+    x = rand(4, 70)
+    x[0, ::3] = np.nan
+    x[1, :] = np.nan
+    x[2, 69] = np.nan
+    m = _reduce_model("ReduceMax", x, [1], 0)
+    lg = cu.lower_cuda(m)
+    assert lg.kernels[0].launch is not None
+    got = cu.run_lowered(lg, [x])[0]
+    exp = np.fmax.reduce(x, axis=1)
+    assert np.isnan(got[1]) and not np.isnan(got[[0, 2, 3]]).any()
+    np.testing.assert_array_equal(got, exp)
+
+
+def test_reduce_short_empty_and_noop_keep_generic():
+    """Short, empty and noop_with_empty_axes reductions keep the generic schedule and its
+    values (the spec's lowest value for an empty ReduceMax; noop: the input itself)."""
+    x = rand(3, 10)
+    m = _reduce_model("ReduceSum", x, [1])
+    assert cu.lower_cuda(m).kernels[0].launch is None
+    np.testing.assert_allclose(cu.run_cuda(m, {"x": x})[0], ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    e = np.zeros((3, 0), np.float32)
+    m = _reduce_model("ReduceMax", e, [1])
+    lg = cu.lower_cuda(m)
+    assert all(k.launch is None for k in lg.kernels)
+    got = cu.run_lowered(lg, [e])[0]
+    assert got.shape == (3, 1) and np.isneginf(got).all(), got
+    x = rand(2, 100)
+    m = node_model("ReduceSum", {"x": x}, {"noop_with_empty_axes": 1}, opset=18)
+    lg = cu.lower_cuda(m)
+    assert all(k.launch is None for k in lg.kernels)
+    np.testing.assert_allclose(cu.run_lowered(lg, [x])[0], x)
+
