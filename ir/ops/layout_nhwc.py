@@ -444,10 +444,14 @@ def emit_pool_nhwc(ctx, x, y, geo: Geometry, kind: str, count_include_pad: int =
 
 def emit_global_pool_nhwc(ctx, x, y, kind: str):
     """y[n, 0, 0, c] = mean ("avg") or maxNum ("max") of x[n, :, :, c]: (n, c) parallel with c
-    innermost, the H*W positions as a reduction."""
+    innermost, the H*W positions as a reduction. On cuda, planes of at least
+    ``schedule_cuda.BLOCK_ROW_MIN`` positions take :func:`_global_pool_nhwc_cuda`."""
+    from tensorfuse.ir.schedule_cuda import use_block_rows
     n_, h_, w_, c_ = x.shape
     plane = h_ * w_
     acc_dt = x.dtype if kind == "max" else _acc_dtype(x.dtype)
+    if use_block_rows(plane, ctx.target):
+        return _global_pool_nhwc_cuda(ctx, x, y, kind, acc_dt)
     kb = ctx.kernel()
     acc = kb.local(acc_dt, (1,), hint="acc")
     with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
@@ -462,6 +466,65 @@ def emit_global_pool_nhwc(ctx, x, y, kind: str):
             v = v / as_expr(float(plane), acc_dt)
         idx = [n, as_expr(0), as_expr(0), c]
         kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
+    return kb
+
+
+#: the cuda channels-last global pool: at most this many channels per block (a warp's worth,
+#: so each row of loads is contiguous), and threads per block
+GLOBAL_POOL_CHANNELS = 32
+GLOBAL_POOL_THREADS = 256
+
+
+def _global_pool_nhwc_cuda(ctx, x, y, kind: str, acc_dt: DType):
+    """:func:`emit_global_pool_nhwc` on cuda. The H*W positions of one channel lie C apart, so a
+    block takes a tile of CT channels (the smallest power of two >= C, at most
+    ``GLOBAL_POOL_CHANNELS``) of one image, and its threads form RT = GLOBAL_POOL_THREADS / CT
+    rows: thread (r, cc) folds positions r, r+RT, ... of channel c0+cc, so each row of the block
+    reads CT consecutive channels (coalesced). The RT partials per channel meet in shared memory
+    (:func:`~tensorfuse.ir.schedule_cuda.block_reduce` down to CT values: maxNum for "max",
+    NaN skipped as in the CPU kernel, sums for "avg", accumulated in ``acc_dt``); the first CT
+    threads divide (avg), apply the epilogue and store. Block-stride over (n, channel tile)."""
+    from tensorfuse.ir.schedule_cuda import block_reduce, block_strided
+    n_, h_, w_, c_ = x.shape
+    plane = h_ * w_
+    CT = 1
+    while CT < min(c_, GLOBAL_POOL_CHANNELS):
+        CT *= 2
+    RT = GLOBAL_POOL_THREADS // CT
+    T = CT * RT
+    ctn = -(-c_ // CT)
+    kb = ctx.kernel()
+    sh = kb.shared(acc_dt, (T,), hint="red")
+    part = kb.local(acc_dt, (1,), hint="part")
+    comb = maxnum if kind == "max" else (lambda a, b: a + b)
+
+    def threads():
+        return kb.loop(T, kind="threadIdx.x", hint="t")
+
+    with kb.loop(n_ * ctn, kind="blockIdx.x", hint="blk") as blk:
+        n = blk / ctn if ctn > 1 else blk
+        c0 = (blk % ctn) * CT if ctn > 1 else as_expr(0)
+        with threads() as t:
+            c = minimum(c0 + t % CT, c_ - 1)       # a channel past C reads a real one, unstored
+            kb.store(part, 0, as_expr(float("nan") if kind == "max" else 0.0, acc_dt))
+
+            def step(hw):
+                xv = x.flat((n * plane + hw) * c_ + c)
+                kb.store(part, 0, maxnum(part[0], xv) if kind == "max" else part[0] + xv.cast(acc_dt))
+            block_strided(kb, RT, t / CT, plane, step)
+            kb.store(sh, t, part[0])
+        block_reduce(kb, sh, T, comb, keep=CT)
+        with threads() as t:
+            c = c0 + t
+            with kb.if_((t < CT) & (c < c_)):
+                v = sh[t]
+                if kind == "avg":
+                    v = v / as_expr(float(plane), acc_dt)
+                idx = [n, as_expr(0), as_expr(0), c]
+                kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
+        kb.barrier()                          # sh read before the next tile's partials
+    kb.kernel.launch = LaunchShape((max(1, min(n_ * ctn, ctx.target.max_blocks)),), (T,))
+    kb.kernel.comment += f"  [cuda: blocks of {CT} channels x {RT} position rows, shared-memory reduction]"
     return kb
 
 

@@ -1,6 +1,6 @@
 """The cuda hand schedules of ir/schedule_cuda.py users under numba's CUDA simulator, against
 onnxruntime (ORT_DISABLE_ALL): the implicit-GEMM ConvNHWC / FusedConvNHWC tile schedule, the
-depthwise ConvNHWC schedule, and the block reductions (Reduce*).
+depthwise ConvNHWC schedule, and the block reductions (Reduce*, global pools).
 
 Each test checks the values and that the hand schedule was taken (the kernel's launch shape and
 shared buffers). Models go through the cuda pipeline (layout pass to NHWC at O1 and above,
@@ -238,3 +238,49 @@ def test_reduce_short_empty_and_noop_keep_generic():
     assert all(k.launch is None for k in lg.kernels)
     np.testing.assert_allclose(cu.run_lowered(lg, [x])[0], x)
 
+
+# ----------------------------------------------------------------------------- global pools
+def test_global_pools_nchw_block_schedule():
+    x = rand(2, 3, 9, 9)
+    x[0, 1, :4] = np.nan
+    x[1, 2] = np.nan
+    for op in ("GlobalAveragePool", "GlobalMaxPool"):
+        m = node_model(op, {"x": x})
+        lg = cu.lower_cuda(m)
+        (k,) = lg.kernels
+        assert k.launch is not None and k.launch.block == (128,) and shared_sizes(k) == [128]
+        got = cu.run_lowered(lg, [x])[0]
+        if op == "GlobalMaxPool":   # maxNum: NaN only for the plane of NaN
+            exp = np.fmax.reduce(x.reshape(2, 3, -1), axis=2).reshape(2, 3, 1, 1)
+            assert np.isnan(got[1, 2]).all() and not np.isnan(got[0, 1]).any()
+            np.testing.assert_array_equal(got, exp)
+        else:
+            xr = np.where(np.isnan(x), 0, x)
+            mr = node_model(op, {"x": xr})
+            got = cu.run_cuda(mr, {"x": xr})[0]
+            np.testing.assert_allclose(got, ort_run(mr, {"x": xr})[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("pool,c", [("GlobalAveragePool", 40), ("GlobalMaxPool", 6)])
+def test_global_pools_nhwc_block_schedule(pool, c):
+    """A 1x1 Conv then a global pool through the layout pass: the pool runs channels-last, a
+    block per (image, channel tile) with threads over channels and position rows; 40 channels
+    take a full and a partial 32-channel tile, 6 channels an 8-channel tile of 32 rows."""
+    x = rand(2, 3, 8, 9)
+    m = model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node(pool, ["c"], ["y"])],
+              {"x": x}, {"y": (2, c, 1, 1)}, {"w": rand(c, 3, 1, 1, seed=1)})
+    lg = lower_nhwc(m)
+    (k,) = kernels_named(lg, pool.lower() + "nhwc")
+    ct = 32 if c == 40 else 8
+    assert k.launch is not None and k.launch.block == (256,) and shared_sizes(k) == [256], (k.launch, ct)
+    assert f"blocks of {ct} channels" in k.comment
+    run_check(m, {"x": x}, lg, rtol=1e-4, atol=1e-5)
+    if pool == "GlobalMaxPool":       # a NaN pixel: NaN in every channel there, skipped (maxNum)
+        x[1, :, 2, 3] = np.nan
+        x[0, :, :, :] = np.nan        # image 0: all NaN
+        conv = model([helper.make_node("Conv", ["x", "w"], ["y"])], {"x": x}, {"y": (2, c, 8, 9)},
+                     {"w": rand(c, 3, 1, 1, seed=1)})
+        exp = np.fmax.reduce(ort_run(conv, {"x": x})[0].reshape(2, c, -1), axis=2).reshape(2, c, 1, 1)
+        got = cu.run_lowered(lg, [x])[0]
+        assert np.isnan(got[0]).all() and not np.isnan(got[1]).any()
+        np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-6)
