@@ -261,6 +261,16 @@ def test_global_pools_nchw_block_schedule():
             np.testing.assert_allclose(got, ort_run(mr, {"x": xr})[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("p", [2, 3])
+def test_global_lp_pool_nchw_block_schedule(p):
+    x = rand(1, 2, 8, 9)
+    m = node_model("GlobalLpPool", {"x": x}, {"p": p})
+    lg = cu.lower_cuda(m)
+    (k,) = lg.kernels
+    assert k.launch is not None and k.launch.block == (128,)
+    np.testing.assert_allclose(cu.run_lowered(lg, [x])[0], ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("pool,c", [("GlobalAveragePool", 40), ("GlobalMaxPool", 6)])
 def test_global_pools_nhwc_block_schedule(pool, c):
     """A 1x1 Conv then a global pool through the layout pass: the pool runs channels-last, a
