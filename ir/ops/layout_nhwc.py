@@ -445,12 +445,11 @@ def emit_pool_nhwc(ctx, x, y, geo: Geometry, kind: str, count_include_pad: int =
 def emit_global_pool_nhwc(ctx, x, y, kind: str):
     """y[n, 0, 0, c] = mean ("avg") or maxNum ("max") of x[n, :, :, c]: (n, c) parallel with c
     innermost, the H*W positions as a reduction. On cuda, planes of at least
-    ``schedule_cuda.BLOCK_ROW_MIN`` positions take :func:`_global_pool_nhwc_cuda`."""
-    from tensorfuse.ir.schedule_cuda import use_block_rows
+    :data:`GLOBAL_POOL_MIN_PLANE` positions take :func:`_global_pool_nhwc_cuda`."""
     n_, h_, w_, c_ = x.shape
     plane = h_ * w_
     acc_dt = x.dtype if kind == "max" else _acc_dtype(x.dtype)
-    if use_block_rows(plane, ctx.target):
+    if ctx.target.kind == "cuda" and plane >= GLOBAL_POOL_MIN_PLANE:
         return _global_pool_nhwc_cuda(ctx, x, y, kind, acc_dt)
     kb = ctx.kernel()
     acc = kb.local(acc_dt, (1,), hint="acc")
@@ -470,16 +469,19 @@ def emit_global_pool_nhwc(ctx, x, y, kind: str):
 
 
 #: the cuda channels-last global pool: at most this many channels per block (a warp's worth,
-#: so each row of loads is contiguous), and threads per block
+#: so each row of loads is contiguous), threads per block at most, and the smallest plane it
+#: takes (lower than the row schedules' 64: its threads over channels are never idle, and a
+#: 7x7 plane of 512 channels would otherwise run 512 threads in all)
 GLOBAL_POOL_CHANNELS = 32
 GLOBAL_POOL_THREADS = 256
+GLOBAL_POOL_MIN_PLANE = 16
 
 
 def _global_pool_nhwc_cuda(ctx, x, y, kind: str, acc_dt: DType):
     """:func:`emit_global_pool_nhwc` on cuda. The H*W positions of one channel lie C apart, so a
     block takes a tile of CT channels (the smallest power of two >= C, at most
-    ``GLOBAL_POOL_CHANNELS``) of one image, and its threads form RT = GLOBAL_POOL_THREADS / CT
-    rows: thread (r, cc) folds positions r, r+RT, ... of channel c0+cc, so each row of the block
+    ``GLOBAL_POOL_CHANNELS``) of one image, and its threads form RT rows (GLOBAL_POOL_THREADS /
+    CT, at most the largest power of two <= H*W): thread (r, cc) folds positions r, r+RT, ... of channel c0+cc, so each row of the block
     reads CT consecutive channels (coalesced). The RT partials per channel meet in shared memory
     (:func:`~tensorfuse.ir.schedule_cuda.block_reduce` down to CT values: maxNum for "max",
     NaN skipped as in the CPU kernel, sums for "avg", accumulated in ``acc_dt``); the first CT
@@ -491,6 +493,8 @@ def _global_pool_nhwc_cuda(ctx, x, y, kind: str, acc_dt: DType):
     while CT < min(c_, GLOBAL_POOL_CHANNELS):
         CT *= 2
     RT = GLOBAL_POOL_THREADS // CT
+    while RT > plane:
+        RT //= 2
     T = CT * RT
     ctn = -(-c_ // CT)
     kb = ctx.kernel()

@@ -271,24 +271,25 @@ def test_global_lp_pool_nchw_block_schedule(p):
     np.testing.assert_allclose(cu.run_lowered(lg, [x])[0], ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("pool,c", [("GlobalAveragePool", 40), ("GlobalMaxPool", 6)])
-def test_global_pools_nhwc_block_schedule(pool, c):
+@pytest.mark.parametrize("pool,c,hw,ct,rt", [("GlobalAveragePool", 40, (8, 9), 32, 8), ("GlobalMaxPool", 6, (8, 9), 8, 32),
+                                             ("GlobalAveragePool", 6, (5, 5), 8, 16)])
+def test_global_pools_nhwc_block_schedule(pool, c, hw, ct, rt):
     """A 1x1 Conv then a global pool through the layout pass: the pool runs channels-last, a
     block per (image, channel tile) with threads over channels and position rows; 40 channels
-    take a full and a partial 32-channel tile, 6 channels an 8-channel tile of 32 rows."""
-    x = rand(2, 3, 8, 9)
+    take a full and a partial 32-channel tile, 6 channels an 8-channel tile of 32 rows (16 for
+    a plane of 25)."""
+    x = rand(2, 3, *hw)
     m = model([helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node(pool, ["c"], ["y"])],
               {"x": x}, {"y": (2, c, 1, 1)}, {"w": rand(c, 3, 1, 1, seed=1)})
     lg = lower_nhwc(m)
     (k,) = kernels_named(lg, pool.lower() + "nhwc")
-    ct = 32 if c == 40 else 8
-    assert k.launch is not None and k.launch.block == (256,) and shared_sizes(k) == [256], (k.launch, ct)
-    assert f"blocks of {ct} channels" in k.comment
+    assert k.launch is not None and k.launch.block == (ct * rt,) and shared_sizes(k) == [ct * rt], k.launch
+    assert f"blocks of {ct} channels x {rt} position rows" in k.comment
     run_check(m, {"x": x}, lg, rtol=1e-4, atol=1e-5)
     if pool == "GlobalMaxPool":       # a NaN pixel: NaN in every channel there, skipped (maxNum)
         x[1, :, 2, 3] = np.nan
         x[0, :, :, :] = np.nan        # image 0: all NaN
-        conv = model([helper.make_node("Conv", ["x", "w"], ["y"])], {"x": x}, {"y": (2, c, 8, 9)},
+        conv = model([helper.make_node("Conv", ["x", "w"], ["y"])], {"x": x}, {"y": (2, c) + hw},
                      {"w": rand(c, 3, 1, 1, seed=1)})
         exp = np.fmax.reduce(ort_run(conv, {"x": x})[0].reshape(2, c, -1), axis=2).reshape(2, c, 1, 1)
         got = cu.run_lowered(lg, [x])[0]
