@@ -269,21 +269,22 @@ def block_reduce(kb, sh, T: int, combine, hint: str = "t", keep: int = 1) -> Non
         s //= 2
 
 
-def block_row_reduce(kb, sh, part, T: int, n: int, init, step, combine, result) -> None:
+def block_row_reduce(kb, sh, part, T: int, n: int, init, step, combine, result, final=None) -> None:
     """One reduction of ``n`` elements by a block of ``T`` threads (``T`` a power of two), inside
     a ``blockIdx.x`` loop: each thread folds ``step(partial, c)`` over its elements
     ``c = t, t+T, ...`` (:func:`block_strided`) into the local ``part`` from ``init``, the
     partials meet in the shared ``sh[0:T]`` (:func:`block_reduce` with ``combine``), and every
-    thread stores the total into its local ``result`` (a 1-element buffer). Ends with a barrier,
-    so ``sh`` may be reused at once. ``combine`` must be the fold ``step`` makes (sums: the
-    order of the additions changes; maxNum, min, products: same results)."""
+    thread stores the total (``final(total)`` with ``final``) into its local ``result`` (a
+    1-element buffer). Ends with a barrier, so ``sh`` may be reused at once. ``combine`` must be
+    the fold ``step`` makes (sums: the order of the additions changes; maxNum, min, products:
+    same results); ``step`` may emit stores of its own before returning the new partial."""
     with kb.loop(T, kind="threadIdx.x", hint="t") as t:
         kb.store(part, 0, init)
         block_strided(kb, T, t, n, lambda c: kb.store(part, 0, step(part[0], c)))
         kb.store(sh, t, part[0])
     block_reduce(kb, sh, T, combine)
     with kb.loop(T, kind="threadIdx.x", hint="t") as t:
-        kb.store(result, 0, sh[0])
+        kb.store(result, 0, sh[0] if final is None else final(sh[0]))
     kb.barrier()                       # every thread has read sh[0] before it is overwritten
 
 
