@@ -120,6 +120,20 @@ def test_fused_conv_tiled_epilogue(residual):
     run_check(m, ins, lg)
 
 
+def test_conv_tiled_silu_epilogue():
+    """Conv then x * Sigmoid(x) at O2: one FusedConvNHWC (activation SiLU) on the tile
+    schedule, the activation reading the accumulator twice before the store."""
+    x = rand(1, 3, 5, 6)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    m = model(nodes, {"x": x}, {"y": (1, 16, 5, 6)}, {"w": rand(16, 3, 3, 3, seed=1), "b": rand(16, seed=2)})
+    lg = lower_nhwc(m, 2)
+    tiled = [k for k in lg.kernels if k.launch is not None and shared_sizes(k) == [256, 256]]
+    assert len(tiled) == 1 and tiled[0].name.startswith("fusedconvnhwc") and len(lg.kernels) == 3, \
+        [(k.name, k.launch) for k in lg.kernels]
+    run_check(m, {"x": x}, lg, rtol=1e-4, atol=1e-5)
+
+
 def test_conv_small_keeps_generic_schedule():
     """A conv with fewer than 16 output channels keeps one thread per output (no launch shape
     from the lowering, no shared memory)."""
