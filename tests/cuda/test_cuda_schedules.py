@@ -86,6 +86,22 @@ def test_conv_tiled(kw):
     run_check(m, {"x": x}, lg)
 
 
+def test_conv_tiled_f16_accumulates_in_f32():
+    x = rand(1, 4, 4, 5, dtype=np.float16)
+    w = rand(16, 4, 3, 3, seed=1, dtype=np.float16)
+    m = node_model("Conv", {"x": x}, {"pads": [1, 1, 1, 1]}, initializers={"w": w})
+    lg = lower_nhwc(m)
+    (k,) = kernels_named(lg, "conv")
+    assert k.launch is not None and shared_sizes(k) == [256, 256]
+    assert {b.dtype.value for b in k.locals if b.scope == "shared"} == {"f32"}
+    got = cu.run_lowered(lg, [x])[0]
+    m32 = node_model("Conv", {"x": x.astype(np.float32)}, {"pads": [1, 1, 1, 1]},
+                     initializers={"w": w.astype(np.float32)})
+    exp = ort_run(m32, {"x": x.astype(np.float32)})[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), exp, rtol=2e-3, atol=2e-3)
+
+
 def _conv_bn_relu(x, cout, groups=1, residual=False, relu6=False):
     c = x.shape[1]
     w = rand(cout, c // groups, 3, 3, seed=1)
