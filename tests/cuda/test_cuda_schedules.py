@@ -226,6 +226,10 @@ def test_reduce_block_integer_and_f16():
     np.testing.assert_array_equal(cu.run_cuda(m, {"x": xi})[0], ort_run(m, {"x": xi})[0])
     m = _reduce_model("ReduceMean", xi, [1], 0)      # C division of the int32 sum
     np.testing.assert_array_equal(cu.run_cuda(m, {"x": xi})[0], ort_run(m, {"x": xi})[0])
+    xu = rand(2, 64, dtype=np.uint8, low=0, high=255)
+    m = _reduce_model("ReduceMax", xu, [1])          # a u8 shared buffer, integer max
+    assert cu.lower_cuda(m).kernels[0].launch is not None
+    np.testing.assert_array_equal(cu.run_cuda(m, {"x": xu})[0], ort_run(m, {"x": xu})[0])
     xh = rand(2, 96, dtype=np.float16)
     m = _reduce_model("ReduceMean", xh, [1])          # accumulated in f32
     got = cu.run_cuda(m, {"x": xh})[0]
