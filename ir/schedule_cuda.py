@@ -252,19 +252,40 @@ def block_strided(kb, T: int, t, n: int, body) -> None:
                 body(c)
 
 
-def block_reduce(kb, sh, T: int, combine, hint: str = "t") -> None:
+def block_reduce(kb, sh, T: int, combine, hint: str = "t", keep: int = 1) -> None:
     """Tree reduction of the shared buffer ``sh[0:T]`` (``T`` a power of two, one value per
     thread already stored, no barrier needed before) into ``sh[0]`` with ``combine(a, b)``:
     log2(T) steps, each a ``threadIdx.x`` loop and a barrier; every thread may read ``sh[0]``
-    afterwards."""
+    afterwards. With ``keep`` (a power of two dividing ``T``) the reduction stops at
+    ``sh[0:keep]``: ``sh[c]`` combines ``sh[c], sh[c + keep], sh[c + 2 keep] ...`` (``keep``
+    independent reductions whose values are interleaved, e.g. one per channel of a tile)."""
     kb.barrier()
     s = T // 2
-    while s:
+    while s >= keep:
         with kb.loop(T, kind="threadIdx.x", hint=hint) as t:
             with kb.if_(t < s):
                 kb.store(sh, t, combine(sh[t], sh[t + s]))
         kb.barrier()
         s //= 2
+
+
+def block_row_reduce(kb, sh, part, T: int, n: int, init, step, combine, result, final=None) -> None:
+    """One reduction of ``n`` elements by a block of ``T`` threads (``T`` a power of two), inside
+    a ``blockIdx.x`` loop: each thread folds ``step(partial, c)`` over its elements
+    ``c = t, t+T, ...`` (:func:`block_strided`) into the local ``part`` from ``init``, the
+    partials meet in the shared ``sh[0:T]`` (:func:`block_reduce` with ``combine``), and every
+    thread stores the total (``final(total)`` with ``final``) into its local ``result`` (a
+    1-element buffer). Ends with a barrier, so ``sh`` may be reused at once. ``combine`` must be
+    the fold ``step`` makes (sums: the order of the additions changes; maxNum, min, products:
+    same results); ``step`` may emit stores of its own before returning the new partial."""
+    with kb.loop(T, kind="threadIdx.x", hint="t") as t:
+        kb.store(part, 0, init)
+        block_strided(kb, T, t, n, lambda c: kb.store(part, 0, step(part[0], c)))
+        kb.store(sh, t, part[0])
+    block_reduce(kb, sh, T, combine)
+    with kb.loop(T, kind="threadIdx.x", hint="t") as t:
+        kb.store(result, 0, sh[0] if final is None else final(sh[0]))
+    kb.barrier()                       # every thread has read sh[0] before it is overwritten
 
 
 #: the square output tile of the cuda matmul schedule: a block of MATMUL_TILE^2 threads, one
@@ -280,3 +301,56 @@ def unravel(i, dims) -> list:
         out.append(q if k == 0 else q % dims[k])
         stride *= dims[k]
     return out[::-1]
+
+
+def tiled_gemm(ctx, kb, M: int, N: int, K: int, batch, load_a, load_b, store, acc, T: int = MATMUL_TILE) -> None:
+    """The cuda shared-memory GEMM schedule, into the empty kernel of ``kb``:
+    ``store(bidx, i, j, sum over k of load_a(bidx, i, k) * load_b(bidx, k, j))`` for every
+    ``bidx`` over ``batch`` (a shape; () for none), i < M, j < N.
+
+    A thread block of T*T threads per T x T output tile (block-stride over batch x tiles, so
+    any grid cap is fine), one output element per thread; the K dimension runs in slices of T,
+    each slice of A [T rows, T k] and B [T k, T cols] staged through shared memory (``acc``
+    dtype, 2 T^2 elements) with zeros beyond M, N and K; one accumulator per thread summing k in
+    order; ``store`` only for i < M and j < N. ``load_a``/``load_b`` get in-range indices (they
+    are clamped before the call) and return Exprs of dtype ``acc``; they may gather (an
+    implicit GEMM's im2col loads) and return zero themselves for padding. Sets the kernel's
+    launch shape. Used by MatMul/Gemm (ir/ops/linalg.py) and ConvNHWC (ir/ops/layout_nhwc.py)."""
+    from .kernel import as_expr, minimum, select
+    mt, nt = -(-M // T), -(-N // T)
+    nb = math.prod(batch) if batch else 1
+    sa = kb.shared(acc, (T * T,), hint="ta")
+    sb = kb.shared(acc, (T * T,), hint="tb")
+    part = kb.local(acc, (1,), hint="acc")
+    zero = as_expr(0, acc)
+
+    def threads():
+        return kb.loop(T * T, kind="threadIdx.x", hint="t")
+
+    with kb.loop(nb * mt * nt, kind="blockIdx.x", hint="blk") as blk:
+        tile = blk % (mt * nt) if nb > 1 else blk
+        bidx = unravel(blk / (mt * nt), list(batch)) if batch else []
+        i0 = (tile / nt) * T if nt > 1 else tile * T
+        j0 = (tile % nt) * T if nt > 1 else as_expr(0)
+        with threads() as t:
+            kb.store(part, 0, zero)
+        with kb.reduce(-(-K // T), hint="kt") as kt:
+            k0 = kt * T
+            with threads() as t:
+                ty, tx = t / T, t % T
+                i, k = i0 + ty, k0 + tx
+                kb.store(sa, t, select((i < M) & (k < K), load_a(bidx, minimum(i, M - 1), minimum(k, K - 1)), zero))
+                kk, j = k0 + ty, j0 + tx
+                kb.store(sb, t, select((kk < K) & (j < N), load_b(bidx, minimum(kk, K - 1), minimum(j, N - 1)), zero))
+            kb.barrier()
+            with threads() as t:
+                ty, tx = t / T, t % T
+                with kb.reduce(T, hint="q") as q:
+                    kb.store(part, 0, part[0] + sa[ty * T + q] * sb[q * T + tx])
+            kb.barrier()
+        with threads() as t:
+            i, j = i0 + t / T, j0 + t % T
+            with kb.if_((i < M) & (j < N)):
+                store(bidx, i, j, part[0])
+    kb.kernel.launch = LaunchShape((max(1, min(nb * mt * nt, ctx.target.max_blocks)),), (T * T,))
+    kb.kernel.comment += f"  [cuda: {T}x{T} output tiles, shared-memory A and B slices]"

@@ -230,8 +230,11 @@ def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, e
 
 
 def _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, ct, acc, var, target) -> None:
+    """The fused LayerNorms on cuda: a block per row; the first
+    :func:`~tensorfuse.ir.schedule_cuda.block_row_reduce` also stores the row's addend into
+    ``tmp``, the second sums the squared deviations, then every thread writes its elements."""
     from tensorfuse.ir.kernel import LaunchShape
-    from tensorfuse.ir.schedule_cuda import block_reduce, block_strided, block_threads_for
+    from tensorfuse.ir.schedule_cuda import block_row_reduce, block_strided, block_threads_for
     from tensorfuse.ir.schedule_cuda import unravel as _unravel
     rows = 1
     for d in outer:
@@ -239,12 +242,10 @@ def _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, 
     T = block_threads_for(n, target)
     sh = kb.shared(ct, (T,), hint="red")
     part = kb.local(ct, (1,), hint="part")
+    zero = as_expr(0.0, ct)
 
     def add(a, b):
         return a + b
-
-    def threads():
-        return kb.loop(T, kind="threadIdx.x", hint="t")
 
     with kb.loop(rows, kind="blockIdx.x", hint="o") as o:
         oidx = _unravel(o, list(outer))
@@ -252,31 +253,18 @@ def _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, 
         def at(c):
             return oidx + _unravel(c, list(inner))
 
-        with threads() as t:
-            kb.store(part, 0, as_expr(0.0, ct))
+        def first(a, c):
+            idx = at(c)
+            kb.store(tmp, idx, as_expr(addend(idx), y.dtype))
+            return a + tmp[idx].cast(ct)
+        block_row_reduce(kb, sh, part, T, n, zero, first, add, acc, final=lambda s: s / float(n))
 
-            def first(c):
-                idx = at(c)
-                kb.store(tmp, idx, as_expr(addend(idx), y.dtype))
-                kb.store(part, 0, part[0] + tmp[idx].cast(ct))
-            block_strided(kb, T, t, n, first)
-            kb.store(sh, t, part[0])
-        block_reduce(kb, sh, T, add)
-        with threads() as t:
-            kb.store(acc, 0, sh[0] / float(n))
-        kb.barrier()                     # every thread has read sh[0] before it is overwritten
-        with threads() as t:
-            kb.store(part, 0, as_expr(0.0, ct))
-
-            def second(c):
-                d = tmp[at(c)].cast(ct) - acc[0]
-                kb.store(part, 0, part[0] + d * d)
-            block_strided(kb, T, t, n, second)
-            kb.store(sh, t, part[0])
-        block_reduce(kb, sh, T, add)
-        with threads() as t:
-            kb.store(var, 0, 1.0 / unop("sqrt", sh[0] / float(n) + eps))
-
+        def second(a, c):
+            d = tmp[at(c)].cast(ct) - acc[0]
+            return a + d * d
+        block_row_reduce(kb, sh, part, T, n, zero, second, add, var,
+                         final=lambda s: 1.0 / unop("sqrt", s / float(n) + eps))
+        with kb.loop(T, kind="threadIdx.x", hint="t") as t:
             def third(c):
                 idx = at(c)
                 yv = ((tmp[idx].cast(ct) - acc[0]) * var[0]).cast(y.dtype) * scale.bcast(idx)
@@ -284,7 +272,6 @@ def _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, 
                     yv = yv + bias.bcast(idx)
                 kb.store(y, idx, yv)
             block_strided(kb, T, t, n, third)
-        kb.barrier()                     # sh[0] read by all before the next row's partials
     kb.kernel.launch = LaunchShape((max(1, min(rows, target.max_blocks)),), (T,))
     kb.kernel.comment += f"  [cuda: a block of {T} threads per row, shared-memory reductions]"
 

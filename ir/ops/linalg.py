@@ -77,9 +77,9 @@ def emit_matmul_core(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, *, M: int, N: 
     # output element per GPU thread, one accumulator
     gpu = ctx.target.kind == "cuda"
     if gpu and not kb.kernel.body:
-        from tensorfuse.ir.schedule_cuda import MATMUL_TILE
+        from tensorfuse.ir.schedule_cuda import MATMUL_TILE, tiled_gemm
         if M >= MATMUL_TILE and N >= MATMUL_TILE and K >= MATMUL_TILE:
-            return _matmul_tiled_cuda(ctx, kb, M, N, K, batch, load_a, load_b, store, acc, MATMUL_TILE)
+            return tiled_gemm(ctx, kb, M, N, K, batch, load_a, load_b, store, acc, MATMUL_TILE)
     with kb.grid(batch) as bidx:
         if K == 0 or not b_contiguous_in_j or gpu:
             # dot products over k, contiguous in A's row and in B' (B transposed). LANES
@@ -239,51 +239,6 @@ def emit_gemm(ctx: LowerCtx, a: Buffer, b: Buffer, c: Buffer | None, y: Buffer, 
     emit_matmul_core(ctx, kb, y, M=M, N=N, K=K, batch=(), load_a=load_a, load_b=load_b,
                      out_index=lambda _, i, j: [i, j], finish=finish, acc=acc,
                      b_contiguous_in_j=not trans_b)
-
-
-def _matmul_tiled_cuda(ctx, kb, M, N, K, batch, load_a, load_b, store, acc, T) -> None:
-    """The cuda matmul schedule: a thread block per T x T output tile (block-stride over batch
-    and tiles), the K dimension in slices of T staged through shared memory (A and B tiles,
-    zero beyond the edges), one accumulator per thread summing k in order."""
-    from tensorfuse.ir.kernel import LaunchShape, select
-    from tensorfuse.ir.schedule_cuda import unravel
-    mt, nt = -(-M // T), -(-N // T)
-    nb = int(np.prod(batch, dtype=np.int64)) if batch else 1
-    sa = kb.shared(acc, (T * T,), hint="ta")
-    sb = kb.shared(acc, (T * T,), hint="tb")
-    part = kb.local(acc, (1,), hint="acc")
-    zero = as_expr(0, acc)
-
-    def threads():
-        return kb.loop(T * T, kind="threadIdx.x", hint="t")
-
-    with kb.loop(nb * mt * nt, kind="blockIdx.x", hint="blk") as blk:
-        tile = blk % (mt * nt) if nb > 1 else blk
-        bidx = unravel(blk / (mt * nt), list(batch)) if batch else []
-        i0 = (tile / nt) * T if nt > 1 else tile * T
-        j0 = (tile % nt) * T if nt > 1 else as_expr(0)
-        with threads() as t:
-            kb.store(part, 0, zero)
-        with kb.reduce(-(-K // T), hint="kt") as kt:
-            k0 = kt * T
-            with threads() as t:
-                ty, tx = t / T, t % T
-                i, k = i0 + ty, k0 + tx
-                kb.store(sa, t, select((i < M) & (k < K), load_a(bidx, minimum(i, M - 1), minimum(k, K - 1)), zero))
-                kk, j = k0 + ty, j0 + tx
-                kb.store(sb, t, select((kk < K) & (j < N), load_b(bidx, minimum(kk, K - 1), minimum(j, N - 1)), zero))
-            kb.barrier()
-            with threads() as t:
-                ty, tx = t / T, t % T
-                with kb.reduce(T, hint="q") as q:
-                    kb.store(part, 0, part[0] + sa[ty * T + q] * sb[q * T + tx])
-            kb.barrier()
-        with threads() as t:
-            i, j = i0 + t / T, j0 + t % T
-            with kb.if_((i < M) & (j < N)):
-                store(bidx, i, j, part[0])
-    kb.kernel.launch = LaunchShape((max(1, min(nb * mt * nt, ctx.target.max_blocks)),), (T * T,))
-    kb.kernel.comment += f"  [cuda: {T}x{T} output tiles, shared-memory A and B slices]"
 
 
 # ----------------------------------------------------------------------------- MatMul

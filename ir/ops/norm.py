@@ -92,39 +92,29 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
 
 
 def _row_norm_cuda(kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, target, m, v) -> None:
+    """:func:`emit_row_norm` on cuda: a block per row, the sum and the sum of squared
+    deviations each a :func:`~tensorfuse.ir.schedule_cuda.block_row_reduce`."""
     from tensorfuse.ir.kernel import LaunchShape
-    from tensorfuse.ir.schedule_cuda import block_reduce, block_strided, block_threads_for
+    from tensorfuse.ir.schedule_cuda import block_row_reduce, block_strided, block_threads_for
     T = block_threads_for(n, target)
     sh = kb.shared(ct, (T,), hint="red")
     part = kb.local(ct, (1,), hint="part")
+    zero = as_expr(0.0, ct)
 
     def add(a, b):
         return a + b
 
-    def threads():
-        return kb.loop(T, kind="threadIdx.x", hint="t")
-
     with kb.loop(rows, kind="blockIdx.x", hint="o") as o:
         base = o * n
-        with threads() as t:
-            kb.store(part, 0, as_expr(0.0, ct))
-            block_strided(kb, T, t, n, lambda c: kb.store(part, 0, part[0] + x.flat(base + c).cast(ct)))
-            kb.store(sh, t, part[0])
-        block_reduce(kb, sh, T, add)
-        with threads() as t:
-            kb.store(m, 0, sh[0] / as_expr(float(n), ct))
-        kb.barrier()                     # every thread has read sh[0] before it is overwritten
-        with threads() as t:
-            kb.store(part, 0, as_expr(0.0, ct))
+        block_row_reduce(kb, sh, part, T, n, zero, lambda a, c: a + x.flat(base + c).cast(ct), add, m,
+                         final=lambda s: s / as_expr(float(n), ct))
 
-            def sq(c):
-                d = x.flat(base + c).cast(ct) - m[0]
-                kb.store(part, 0, part[0] + d * d)
-            block_strided(kb, T, t, n, sq)
-            kb.store(sh, t, part[0])
-        block_reduce(kb, sh, T, add)
-        with threads() as t:
-            kb.store(v, 0, as_expr(1.0, ct) / unop("sqrt", sh[0] / as_expr(float(n), ct) + as_expr(eps, ct)))
+        def sq(a, c):
+            d = x.flat(base + c).cast(ct) - m[0]
+            return a + d * d
+        block_row_reduce(kb, sh, part, T, n, zero, sq, add, v,
+                         final=lambda s: as_expr(1.0, ct) / unop("sqrt", s / as_expr(float(n), ct) + as_expr(eps, ct)))
+        with kb.loop(T, kind="threadIdx.x", hint="t") as t:
             block_strided(kb, T, t, n, lambda c: kb.store(y, base + c, post(o, c, (x.flat(base + c).cast(ct) - m[0]) * v[0])))
             if mean_out is not None or inv_out is not None:
                 with kb.if_(t.eq(0)):
@@ -132,7 +122,6 @@ def _row_norm_cuda(kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, target, 
                         kb.store(mean_out, o, m[0].cast(mean_out.dtype))
                     if inv_out is not None:
                         kb.store(inv_out, o, v[0].cast(inv_out.dtype))
-        kb.barrier()                     # sh[0] read by all before the next row's partials
     kb.kernel.launch = LaunchShape((max(1, min(rows, target.max_blocks)),), (T,))
     kb.kernel.comment += f"  [cuda: a block of {T} threads per row, shared-memory reductions]"
 

@@ -230,10 +230,14 @@ def emit_global_pool(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int = 2,
     read as L-lane vectors into up to :data:`GLOBAL_ACCUMULATORS` partial accumulators (sums:
     another order of the additions than one running sum; max: NaN-propagating), combined,
     reduced across lanes, then the tail elements one at a time; other planes take one scalar
-    running accumulator."""
+    running accumulator. On cuda, planes of at least ``schedule_cuda.BLOCK_ROW_MIN`` elements
+    take :func:`_global_pool_cuda` (a block per plane)."""
+    from tensorfuse.ir.schedule_cuda import use_block_rows
     n_, c_ = x.shape[:2]
     plane = math.prod(x.shape[2:])
     acc_dt = x.dtype if (kind == "max" or x.dtype in (DType.f32, DType.f64)) else DType.f32
+    if use_block_rows(plane, ctx.target):
+        return _global_pool_cuda(ctx, x, y, kind, p, acc_dt, params)
     L = ctx.target.lanes(DType.f32)
     if x.dtype == DType.f32 and plane >= L and (kind != "lp" or p in (1, 2)):
         return _emit_global_pool_vec(ctx, x, y, kind, p, L, params)
@@ -257,6 +261,48 @@ def emit_global_pool(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int = 2,
             v = unop("sqrt", v) if p == 2 else v if p == 1 else binop("pow", v, as_expr(1.0 / p, acc_dt))
         out_idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0)] + [as_expr(0)] * (len(x.shape) - 2)
         kb.store(y, out_idx, ctx.apply_epilogue(v.cast(y.dtype), out_idx))
+    return kb
+
+
+def _global_pool_cuda(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int, acc_dt: DType,
+                      params: list[Buffer] | None):
+    """:func:`emit_global_pool` on cuda: a thread block per contiguous (n, c) plane
+    (block-stride), each thread folding a strided part (coalesced across the block), the
+    partials combined in shared memory (:func:`~tensorfuse.ir.schedule_cuda.block_row_reduce`:
+    maxNum for "max", NaN skipped as on the CPU; sums for "avg" and "lp", in ``acc_dt``), then
+    thread 0 finishes (mean, p-th root), applies the epilogue and stores."""
+    from tensorfuse.ir.kernel import LaunchShape
+    from tensorfuse.ir.schedule_cuda import block_row_reduce, block_threads_for
+    n_, c_ = x.shape[:2]
+    plane = math.prod(x.shape[2:])
+    T = block_threads_for(plane, ctx.target)
+    kb = ctx.kernel(params=params)
+    sh = kb.shared(acc_dt, (T,), hint="red")
+    part = kb.local(acc_dt, (1,), hint="part")
+    tot = kb.local(acc_dt, (1,), hint="tot")
+    with kb.loop(n_ * c_, kind="blockIdx.x", hint="nc") as nc:
+        def step(a, i):
+            xv = x.flat(nc * plane + i).cast(acc_dt)
+            if kind == "max":
+                return maxnum(a, xv)
+            if kind == "lp":
+                xv = xv * xv if p == 2 else unop("abs", xv) if p == 1 else \
+                    binop("pow", unop("abs", xv), as_expr(float(p), acc_dt))
+            return a + xv
+        init = as_expr(_max_init(acc_dt) if kind == "max" else 0, acc_dt)
+        block_row_reduce(kb, sh, part, T, plane, init, step,
+                         maxnum if kind == "max" else (lambda a, b: a + b), tot)
+        with kb.loop(T, kind="threadIdx.x", hint="t") as t:
+            with kb.if_(t.eq(0)):
+                v = tot[0]
+                if kind == "avg":
+                    v = v / as_expr(float(plane), acc_dt)
+                elif kind == "lp":
+                    v = unop("sqrt", v) if p == 2 else v if p == 1 else binop("pow", v, as_expr(1.0 / p, acc_dt))
+                out_idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0)] + [as_expr(0)] * (len(x.shape) - 2)
+                kb.store(y, out_idx, ctx.apply_epilogue(v.cast(y.dtype), out_idx))
+    kb.kernel.launch = LaunchShape((max(1, min(n_ * c_, ctx.target.max_blocks)),), (T,))
+    kb.kernel.comment += f"  [cuda: a block of {T} threads per plane, shared-memory reduction]"
     return kb
 
 
