@@ -134,7 +134,7 @@ class LayoutReport:
         c = self.counts()
         conv = ", ".join(f"{n} x{k}" for n, k in sorted(self.converted.items())) or "nothing"
         lines = [f"layout {self.layout}: converted {conv}; {c.get('inserted', 0)} Transposes inserted, "
-                 f"{c.get('cancelled', 0)} cancelled (in pairs), {c.get('pushed', 0)} pushes, {c.get('composed', 0)} composed, "
+                 f"{c.get('cancelled', 0)} inverse pairs cancelled, {c.get('pushed', 0)} pushes, {c.get('composed', 0)} composed, "
                  f"{c.get('merged', 0)} merged, {c.get('reshaped', 0)} became Reshapes",
                  f"{self.count} Transposes left, {self.bytes} bytes per run"]
         if self.transposes:
@@ -312,8 +312,9 @@ class _Layout:
                         new_nodes.append(n)        # a graph output stays its own value
                         continue
                     g.replace_all_uses(y, x)
+                    # one event per inverse pair: src may pair with several consumers, and stays
+                    # while any other use is left
                     self.log("cancelled", n.name, f"perm {p2} after {src.name} perm {p1}: %{y.name} is %{x.name}")
-                    self.log("cancelled", src.name, f"pair of {n.name}")
                     changed = True
                     continue                      # n is gone; src dies with DCE if unused
                 n.inputs = [x]
