@@ -47,6 +47,78 @@ def cannot_run_reason(info: dict | None) -> str | None:
             f"CPU that has {'them' if len(lacking) > 1 else 'it'}")
 
 
+#: a module whose kernels are estimated at fewer LLVM instructions than this is generated in
+#: one piece (forking and linking several objects cost more than they save); mobilenet_v2's
+#: 33 kernels are about 48,000
+PARALLEL_MIN_SIZE = 10000
+
+
+def kernel_size(stmts) -> int:
+    """An estimate of the LLVM instructions the emitter makes of ``stmts`` (kernel IR): the
+    distinct expression nodes of each store, loops' bodies once (``unroll`` loops once per
+    iteration). Within 1.1-1.7x of the IR's line count on mobilenet_v2's kernels."""
+    from tensorfuse.ir.kernel import Const, For, If, Store
+    from tensorfuse.ir.schedule import expr_nodes
+    n = 0
+    for st in stmts:
+        if isinstance(st, Store):
+            seen = {id(x) for e in (st.index, st.value) for x in expr_nodes(e)}
+            n += 1 + len(seen)
+        elif isinstance(st, For):
+            k = int(st.extent.value) if st.kind == "unroll" and isinstance(st.extent, Const) else 1
+            n += 3 + k * kernel_size(st.body)
+        elif isinstance(st, If):
+            n += 1 + kernel_size(st.then) + kernel_size(st.orelse)
+        else:
+            n += 1
+    return n
+
+
+def kernel_groups(kernels, jobs: int) -> list[list]:
+    """``kernels`` dealt into at most ``jobs`` groups of about equal :func:`kernel_size`
+    (largest first into the lightest group; each group in the kernels' order): one group when
+    ``jobs`` is 1, fork is not available, or the total is under :data:`PARALLEL_MIN_SIZE`."""
+    from tensorfuse.codegen.llvm.jit import _can_fork
+    if jobs < 2 or len(kernels) < 2 or not _can_fork():
+        return [list(kernels)]
+    sizes = [kernel_size(k.body) for k in kernels]
+    if sum(sizes) < PARALLEL_MIN_SIZE:
+        return [list(kernels)]
+    k = min(jobs, len(kernels))
+    load, owner = [0] * k, {}
+    for i in sorted(range(len(kernels)), key=lambda i: -sizes[i]):
+        g = load.index(min(load))
+        owner[i] = g
+        load[g] += sizes[i]
+    return [[kern for i, kern in enumerate(kernels) if owner[i] == g] for g in range(k)]
+
+
+def _build_in_parts(groups, emit, name: str, target):
+    """Emit and compile each group of kernels as a module of its own: the first (with the
+    entry, which declares the other groups' kernels) here, the others in forked children at
+    the same time (``jit.fork_call``). Returns (library, packed object code, the LLVM IR text
+    of the whole module as one module, ``jit.merge_modules``)."""
+    from tensorfuse.codegen.llvm import jit
+    target = jit._as_target(target)
+
+    def part(i, kernels):
+        text = emit(kernels, entry=i == 0)
+        obj, _ = jit._compile_part(text, f"{name}.part{i}", 3, target)
+        return obj, text
+
+    handles = [jit.fork_call(lambda i=i, g=g: part(i, g), f"{name}.part{i}") for i, g in enumerate(groups) if i]
+    try:
+        first = part(0, groups[0])
+    finally:
+        rest = [jit.fork_result(h) for h in handles]
+    objs = [first[0]] + [r[0] for r in rest]
+    obj = jit.pack_objects(objs)
+    lib = jit.load_object(obj)
+    lib.target_info = jit.target_info(target)
+    jit.STATS["codegen_calls"] += 1
+    return lib, obj, jit.merge_modules([first[1]] + [r[1] for r in rest])
+
+
 class LLVMBackend(Backend):
     """CPUs through LLVM (target kind ``"llvm"``); modules are ``runtime.module.Module``."""
 
@@ -65,20 +137,33 @@ class LLVMBackend(Backend):
         LLVM code generation fails."""
         from llvmlite import ir as lir
 
-        from tensorfuse.codegen.llvm.emit import emit_entry, emit_kernel, kernel_is_parallel
+        from tensorfuse.codegen.llvm.emit import PTR, emit_entry, emit_kernel, kernel_is_parallel
         from tensorfuse.codegen.llvm.jit import compile_ir, compile_jobs
         from tensorfuse.compiler.errors import CompileError
         from tensorfuse.compiler.progress import iterate
         from tensorfuse.runtime.module import Module
 
-        mod = lir.Module(name=graph.name)
-        for k in iterate(lowered.kernels, "generating kernels", unit="kernel"):
-            emit_kernel(mod, k)
-        emit_entry(mod, "tf_run", [(c.kernel, c.slots) for c in lowered.calls],
-                   {k.name: kernel_is_parallel(k) for k in lowered.kernels})
-        ir_text = str(mod)      # printing a large module takes seconds: once
+        calls = [(c.kernel, c.slots) for c in lowered.calls]
+        parallel = {k.name: kernel_is_parallel(k) for k in lowered.kernels}
+
+        def emit(kernels, progress=False, entry=True) -> str:
+            mod = lir.Module(name=graph.name)
+            for k in (iterate(kernels, "generating kernels", unit="kernel") if progress else kernels):
+                emit_kernel(mod, k)
+            if entry:
+                for k in lowered.kernels:       # the entry calls kernels other parts define
+                    if k.name not in mod.globals:
+                        lir.Function(mod, lir.FunctionType(lir.VoidType(), [PTR, PTR]), name=k.name)
+                emit_entry(mod, "tf_run", calls, parallel)
+            return str(mod)     # printing a large module takes seconds: once
+
+        groups = kernel_groups(lowered.kernels, compile_jobs())
         try:
-            lib, obj, _opt_ir = compile_ir(ir_text, graph.name, target=target, jobs=compile_jobs())
+            if len(groups) == 1:
+                ir_text = emit(lowered.kernels, progress=True)
+                lib, obj, _opt_ir = compile_ir(ir_text, graph.name, target=target)
+            else:
+                lib, obj, ir_text = _build_in_parts(groups, emit, graph.name, target)
         except CompileError:
             raise
         except Exception as e:

@@ -377,18 +377,12 @@ def _can_fork() -> bool:
 _DEFINE = re.compile(r'^define (?P<mods>[^@]*)@(?P<name>"[^"]*"|[-\w.$]+)')
 
 
-def split_module(ir_text: str, parts: int) -> list[str]:
-    """LLVM IR text (as llvmlite prints a module: each function ``define ... {`` to a ``}`` line
-    at column 0) split into at most ``parts`` module texts of about equal size. Each external
-    function is defined in one part and declared in the others; internal and private functions,
-    declarations and module-level lines are copied into every part. One text (``ir_text``
-    itself) when the module is smaller than :data:`PARALLEL_MIN_LINES`, has fewer than two
-    external functions, or has module-level definitions other than private or internal ones."""
+def _chunks(ir_text: str):
+    """The top-level pieces of LLVM IR text as llvmlite prints a module, in order: ("define",
+    name, is_local, lines) for a function (``define ...`` to the ``}`` line at column 0),
+    ("declare", name, None, [line]), ("global", name, is_local, [line]) for ``@name = ...``,
+    ("line", None, None, [line]) for anything else (header, blank lines)."""
     lines = ir_text.split("\n")
-    if parts < 2 or len(lines) < PARALLEL_MIN_LINES:
-        return [ir_text]
-    common: list[tuple[int, list[str]]] = []    # (position, lines) kept in every part
-    funcs: list[tuple[int, str, list[str]]] = []  # (position, header, lines) of external defines
     i, n = 0, len(lines)
     while i < n:
         ln = lines[i]
@@ -397,38 +391,89 @@ def split_module(ir_text: str, parts: int) -> list[str]:
             j = i
             while j < n and lines[j] != "}":
                 j += 1
-            block = lines[i:j + 1]
             mods = m.group("mods").split()
-            if "internal" in mods or "private" in mods:
-                common.append((i, block))
-            else:
-                funcs.append((i, ln, block))
+            yield "define", m.group("name"), ("internal" in mods or "private" in mods), lines[i:j + 1]
             i = j + 1
             continue
-        if ln.startswith("@") and not re.match(r'^@\S+ = (private|internal) ', ln):
-            return [ir_text]        # a global other parts would define again
-        common.append((i, [ln]))
+        d = _DECLARE.match(ln)
+        if d:
+            yield "declare", d.group("name"), None, [ln]
+        elif ln.startswith("@"):
+            g = re.match(r'^@("[^"]*"|[-\w.$]+) = (private |internal )?', ln)
+            yield "global", g.group(1) if g else ln, bool(g and g.group(2)), [ln]
+        else:
+            yield "line", None, None, [ln]
         i += 1
+
+
+_DECLARE = re.compile(r'^declare [^@]*@(?P<name>"[^"]*"|[-\w.$]+)')
+
+
+def split_module(ir_text: str, parts: int) -> list[str]:
+    """LLVM IR text (as llvmlite prints a module: each function ``define ... {`` to a ``}`` line
+    at column 0) split into at most ``parts`` module texts of about equal size. Each external
+    function is defined in one part and declared in the others; internal and private functions,
+    declarations and module-level lines are copied into every part. One text (``ir_text``
+    itself) when the module is smaller than :data:`PARALLEL_MIN_LINES`, has fewer than two
+    external functions, or has module-level definitions other than private or internal ones.
+    :func:`merge_modules` is the inverse."""
+    if parts < 2 or ir_text.count("\n") + 1 < PARALLEL_MIN_LINES:
+        return [ir_text]
+    common: list[tuple[int, list[str]]] = []    # (position, lines) kept in every part
+    funcs: list[tuple[int, list[str]]] = []     # (position, lines) of external defines
+    for pos, (kind, _name, local, block) in enumerate(_chunks(ir_text)):
+        if kind == "define" and not local:
+            funcs.append((pos, block))
+        elif kind == "global" and not local:
+            return [ir_text]        # a global other parts would define again
+        else:
+            common.append((pos, block))
     if len(funcs) < 2:
         return [ir_text]
     k = min(parts, len(funcs))
     load, owner = [0] * k, {}
-    for pos, _, block in sorted(funcs, key=lambda f: -len(f[2])):
+    for pos, block in sorted(funcs, key=lambda f: -len(f[1])):
         p = load.index(min(load))
         owner[pos] = p
         load[p] += len(block)
     out = []
     for p in range(k):
         items = list(common)
-        for pos, header, block in funcs:
+        for pos, block in funcs:
             if owner[pos] == p:
                 items.append((pos, block))
             else:
-                decl = "declare" + header[len("define"):]
+                decl = "declare" + block[0][len("define"):]
                 items.append((pos, [decl.rstrip().removesuffix("{").rstrip()]))
         items.sort(key=lambda t: t[0])
         out.append("\n".join(ln for _, block in items for ln in block))
     return out
+
+
+def merge_modules(texts: list[str]) -> str:
+    """Module texts that define disjoint sets of external functions (the parts of one module)
+    as the text of one module: the first text's header, each external function's definition,
+    each internal/private function, global and declaration once (a declaration only where no
+    part defines the function), in the order they first appear."""
+    if len(texts) == 1:
+        return texts[0]
+    chunks = [list(_chunks(t)) for t in texts]
+    defined = {name for cs in chunks for kind, name, local, _ in cs if kind == "define" and not local}
+    out, seen = [], set()
+    for i, cs in enumerate(chunks):
+        for kind, name, local, block in cs:
+            if kind == "line":
+                if i == 0 or block[0].strip() and not block[0].startswith(("; ModuleID", "target ")):
+                    out.extend(block)
+                continue
+            if kind == "declare" and name in defined:
+                continue
+            key = (kind == "define" and not local, name)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.extend(block + [""])
+    return "\n".join(out)
 
 
 def pack_objects(objs: list[bytes]) -> bytes:
@@ -461,30 +506,37 @@ def unpack_objects(blob: bytes) -> list[bytes]:
 
 
 def _fork_compile(ir_text: str, name: str, opt: int, target):
-    """Start compiling ``ir_text`` in a forked child; a handle for :func:`_fork_result`. The
-    child writes a pickled (object code, optimised text) or (None, error message) to a pipe."""
+    """Start compiling ``ir_text`` in a forked child; a handle for :func:`_fork_result`."""
+    return fork_call(lambda: _compile_part(ir_text, name, opt, target), name)
+
+
+def fork_call(fn, name: str):
+    """Run ``fn()`` in a forked child (it sees this process's memory as it is now, so ``fn``
+    may close over kernels and modules); a handle for :func:`fork_result`. The child writes
+    its pickled result, or an error message, to a pipe and leaves without cleanup. llvmlite's
+    lock is held across the fork, so no other thread is inside LLVM in the child's copy."""
     import pickle
     rfd, wfd = os.pipe()
     lock = getattr(getattr(llvm, "ffi", None), "lib", None)
     lock = getattr(lock, "_lock", None)
     if lock is not None:
-        lock.__enter__()            # no other thread is inside LLVM while we fork
+        lock.__enter__()
     try:
         pid = os.fork()
     finally:
         if lock is not None:
             lock.__exit__(None, None, None)     # the child releases its copy too
-    if pid == 0:                    # the child: compile, write, leave without cleanup
+    if pid == 0:
         code = 1
         try:
             os.close(rfd)
             import faulthandler
             faulthandler.disable()      # LLVM says why it aborts; the parent names the signal
             try:
-                data = pickle.dumps(_compile_part(ir_text, name, opt, target))
+                data = pickle.dumps((True, fn()))
                 code = 0
             except BaseException as e:  # noqa: BLE001 - reported to the parent
-                data = pickle.dumps((None, f"{type(e).__name__}: {e}"))
+                data = pickle.dumps((False, f"{type(e).__name__}: {e}"))
             view = memoryview(data)
             while view:
                 view = view[os.write(wfd, view):]
@@ -494,9 +546,9 @@ def _fork_compile(ir_text: str, name: str, opt: int, target):
     return pid, rfd, name
 
 
-def _fork_result(handle) -> tuple[bytes, str]:
-    """The (object code, optimised text) a :func:`_fork_compile` child made; LLVMError when
-    LLVM rejected its IR, CompileError when it died."""
+def fork_result(handle):
+    """What the :func:`fork_call` child's ``fn()`` returned; LLVMError naming the part when it
+    raised, CompileError when the child died (a signal: an LLVM abort)."""
     import pickle
     pid, rfd, name = handle
     chunks = []
@@ -512,10 +564,13 @@ def _fork_result(handle) -> tuple[bytes, str]:
         from tensorfuse.compiler.errors import CompileError
         how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
         raise CompileError(f"LLVM code generation of {name} died in a child process ({how})")
-    obj, text = pickle.loads(data)
-    if obj is None:
-        raise LLVMError(f"LLVM code generation of {name} failed: {text}")
-    return obj, text
+    ok, value = pickle.loads(data)
+    if not ok:
+        raise LLVMError(f"LLVM code generation of {name} failed: {value}")
+    return value
+
+
+_fork_result = fork_result
 
 
 def emit_assembly(ir_text: str, name: str = "module", opt: int = 3, target=None) -> str:
