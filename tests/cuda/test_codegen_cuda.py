@@ -200,6 +200,30 @@ def test_fused_conv_bn_relu():
     np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-4)
 
 
+def test_conv_elementwise_tail_fuses_into_the_nhwc_conv():
+    """Conv -> Tanh -> Mul(tanh, conv) as the last layer, at O2 for cuda: the layout pass pushes
+    the conv's output Transpose below the tail (to the graph output), so the tail is the conv
+    kernel's epilogue: three kernels (input Transpose, conv + tail, output Transpose)."""
+    x = rand(1, 2, 4, 4)
+    w, b = rand(3, 2, 3, 3, seed=1), rand(3, seed=2)
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Tanh", ["c"], ["t"]), helper.make_node("Mul", ["t", "c"], ["y"])]
+    g = helper.make_graph(nodes, "tail", [helper.make_tensor_value_info("x", f, [1, 2, 4, 4])],
+                          [helper.make_tensor_value_info("y", f, [1, 3, 4, 4])],
+                          initializer=[onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    lg = cu.lower_cuda(m, opt_level=2)
+    ops = [c.ops for c in lg.calls]
+    assert len(ops) == 3 and ops[0] == ops[2] == ["Transpose"], ops
+    assert ops[1][0] == "ConvNHWC" and set(ops[1][1:]) == {"Tanh", "Mul"}, ops
+    rep = cu.lower_cuda.result.layout_report
+    assert rep.count == 2 and rep.transposes[1].where.endswith("-> graph output"), str(rep)
+    got = cu.run_lowered(lg, [x])[0]
+    np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
+
+
 def test_library_blob_roundtrip_and_launch_config(tmp_path):
     x = rand(2, 3)
     lg = cu.lower_cuda(node_model("Relu", {"x": x}))
