@@ -30,10 +30,11 @@ What it does, in order:
      Transposes): a push that would strand an extra Transpose (a value with a consumer that
      must stay NCHW) is not made. A push that alone adds bytes is still made when up to
      ``LOOKAHEAD`` further pushes of the Transposes of the chain (the one left after C, and
-     the pushed one while it has other consumers) bring the bytes back down: in Conv -> Tanh -> Mul(tanh, conv) at the graph output, the push below
-     Tanh leaves a Transpose on each of Mul's inputs, and the push below Mul merges them into
-     one at the output, so the tail computes in NHWC and fuses into the conv's group. Such a
-     chain is made all at once (the first chain found that pays, tried on copies of the graph).
+     the pushed one while it has other consumers) bring the bytes back down: in
+     Conv -> Tanh -> Mul(tanh, conv) at the graph output, the push below Tanh leaves a
+     Transpose on each of Mul's inputs, and the push below Mul merges them into one at the
+     output, so the tail computes in NHWC and fuses into the conv's group. Such a chain is
+     made all at once (the first chain found that pays, tried on copies of the graph).
 
    Transposes the model has itself are never pushed, changed or turned into Reshapes unless
    they meet one of ours (then the pair is composed or cancelled, which keeps their meaning).
