@@ -102,9 +102,10 @@ def _kernels(model, opt_level):
     from tensorfuse.compiler.lower import lower_graph
     from tensorfuse.compiler.pipeline import optimize
     from tensorfuse.compiler.target import Target
+    tgt = Target.parse("cuda")      # as compile(target="cuda"): at O2 the layout pass (NHWC ops)
     g = import_onnx(model)
-    optimize(g, opt_level)
-    return lower_graph(g, Target.parse("cuda")).kernels
+    optimize(g, opt_level, target=tgt)
+    return lower_graph(g, tgt).kernels
 
 
 @pytest.mark.skipif(not _nvvm_ok(), reason="libNVVM not found (pip install nvidia-nvvm==13.0.88)")
@@ -129,3 +130,4 @@ def test_every_kernel_compiles_to_sm90_ptx(tmp_path):
     # the generic schedule and the hand schedules (block reductions, shared-memory tiles) are here
     for what in ("cuda.grid(1)", "cuda.shared.array", "cuda.syncthreads()", "cuda.blockIdx.x"):
         assert what in src, what
+    assert any(n.startswith(("convnhwc", "fusedconvnhwc")) for n in lib.kernel_names), lib.kernel_names  # O2: NHWC

@@ -389,6 +389,98 @@ def test_graph_output_in_the_middle_keeps_its_transpose(nhwc):
     _check(nhwc, model, {"x": _rand(rng, 1, 3, 4, 4)})
 
 
+# Conv -> elementwise tail -> graph output: the conv's output Transpose is pushed to the output
+def _tail_model(rng, tail, outputs=("y",), extra=()):
+    """Conv [1,3,5,5] -> c [1,4,5,5], then the ``tail`` nodes (reading c), ``extra`` nodes
+    after them; ``outputs``: the graph outputs."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])] + list(tail) + list(extra)
+    inits = [("w", _w(rng, 4, 3)), ("b", _rand(rng, 4)), ("pc", _rand(rng, 4, 1, 1))]
+    return _model(nodes, [_vi("x", [1, 3, 5, 5])], [_vi(o, None) for o in outputs], inits)
+
+
+_TAILS = {
+    "tanh_mul": [helper.make_node("Tanh", ["c"], ["t"]), helper.make_node("Mul", ["t", "c"], ["y"])],
+    "silu_add_const": [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["m"]),
+                       helper.make_node("Add", ["m", "pc"], ["y"])],
+    "relu_add_conv": [helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Neg", ["c"], ["n"]),
+                      helper.make_node("Add", ["r", "n"], ["y"])],
+}
+
+
+@pytest.mark.parametrize("level", [1, 2])
+@pytest.mark.parametrize("tail", list(_TAILS))
+def test_elementwise_tail_at_graph_output_pushes_the_transpose(nhwc, tail, level):
+    """An elementwise tail that reads the conv's output twice (Mul(tanh(c), c), SiLU, ...): a
+    push below its first op alone adds a Transpose (one on each input of the op that joins
+    them), the next push below the join takes both away: one Transpose is left, at the graph
+    output, the tail computes in NHWC and (O2) fuses into the conv's group."""
+    rng = np.random.default_rng(30)
+    model = _tail_model(rng, _TAILS[tail])
+    g, r = _optimized(model, level)
+    rep = r.layout_report
+    assert _perms(g) == [[0, 2, 3, 1], [0, 3, 1, 2]], str(rep)
+    assert rep.count == 2 and rep.bytes == 4 * (3 * 25 + 4 * 25)
+    assert rep.transposes[1].where.endswith("-> graph output")
+    out_t = g.outputs[0].producer
+    assert out_t.op == "Transpose" and out_t.inputs[0].shape == (1, 5, 5, 4)
+    assert rep.counts()["pushed"] >= (2 if level == 1 else 1)     # O2: SiLU is FusedConv's activation
+    if level == 1:          # every tail op computes in NHWC
+        tail_ops = [n for n in g.nodes if n.op not in ("Transpose", "ConvNHWC")]
+        assert tail_ops and all(n.outputs[0].shape == (1, 5, 5, 4) for n in tail_ops)
+    else:                   # one fused group, anchored at the conv: conv and tail in one kernel
+        (grp,) = [n for n in g.nodes if n.op != "Transpose"]
+        assert grp.op == "FusedFunction" and grp.attrs["anchor"] == grp.name
+        body_ops = [n.op for n in grp.attrs["body"].nodes]
+        assert body_ops[0] in ("ConvNHWC", "FusedConvNHWC") and len(body_ops) >= 2, body_ops
+    _check(nhwc, model, {"x": _rand(rng, 1, 3, 5, 5)}, opt_level=level)
+
+
+def test_elementwise_tail_that_feeds_an_nchw_op_keeps_the_transpose_at_the_conv(nhwc):
+    """tanh(c) also feeds a Softmax over channels (NCHW only): pushed below Tanh and Mul, a
+    Transpose would stay for the Softmax and another come at the output, so no push is made:
+    one Transpose after the conv, and the tail reads NCHW."""
+    rng = np.random.default_rng(31)
+    model = _tail_model(rng, _TAILS["tanh_mul"], outputs=("y", "z"),
+                        extra=[helper.make_node("Softmax", ["t"], ["z"], axis=1)])
+    for level in (1, 2):
+        g, r = _optimized(model, level)
+        assert _perms(g) == [[0, 2, 3, 1], [0, 3, 1, 2]], str(r.layout_report)
+        (tc,) = [n for n in g.nodes if n.op == "Transpose" and n.attrs["perm"] == [0, 3, 1, 2]]
+        assert tc.inputs[0].producer.op.startswith(("ConvNHWC", "FusedConvNHWC"))
+        assert "pushed" not in r.layout_report.counts()
+        _check(nhwc, model, {"x": _rand(rng, 1, 3, 5, 5)}, opt_level=level)
+
+
+def test_elementwise_tail_with_a_graph_output_inside_keeps_the_transpose_at_the_conv(nhwc):
+    """tanh(c) is a graph output too (NCHW): the push would leave a Transpose for it and add one
+    at y, so none is made."""
+    rng = np.random.default_rng(32)
+    model = _tail_model(rng, _TAILS["tanh_mul"], outputs=("y", "t"))
+    g, r = _optimized(model, 1)
+    assert _perms(g) == [[0, 2, 3, 1], [0, 3, 1, 2]], str(r.layout_report)
+    (tanh,) = [n for n in g.nodes if n.op == "Tanh"]
+    assert tanh.outputs[0].shape == (1, 4, 5, 5) and tanh.inputs[0].producer.op == "Transpose"
+    _check(nhwc, model, {"x": _rand(rng, 1, 3, 5, 5)}, opt_level=1)
+    _check(nhwc, model, {"x": _rand(rng, 1, 3, 5, 5)}, opt_level=2)
+
+
+def test_pushed_transpose_stops_at_a_graph_output_consumed_further(nhwc):
+    """y = tanh(c) * c is a graph output that a Relu reads for a second output z: the Transpose
+    is pushed to y (the tail in NHWC) and no further (below the Relu it would need one for y
+    and one for z): the Relu reads y in NCHW."""
+    rng = np.random.default_rng(33)
+    model = _tail_model(rng, _TAILS["tanh_mul"], outputs=("y", "z"),
+                        extra=[helper.make_node("Relu", ["y"], ["z"])])
+    g, r = _optimized(model, 1)
+    assert _perms(g) == [[0, 2, 3, 1], [0, 3, 1, 2]], str(r.layout_report)
+    y = g.outputs[0]
+    assert y.producer.op == "Transpose" and y.producer.inputs[0].producer.op == "Mul"
+    (relu,) = [n for n in g.nodes if n.op == "Relu"]
+    assert relu.inputs[0] is y and relu.outputs[0].shape == (1, 4, 5, 5)
+    for level in (1, 2):
+        _check(nhwc, model, {"x": _rand(rng, 1, 3, 5, 5)}, opt_level=level)
+
+
 def test_model_transpose_with_another_perm_is_composed_not_cancelled(nhwc):
     rng = np.random.default_rng(14)
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),

@@ -28,7 +28,13 @@ What it does, in order:
      p[axis]) and one Transpose with perm p follows it. A push is kept only when, after the
      cancellations it allows, the bytes moved by Transposes do not grow (ties must not add
      Transposes): a push that would strand an extra Transpose (a value with a consumer that
-     must stay NCHW) is not made.
+     must stay NCHW) is not made. A push that alone adds bytes is still made when up to
+     ``LOOKAHEAD`` further pushes of the Transposes of the chain (the one left after C, and
+     the pushed one while it has other consumers) bring the bytes back down: in
+     Conv -> Tanh -> Mul(tanh, conv) at the graph output, the push below Tanh leaves a
+     Transpose on each of Mul's inputs, and the push below Mul merges them into one at the
+     output, so the tail computes in NHWC and fuses into the conv's group. Such a chain is
+     made all at once (the first chain found that pays, tried on copies of the graph).
 
    Transposes the model has itself are never pushed, changed or turned into Reshapes unless
    they meet one of ours (then the pair is composed or cancelled, which keeps their meaning).
@@ -55,6 +61,10 @@ DOMAIN = "tensorfuse"
 LAYOUTS = ("NCHW", "NHWC")
 #: push-and-cancel rounds at most (each round moves Transposes down the graph)
 MAX_ROUNDS = 10000
+#: pushes a push that adds Transpose bytes may be followed by to pay for itself (push_chain)
+LOOKAHEAD = 3
+#: graph copies one push_chain search may make (a value with many consumers branches)
+MAX_TRIALS = 32
 
 
 @dataclass
@@ -426,8 +436,9 @@ class _Layout:
         return b, n
 
     def push_all(self) -> bool:
-        """Try each push once per round; keep a push when, after the cancellations it allows,
-        the Transposes' bytes do not grow (ties: when their number does not grow either)."""
+        """Try each push once per round; keep a push (with its follow-ups, :meth:`push_chain`)
+        when, after the cancellations it allows, the Transposes' bytes do not grow (ties: when
+        their number does not grow either)."""
         changed = False
         for _ in range(MAX_ROUNDS):
             done = False
@@ -437,11 +448,16 @@ class _Layout:
                 if t_node.op != "Transpose" or t_node.name not in self.ours:
                     continue
                 for c in users.get(t_node.outputs[0], []):
-                    plan = self.push_plan(t_node, c, produced)
-                    if plan is None or not self.worth(t_node, c):
+                    if self.push_plan(t_node, c, produced) is None:
                         continue
-                    self.push(t_node, c, plan)
-                    self.simplify()
+                    chain = self.push_chain(t_node, c)
+                    if chain is None:
+                        continue
+                    for value, consumer in chain:
+                        if not self.push_step(value, consumer):      # the trial said it can
+                            raise AssertionError(f"layout: push of %{value} below {consumer} "
+                                                 f"no longer applies")
+                        self.simplify()
                     done = changed = True
                     break
                 if done:
@@ -450,20 +466,84 @@ class _Layout:
                 return changed
         return changed
 
-    def worth(self, t_node: Node, c: Node) -> bool:
-        """Make the push on a copy, simplify it, and compare the Transposes' cost."""
-        trial = _Layout(self.g.copy(), LayoutReport())
-        trial.ours = set(self.ours)
-        before = trial.cost()
-        tn, cn = trial.g.node(t_node.name), trial.g.node(c.name)
-        produced = {id(o): n for n in trial.g.nodes for o in n.outputs}
-        plan = trial.push_plan(tn, cn, produced)
+    def push_step(self, value: str, consumer: str) -> bool:
+        """Push the Transpose of ours that produces the value named ``value`` below the node
+        named ``consumer``; False (nothing changed) when there is no such push."""
+        produced = {o.name: n for n in self.g.nodes for o in n.outputs}
+        tn = produced.get(value)
+        if tn is None or tn.op != "Transpose" or tn.name not in self.ours:
+            return False
+        try:
+            cn = self.g.node(consumer)
+        except KeyError:
+            return False
+        if not any(v is tn.outputs[0] for v in cn.inputs):
+            return False
+        plan = self.push_plan(tn, cn, {id(o): n for n in self.g.nodes for o in n.outputs})
         if plan is None:
             return False
-        trial.push(tn, cn, plan)
-        trial.simplify()
-        after = trial.cost()
-        return after[0] < before[0] or (after[0] == before[0] and after[1] <= before[1])
+        self.push(tn, cn, plan)
+        return True
+
+    def trial(self) -> "_Layout":
+        """A copy of the graph to try pushes on (its node and value names are the same, and
+        pushes made on it in the same order make the same names)."""
+        t = _Layout(self.g.copy(), LayoutReport())
+        t.ours = set(self.ours)
+        return t
+
+    def push_chain(self, t_node: Node, c: Node, depth: int = LOOKAHEAD) -> list | None:
+        """The pushes to make, as [(value name, consumer node name)], starting with ``t_node``
+        below ``c``, or None when no such chain pays. A push alone may add a Transpose that the
+        next ones take away: Conv -> Tanh -> Mul(tanh, conv) needs the Transpose pushed below
+        Tanh (now one on each of Mul's inputs: more bytes) and then below Mul (both inputs come
+        through the same perm: one Transpose left, after Mul). So when the push alone adds
+        bytes, the search goes on, at most ``depth`` more pushes, with the Transposes of the
+        chain: the one of ``t_node``'s value (while it has consumers left) and the one after
+        each op pushed below, each below any of its consumers; the first chain whose end does
+        not cost more than the start (the rule of :meth:`push_all`) is returned. Each step is
+        tried on a copy of the graph, ``MAX_TRIALS`` copies at most."""
+        trial = self.trial()
+        before = trial.cost()
+        return trial._chain(t_node.outputs[0].name, c.name, [t_node.outputs[0].name], before, depth,
+                            [MAX_TRIALS - 1])
+
+    def _chain(self, value: str, consumer: str, frontier: list, before: tuple[int, int], depth: int,
+               budget: list) -> list | None:
+        """Push on this trial copy (mutated), then search on copies of it. ``frontier``: the
+        names of the values whose Transposes the chain may push next; ``budget``: [copies
+        left], shared by the whole search."""
+        try:
+            y = self.g.node(consumer).outputs[0].name
+        except (KeyError, IndexError):
+            return None
+        if not self.push_step(value, consumer):
+            return None
+        self.simplify()
+        after = self.cost()
+        if after[0] < before[0] or (after[0] == before[0] and after[1] <= before[1]):
+            return [(value, consumer)]
+        if depth <= 0:
+            return None
+        # C's output keeps its value, now defined by the Transpose after C: it may go further
+        frontier = frontier + [y]
+        produced = {o.name: n for n in self.g.nodes for o in n.outputs}
+        users = self.users()
+        ids = {id(o): n for n in self.g.nodes for o in n.outputs}
+        for v in reversed(frontier):           # the newest Transpose first
+            tn = produced.get(v)
+            if tn is None or tn.op != "Transpose" or tn.name not in self.ours:
+                continue
+            for u in users.get(tn.outputs[0], []):
+                if self.push_plan(tn, u, ids) is None:
+                    continue
+                if budget[0] <= 0:
+                    return None
+                budget[0] -= 1
+                rest = self.trial()._chain(v, u.name, frontier, before, depth - 1, budget)
+                if rest is not None:
+                    return [(value, consumer)] + rest
+        return None
 
     # -- 3. report ----------------------------------------------------------------------------
     def fill_report(self) -> None:

@@ -24,12 +24,15 @@ ALIGN = 256
 
 
 def lower_cuda(model, opt_level: int = 0):
-    """The LoweredGraph of an ONNX model for the cuda target, after the level's passes."""
+    """The LoweredGraph of an ONNX model for the cuda target, after the level's passes: what
+    ``compile(model, target="cuda", opt_level=...)`` lowers (the pipeline for the cuda target,
+    so at O1 and above the layout pass converts CNN ops to NHWC); ``lower_cuda.result`` is the
+    ``PipelineResult`` (its ``layout_report``: None at O0)."""
+    from tensorfuse.compiler.pipeline import optimize
+    tgt = Target.parse("cuda")
     g = import_onnx(model)
-    if opt_level:
-        from tensorfuse.compiler.pipeline import optimize
-        optimize(g, opt_level)
-    return lower_graph(g, Target.parse("cuda"))
+    lower_cuda.result = optimize(g, opt_level, target=tgt)
+    return lower_graph(g, tgt)
 
 
 def run_lowered(lg, feeds: list[np.ndarray], library=None, cache_dir=None) -> list[np.ndarray]:

@@ -100,12 +100,16 @@ def test_shifts_and_bool():
     dict(shape=(1, 4, 4, 4), w=(4, 2, 3, 3), attrs={"group": 2, "pads": [1, 1, 1, 1]}),
     dict(shape=(1, 3, 5, 5), w=(3, 1, 3, 3), attrs={"group": 3, "pads": [1, 1, 1, 1]}),
 ], ids=["3x3", "1x1", "strided_padded", "grouped", "depthwise"])
-def test_conv(kw):
+@pytest.mark.parametrize("opt_level", [0, 1], ids=["O0", "O1_nhwc"])
+def test_conv(kw, opt_level):
+    """At O0 the NCHW Conv; at O1 the layout pass's ConvNHWC between two Transposes."""
     x = rand(*kw["shape"])
     w = rand(*kw["w"], seed=1)
     b = rand(kw["w"][0], seed=2)
     m = node_model("Conv", {"x": x}, kw["attrs"], initializers={"w": w, "b": b})
-    check(m, {"x": x}, rtol=1e-4, atol=1e-4)
+    check(m, {"x": x}, rtol=1e-4, atol=1e-4, opt_level=opt_level)
+    rep = cu.lower_cuda.result.layout_report
+    assert (rep is None) if opt_level == 0 else (rep.converted == {"ConvNHWC": 1} and rep.count == 2), rep
 
 
 def test_matmul_gemm():
@@ -135,12 +139,16 @@ def test_reduce(op):
     check(m, {"x": x}, rtol=1e-5, atol=1e-6)
 
 
-def test_pools():
+@pytest.mark.parametrize("opt_level", [0, 1], ids=["O0", "O1_nhwc"])
+def test_pools(opt_level):
+    """At O1 the NHWC pools of the layout pass (GlobalAveragePool's output Transpose is a Reshape)."""
     x = rand(1, 2, 5, 5)
-    check(node_model("MaxPool", {"x": x}, {"kernel_shape": [2, 2], "strides": [2, 2]}), {"x": x})
+    check(node_model("MaxPool", {"x": x}, {"kernel_shape": [2, 2], "strides": [2, 2]}), {"x": x}, opt_level=opt_level)
     check(node_model("AveragePool", {"x": x}, {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}), {"x": x},
-          rtol=1e-5, atol=1e-6)
-    check(node_model("GlobalAveragePool", {"x": x}), {"x": x}, rtol=1e-5, atol=1e-6)
+          rtol=1e-5, atol=1e-6, opt_level=opt_level)
+    check(node_model("GlobalAveragePool", {"x": x}), {"x": x}, rtol=1e-5, atol=1e-6, opt_level=opt_level)
+    rep = cu.lower_cuda.result.layout_report
+    assert (rep is None) if opt_level == 0 else rep.converted == {"GlobalAveragePoolNHWC": 1}, rep
 
 
 def test_data_movement():
@@ -183,9 +191,37 @@ def test_fused_conv_bn_relu():
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 10
     lg = cu.lower_cuda(m, opt_level=2)
-    assert len(lg.calls) == 1, [c.ops for c in lg.calls]       # one fused group, one kernel
+    # BatchNormalization folded, Relu fused: one FusedConvNHWC kernel between the layout pass's
+    # two boundary Transposes (the graph's input and output stay NCHW)
+    assert [c.ops for c in lg.calls] == [["Transpose"], ["FusedConvNHWC"], ["Transpose"]], \
+        [c.ops for c in lg.calls]
+    assert cu.lower_cuda.result.layout_report.count == 2
     got = cu.run_lowered(lg, [x])[0]
     np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_conv_elementwise_tail_fuses_into_the_nhwc_conv():
+    """Conv -> Tanh -> Mul(tanh, conv) as the last layer, at O2 for cuda: the layout pass pushes
+    the conv's output Transpose below the tail (to the graph output), so the tail is the conv
+    kernel's epilogue: three kernels (input Transpose, conv + tail, output Transpose)."""
+    x = rand(1, 2, 4, 4)
+    w, b = rand(3, 2, 3, 3, seed=1), rand(3, seed=2)
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Tanh", ["c"], ["t"]), helper.make_node("Mul", ["t", "c"], ["y"])]
+    g = helper.make_graph(nodes, "tail", [helper.make_tensor_value_info("x", f, [1, 2, 4, 4])],
+                          [helper.make_tensor_value_info("y", f, [1, 3, 4, 4])],
+                          initializer=[onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 10
+    lg = cu.lower_cuda(m, opt_level=2)
+    ops = [c.ops for c in lg.calls]
+    assert len(ops) == 3 and ops[0] == ops[2] == ["Transpose"], ops
+    assert ops[1][0] == "ConvNHWC" and set(ops[1][1:]) == {"Tanh", "Mul"}, ops
+    rep = cu.lower_cuda.result.layout_report
+    assert rep.count == 2 and rep.transposes[1].where.endswith("-> graph output"), str(rep)
+    got = cu.run_lowered(lg, [x])[0]
+    np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-4, atol=1e-5)
 
 
 def test_library_blob_roundtrip_and_launch_config(tmp_path):

@@ -24,14 +24,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
 def lower_nhwc(model, opt_level: int = 1):
-    """The cuda LoweredGraph of ``model`` after the cuda pipeline (layout pass included)."""
-    from tensorfuse.compiler.frontend.onnx import import_onnx
-    from tensorfuse.compiler.lower import lower_graph
-    from tensorfuse.compiler.pipeline import optimize
-    from tensorfuse.compiler.target import Target
-    g = import_onnx(model)
-    optimize(g, opt_level, target="cuda")
-    return lower_graph(g, Target.parse("cuda"))
+    """The cuda LoweredGraph of ``model`` after the cuda pipeline (layout pass included: O1
+    by default)."""
+    return cu.lower_cuda(model, opt_level)
 
 
 def kernels_named(lg, word: str):
