@@ -137,7 +137,34 @@ class _Session:
             mod = tensorfuse.compile(model, target=getattr(a, "target", "llvm"), opt_level=level,
                                      input_shapes=self.shapes, disabled_rules=self.disabled,
                                      num_threads=getattr(a, "threads", None), **kw)
+            from tensorfuse.compiler.specialize import SpecializingModule
+            if isinstance(mod, SpecializingModule):
+                mod = self.specialized(mod)
         return mod, time.perf_counter() - t0
+
+    def specialized(self, smod):
+        """The module ``smod`` (a model whose shapes depend on input values) compiles for the
+        values in ``--inputs``; UsageError when the command has none or they lack an input.
+        The module's ``_cli_consumed`` names the inputs that became constants."""
+        names = smod.specialized_on
+        why = f"the shapes of this model depend on the values of input(s) {names}, so it compiles for given values"
+        path = getattr(self.args, "inputs", None)
+        if not path:
+            if hasattr(self.args, "inputs"):
+                raise UsageError(why, "give every input with --inputs IN.npz (numpy.savez(path, name=array, ...))")
+            raise UsageError(why, "run it with 'tensorfuse run MODEL --inputs IN.npz', which compiles it for "
+                                  "those values, or use tensorfuse.compile(...).module_for(...) from Python")
+        given = _read_npz(path)
+        missing = [n for n in smod.input_names if n not in given]
+        if missing:
+            raise UsageError(f"{path} lacks the model's input(s) {missing}; it has {sorted(given)}", why)
+        try:
+            mod, _ = smod.module_for(**{n: given[n] for n in smod.input_names})
+        except ValueError as e:
+            raise UsageError(f"{path}: {e}", why) from None
+        mod._cli_consumed = set(names)
+        mod._cli_model = smod.specialized_model(**{n: given[n] for n in names})    # what onnxruntime runs
+        return mod
 
 
 def _check_model_path(path: str) -> None:
@@ -147,19 +174,26 @@ def _check_model_path(path: str) -> None:
         raise UsageError(f"{path} is a folder, not a model file", "give the path of an ONNX model (.onnx)")
 
 
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    """The arrays of an .npz file by name; UsageError when it is missing or not an .npz."""
+    if not os.path.exists(path):
+        raise UsageError(f"no such inputs file: {path}", "give an .npz written by numpy.savez(path, name=array, ...)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as e:          # noqa: BLE001 - numpy's own error is unhelpful
+        raise UsageError(f"{path} is not a numpy .npz file ({type(e).__name__})",
+                         "write one with numpy.savez(path, input=array)") from None
+
+
 def _inputs_for(mod, args) -> dict[str, np.ndarray]:
     from tensorfuse.compiler.verify import random_inputs
     path = getattr(args, "inputs", None)
     if not path:
         return random_inputs(mod.input_info, getattr(args, "seed", 0))
-    if not os.path.exists(path):
-        raise UsageError(f"no such inputs file: {path}", "give an .npz written by numpy.savez(path, name=array, ...)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            given = {k: z[k] for k in z.files}
-    except Exception as e:          # noqa: BLE001 - numpy's own error is unhelpful
-        raise UsageError(f"{path} is not a numpy .npz file ({type(e).__name__})",
-                         "write one with numpy.savez(path, input=array)") from None
+    given = _read_npz(path)
+    consumed = getattr(mod, "_cli_consumed", set())     # inputs a specialisation made constants
+    given = {k: v for k, v in given.items() if k not in consumed}
     names = [i.name for i in mod.input_info]
     if len(names) == 1 and names[0] not in given and len(given) == 1:
         given = {names[0]: next(iter(given.values()))}
@@ -273,7 +307,9 @@ def cmd_bench(args) -> int:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        sess = ort.InferenceSession(args.model, so, providers=["CPUExecutionProvider"])
+        model = getattr(mod, "_cli_model", None)
+        sess = ort.InferenceSession(model.SerializeToString() if model is not None else args.model, so,
+                                    providers=["CPUExecutionProvider"])
     for _ in range(args.warmup):
         mod.run(**inputs)
         if sess is not None:
@@ -398,11 +434,12 @@ def cmd_verify(args) -> int:
     from tensorfuse.compiler.verify import verify
     ses = _Session(args)
     _check_model_path(args.model)
-    inputs = None
+    inputs, model = None, args.model
     if args.inputs:
         mod0, _ = ses.compile(args.model, opt_level=0)
         inputs = _inputs_for(mod0, args)
-    res = verify(args.model, args.opt_level, rtol=args.rtol, atol=args.atol, inputs=inputs, seed=args.seed,
+        model = getattr(mod0, "_cli_model", None) or model     # a specialisation's model
+    res = verify(model, args.opt_level, rtol=args.rtol, atol=args.atol, inputs=inputs, seed=args.seed,
                  input_shapes=ses.shapes, disabled_rules=ses.disabled, rules=ses.rules,
                  target=args.target, bisect=not args.no_bisect, groups=not args.no_groups)
     _say(str(res))
@@ -576,10 +613,21 @@ def _hint(e: BaseException, command: str) -> str:
     if isinstance(e, ModelLoadError):
         return "MODEL must be an ONNX file (.onnx)" + ("; 'run' also takes a saved module (.tfm)" if command == "run" else "")
     if isinstance(e, UnsupportedModelError):
-        return "dynamic input dimensions need --input-shape NAME=D1,D2,...; unsupported ops are listed above by name"
+        msg = str(e)
+        if "dynamic dimension" in msg:
+            return "give the input's shape with --input-shape NAME=D1,D2,..."
+        if "depend on the values" in msg:
+            return "give every input with --inputs IN.npz (numpy.savez(path, name=array, ...))"
+        if "opset" in msg:
+            return "convert the model to a supported opset with onnx.version_converter.convert_version"
+        if "not support" in msg:
+            return "tensorfuse has no lowering for the ops named in the message (op type and node names)"
+        return f"the model is valid ONNX that tensorfuse cannot compile as it stands; see '{PROG} {command} --help'"
     if "cuda" in str(e) and ("not available" in str(e) or "simulator" in str(e)):
         return ("the cuda target needs an NVIDIA GPU with its driver, or numba's CUDA simulator: "
                 "set NUMBA_ENABLE_CUDASIM=1 in the environment (slow: small models only)")
+    if isinstance(e, ArtifactError) and ("write" in str(e) or "No such file or directory" in str(e)):
+        return "check that the output's folder exists and is writable"
     if isinstance(e, ArtifactError):
         return f"saved modules come from '{PROG} compile MODEL -o OUT.tfm' with this tensorfuse version"
     if isinstance(e, CompileError):

@@ -135,12 +135,7 @@ class SpecializingModule:
         mod = self.specializations.get(key)
         if mod is None:
             from tensorfuse import compiler
-            model = onnx.ModelProto()
-            model.CopyFrom(self._model)
-            keep = [vi for vi in model.graph.input if vi.name not in bound]
-            del model.graph.input[:]
-            model.graph.input.extend(keep)
-            model.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in bound.items())
+            model = self._with_constants(bound)
             opts = dict(self._options)
             if opts.get("input_shapes"):
                 opts["input_shapes"] = {k: v for k, v in opts["input_shapes"].items() if k not in bound}
@@ -152,6 +147,26 @@ class SpecializingModule:
             self.specializations.move_to_end(key)
         rest = {n: a for n, a in given.items() if n not in bound}
         return mod, rest
+
+    def _with_constants(self, bound: dict[str, np.ndarray]) -> onnx.ModelProto:
+        model = onnx.ModelProto()
+        model.CopyFrom(self._model)
+        keep = [vi for vi in model.graph.input if vi.name not in bound]
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
+        model.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in bound.items())
+        return model
+
+    def specialized_model(self, **values) -> onnx.ModelProto:
+        """The ONNX model the module compiles for ``values`` (an array for each input of
+        ``specialized_on``): those inputs turned into initializers, the others left as inputs
+        (what onnxruntime runs to check the specialisation). ValueError for a missing or
+        mistyped value."""
+        vis = {vi.name: vi for vi in self._inputs}
+        missing = [n for n in self.specialized_on if n not in values]
+        if missing:
+            raise ValueError(f"input '{missing[0]}' is missing")
+        return self._with_constants({n: self._bound_array(vis[n], values[n]) for n in self.specialized_on})
 
     def run(self, *arrays, **named) -> list[np.ndarray]:
         mod, rest = self.module_for(*arrays, **named)

@@ -376,6 +376,16 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
 
     progress.status("verify: compiling at O0")
     mod0 = build(0)
+    from tensorfuse.compiler.specialize import SpecializingModule
+    if isinstance(mod0, SpecializingModule):    # shapes depend on input values: compare for these
+        need = mod0.specialized_on
+        if inputs is None or any(n not in inputs for n in need):
+            from tensorfuse.compiler.errors import UnsupportedModelError
+            raise UnsupportedModelError(f"the shapes of this model depend on the values of input(s) {need}: "
+                                        f"verify needs inputs= with every input")
+        proto = mod0.specialized_model(**{n: inputs[n] for n in need})
+        inputs = {k: v for k, v in inputs.items() if k not in need}
+        mod0 = build(0)
     if inputs is None:
         inputs = random_inputs(mod0.input_info, seed)
     progress.status(f"verify: compiling at O{opt_level}")

@@ -196,3 +196,42 @@ def test_graph_of_resnet18_clusters_equal_the_fused_groups(shared_models, tmp_pa
         assert len(c["nodes"]) == (len(body.nodes) if body is not None else 1)
     kernels = {c.kernel for c in mod.calls}
     assert {c["attrs"]["label"].split("  [")[0] for c in clusters.values()} == kernels
+
+
+def _value_dependent_model(path):
+    """Relu(x) reshaped to the shape given in input s: its shapes depend on s's value."""
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])],
+                          "dyn", [x, s], [y])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+def test_value_dependent_models_compile_for_the_given_inputs(tmp_path):
+    """A model whose shapes depend on an input's value (compile gives a SpecializingModule) ran
+    into AttributeError in every command; now the commands that take --inputs compile it for
+    those values and the others say what to do (exit 2)."""
+    model = _value_dependent_model(tmp_path / "dyn.onnx")
+    x = np.arange(12, dtype=np.float32).reshape(2, 6) - 5
+    np.savez(tmp_path / "in.npz", x=x, s=np.array([3, 4]))
+    r = cli("run", model, "--inputs", tmp_path / "in.npz", "-o", tmp_path / "out.npz")
+    assert r.returncode == 0, r.stderr
+    with np.load(tmp_path / "out.npz") as z:
+        np.testing.assert_array_equal(z["y"], np.maximum(x, 0).reshape(3, 4))
+    r = cli("verify", model, "--inputs", tmp_path / "in.npz")
+    assert r.returncode == 0 and "result: PASS" in r.stdout, r.stdout + r.stderr
+    r = cli("bench", model, "--inputs", tmp_path / "in.npz", "--repeat", "2", "--warmup", "1")
+    assert r.returncode == 0 and "ratio" in r.stdout, r.stderr
+    for cmd in ("run", "verify", "graph"):          # no values given
+        r = cli(cmd, model, *(["-o", tmp_path / "g.dot"] if cmd == "graph" else []))
+        assert r.returncode == 2 and "depend on the values of input(s) ['s']" in _one_line_error(r, cmd)
+        assert "--inputs" in r.stderr
+    r = cli("compile", model, "-o", tmp_path / "m.tfm")
+    assert r.returncode == 2 and "depend on the values" in _one_line_error(r, "compile")
+    assert "tensorfuse run MODEL --inputs" in r.stderr
+    np.savez(tmp_path / "nos.npz", x=x)
+    r = cli("run", model, "--inputs", tmp_path / "nos.npz")
+    assert r.returncode == 2 and "lacks the model's input(s) ['s']" in _one_line_error(r, "run")
