@@ -187,10 +187,12 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
 
 
 def _inputs_for(mod, args) -> dict[str, np.ndarray]:
-    from tensorfuse.compiler.verify import random_inputs
+    from tensorfuse.compiler.verify import index_limits, random_inputs
     path = getattr(args, "inputs", None)
     if not path:
-        return random_inputs(mod.input_info, getattr(args, "seed", 0))
+        model = getattr(args, "model", None)
+        limits = index_limits(model) if model and str(model).endswith(".onnx") and os.path.exists(model) else None
+        return random_inputs(mod.input_info, getattr(args, "seed", 0), limits)
     given = _read_npz(path)
     consumed = getattr(mod, "_cli_consumed", set())     # inputs a specialisation made constants
     given = {k: v for k, v in given.items() if k not in consumed}

@@ -83,17 +83,50 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: floa
     return OutputCheck(name, score <= 1.0, float(diff.max()), score)
 
 
-def random_inputs(input_info, seed: int = 0) -> dict[str, np.ndarray]:
+#: ops through which an integer graph input still indexes a Gather's table unchanged
+_INDEX_PASSTHROUGH = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
+
+
+def index_limits(model) -> dict[str, int]:
+    """For an ONNX model (path, bytes or ModelProto): each graph input that is the ``indices``
+    of a Gather whose ``data`` is an initializer (directly or through Cast/Reshape/Unsqueeze/
+    Squeeze/Flatten/Identity), mapped to the number of rows along the Gather's axis: the ids a
+    random input may take (token_type_ids of a BERT export index a table of 2)."""
+    from tensorfuse.compiler.frontend.onnx import load_model
+    proto = load_model(model)
+    g = proto.graph
+    inits = {t.name: list(t.dims) for t in g.initializer}
+    inputs = {vi.name for vi in g.input} - set(inits)
+    source = {n: n for n in inputs}           # value -> the graph input it passes through from
+    for node in g.node:
+        if node.op_type in _INDEX_PASSTHROUGH and node.input and node.input[0] in source:
+            for o in node.output:
+                source[o] = source[node.input[0]]
+    limits: dict[str, int] = {}
+    for node in g.node:
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[0] in inits \
+                and node.input[1] in source:
+            dims = inits[node.input[0]]
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            if dims and -len(dims) <= axis < len(dims):
+                name = source[node.input[1]]
+                limits[name] = min(limits.get(name, dims[axis]), dims[axis])
+    return limits
+
+
+def random_inputs(input_info, seed: int = 0, limits: dict[str, int] | None = None) -> dict[str, np.ndarray]:
     """Fixed-seed inputs for a module's ``input_info``: floats standard normal, integers in
-    [0, 10) (valid as ids and indices for most models), booleans uniform."""
+    [0, 10) (valid as ids and indices for most models) or [0, ``limits[name]``) where that is
+    smaller (:func:`index_limits`), booleans uniform."""
     rng = np.random.default_rng(seed)
+    limits = limits or {}
     out = {}
     for info in input_info:
         dt, shape = np.dtype(info.dtype), tuple(info.shape)
         if dt.kind == "f":
             out[info.name] = rng.standard_normal(shape).astype(dt)
         elif dt.kind in "iu":
-            out[info.name] = rng.integers(0, 10, shape).astype(dt)
+            out[info.name] = rng.integers(0, max(1, min(10, limits.get(info.name, 10))), shape).astype(dt)
         elif dt.kind == "b":
             out[info.name] = rng.random(shape) < 0.5
         else:
@@ -387,7 +420,7 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
         inputs = {k: v for k, v in inputs.items() if k not in need}
         mod0 = build(0)
     if inputs is None:
-        inputs = random_inputs(mod0.input_info, seed)
+        inputs = random_inputs(mod0.input_info, seed, index_limits(proto))
     progress.status(f"verify: compiling at O{opt_level}")
     mod = build(opt_level)
     log = list(getattr(mod, "rewrite_log", None) or [])

@@ -91,3 +91,33 @@ def test_verify_given_inputs_and_bad_arguments():
         tensorfuse.verify(m, rtol=-1)
     with pytest.raises(tensorfuse.ModelLoadError):
         tensorfuse.verify(b"not a model")
+
+
+def test_random_ids_stay_inside_the_tables_they_index():
+    """Random integer inputs were drawn from [0, 10), so an id input indexing a table of 2 rows
+    (BERT's token_type_ids) failed every CLI run and verify without --inputs."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tensorfuse.compiler.verify import index_limits, random_inputs
+    table = numpy_helper.from_array(np.arange(8, dtype=np.float32).reshape(2, 4), "table")
+    big = numpy_helper.from_array(np.ones((3, 50), np.float32), "big")
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 16])
+    cols = helper.make_tensor_value_info("cols", TensorProto.INT32, [5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 4])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [3, 5])
+    g = helper.make_graph([helper.make_node("Cast", ["ids"], ["i"], to=TensorProto.INT64),
+                           helper.make_node("Gather", ["table", "i"], ["y"]),
+                           helper.make_node("Gather", ["big", "cols"], ["z"], axis=1)],
+                          "ids", [ids, cols], [y, z], [table, big])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    assert index_limits(model) == {"ids": 2, "cols": 50}
+    mod = tensorfuse.compile(model)
+    feeds = random_inputs(mod.input_info, 0, index_limits(model))
+    assert feeds["ids"].max() == 1 and feeds["ids"].min() == 0     # both rows, nothing beyond
+    assert feeds["cols"].max() >= 2                                 # the wide table keeps [0, 10)
+    y_got, _ = mod.run(**feeds)
+    np.testing.assert_array_equal(y_got, np.arange(8, dtype=np.float32).reshape(2, 4)[feeds["ids"]])
+    res = tensorfuse.verify(model)                                   # random inputs inside
+    assert res.ok
+    onnx.checker.check_model(model)
