@@ -255,7 +255,16 @@ def _load_module(path: str, args):
         magic = f.read(4)
     if magic == b"PK\x03\x04":          # a saved module is a zip file
         t0 = time.perf_counter()
-        return tensorfuse.load(path), time.perf_counter() - t0, "loaded"
+        mod = tensorfuse.load(path)
+        given = [flag for flag, on in (("--target", getattr(args, "target", "llvm") != "llvm"),
+                                       ("-O", getattr(args, "opt_level", 2) != 2),
+                                       ("--input-shape", getattr(args, "input_shape", None)),
+                                       ("--disable-rule", getattr(args, "disable_rule", None)),
+                                       ("--rules", getattr(args, "rules", None))) if on]
+        if given:       # they were ignored without a word
+            _note(f"{path} is a saved module: it runs as it was compiled (target {mod.target!r}); "
+                  f"{', '.join(given)} {'do' if len(given) > 1 else 'does'} not apply", args)
+        return mod, time.perf_counter() - t0, "loaded"
     mod, secs = _Session(args).compile(path)
     return mod, secs, "compiled"
 

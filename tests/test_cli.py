@@ -74,6 +74,8 @@ def test_compile_then_run_a_saved_module(bn_model, tmp_path):
     r = run_cli("run", out, "--inputs", tmp_path / "in.npz", "-o", tmp_path / "out.npz")
     assert r.returncode == 0, r.stderr
     assert "output y: float32[1, 4, 8, 8]" in r.stdout and "loaded" in r.stdout
+    r = cli("run", out, "--inputs", tmp_path / "in.npz", "--target", "llvm -mcpu=znver3", "-O", "3")
+    assert r.returncode == 0 and "is a saved module" in r.stderr and "--target, -O do not apply" in r.stderr
     with np.load(tmp_path / "out.npz") as z:
         np.testing.assert_allclose(z["y"], ref, rtol=1e-4, atol=1e-5)
     np.savez(tmp_path / "bad.npz", z=x, w=x)
