@@ -351,13 +351,16 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
     with extra_rules(list(rules)):
         known = all_rules()
         if rule is not None and rule not in known and rule != "fuse_ops":
-            raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(known)}")
+            raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(known) + ['fuse_ops']}")
         proto = load_model(model)
         label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model")
         g = import_onnx(proto, input_shapes=input_shapes)
         res = PipelineResult(opt_level)
         passes = build_passes(opt_level, disabled_rules=disabled_rules, log=res.log)
     onnx_ops = {n.name: n.op_type for n in proto.graph.node}
+    if node is not None and node not in onnx_ops and node not in {n.name for n in g.nodes}:
+        some = ", ".join(list(onnx_ops)[:5])
+        raise ValueError(f"no node {node!r} in the model (an ONNX node name such as {some})")
     reports: list[PassReport] = []
     groups: list[GroupReport] = []
     fuse_log: list[Application] = []

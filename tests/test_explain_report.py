@@ -69,8 +69,10 @@ def test_filters_and_errors():
     rep = tensorfuse.explain_report(m, node="conv2")
     assert [a.node for a in rep.anchors] == ["conv2"]
     assert [a.nodes for a in _pass(rep, "fold_rules").applied] == [["conv2", "bn2"]]
-    with pytest.raises(ValueError, match="unknown rule 'Nope'"):
+    with pytest.raises(ValueError, match=r"unknown rule 'Nope'.*'fuse_ops'"):
         tensorfuse.explain_report(m, rule="Nope")
+    with pytest.raises(ValueError, match="no node 'nosuchnode' in the model"):   # was an empty report
+        tensorfuse.explain_report(m, node="nosuchnode")
 
 
 @pytest.mark.shared
