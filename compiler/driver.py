@@ -20,10 +20,15 @@ from tensorfuse.compiler.target import Target
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
             input_shapes: dict[str, Any] | None = None, disabled_rules=(), dump_ir=None,
             cache: bool = True, num_threads: int | None = None, max_memory: int | str | None = None):
-    """Compile an ONNX model into an executable :class:`tensorfuse.runtime.Module`.
+    """Compile an ONNX model into an executable module: a :class:`tensorfuse.runtime.Module`
+    for "llvm", a :class:`tensorfuse.runtime.cuda_module.CudaModule` for "cuda" (both
+    :class:`~tensorfuse.runtime.module.ModuleBase`), or, for a model whose shapes depend on
+    the values of some inputs, a :class:`~tensorfuse.compiler.specialize.SpecializingModule`
+    that compiles per value at its first run (``module_for`` gives the compiled module).
 
     model: a path, bytes or ``onnx.ModelProto``. target: "llvm" (the host CPU; ``-mcpu=`` and
-    ``-mattr=`` choose another, see ``compiler.target``). opt_level: 0..3 (docs/architecture.md "Optimisation levels":
+    ``-mattr=`` choose another, see ``compiler.target``) or "cuda" (an NVIDIA GPU through
+    numba.cuda, NHWC inside; numba's CUDA simulator with ``NUMBA_ENABLE_CUDASIM=1``). opt_level: 0..3 (docs/architecture.md "Optimisation levels":
     0 imports and lowers only, 1 adds constant folding, dead code and common subexpression
     elimination and the simplify rules, 2 adds the fold and fuse rule sets and fuse_ops, 3 adds
     rules that change numerics within rounding). input_shapes: {input name: shape} for inputs

@@ -16,6 +16,7 @@ def available_cores() -> int:
 def resolve_num_threads(n: int | None) -> int:
     """``n`` if given, else ``$TENSORFUSE_NUM_THREADS``, else :func:`available_cores`.
     Raises ValueError for a count below 1 or a variable that is not an integer."""
+    env = ""
     if n is None:
         env = os.environ.get("TENSORFUSE_NUM_THREADS", "").strip()
         if env:
@@ -26,7 +27,8 @@ def resolve_num_threads(n: int | None) -> int:
         else:
             n = available_cores()
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"num_threads must be a positive integer, got {n!r}")
+        what = "TENSORFUSE_NUM_THREADS" if env else "num_threads"     # name where the value came from
+        raise ValueError(f"{what} must be a positive integer, got {n!r}")
     return n
 
 

@@ -221,3 +221,17 @@ def test_profile_table_keeps_every_onnx_name_and_marks_shared_kernels():
     # the last layer's kernel also computes the elementwise chain: the first two share one
     assert len(shared) == 2 and len({r.kernel for r in shared}) == 1 and len({r.call for r in shared}) == 2
     assert all(r.shared_by == 2 for r in shared) and f"{shared[0].kernel} x2" in table
+
+
+def test_thread_count_errors_name_where_the_value_came_from(monkeypatch):
+    from tensorfuse.runtime.threads import resolve_num_threads
+    monkeypatch.setenv("TENSORFUSE_NUM_THREADS", "0")
+    with pytest.raises(ValueError, match="TENSORFUSE_NUM_THREADS must be a positive integer, got 0"):
+        resolve_num_threads(None)           # the message named num_threads, not the variable
+    monkeypatch.setenv("TENSORFUSE_NUM_THREADS", "abc")
+    with pytest.raises(ValueError, match="TENSORFUSE_NUM_THREADS must be a positive integer, got 'abc'"):
+        resolve_num_threads(None)
+    with pytest.raises(ValueError, match="^num_threads must be a positive integer, got -2"):
+        resolve_num_threads(-2)
+    monkeypatch.setenv("TENSORFUSE_NUM_THREADS", "3")
+    assert resolve_num_threads(None) == 3 and resolve_num_threads(2) == 2
