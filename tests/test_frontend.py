@@ -78,6 +78,9 @@ def test_dynamic_dimension_needs_input_shapes():
     np.testing.assert_array_equal(mod.run(x)[0], np.maximum(x, 0))
     with pytest.raises(tensorfuse.UnsupportedModelError, match="fixes it to 3"):
         tensorfuse.compile(m, input_shapes={"x": [5, 4]})
+    # a misspelt name is the error, not the dynamic dimension of the input it meant
+    with pytest.raises(tensorfuse.UnsupportedModelError, match=r"lacks: \['y'\]; its inputs are \['x'\]"):
+        tensorfuse.compile(m, input_shapes={"y": [5, 3]})
 
 
 def test_initializer_that_is_also_an_input_is_a_constant():

@@ -453,6 +453,10 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
         g.reserve(t.name)
         g.constants[t.name] = v
         ctx.env[t.name] = v
+    unknown = set(input_shapes) - {vi.name for vi in proto.graph.input}
+    if unknown:     # before the inputs' own checks, which would blame the input the typo meant
+        raise UnsupportedModelError(f"input_shapes names inputs the model lacks: {sorted(unknown)}; "
+                                    f"its inputs are {[vi.name for vi in proto.graph.input if vi.name not in inits]}")
     for vi in proto.graph.input:
         if vi.name in inits:     # an initializer that is also an input: its declaration must fit it
             check_declared("graph input (an initializer)", vi, g.constants[vi.name].type, shape_is_error=True)
@@ -461,9 +465,6 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
         g.reserve(vi.name)
         g.inputs.append(v)
         ctx.env[vi.name] = v
-    unknown = set(input_shapes) - {vi.name for vi in proto.graph.input}
-    if unknown:
-        raise UnsupportedModelError(f"input_shapes names inputs the model lacks: {sorted(unknown)}")
     for n in proto.graph.node:
         for o in n.output:
             if o:
