@@ -194,6 +194,9 @@ class VerifyResult:
     first_bad_group: GroupCheck | None = None
     group_level: int | None = None
     notes: list[str] = field(default_factory=list)
+    #: the target compiled for, and whether the inputs were given (the seed then plays no part)
+    target: str = "llvm"
+    inputs_given: bool = False
 
     @property
     def ok(self) -> bool:
@@ -203,8 +206,9 @@ class VerifyResult:
         return self.ok
 
     def __str__(self) -> str:
-        lines = [f"verify {self.model}: O0 and O{self.opt_level} against onnxruntime (optimisations off), "
-                 f"seed {self.seed}, rtol {self.rtol:g}, atol {self.atol:g}"]
+        src = "the given inputs" if self.inputs_given else f"random inputs (seed {self.seed})"
+        lines = [f"verify {self.model}: O0 and O{self.opt_level} for target {self.target!r} against onnxruntime "
+                 f"(optimisations off), {src}, rtol {self.rtol:g}, atol {self.atol:g}"]
         for lvl, checks in ((0, self.o0), (self.opt_level, self.level)):
             lines.append(f"O{lvl}:")
             lines += [f"  {c}" for c in checks]
@@ -407,6 +411,7 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
         with extra_rules(rules), application_limit(limit):
             return tf_compile(proto, opt_level=level, cache=cache and not rules and limit is None, **kw)
 
+    given = inputs is not None
     progress.status("verify: compiling at O0")
     mod0 = build(0)
     from tensorfuse.compiler.specialize import SpecializingModule
@@ -428,7 +433,8 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
     progress.status("verify: running onnxruntime")
     ref, notes = _ort_values(proto, inputs, onnx_values if groups else [])
     res = VerifyResult(label, opt_level, rtol, atol, seed, _check_outputs(mod0, inputs, ref, rtol, atol),
-                       _check_outputs(mod, inputs, ref, rtol, atol), len(log), notes=notes)
+                       _check_outputs(mod, inputs, ref, rtol, atol), len(log), notes=notes,
+                       target=str(target), inputs_given=given)
     o0_ok = all(c.ok for c in res.o0)
     lvl_ok = all(c.ok for c in res.level)
     if not o0_ok:

@@ -120,4 +120,5 @@ def test_random_ids_stay_inside_the_tables_they_index():
     np.testing.assert_array_equal(y_got, np.arange(8, dtype=np.float32).reshape(2, 4)[feeds["ids"]])
     res = tensorfuse.verify(model)                                   # random inputs inside
     assert res.ok
+    assert "for target 'llvm'" in str(res) and "random inputs (seed 0)" in str(res)
     onnx.checker.check_model(model)
