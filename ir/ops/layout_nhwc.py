@@ -123,6 +123,13 @@ def _acc_dtype(dt: DType) -> DType:
     return DType.f32 if dt in (DType.f16, DType.bf16) else dt
 
 
+def _conv_dims(x, w, group: int, geo: Geometry):
+    """The sizes an NHWC conv kernel works with: (X's [N, H, W, C], W's [KH, KW, C/g, M],
+    (OH, OW), M/group, the accumulator dtype, strides, dilations, leading pads)."""
+    return (tuple(x.shape), tuple(w.shape), tuple(geo.out_shape), w.shape[3] // group, _acc_dtype(x.dtype),
+            tuple(geo.strides), tuple(geo.dilations), tuple(geo.pads_begin))
+
+
 # ----------------------------------------------------------------------------- Conv
 def emit_conv_nhwc(ctx, x, w, b, y, group: int, geo: Geometry):
     """One kernel: y[n, oh, ow, m] = epilogue(sum over (kh, kw, ic) of x[n, ih, iw, g*C/g + ic] *
@@ -144,12 +151,8 @@ def emit_conv_nhwc(ctx, x, w, b, y, group: int, geo: Geometry):
 
     Every other conv (few channels, 1-channel groups of a channel multiplier, tiny images)
     keeps the one-thread-per-output form."""
-    n_, h_, w_, c_ = x.shape
-    kh_, kw_, cg, m_ = w.shape
-    oh_, ow_ = geo.out_shape
-    mg = m_ // group
-    acc_dt = _acc_dtype(x.dtype)
-    (sh, sw), (dh, dw), (ph, pw) = geo.strides, geo.dilations, geo.pads_begin
+    (n_, h_, w_, c_), (kh_, kw_, cg, m_), (oh_, ow_), mg, acc_dt, (sh, sw), (dh, dw), (ph, pw) = \
+        _conv_dims(x, w, group, geo)
     if ctx.target.kind == "cuda":
         P, K = n_ * oh_ * ow_, kh_ * kw_ * cg
         if P >= CONV_TILE and mg >= CONV_TILE and K >= CONV_TILE:
@@ -209,12 +212,8 @@ def _conv_tiled_cuda(ctx, x, w, b, y, group: int, geo: Geometry, T: int):
     ``ctx.apply_epilogue`` (folded BatchNorm arrives as bias and scaled weights; activation,
     residual Z), before its one store."""
     from tensorfuse.ir.schedule_cuda import tiled_gemm, unravel
-    n_, h_, w_, c_ = x.shape
-    kh_, kw_, cg, m_ = w.shape
-    oh_, ow_ = geo.out_shape
-    mg = m_ // group
-    acc_dt = _acc_dtype(x.dtype)
-    (sh, sw), (dh, dw), (ph, pw) = geo.strides, geo.dilations, geo.pads_begin
+    (n_, h_, w_, c_), (kh_, kw_, cg, m_), (oh_, ow_), mg, acc_dt, (sh, sw), (dh, dw), (ph, pw) = \
+        _conv_dims(x, w, group, geo)
     P, K = n_ * oh_ * ow_, kh_ * kw_ * cg
     kb = ctx.kernel()
 

@@ -247,21 +247,35 @@ def emit_global_pool(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int = 2,
         kb.store(acc, 0, as_expr(_max_init(acc_dt) if kind == "max" else 0, acc_dt))
         with kb.loop(plane, hint="i") as i:
             xv = x.flat(nc * plane + i).cast(acc_dt)
-            if kind == "max":
-                kb.store(acc, 0, maxnum(acc[0], xv))
-            else:
-                if kind == "lp":
-                    xv = xv * xv if p == 2 else unop("abs", xv) if p == 1 else \
-                        binop("pow", unop("abs", xv), as_expr(float(p), acc_dt))
-                kb.store(acc, 0, acc[0] + xv)
-        v = acc[0]
-        if kind == "avg":
-            v = v / as_expr(float(plane), acc_dt)
-        elif kind == "lp":
-            v = unop("sqrt", v) if p == 2 else v if p == 1 else binop("pow", v, as_expr(1.0 / p, acc_dt))
-        out_idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0)] + [as_expr(0)] * (len(x.shape) - 2)
-        kb.store(y, out_idx, ctx.apply_epilogue(v.cast(y.dtype), out_idx))
+            kb.store(acc, 0, _global_step(kind, p, acc_dt, acc[0], xv))
+        _global_store(ctx, kb, y, x, nc, c_, _global_finish(kind, p, plane, acc_dt, acc[0]))
     return kb
+
+
+def _global_step(kind: str, p: int, acc_dt: DType, a, xv):
+    """One element ``xv`` folded into a global pool's accumulator ``a``: maxNum for "max",
+    |x|^p added for "lp", x added for "avg"."""
+    if kind == "max":
+        return maxnum(a, xv)
+    if kind == "lp":
+        xv = xv * xv if p == 2 else unop("abs", xv) if p == 1 else \
+            binop("pow", unop("abs", xv), as_expr(float(p), acc_dt))
+    return a + xv
+
+
+def _global_finish(kind: str, p: int, plane: int, acc_dt: DType, v):
+    """A global pool's result from its accumulator: the mean for "avg", the p-th root for "lp"."""
+    if kind == "avg":
+        return v / as_expr(float(plane), acc_dt)
+    if kind == "lp":
+        return unop("sqrt", v) if p == 2 else v if p == 1 else binop("pow", v, as_expr(1.0 / p, acc_dt))
+    return v
+
+
+def _global_store(ctx, kb, y: Buffer, x: Buffer, nc, c_: int, v) -> None:
+    """Store plane ``nc``'s result ``v`` at y[n, c, 0, ...] through the epilogue."""
+    out_idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0)] + [as_expr(0)] * (len(x.shape) - 2)
+    kb.store(y, out_idx, ctx.apply_epilogue(v.cast(y.dtype), out_idx))
 
 
 def _global_pool_cuda(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int, acc_dt: DType,
@@ -282,25 +296,13 @@ def _global_pool_cuda(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int, ac
     tot = kb.local(acc_dt, (1,), hint="tot")
     with kb.loop(n_ * c_, kind="blockIdx.x", hint="nc") as nc:
         def step(a, i):
-            xv = x.flat(nc * plane + i).cast(acc_dt)
-            if kind == "max":
-                return maxnum(a, xv)
-            if kind == "lp":
-                xv = xv * xv if p == 2 else unop("abs", xv) if p == 1 else \
-                    binop("pow", unop("abs", xv), as_expr(float(p), acc_dt))
-            return a + xv
+            return _global_step(kind, p, acc_dt, a, x.flat(nc * plane + i).cast(acc_dt))
         init = as_expr(_max_init(acc_dt) if kind == "max" else 0, acc_dt)
         block_row_reduce(kb, sh, part, T, plane, init, step,
                          maxnum if kind == "max" else (lambda a, b: a + b), tot)
         with kb.loop(T, kind="threadIdx.x", hint="t") as t:
             with kb.if_(t.eq(0)):
-                v = tot[0]
-                if kind == "avg":
-                    v = v / as_expr(float(plane), acc_dt)
-                elif kind == "lp":
-                    v = unop("sqrt", v) if p == 2 else v if p == 1 else binop("pow", v, as_expr(1.0 / p, acc_dt))
-                out_idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0)] + [as_expr(0)] * (len(x.shape) - 2)
-                kb.store(y, out_idx, ctx.apply_epilogue(v.cast(y.dtype), out_idx))
+                _global_store(ctx, kb, y, x, nc, c_, _global_finish(kind, p, plane, acc_dt, tot[0]))
     kb.kernel.launch = LaunchShape((max(1, min(n_ * c_, ctx.target.max_blocks)),), (T,))
     kb.kernel.comment += f"  [cuda: a block of {T} threads per plane, shared-memory reduction]"
     return kb
