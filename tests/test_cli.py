@@ -135,7 +135,7 @@ def test_verify_names_the_wrong_rule_and_its_onnx_nodes(bn_model):
     """Acceptance 1: a deliberately wrong BatchNorm fold (drops the shift) injected with --rules."""
     r = cli("verify", bn_model, "--no-groups")
     assert r.returncode == 0 and "result: PASS" in r.stdout, r.stdout + r.stderr
-    assert "the given inputs" in r.stdout and "seed" not in r.stdout.splitlines()[0]
+    assert "random inputs (seed 0)" in r.stdout.splitlines()[0]
     r = run_cli("verify", bn_model, "--rules", WRONG_RULE)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "first bad rewrite: application 2, rule FoldBatchNormDropShift, on ONNX nodes conv2, bn2" in r.stdout
@@ -226,6 +226,7 @@ def test_value_dependent_models_compile_for_the_given_inputs(tmp_path):
         np.testing.assert_array_equal(z["y"], np.maximum(x, 0).reshape(3, 4))
     r = cli("verify", model, "--inputs", tmp_path / "in.npz")
     assert r.returncode == 0 and "result: PASS" in r.stdout, r.stdout + r.stderr
+    assert "the given inputs" in r.stdout and "seed" not in r.stdout.splitlines()[0]
     r = cli("bench", model, "--inputs", tmp_path / "in.npz", "--repeat", "2", "--warmup", "1")
     assert r.returncode == 0 and "ratio" in r.stdout, r.stderr
     for cmd in ("run", "verify", "graph"):          # no values given
