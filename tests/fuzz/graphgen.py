@@ -154,6 +154,20 @@ class GraphBuilder:
     def node1(self, op, ins, **attrs) -> str:
         return self.node(op, ins, **attrs)[0]
 
+    def upstream_ops(self, value: str) -> set[str]:
+        """The op types of every node that ``value`` depends on (itself included)."""
+        maker = {o: n for n in self.nodes for o in n.output}
+        ops, todo, seen = set(), [value], set()
+        while todo:
+            v = todo.pop()
+            n = maker.get(v)
+            if n is None or id(n) in seen:
+                continue
+            seen.add(id(n))
+            ops.add(n.op_type)
+            todo.extend(i for i in n.input if i)
+        return ops
+
     def _infer(self, outs):
         m = self.model([helper.make_empty_tensor_value_info(o) for o in outs])
         try:
@@ -442,6 +456,12 @@ def g_reduce(b):
     op = str(r.choice(REDUCE + ["ArgMax", "ArgMin"]))
     keep = int(r.random() < 0.5)
     if op in ("ArgMax", "ArgMin"):
+        # interpolation (Resize) makes candidates that are equal in exact arithmetic, and which
+        # of them wins depends on rounding: onnxruntime, onnx.reference and tensorfuse each
+        # picked another index (seed 7 graph 3717, tests/regressions
+        # test_random_graph_generator_rules); not drawn
+        if "Resize" in b.upstream_ops(x):
+            raise Reject("Arg* over interpolated near-ties")
         axis = int(r.integers(-len(s), len(s)))
         attrs = {"axis": axis, "keepdims": keep}
         if r.random() < 0.3:
@@ -644,6 +664,11 @@ def g_batchnorm(b):
     return y
 
 
+# ops whose outputs may hold runs of equal values along an axis for random inputs
+CONSTANT_RUNS = {"Pad", "Expand", "Resize", "Tile", "ConstantOfShape", "MaxPool", "AveragePool",
+                 "GlobalAveragePool", "GlobalMaxPool", "Gather", "Concat"}
+
+
 def g_layernorm(b):
     r = b.rng
     x = b.pick(rank_at_least(1), make=lambda: b.rand_shape(int(r.choice([2, 3]))))
@@ -677,6 +702,12 @@ def _layernorm_body(b, x, s, last_axis=False):
     a = axis % len(s)
     nshape = s[a:]
     eps = float(r.choice([1e-5, 1e-12, 1e-3]))
+    # epsilon 1e-12 over rows that are constant in exact arithmetic (padding, broadcasting,
+    # pooling's repeated windows, then an affine op): the variance is rounding noise, and the
+    # result is that noise over sqrt(noise + 1e-12), different in every implementation
+    # (seed 7 graph 3760: onnxruntime is 0.039 off onnx.reference, tensorfuse 0.0097); not drawn
+    if eps < 1e-6 and b.upstream_ops(x) & CONSTANT_RUNS:
+        eps = 1e-5
     gamma = b.fconst(nshape, 0.5, 1.5, "gamma")
     beta = b.fconst(nshape, -0.5, 0.5, "beta") if r.random() < 0.7 else None
     if r.random() < 0.5:
@@ -820,6 +851,19 @@ def g_pool(b):
         attrs["count_include_pad"] = 1
     if op == "MaxPool" and r.random() < 0.3:
         attrs["dilations"] = [int(r.integers(1, 3)) for _ in range(2)]
+    # ceil_mode where the last window would start in the right padding: the spec drops that
+    # window (tensorfuse and onnx.reference do, and so does onnxruntime's kernel), but onnx
+    # shape inference and onnxruntime's declared shape keep it, so a later node sized by
+    # inference sees one more row than there is (seed 7 graph 4417: a MaxPool after it got a
+    # 1-row input for a 2-row window, which onnxruntime pools by truncating division where the
+    # spec's output is empty); not drawn
+    if attrs.get("ceil_mode") and ap == "NOTSET":
+        p_, d_, s_ = attrs.get("pads", [0, 0, 0, 0]), attrs.get("dilations", [1, 1]), attrs.get("strides", [1, 1])
+        for i, (kk, n) in enumerate(zip(k, b.shapes[x][2:])):
+            span = n + p_[i] + p_[i + 2] - ((kk - 1) * d_[i] + 1)
+            if span >= 0 and -(-span // s_[i]) * s_[i] >= n + p_[i]:
+                del attrs["ceil_mode"]
+                break
     # a (dilated) window larger than the padded input: onnxruntime computes a partial window,
     # tensorfuse refuses it with UnsupportedModelError (reported in issue 9's note); not drawn
     d = attrs.get("dilations", [1, 1])

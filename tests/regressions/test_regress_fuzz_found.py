@@ -83,3 +83,112 @@ def test_maxpool_same_upper_ignores_ceil_mode(ceil_mode):
     for level in (0, 2):
         (y,) = tensorfuse.compile(m, opt_level=level, cache=False).run(x)
         np.testing.assert_array_equal(y.ravel(), [11.0, 14.0])
+
+
+# --- generator rules: cases where implementations legitimately disagree are not drawn --------
+
+def _graphs(ops, n=150, base=9_100_000):
+    import sys, pathlib
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from fuzz import graphgen
+    return [graphgen.generate(base + i, ops=ops).model for i in range(n)]
+
+
+def _upstream(model, value):
+    maker = {o: n for n in model.graph.node for o in n.output}
+    ops, todo, seen = set(), [value], set()
+    while todo:
+        n = maker.get(todo.pop())
+        if n is not None and n.name not in seen:
+            seen.add(n.name)
+            ops.add(n.op_type)
+            todo.extend(i for i in n.input if i)
+    return ops
+
+
+def _attrs(node):
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def test_maxpool_ceil_mode_drops_a_window_that_starts_outside():
+    """The first MaxPool of random_graphs.py --seed 7, graph 4417 (seed 7004438), which tensorfuse
+    refused: kernel 2, stride 3, ceil_mode=1 over 3 rows. ceil((3 - 2) / 3) + 1 = 2 windows, but
+    the second would start at row 3, past the input, and the spec drops it ("sliding windows that
+    would start in the right padded region are ignored"), so the output has 1 row. onnxruntime's
+    kernel and onnx.reference give 1 row too, but onnx shape inference (and onnxruntime's own
+    declared shape) say 2, so the graph's next MaxPool (a 2-row window) met 1 row, where the
+    spec's output is empty and tensorfuse refuses with UnsupportedModelError (onnxruntime pools it
+    by truncating division). Expected by hand: rows 0-1 of arange(6).reshape(3, 2)."""
+    node = helper.make_node("MaxPool", ["x"], ["y"], ceil_mode=1, kernel_shape=[2, 1], strides=[3, 1])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.arange(6, dtype=np.float32).reshape(1, 1, 3, 2)
+    for level in (0, 2):
+        (y,) = tensorfuse.compile(m, opt_level=level, cache=False).run(x)
+        np.testing.assert_array_equal(y, [[[[2.0, 3.0]]]])
+    second = helper.make_node("MaxPool", ["y"], ["z"], kernel_shape=[2, 2], strides=[2, 3], name="MaxPool_9")
+    g2 = helper.make_graph([node, second], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 6])],
+                           [helper.make_tensor_value_info("z", TensorProto.FLOAT, [None] * 4)])
+    m2 = helper.make_model(g2, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(tensorfuse.UnsupportedModelError, match="MaxPool_9.*kernel extent 2 exceeds the padded input size 1"):
+        tensorfuse.compile(m2, cache=False)
+
+
+def test_generator_draws_no_ceil_mode_window_in_the_padding():
+    """g_pool leaves ceil_mode out where the spec would drop the last window (see above)."""
+    seen = 0
+    for m in _graphs(("pool",)):
+        shapes = {}
+        import onnx
+        mi = onnx.shape_inference.infer_shapes(m)
+        for vi in list(mi.graph.input) + list(mi.graph.value_info) + list(mi.graph.output):
+            shapes[vi.name] = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        for n in m.graph.node:
+            a = _attrs(n)
+            if n.op_type not in ("MaxPool", "AveragePool") or not a.get("ceil_mode") or a.get("auto_pad", b"NOTSET") != b"NOTSET":
+                continue
+            seen += 1
+            k, s = a["kernel_shape"], a.get("strides", [1, 1])
+            p, d = a.get("pads", [0, 0, 0, 0]), a.get("dilations", [1, 1])
+            for i, size in enumerate(shapes[n.input[0]][2:]):
+                span = size + p[i] + p[i + 2] - ((k[i] - 1) * d[i] + 1)
+                assert -(-span // s[i]) * s[i] < size + p[i], (n.name, a, size)
+    assert seen > 10
+
+
+def test_generator_draws_no_arg_reduction_over_interpolation():
+    """random_graphs.py --seed 7, graph 3717 (seed 7003738), shrunk to Softmax, Transpose, Resize
+    (linear, align_corners), ArgMin, Cast: the interpolated candidates are near-ties, and
+    onnx.reference, onnxruntime and tensorfuse each picked another index (1 and 2 apart). Not a
+    lowering bug, so g_reduce draws no ArgMax/ArgMin over a value computed from a Resize."""
+    args = 0
+    for m in _graphs(("resize", "reduce"), n=200):
+        for n in m.graph.node:
+            if n.op_type in ("ArgMax", "ArgMin"):
+                args += 1
+                assert "Resize" not in _upstream(m, n.input[0]), n.name
+    assert args > 10
+
+
+def test_generator_draws_no_tiny_layernorm_epsilon_over_constant_rows():
+    """random_graphs.py --seed 7, graph 3760 (seed 7003781), shrunk to Pad, BatchNormalization,
+    LayerNormalization(epsilon=1e-12): the padded rows are constant, so their variance is rounding
+    noise and the result is that noise over sqrt(noise + 1e-12) (onnxruntime was 0.039 from
+    onnx.reference, tensorfuse 0.0097). g_layernorm uses epsilon 1e-5 over values computed from
+    ops that repeat values (graphgen.CONSTANT_RUNS)."""
+    from fuzz.graphgen import CONSTANT_RUNS
+    tiny = 0
+    for m in _graphs(("pad", "batchnorm", "layernorm", "pool"), n=200):
+        inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+        for n in m.graph.node:
+            if n.op_type == "LayerNormalization":
+                eps, x = _attrs(n).get("epsilon", 1e-5), n.input[0]
+            elif n.op_type == "Add" and n.input[1] in inits and n.input[1].startswith("eps"):
+                eps, x = float(inits[n.input[1]]), n.input[0]     # the decomposition's var + eps
+            else:
+                continue
+            if eps < 1e-6:
+                tiny += 1
+                assert not _upstream(m, x) & CONSTANT_RUNS, n.name
+    assert tiny > 5
