@@ -536,6 +536,10 @@ class KernelBuilder:
 
     @contextlib.contextmanager
     def if_(self, cond: Expr):
+        if isinstance(cond, bool):
+            # ``v == 0`` on an Expr is Python's identity test (False), not a comparison: write
+            # ``v.eq(0)``; a constant condition is a mistake either way
+            raise TypeError(f"if_ needs a boolean Expr, got the Python value {cond!r} (use Expr.eq / .ne)")
         s = If(as_expr(cond, DType.bool))
         self._emit(s)
         self._stack.append(s.then)

@@ -209,6 +209,68 @@ def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, threads):
     np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)
 
 
+@pytest.mark.parametrize("x_shape,m,k,attrs,chunks,in_place", [
+    ((1, 256, 7, 7), 48, 3, {"pads": [1, 1, 1, 1]}, True, False),           # resnet's 7x7 stage, chunked C
+    ((2, 64, 14, 14), 20, 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}, False, False),  # 20 = 2.5 vectors
+    ((1, 40, 9, 9), 36, 3, {"pads": [2, 0, 1, 2], "dilations": [2, 2]}, False, False),
+    ((1, 96, 6, 5), 19, 5, {"pads": [2, 2, 2, 2]}, True, False),           # windows mostly padding
+    ((1, 32, 13, 13), 16, 1, {"strides": [2, 2]}, False, True),             # strided 1x1 (resnet's downsample)
+    ((1, 512, 9, 9), 16, 3, {}, True, True),                                # no padding, chunked
+    ((1, 1024, 3, 3), 600, 3, {"pads": [1, 1, 1, 1]}, True, False),         # many blocks per task
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_flat_pixel_tiles(x_shape, m, k, attrs, chunks, in_place, threads):
+    """Convs with small output planes in narrow rows (at most NARROW_ROW columns) tile the
+    flattened pixels (emit_conv_flat), tiles crossing rows; with a residual Add and Relu fused.
+    Input channels in chunks where all of them would exceed the L1 budget, copied into a
+    zero-padded local plane unless no window reaches the padding; every tile, chunk, group of
+    channel blocks and channel tail matches onnxruntime at 1 and 2 threads, and codegen
+    produced vector FMAs for the kernel."""
+    import re
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.codegen_util import function_ir, optimized_ir
+    x = _u(*x_shape)
+    w = _u(m, x_shape[1], k, k, seed=1) * 0.1
+    bias = _u(m, seed=2)
+    N = helper.make_node
+    conv = N("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], **attrs)
+    probe = helper.make_graph([conv], "p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [None] * 4)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    out_shape = ort_run(helper.make_model(probe, opset_imports=[helper.make_opsetid("", 17)]), {"x": x})[0].shape
+    z = _u(*out_shape, seed=3)
+    g = helper.make_graph(
+        [conv, N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("x", x), ("z", z))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    mod = tensorfuse.compile(model, num_threads=threads, cache=False)
+    (kern,) = [kk for kk in mod.kernels if "flat pixel tiles" in kk.comment]
+    nc = int(re.search(r"input channels in (\d+) chunks", kern.comment).group(1))
+    assert (nc > 1) == chunks, kern.comment
+    assert ("read in place" in kern.comment) == in_place, kern.comment
+    assert any(b.name.startswith("xpad") for b in kern.locals) == (not in_place)
+    body = function_ir(optimized_ir(mod), kern.name)
+    assert re.search(r"(llvm\.fma|llvm\.fmuladd)\.v\d+f32|fmul <\d+ x float>", body)
+    np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)
+
+
+def test_flat_tile_choice_follows_the_target():
+    """The flat tile takes its lanes and register budget from the target: 8 lanes and at most
+    16 registers with AVX2, 16 lanes and 32 registers with AVX-512."""
+    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.ops.conv_blocked import choose_flat_tile, flat_chunk
+    for spec, lanes, regs in (("llvm -mcpu=znver3", 8, 16), ("llvm -mcpu=znver4", 16, 32)):
+        t = Target.parse(spec)
+        L, ob, p = choose_flat_tile(t, 512, 49)
+        assert L == lanes and ob * p + ob + 1 <= regs and ob * p >= 8
+        kc = flat_chunk(t, 512, ob * L, 9)
+        assert 512 % kc == 0 and kc * ob * L * 9 * 4 <= 2 * t.l1d_bytes
+
+
 @pytest.mark.parametrize("xs,ws,attrs,msg", [
     ((1, 3, 5, 5), (4, 2, 3, 3), {}, "channels"),
     ((1, 4, 5, 5), (3, 2, 3, 3), {"group": 2}, "divisible"),

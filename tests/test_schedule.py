@@ -517,3 +517,17 @@ def test_structurally_identical_kernels_share_code():
     assert len(mod.kernels) == 1
     x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
     np.testing.assert_allclose(mod.run(x=x)[0], ort_run(m, {"x": x})[0], rtol=RTOL, atol=ATOL)
+
+
+def test_if_refuses_a_python_bool():
+    """``v == 0`` on an Expr is Python's identity test, not a comparison: ``kb.if_`` refuses the
+    resulting bool instead of emitting a branch that is never taken (emit_conv_flat's first
+    draft zeroed its partial sums under ``if_(cc == 0)`` and read garbage)."""
+    x = Buffer("x", F32, (4,))
+    kb = KernelBuilder("k", [x])
+    with kb.loop(4) as i:
+        with pytest.raises(TypeError, match="Expr.eq"):
+            with kb.if_(i == 0):
+                pass
+        with kb.if_(i.eq(0)):
+            kb.store(x, i, 1.0)
