@@ -1,6 +1,6 @@
-"""Parallel LLVM code generation (codegen/llvm/jit.py ``compile_ir(..., jobs=N)``): a large module
-is split into parts compiled in forked children and linked as several objects. The split must
-keep every function defined once, the linked code must compute what one object computes (the
+"""Parallel LLVM code generation (codegen/llvm/backend.py ``_build_in_parts``): a large module's
+kernels are dealt into groups emitted and compiled in forked children and linked as several
+objects. Each kernel must be defined once, the linked code must compute what one object computes (the
 relocation model once made it read wrong constants across objects: mobilenet_v2's output moved
 by 0.15), a saved module must load, and a child that dies must be our CompileError."""
 from __future__ import annotations
@@ -45,7 +45,6 @@ def _feeds():
 def split_everything(monkeypatch):
     """Split every module however small, into as many parts as asked."""
     from tensorfuse.codegen.llvm import backend
-    monkeypatch.setattr(jit, "PARALLEL_MIN_LINES", 0)
     monkeypatch.setattr(backend, "PARALLEL_MIN_SIZE", 0)
     monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "3")
 
@@ -54,39 +53,7 @@ def _defined(text: str) -> list[str]:
     return re.findall(r'^define (?!internal|private)[^@]*@"?([^"(]+)"?\(', text, re.M)
 
 
-def test_split_defines_each_external_function_once(split_everything):
-    mod = tensorfuse.compile(_model(), cache=False)
-    text = mod.llvm_ir
-    parts = jit.split_module(text, 3)
-    assert len(parts) == 3
-    whole = sorted(_defined(text))
-    assert "tf_run" in whole and len(whole) >= 4
-    per_part = [_defined(p) for p in parts]
-    assert sorted(n for d in per_part for n in d) == whole          # each defined exactly once
-    for p, d in zip(parts, per_part):
-        assert d, "a part with nothing to compile"
-        declared = re.findall(r'^declare [^@]*@"?([^"(]+)"?\(', p, re.M)
-        assert set(whole) - set(d) <= set(declared)                  # the rest declared
-        jit.parse_and_verify(p, "part")                               # each part is valid IR
-    # internal helpers (the team barrier) go into every part that may call them
-    if "@\"tf_barrier\"" in text:
-        assert all("define internal void @\"tf_barrier\"" in p for p in parts)
-
-
-def test_small_modules_and_single_parts_are_not_split():
-    text = 'define void @"a"(ptr %"x")\n{\nentry:\n  ret void\n}\n'
-    assert jit.split_module(text, 4) == [text]                       # under PARALLEL_MIN_LINES
-
-
-def test_split_refuses_modules_with_external_globals(monkeypatch):
-    monkeypatch.setattr(jit, "PARALLEL_MIN_LINES", 0)
-    text = ('@"g" = global i32 0\n'
-            'define void @"a"(ptr %"x")\n{\nentry:\n  ret void\n}\n'
-            'define void @"b"(ptr %"x")\n{\nentry:\n  ret void\n}\n')
-    assert jit.split_module(text, 2) == [text]
-
-
-def test_split_module_computes_what_one_object_computes(split_everything, monkeypatch, tmp_path):
+def test_parts_compute_what_one_object_computes(split_everything, monkeypatch, tmp_path):
     x = _feeds()
     monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "1")
     one = tensorfuse.compile(_model(), cache=False)

@@ -315,42 +315,21 @@ def _compile_part(ir_text: str, name: str, opt: int, target) -> tuple[bytes, str
     return target_machine(target, opt).emit_object(mod), str(mod)
 
 
-def compile_ir(ir_text: str, name: str = "module", opt: int = 3, target=None, jobs: int = 1):
+def compile_ir(ir_text: str, name: str = "module", opt: int = 3, target=None):
     """Compile LLVM IR text for ``target`` (a ``compiler.target.Target``; None: this machine);
     returns (NativeLibrary, object_code bytes, optimized IR text). The library's
     ``target_info`` records the target, CPU and features the code was generated for.
-
-    ``jobs`` > 1 lets a large module (at least :data:`PARALLEL_MIN_LINES` lines of IR) compile
-    as up to ``jobs`` parts at once (:func:`split_module`: its external functions dealt out by
-    size), one in this process and the others in forked children, since llvmlite holds one
-    lock around every LLVM call and threads would run one at a time. The object code is then
-    several objects in one blob (:func:`pack_objects`), linked together by :func:`load_object`;
-    the optimised IR text is the parts' texts one after another. LLVMError when LLVM rejects
-    the IR; CompileError when a child dies (LLVM aborting on some input kills the child, not
-    this process)."""
+    LLVMError when LLVM rejects the IR. (A large module's kernels are emitted and compiled in
+    forked children by ``codegen.llvm.backend``; see :func:`fork_call`.)"""
     STATS["codegen_calls"] += 1
     target = _as_target(target)
-    parts = split_module(ir_text, jobs) if jobs > 1 and _can_fork() else [ir_text]
-    if len(parts) == 1:
-        obj, opt_text = _compile_part(ir_text, name, opt, target)
-    else:
-        children = [_fork_compile(p, f"{name}.part{i}", opt, target) for i, p in enumerate(parts[1:], 1)]
-        try:
-            first = _compile_part(parts[0], f"{name}.part0", opt, target)
-        finally:
-            results = [_fork_result(c) for c in children]
-        objs = [first[0]] + [r[0] for r in results]
-        obj, opt_text = pack_objects(objs), "\n".join([first[1]] + [r[1] for r in results])
+    obj, opt_text = _compile_part(ir_text, name, opt, target)
     lib = load_object(obj)
     lib.target_info = target_info(target)
     return lib, obj, opt_text
 
 
 # ----------------------------------------------------------------------------- parallel codegen
-#: modules with fewer lines of IR text than this compile in one piece: forking and linking
-#: several objects cost more than they save (mobilenet_v2's module is about 58,000 lines)
-PARALLEL_MIN_LINES = 12000
-
 _MULTI_MAGIC = b"TFOBJS1\0"
 
 
@@ -409,47 +388,6 @@ def _chunks(ir_text: str):
 _DECLARE = re.compile(r'^declare [^@]*@(?P<name>"[^"]*"|[-\w.$]+)')
 
 
-def split_module(ir_text: str, parts: int) -> list[str]:
-    """LLVM IR text (as llvmlite prints a module: each function ``define ... {`` to a ``}`` line
-    at column 0) split into at most ``parts`` module texts of about equal size. Each external
-    function is defined in one part and declared in the others; internal and private functions,
-    declarations and module-level lines are copied into every part. One text (``ir_text``
-    itself) when the module is smaller than :data:`PARALLEL_MIN_LINES`, has fewer than two
-    external functions, or has module-level definitions other than private or internal ones.
-    :func:`merge_modules` is the inverse."""
-    if parts < 2 or ir_text.count("\n") + 1 < PARALLEL_MIN_LINES:
-        return [ir_text]
-    common: list[tuple[int, list[str]]] = []    # (position, lines) kept in every part
-    funcs: list[tuple[int, list[str]]] = []     # (position, lines) of external defines
-    for pos, (kind, _name, local, block) in enumerate(_chunks(ir_text)):
-        if kind == "define" and not local:
-            funcs.append((pos, block))
-        elif kind == "global" and not local:
-            return [ir_text]        # a global other parts would define again
-        else:
-            common.append((pos, block))
-    if len(funcs) < 2:
-        return [ir_text]
-    k = min(parts, len(funcs))
-    load, owner = [0] * k, {}
-    for pos, block in sorted(funcs, key=lambda f: -len(f[1])):
-        p = load.index(min(load))
-        owner[pos] = p
-        load[p] += len(block)
-    out = []
-    for p in range(k):
-        items = list(common)
-        for pos, block in funcs:
-            if owner[pos] == p:
-                items.append((pos, block))
-            else:
-                decl = "declare" + block[0][len("define"):]
-                items.append((pos, [decl.rstrip().removesuffix("{").rstrip()]))
-        items.sort(key=lambda t: t[0])
-        out.append("\n".join(ln for _, block in items for ln in block))
-    return out
-
-
 def merge_modules(texts: list[str]) -> str:
     """Module texts that define disjoint sets of external functions (the parts of one module)
     as the text of one module: the first text's header, each external function's definition,
@@ -503,11 +441,6 @@ def unpack_objects(blob: bytes) -> list[bytes]:
         objs.append(blob[pos:pos + size])
         pos += size
     return objs
-
-
-def _fork_compile(ir_text: str, name: str, opt: int, target):
-    """Start compiling ``ir_text`` in a forked child; a handle for :func:`_fork_result`."""
-    return fork_call(lambda: _compile_part(ir_text, name, opt, target), name)
 
 
 def fork_call(fn, name: str):
@@ -570,7 +503,6 @@ def fork_result(handle):
     return value
 
 
-_fork_result = fork_result
 
 
 def emit_assembly(ir_text: str, name: str = "module", opt: int = 3, target=None) -> str:
