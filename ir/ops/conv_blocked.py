@@ -20,6 +20,9 @@ the vector lanes.
   channel dim) before the single store of each output element.
 - Parallel over (n, channel block, output row).
 
+Small output planes in narrow rows (:func:`emit_conv_flat`, resnet's 7x7 stage) tile the
+flattened pixels instead, so a tile is not capped at one channel vector x one short row.
+
 Pointwise convolutions (1x1, stride 1, no padding; :func:`emit_conv_pointwise`) are a GEMM
 vectorised over pixels instead, with the epilogue on contiguous vectors; each pixel tile of X
 is packed into a contiguous per-thread panel when enough channel blocks reuse it.
