@@ -135,6 +135,11 @@ def save_module(mod, path) -> None:
                 z.writestr(CONSTS, memoryview(blob))
             f.flush()
             os.fsync(f.fileno())
+            # mkstemp makes the file 0600; a saved module gets what open() would give (0666
+            # less the umask), as users expect of a file they ship
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(f.fileno(), 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException as e:
         try:

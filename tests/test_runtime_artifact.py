@@ -356,3 +356,18 @@ def test_unwritable_destination(mlp, tmp_path):
     with pytest.raises(ArtifactError, match="cannot write"):
         mod.save(tmp_path / "file" / "m.tfm")
     assert os.listdir(tmp_path) == ["file"]
+
+
+def test_saved_file_mode_follows_the_umask(mlp, tmp_path):
+    _, mlp = mlp
+    """A saved module is written through a temporary file (mkstemp: mode 0600) and renamed;
+    the result gets the mode open() would give, 0666 less the umask, not 0600."""
+    old = os.umask(0o022)
+    try:
+        mlp.save(str(tmp_path / "m.tfm"))
+        os.umask(0o077)
+        mlp.save(str(tmp_path / "private.tfm"))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m.tfm").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "private.tfm").stat().st_mode & 0o777 == 0o600
