@@ -262,13 +262,13 @@ def test_flat_tile_choice_follows_the_target():
     """The flat tile takes its lanes and register budget from the target: 8 lanes and at most
     16 registers with AVX2, 16 lanes and 32 registers with AVX-512."""
     from tensorfuse.compiler.target import Target
-    from tensorfuse.ir.ops.conv_blocked import choose_flat_tile, flat_chunk
+    from tensorfuse.ir.ops.conv_blocked import FLAT_CHUNK_L1_SHARE, choose_flat_tile, flat_chunk
     for spec, lanes, regs in (("llvm -mcpu=znver3", 8, 16), ("llvm -mcpu=znver4", 16, 32)):
         t = Target.parse(spec)
         L, ob, p = choose_flat_tile(t, 512, 49)
         assert L == lanes and ob * p + ob + 1 <= regs and ob * p >= 8
         kc = flat_chunk(t, 512, ob * L, 9)
-        assert 512 % kc == 0 and kc * ob * L * 9 * 4 <= 2 * t.l1d_bytes
+        assert 512 % kc == 0 and kc * ob * L * 9 * 4 <= FLAT_CHUNK_L1_SHARE * t.l1d_bytes
 
 
 @pytest.mark.parametrize("xs,ws,attrs,msg", [

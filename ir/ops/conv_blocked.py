@@ -284,11 +284,12 @@ def choose_flat_tile(target, m: int, pixels: int) -> tuple[int, int, int]:
 
 
 #: the input channels of :func:`emit_conv_flat` are taken in chunks whose packed weights
-#: (channel block x chunk x taps, float32) take at most this many times the L1 data cache.
-#: Measured on a Zen 3 (32 KiB L1), 1 thread, share of numpy sgemm: 512->512 3x3 at 7x7 with
-#: chunks of 16 / 32 / 64 / 128 / all 512 channels 61 / 72 / 76 / 75 / 64% (row tiles 60%);
-#: 256->512 3x3 stride 2 54 / 60 / 71 / 71 / 69% (row tiles 66%)
-FLAT_CHUNK_L1_SHARE = 2.0
+#: (channel block x chunk x taps, float32) take at most this many times the L1 data cache
+#: (they stream from L2; the chunk's padded input stays in L1). Measured on a noisy Zen 3
+#: (32 KiB L1, 512 KiB L2), 1 thread, share of numpy sgemm in the same run, two runs:
+#: 512->512 3x3 at 7x7, chunks of 64 / 128 channels 87-68 / 94-79% (row tiles 78-62%);
+#: 256->512 3x3 stride 2 (chunks capped at 64 by FLAT_PAD_MAX_BYTES) 105-73% (row tiles 81-66%)
+FLAT_CHUNK_L1_SHARE = 4.0
 #: ... and whose zero-padded input planes (a per-task local) take at most this many bytes
 FLAT_PAD_MAX_BYTES = 64 * 1024
 #: the parallel loop of :func:`emit_conv_flat` has at least this many tasks per image where
