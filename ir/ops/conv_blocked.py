@@ -329,7 +329,7 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
     pixel reads every tap, each task first copies a chunk of input channels into a zero-padded
     local [KC, Hp, Wp] (:func:`_flat_geometry`; the border is zeroed once per task); the
     tiles then run one loop nest (kh, kw, ic) whatever their position. The chunk's weights
-    (packed at compile time as Wp [MB, KH, KW, C, OB*L], contiguous over ic within a tap) stay
+    (packed at compile time as Wp [MB, NC, KH, KW, KC, OB*L], one contiguous run per chunk) stay
     in L1/L2 across the tiles (:func:`flat_chunk`); partial sums wait in a per-task panel
     between chunks. Bias and the fused epilogue run on the sums before the single store
     (:func:`store_channel_vector`). Parallel over (n, group of channel blocks), the input
@@ -355,7 +355,10 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
     NG = -(-MB // G)
     wfull = np.zeros((MB * blk, c_, KH, KW), np.float32)
     wfull[:m_] = ctx.const(1)
-    wp = ctx.pack(np.ascontiguousarray(wfull.reshape(MB, blk, c_, KH, KW).transpose(0, 3, 4, 2, 1)), "wpack")
+    # [MB, NC, KH, KW, KC, blk]: a task streams each block's weights front to back, one
+    # contiguous run per chunk (the weights of resnet's last stage come from DRAM every run)
+    wp = ctx.pack(np.ascontiguousarray(
+        wfull.reshape(MB, blk, NC, KC, KH, KW).transpose(0, 2, 4, 5, 3, 1)), "wpack")
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += (f"  [flat pixel tiles: register tile {OB}x{L} channels x {P} pixels of {OH}x{OW}, "
@@ -382,7 +385,7 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
             for p in range(width):
                 kb.store(acc, (o * width + p) * L, part.vload(slot[p] + o * L, L))
         with kb.reduce(KH, hint="kh") as kh, kb.reduce(KW, hint="kw") as kw, kb.reduce(KC, hint="ic") as ic:
-            wrow = (((mb * KH + kh) * KW + kw) * c_ + cc * KC + ic) * blk
+            wrow = ((((mb * NC + cc) * KH + kh) * KW + kw) * KC + ic) * blk
             wv = [wp.vload(wrow + o * L, L) for o in range(OB)]
             xoff = ic * (RH * RW) + kh * (dh * RW) + kw * dw
             if direct:
