@@ -139,7 +139,14 @@ class SpecializingModule:
             opts = dict(self._options)
             if opts.get("input_shapes"):
                 opts["input_shapes"] = {k: v for k, v in opts["input_shapes"].items() if k not in bound}
-            mod = compiler.compile(model, target=self._target, **opts)
+            try:
+                mod = compiler.compile(model, target=self._target, **opts)
+            except UnsupportedModelError as e:
+                # the values given do not fit the model (a Reshape to a shape of another size
+                # ...): say which inputs and values
+                vals = "; ".join(f"'{n}' = {np.array2string(a.ravel()[:16], separator=', ')}"
+                                 + (" ..." if a.size > 16 else "") for n, a in bound.items())
+                raise UnsupportedModelError(f"the model cannot run with the given values of input {vals}: {e}") from None
             self.specializations[key] = mod
             while len(self.specializations) > MAX_SPECIALIZATIONS:
                 self.specializations.popitem(last=False)

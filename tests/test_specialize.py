@@ -61,3 +61,24 @@ def test_without_cache_also_specializes():
     assert isinstance(mod, SpecializingModule)
     (y,) = mod.run(np.ones((2, 3, 4), np.float32), np.array([24, 1], np.int64))
     assert y.shape == (24, 1)
+
+
+def test_values_that_do_not_fit_name_the_input_and_the_onnx_node():
+    """A value-dependent Reshape given a shape of another size at run time: ValueError
+    (UnsupportedModelError) naming the input and its values and the ONNX node, once (the
+    registry's own 'Reshape node 'Reshape_1'' prefix used to follow the frontend's name)."""
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+                           helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    mod = tensorfuse.compile(m, cache=False)
+    x = np.ones((2, 6), np.float32)
+    assert mod.run(x, np.array([3, 4]))[0].shape == (3, 4)
+    with pytest.raises(ValueError) as ei:
+        mod.run(x, np.array([5, 5]))
+    msg = str(ei.value)
+    assert "input 's' = [5, 5]" in msg and "unnamed Reshape node (first output 'y')" in msg, msg
+    assert "cannot reshape [2, 6] (12 elements) to [5, 5] (25 elements)" in msg
+    assert "Reshape_" not in msg, msg

@@ -13,6 +13,7 @@ dimension.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -393,9 +394,12 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
         needed = graph_inputs_behind(ctx.graph, e.needs_value)
         where = (f"node '{n.name}' ({n.op_type})" if n.name else
                  f"unnamed {n.op_type} node (first output '{n.output[0] if n.output else ''}')")
+        # the registry's message starts with the IR node's own name ("Reshape node
+        # 'Reshape_1': ..."); ``where`` names the ONNX node already
+        msg = re.sub(r"^[\w:.]+ node '[^']*': ", "", str(e))
         if needed:
-            raise InputValuesNeeded(f"{where}: {e}", needed) from None
-        raise UnsupportedModelError(f"{where}: {e}") from None
+            raise InputValuesNeeded(f"{where}: {msg}", needed) from None
+        raise UnsupportedModelError(f"{where}: {msg}") from None
     if isinstance(outs, Value):
         outs = [outs]
     for name, v in zip(n.output, outs):
