@@ -74,6 +74,12 @@ class Geometry:
     def rank(self) -> int:
         return len(self.kernel)
 
+    def dims_2d(self) -> tuple[int, ...]:
+        """A 2-D geometry's sizes in the order the 2-D schedules name them:
+        (H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw) (input, output, kernel, strides,
+        dilations, begin pads)."""
+        return (*self.in_shape, *self.out_shape, *self.kernel, *self.strides, *self.dilations, *self.pads_begin)
+
 
 def conv_geometry(node, in_sp: Sequence[int], kernel: Sequence[int], *, ceil_mode: bool = False) -> Geometry:
     """Output size and effective pads of a sliding window op (Conv, pools).

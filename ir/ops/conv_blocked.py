@@ -120,12 +120,7 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
     Returns the KernelBuilder."""
     n_, c_ = x.shape[:2]
     m_ = y.shape[1]
-    H, W = geo.in_shape
-    OH, OW = geo.out_shape
-    KH, KW = geo.kernel
-    sh, sw = geo.strides
-    dh, dw = geo.dilations
-    ph, pw = geo.pads_begin
+    H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     if pointwise_ok(ctx, x, y, geo):
         return emit_conv_pointwise(ctx, x, w, b, y, params)
     if flat_ok(ctx, c_, m_, geo):
@@ -336,12 +331,7 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
     padded once per task (:data:`FLAT_MIN_TASKS`). Returns the KernelBuilder."""
     n_, c_ = x.shape[:2]
     m_ = y.shape[1]
-    H, W = geo.in_shape
-    OH, OW = geo.out_shape
-    KH, KW = geo.kernel
-    sh, sw = geo.strides
-    dh, dw = geo.dilations
-    ph, pw = geo.pads_begin
+    H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     Hp, Wp = _flat_geometry(geo)
     # no padding: every window lies inside the input, which the tiles then read in place
     direct = not any(geo.pads_begin) and Hp <= H and Wp <= W

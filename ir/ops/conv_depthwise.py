@@ -117,12 +117,7 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     the resolved geometry (``ir.ops.conv.conv_geometry``). See the module docstring for the
     schedule. Returns the KernelBuilder."""
     N, C = x.shape[:2]
-    H, W = geo.in_shape
-    OH, OW = geo.out_shape
-    KH, KW = geo.kernel
-    sh, sw = geo.strides
-    dh, dw = geo.dilations
-    ph, pw = geo.pads_begin
+    H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     L = ctx.target.lanes(DType.f32)
     T = tile_vectors(ctx.target)
     f32 = DType.f32

@@ -691,12 +691,7 @@ def emit_pool2d_rows(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: s
     Locals are read back with the offsets and widths they were stored with where possible: a
     load spanning two recent stores waits for them (store-to-load forwarding fails)."""
     n_, c_ = x.shape[:2]
-    H, W = geo.in_shape
-    OH, OW = geo.out_shape
-    KH, KW = geo.kernel
-    sh, sw = geo.strides
-    dh, dw = geo.dilations
-    ph, pw = geo.pads_begin
+    H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     L = ctx.target.lanes(DType.f32)
     owp, span = _rows_layout(geo, L)
     wu = max(0, min(W, span - pw))            # input columns some window reads

@@ -76,13 +76,18 @@ def test_maxpool_same_upper_ignores_ceil_mode(ceil_mode):
     columns of arange(15).reshape(5, 3)."""
     node = helper.make_node("MaxPool", ["x"], ["y"], auto_pad="SAME_UPPER", ceil_mode=ceil_mode,
                             dilations=[2, 1], kernel_shape=[3, 3], strides=[3, 3])
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 5, 3])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 1])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    x = np.arange(15, dtype=np.float32).reshape(1, 1, 5, 3)
+    _check_pool(node, (1, 1, 5, 3), (1, 1, 2, 1), [[[[11.0], [14.0]]]], opset=17)
+
+
+def _check_pool(node, in_shape, out_shape, expected, opset=18):
+    """``node`` on arange(in_shape) at O0 and O2 equals ``expected`` (computed by hand)."""
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(in_shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    x = np.arange(int(np.prod(in_shape)), dtype=np.float32).reshape(in_shape)
     for level in (0, 2):
         (y,) = tensorfuse.compile(m, opt_level=level, cache=False).run(x)
-        np.testing.assert_array_equal(y.ravel(), [11.0, 14.0])
+        np.testing.assert_array_equal(y, expected)
 
 
 # --- generator rules: cases where implementations legitimately disagree are not drawn --------
@@ -120,13 +125,7 @@ def test_maxpool_ceil_mode_drops_a_window_that_starts_outside():
     spec's output is empty and tensorfuse refuses with UnsupportedModelError (onnxruntime pools it
     by truncating division). Expected by hand: rows 0-1 of arange(6).reshape(3, 2)."""
     node = helper.make_node("MaxPool", ["x"], ["y"], ceil_mode=1, kernel_shape=[2, 1], strides=[3, 1])
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 2])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, 2])])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    x = np.arange(6, dtype=np.float32).reshape(1, 1, 3, 2)
-    for level in (0, 2):
-        (y,) = tensorfuse.compile(m, opt_level=level, cache=False).run(x)
-        np.testing.assert_array_equal(y, [[[[2.0, 3.0]]]])
+    _check_pool(node, (1, 1, 3, 2), (1, 1, 1, 2), [[[[2.0, 3.0]]]])
     second = helper.make_node("MaxPool", ["y"], ["z"], kernel_shape=[2, 2], strides=[2, 3], name="MaxPool_9")
     g2 = helper.make_graph([node, second], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 3, 6])],
                            [helper.make_tensor_value_info("z", TensorProto.FLOAT, [None] * 4)])
