@@ -372,7 +372,11 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
     check_flag_attrs(n)
     if n.op_type == "Constant" and n.domain in SUPPORTED_DOMAINS:
         arr = _constant_node_value(n)
-        v = Value(n.output[0], TensorType.of(arr), data=arr)
+        try:
+            ttype = TensorType.of(arr)
+        except TypeError as e:       # a dtype tensorfuse lacks (complex64 ...), as for initializers
+            raise UnsupportedModelError(f"{_where(n)}: {e}") from None
+        v = Value(n.output[0], ttype, data=arr)
         ctx.graph.constants[v.name] = v
         ctx.env[n.output[0]] = v
         return [v]

@@ -196,3 +196,20 @@ def test_generator_draws_no_tiny_layernorm_epsilon_over_constant_rows():
                 tiny += 1
                 assert not _upstream(m, x) & CONSTANT_RUNS, n.name
     assert tiny > 5
+
+
+@pytest.mark.parametrize("as_node", [True, False])
+def test_constant_of_a_dtype_tensorfuse_lacks(as_node):
+    """fuzz_models.py --seed 6, mutation 9931 (tensor_dtype: a Constant's tensor retyped to
+    complex64): the Constant node's value reached ``TensorType.of`` and raised its TypeError
+    ("numpy dtype complex64 has no tensorfuse DType"), an internal exception; an initializer of
+    that dtype already got UnsupportedModelError. Both now name the node or initializer."""
+    c = numpy_helper.from_array(np.array([1 + 2j, 3 - 1j], np.complex64), "c")
+    nodes = [helper.make_node("Constant", [], ["c"], value=c)] if as_node else []
+    nodes.append(helper.make_node("Identity", ["c"], ["y"]))
+    g = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("y", TensorProto.COMPLEX64, [2])],
+                          initializer=[] if as_node else [c])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    where = "unnamed Constant node" if as_node else "initializer 'c'"
+    with pytest.raises(tensorfuse.UnsupportedModelError, match=f"{where}.*complex64"):
+        tensorfuse.compile(m, cache=False)
