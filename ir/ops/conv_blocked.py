@@ -260,8 +260,9 @@ def choose_flat_tile(target, m: int, pixels: int) -> tuple[int, int, int]:
     """(L, OB, P) for :func:`emit_conv_flat`: OB channel vectors x P pixels of accumulators,
     with OB weight vectors and a broadcast beside them in the vector registers, minimising the
     estimated cycles (:func:`_step_cycles`) over the plane's pixel tiles times the channel
-    blocks; ties to more channel vectors. On a Zen 3 (16 registers) 512 channels at 7x7 get
-    2 x 6 (12 accumulators: 12 FMAs per 2 weight loads and 6 broadcasts)."""
+    blocks; ties to more channel vectors. 512 channels at 7x7 get 2 x 5 with 16 registers
+    (AVX2: 9 tiles of 5 pixels and one of 4 beat 8 of 6 and one of 1; 10 FMAs per 2 weight
+    loads and 5 broadcasts) and 2 x 14 with 32 (AVX-512)."""
     L = target.lanes(DType.f32)
     regs = vector_registers(target)
     best = None
@@ -320,7 +321,7 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
 
     Row tiles of a 7-column row hold one channel vector x 7 columns (8 loads per 7 FMAs);
     here a tile is OB channel vectors x P consecutive pixels of the flattened OH x OW plane,
-    which may cross rows (:func:`choose_flat_tile`; 2 x 6 with 16 registers). So that every
+    which may cross rows (:func:`choose_flat_tile`; 2 x 5 for 7x7 with 16 registers). So that every
     pixel reads every tap, each task first copies a chunk of input channels into a zero-padded
     local [KC, Hp, Wp] (:func:`_flat_geometry`; the border is zeroed once per task); the
     tiles then run one loop nest (kh, kw, ic) whatever their position. The chunk's weights
