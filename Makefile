@@ -17,7 +17,12 @@ demo: $(STAMP)
 	$(VENV)/bin/python examples/demo.py
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m "not heavy"
+
+# the largest light models (marker "heavy"), kept out of the default suite's 15 minutes; .ci/run
+# runs it after `test`
+test-heavy: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m heavy
 
 # the cuda target's tests under numba's CUDA simulator (no GPU needed), which export every kernel
 # source they generate into $(CUDA_SOURCES); then the PTX gate. .ci/run runs it after `test`

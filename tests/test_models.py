@@ -44,7 +44,20 @@ def _light_models():
     return sorted(glob.glob(os.path.join(LIGHT_DIR, "*.onnx")))
 
 
-@pytest.mark.parametrize("path", _light_models(), ids=lambda p: os.path.basename(p)[6:-5])
+#: the light models whose compile and run take a minute or more each on 2 cores: marked heavy,
+#: run by ``make test-heavy`` (in .ci/run) rather than the default suite
+HEAVY_LIGHT_MODELS = {"densenet121", "inception_v1", "inception_v2"}
+
+
+def _light_params():
+    out = []
+    for p in _light_models():
+        name = os.path.basename(p)[6:-5]
+        out.append(pytest.param(p, id=name, marks=[pytest.mark.heavy] if name in HEAVY_LIGHT_MODELS else []))
+    return out
+
+
+@pytest.mark.parametrize("path", _light_params())
 def test_light_model_matches_onnxruntime(path):
     # as onnx's backend runner does: every graph input gets the dummy arange(n)/n tensor
     mod = tensorfuse.compile(path, target="llvm")
