@@ -42,11 +42,13 @@ class ShapeError(ValueError):
     """Type or shape inference failed: the message names the op and what is wrong.
 
     ``needs_value`` is the name of the value whose compile-time value inference needed but
-    which is computed at run time (None for other failures)."""
+    which is computed at run time (None for other failures). ``reason`` is the message without
+    the node it names (for callers that name the node their own way)."""
 
-    def __init__(self, message: str, needs_value: str | None = None):
+    def __init__(self, message: str, needs_value: str | None = None, reason: str | None = None):
         super().__init__(message)
         self.needs_value = needs_value
+        self.reason = message if reason is None else reason
 
 
 @dataclass
@@ -183,9 +185,10 @@ def infer_types(node) -> list[TensorType]:
     try:
         types = od.infer(node)
     except ShapeError as e:
-        raise ShapeError(f"{node.qualified_op} node '{node.name}': {e}", e.needs_value) from None
+        raise ShapeError(f"{node.qualified_op} node '{node.name}': {e}", e.needs_value, e.reason) from None
     except (ValueError, IndexError, TypeError, KeyError) as e:
-        raise ShapeError(f"{node.qualified_op} node '{node.name}': {type(e).__name__}: {e}") from e
+        reason = f"{type(e).__name__}: {e}"
+        raise ShapeError(f"{node.qualified_op} node '{node.name}': {reason}", reason=reason) from e
     return list(types)
 
 

@@ -13,7 +13,6 @@ dimension.
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import numpy as np
@@ -398,9 +397,7 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
         needed = graph_inputs_behind(ctx.graph, e.needs_value)
         where = (f"node '{n.name}' ({n.op_type})" if n.name else
                  f"unnamed {n.op_type} node (first output '{n.output[0] if n.output else ''}')")
-        # the registry's message starts with the IR node's own name ("Reshape node
-        # 'Reshape_1': ..."); ``where`` names the ONNX node already
-        msg = re.sub(r"^[\w:.]+ node '[^']*': ", "", str(e))
+        msg = e.reason      # without the IR node's own name: ``where`` names the ONNX node
         if needed:
             raise InputValuesNeeded(f"{where}: {msg}", needed) from None
         raise UnsupportedModelError(f"{where}: {msg}") from None
