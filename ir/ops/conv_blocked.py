@@ -366,7 +366,9 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
     rows, cols = min(H, Hp - ph), min(W, Wp - pw)     # input rows / columns some window reads
 
     def tile(n, g: Expr, mb: Expr, q0: Expr, width: int, cc: Expr):
-        """The sums of pixels q0 .. q0+width-1 over the chunk in xpad, added into the panel."""
+        """The sums of pixels q0 .. q0+width-1 over chunk ``cc`` (in xpad, or X read in place),
+        added into the panel."""
+        src, plane0 = (x, (n * c_ + cc * KC) * (H * W)) if direct else (xpad, as_expr(0))
         base = []
         for p in range(width):
             q = q0 + p
@@ -378,11 +380,9 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
         with kb.reduce(KH, hint="kh") as kh, kb.reduce(KW, hint="kw") as kw, kb.reduce(KC, hint="ic") as ic:
             wrow = ((((mb * NC + cc) * KH + kh) * KW + kw) * KC + ic) * blk
             wv = [wp.vload(wrow + o * L, L) for o in range(OB)]
-            xoff = ic * (RH * RW) + kh * (dh * RW) + kw * dw
-            if direct:
-                xoff = xoff + (n * c_ + cc * KC) * (H * W)
+            xoff = plane0 + ic * (RH * RW) + kh * (dh * RW) + kw * dw
             for p in range(width):
-                xv = x.flat(xoff + base[p]) if direct else xpad.flat(xoff + base[p])
+                xv = src.flat(xoff + base[p])
                 for o in range(OB):
                     a = (o * width + p) * L
                     kb.store(acc, a, fma(wv[o], xv, acc.vload(a, L)))
