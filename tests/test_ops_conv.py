@@ -462,3 +462,95 @@ def test_qlinear_conv_reference_matches_ort():
     exp = ort_run(node_model("QLinearConv", feeds, {"pads": [1, 1, 1, 1]}), feeds)[0]
     assert got.dtype == np.uint8
     assert np.abs(got.astype(int) - exp.astype(int)).max() <= 1
+
+
+# ----------------------------------------------------------------------------- Winograd F(2x2, 3x3)
+def _winograd_model(x_shape, m, attrs, residual, bias=True, seed=0):
+    """Conv 3x3 (+ Add z) + Relu as an ONNX model; returns (model, feeds)."""
+    from onnx import TensorProto, helper, numpy_helper
+    x = _u(*x_shape, seed=seed)
+    w = _u(m, x_shape[1], 3, 3, seed=seed + 1) * 0.2
+    inits = [numpy_helper.from_array(w, "w")]
+    ins = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(_u(m, seed=seed + 2), "b"))
+        ins.append("b")
+    N = helper.make_node
+    conv = N("Conv", ins, ["c"], kernel_shape=[3, 3], **attrs)
+    probe = helper.make_graph([conv], "p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [None] * 4)], inits)
+    out_shape = ort_run(helper.make_model(probe, opset_imports=[helper.make_opsetid("", 17)]), {"x": x})[0].shape
+    feeds = {"x": x}
+    nodes = [conv]
+    if residual:
+        feeds["z"] = _u(*out_shape, seed=seed + 3)
+        nodes += [N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])]
+    else:
+        nodes += [N("Relu", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in feeds.items()],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), feeds
+
+
+@pytest.mark.parametrize("x_shape,m,attrs,residual,bias", [
+    ((1, 64, 56, 56), 64, {"pads": [1, 1, 1, 1]}, True, True),      # resnet's first stage
+    ((2, 16, 9, 13), 24, {"pads": [1, 1, 1, 1]}, False, True),       # odd H and W, N = 2, 3 vectors
+    ((1, 17, 10, 12), 40, {"pads": [2, 2, 2, 2]}, True, False),      # 5 vectors, odd C, wide pads
+    ((1, 32, 11, 11), 19, {}, False, True),                          # no padding, 19 = 2 vectors + 3
+    ((1, 20, 12, 9), 16, {"pads": [0, 1, 2, 0]}, True, True),        # asymmetric pads
+    ((1, 48, 13, 13), 192, {"auto_pad": "SAME_UPPER"}, False, True),  # squeezenet's 13x13 expand
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_winograd(x_shape, m, attrs, residual, bias, threads):
+    """3x3 convolutions of stride 1 take Winograd F(2x2, 3x3) (emit_conv_winograd): odd output
+    sizes (the last tile row and column half stored), every pad form, channel tails, the fused
+    residual Add and Relu, at 1 and 2 threads; they match onnxruntime within the direct
+    convolution's tolerances, and codegen produced vector FMAs."""
+    import re
+
+    from tests.codegen_util import function_ir, optimized_ir
+    model, feeds = _winograd_model(x_shape, m, attrs, residual, bias)
+    mod = tensorfuse.compile(model, num_threads=threads, cache=False)
+    (kern,) = [k for k in mod.kernels if "winograd" in k.comment]
+    (u,) = [p for p in kern.params if "_wino" in p.name]
+    assert u.shape[0] == 16 and u.shape[2] == x_shape[1] and u.shape[1] * u.shape[3] >= m
+    body = function_ir(optimized_ir(mod), kern.name)
+    assert re.search(r"(llvm\.fma|llvm\.fmuladd)\.v\d+f32", body)
+    ref = ort_run(model, feeds)[0]
+    np.testing.assert_allclose(mod.run(**feeds)[0], ref, rtol=RT, atol=AT * max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.parametrize("x_shape,m,attrs", [
+    ((1, 32, 14, 14), 32, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),      # stride 2
+    ((1, 32, 14, 14), 32, {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),    # dilation 2
+    ((1, 8, 14, 14), 32, {"pads": [1, 1, 1, 1]}),                          # too few input channels
+    ((1, 64, 7, 7), 64, {"pads": [1, 1, 1, 1]}),                           # small plane: flat tiles
+])
+def test_conv_winograd_does_not_fire(x_shape, m, attrs):
+    """Strided, dilated and few-channel 3x3 convolutions and small planes keep the direct
+    schedules, and still match onnxruntime."""
+    model, feeds = _winograd_model(x_shape, m, attrs, residual=False)
+    mod = tensorfuse.compile(model, cache=False)
+    assert not [k for k in mod.kernels if "winograd" in k.comment]
+    np.testing.assert_allclose(mod.run(**feeds)[0], ort_run(model, feeds)[0], rtol=RT, atol=AT)
+
+
+def test_winograd_transforms_compute_a_correlation():
+    """The F(2x2, 3x3) matrices themselves, in float64 on random data: A^T [(G g G^T) .
+    (B^T d B)] A equals the 2x2 valid correlation of the 4x4 patch d with the 3x3 filter g
+    (Lavin & Gray 2016, eq. 8), and transform_weights lays U out as [16, MB, C, blk]."""
+    from tensorfuse.ir.ops.conv_winograd import G, transform_weights
+    rng = np.random.default_rng(0)
+    BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], float)
+    AT_ = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], float)
+    d, g = rng.standard_normal((4, 4)), rng.standard_normal((3, 3))
+    y = AT_ @ ((G @ g @ G.T) * (BT @ d @ BT.T)) @ AT_.T
+    want = np.array([[np.sum(d[i:i + 3, j:j + 3] * g) for j in range(2)] for i in range(2)])
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+    w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    u = transform_weights(w, 4)
+    assert u.shape == (16, 2, 3, 4) and u.dtype == np.float32
+    for m_, c in ((0, 0), (4, 2)):
+        full = G @ w[m_, c].astype(np.float64) @ G.T
+        np.testing.assert_allclose(u[:, m_ // 4, c, m_ % 4], full.reshape(16), rtol=1e-6)
+    assert not u[:, 1, :, 1:].any()          # output channels 5..7: zero padding

@@ -23,6 +23,9 @@ the vector lanes.
 Small output planes in narrow rows (:func:`emit_conv_flat`, resnet's 7x7 stage) tile the
 flattened pixels instead, so a tile is not capped at one channel vector x one short row.
 
+3x3 convolutions of stride 1 on larger planes take Winograd F(2x2, 3x3) instead
+(:mod:`ir.ops.conv_winograd`), on the same register tile.
+
 Pointwise convolutions (1x1, stride 1, no padding; :func:`emit_conv_pointwise`) are a GEMM
 vectorised over pixels instead, with the epilogue on contiguous vectors; each pixel tile of X
 is packed into a contiguous per-thread panel when enough channel blocks reuse it.
@@ -125,6 +128,9 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
         return emit_conv_pointwise(ctx, x, w, b, y, params)
     if flat_ok(ctx, c_, m_, geo):
         return emit_conv_flat(ctx, x, w, b, y, geo, params)
+    from tensorfuse.ir.ops.conv_winograd import emit_conv_winograd, winograd_ok
+    if winograd_ok(ctx, c_, m_, geo):
+        return emit_conv_winograd(ctx, x, w, b, y, geo, params)
     L, OB, P = choose_tile(ctx.target, m_, OW)
     blk = OB * L
     MB = -(-m_ // blk)
