@@ -508,6 +508,8 @@ class Module(ModuleBase):
     def profile(self, *arrays, repeat: int = 10, warmup: int = 1, show: bool = False, **named):
         """Time every kernel call on its own (each kernel's exported ``void name(ptr args)`` is
         called with its argument array, in run order), ``repeat`` times after ``warmup`` runs.
+        Each kernel runs on the calling thread alone, whatever ``num_threads`` is (waking the
+        team per kernel would cost more than many kernels take): the times are 1-thread times.
         Returns a :class:`~runtime.profile.Profile` whose ``str`` / ``repr`` is the table: rows
         (call number, kernel, the ONNX nodes it covers, median ms, share, GFLOP/s where the FLOP
         count is known, bytes moved) sorted slowest first. Prints nothing unless ``show``.
