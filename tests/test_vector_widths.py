@@ -44,6 +44,19 @@ def conv_net():
     return _model(nodes, [("x", [2, 5, 19, 23])], [("y", [2, 37])], inits), {"x": rng.standard_normal((2, 5, 19, 23)).astype(np.float32)}
 
 
+def wino_net():
+    """Two 3x3 stride-1 convs on a plane wide enough for Winograd F(2x2, 3x3) at every width
+    (17 tiles per row: three vectors of 8 tiles at 16 lanes, the last partial), odd height,
+    output channels not a multiple of any width, a residual Add and Relu."""
+    rng = np.random.default_rng(2)
+    N = helper.make_node
+    nodes = [N("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), N("Relu", ["c1"], ["r1"]),
+             N("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]), N("Add", ["c2", "x"], ["s"]),
+             N("Relu", ["s"], ["y"])]
+    inits = [_c(rng, "w1", 37, 20, 3, 3), _c(rng, "b1", 37), _c(rng, "w2", 20, 37, 3, 3), _c(rng, "b2", 20)]
+    return _model(nodes, [("x", [1, 20, 9, 34])], [("y", [1, 20, 9, 34])], inits), {"x": rng.standard_normal((1, 20, 9, 34)).astype(np.float32)}
+
+
 def mlp():
     """MatMul by constants with Gelu (Erf) and LayerNormalization, N not a multiple of 16."""
     rng = np.random.default_rng(1)
@@ -64,7 +77,7 @@ def width(vector_width):
     return vector_width
 
 
-@pytest.mark.parametrize("build", [conv_net, mlp])
+@pytest.mark.parametrize("build", [conv_net, wino_net, mlp])
 def test_blocked_schedules_at_each_vector_width(width, build):
     target, lanes = width
     assert target.lanes(np.float32) == lanes
@@ -74,6 +87,8 @@ def test_blocked_schedules_at_each_vector_width(width, build):
     assert blocked, "no kernel used a blocked schedule"
     if build is conv_net:
         assert sum("[depthwise" in k.comment for k in mod.kernels) == 2
+    if build is wino_net:
+        assert sum("winograd" in k.comment for k in mod.kernels) == 2, [k.comment for k in mod.kernels]
     assert any(f"x{lanes} " in k.comment or f"x{lanes}]" in k.comment or f"x{lanes} columns" in k.comment
                or f"{lanes} pixels" in k.comment for k in blocked), [k.comment for k in blocked]
     (y,) = mod.run(**feeds)
