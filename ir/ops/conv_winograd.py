@@ -33,6 +33,8 @@ The kernel (:func:`emit_conv_winograd`), parallel over (n, row of tiles):
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from tensorfuse.ir.kernel import Buffer, KernelBuilder, as_expr, fma, select
@@ -42,6 +44,10 @@ from tensorfuse.ir.types import DType
 #: the Winograd schedule needs at least this many input channels (the transforms' cost is per
 #: input channel and tile, the GEMM's per input and output channel)
 WINOGRAD_MIN_CHANNELS = 16
+
+#: the parallel loop has at least this many tasks per kernel where the output channel blocks
+#: allow (rows of tiles x groups of blocks)
+WINOGRAD_MIN_TASKS = 12
 
 #: G of F(2x2, 3x3) (the weight transform)
 G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
@@ -90,7 +96,6 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
     _, OB, P = choose_tile(ctx.target, m_, TX)
     blk = OB * L
     MB = -(-m_ // blk)
-    MP = MB * blk
     u = ctx.pack(transform_weights(ctx.const(1), blk), "wino")
     params = [p for p in (params or ctx.default_params()) if p is not w] + [u]
     kb = ctx.kernel(params=params)
@@ -100,14 +105,24 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
     out = kb.local(DType.f32, (L,), hint="lanes")
     xr = kb.local(DType.f32, (4 * WR,), hint="rows")          # one channel's 4 padded rows
     v = kb.local(DType.f32, (4 * 3 * c_ * VC,), hint="v")      # V [4, 3, C, VC]
-    mo = kb.local(DType.f32, (16 * TX * MP,), hint="m")        # M [16, TX, MP]
     zero = kb.broadcast(as_expr(0.0, DType.f32), L)
     fzero = as_expr(0.0, DType.f32)
     wvec = W // L * L                   # columns of an input row copied by vectors
 
-    with kb.loop(n_ * TY, kind="parallel", hint="t") as t:
+    # groups of channel blocks per row of tiles, so that small planes still give every thread
+    # work (the input transform is repeated per group; the groups outermost, so each thread
+    # streams only its groups' weights)
+    MG = max(1, min(MB, -(-WINOGRAD_MIN_TASKS // (n_ * TY))))
+    per = -(-MB // MG)
+    MG = -(-MB // per)
+    if MG > 1:
+        kb.kernel.comment = kb.kernel.comment[:-1] + f", {MG} groups of output channel blocks per row]"
+    MPG = per * blk                     # output channels of a group
+    mo = kb.local(DType.f32, (16 * TX * MPG,), hint="m")       # M [16, TX, MPG]
+    with kb.loop(n_ * TY * MG, kind="parallel", hint="t") as t:
         ty = t % TY
-        n = t / TY
+        n = (t / TY) % n_ if MG > 1 else t / TY
+        mg = t / (n_ * TY) if MG > 1 else as_expr(0)
         ih0 = ty * 2 - ph
         # 1. input transform
         with kb.loop(4 * WR // L, hint="z", role="spatial") as z:
@@ -145,7 +160,8 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
             last = nu.eq(3)
             kind = select(last, as_expr(0), nu)
             vbase = (xi * 3 + kind) * (c_ * VC) + select(last, as_expr(1), as_expr(0))
-            with kb.loop(MB, hint="mb", role="spatial") as mb:
+            with kb.loop(per, hint="mb", role="spatial") as j:
+                mb = mg * per + j
 
                 def tile(q0, width: int):
                     for i in range(OB * width):
@@ -160,17 +176,27 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
                                 kb.store(acc, a, fma(wv[o], xv, acc.vload(a, L)))
                     for o in range(OB):
                         for p in range(width):
-                            kb.store(mo, (e * TX + q0 + p) * MP + mb * blk + o * L,
+                            kb.store(mo, (e * TX + q0 + p) * MPG + j * blk + o * L,
                                      acc.vload((o * width + p) * L, L))
 
-                if TX // P:
-                    with kb.loop(TX // P, hint="tp", role="spatial") as tp:
-                        tile(tp * P, P)
-                if TX % P:
-                    tile(as_expr(TX // P * P), TX % P)
+                def tiles():
+                    if TX // P:
+                        with kb.loop(TX // P, hint="tp", role="spatial") as tp:
+                            tile(tp * P, P)
+                    if TX % P:
+                        tile(as_expr(TX // P * P), TX % P)
+                if MB % per:
+                    with kb.if_(mb < MB):
+                        tiles()
+                else:
+                    tiles()
         # 3. output transform, bias, epilogue, store
-        with kb.loop(TX, hint="q", role="spatial") as q, kb.loop(MP // L, hint="o", role="spatial") as ov:
-            mm = [[mo.vload(((xi * 4 + nu) * TX + q) * MP + ov * L, L) for nu in range(4)] for xi in range(4)]
+        with kb.loop(TX, hint="q", role="spatial") as q, kb.loop(per * OB, hint="o", role="spatial") as oj:
+            ov = mg * (per * OB) + oj
+            guard = contextlib.ExitStack()
+            if MB % per:                # the last group's blocks past MB
+                guard.enter_context(kb.if_(ov < MB * OB))
+            mm = [[mo.vload(((xi * 4 + nu) * TX + q) * MPG + oj * L, L) for nu in range(4)] for xi in range(4)]
             s0 = [mm[0][j] + mm[1][j] + mm[2][j] for j in range(4)]
             s1 = [mm[1][j] - mm[2][j] - mm[3][j] for j in range(4)]
             outs = {(0, 0): s0[0] + s0[1] + s0[2], (0, 1): s0[1] - s0[2] - s0[3],
@@ -192,4 +218,5 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
                         put()
                 else:
                     put()
+            guard.close()
     return kb
