@@ -540,6 +540,7 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
         then reads (from L1/L2, as a stream) instead of C rows spread over the image."""
         G = pixel_tile_groups(n_ * ntiles, MB, R * c_ * 4, l2)
         per = -(-MB // G)
+        G = -(-MB // per)           # no group past MB (10 blocks in 8 groups: 5 of 2)
         # pixel tiles innermost: a thread's consecutive tasks share one group's weights (a
         # slice of W sized for L2 when W is larger), so W streams from memory about once
         with kb.loop(n_ * ntiles * G, kind="parallel", hint="t") as t:
