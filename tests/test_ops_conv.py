@@ -215,7 +215,7 @@ def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, threads):
     ((2, 64, 14, 14), 20, 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}, False, False),  # 20 = 2.5 vectors
     ((1, 40, 9, 9), 36, 3, {"pads": [2, 0, 1, 2], "dilations": [2, 2]}, False, False),
     ((1, 96, 6, 5), 19, 5, {"pads": [2, 2, 2, 2]}, True, False),           # windows mostly padding
-    ((1, 32, 13, 13), 16, 1, {"strides": [2, 2]}, False, True),             # strided 1x1 (resnet's downsample)
+    ((1, 32, 13, 13), 18, 1, {"strides": [2, 2]}, False, True),             # strided 1x1, 3 blocks: no pointwise panels
     ((1, 512, 9, 9), 16, 3, {}, True, True),                                # no padding, chunked
     ((1, 1024, 3, 3), 600, 3, {"pads": [1, 1, 1, 1]}, True, False),         # many blocks per task
 ])
@@ -555,3 +555,35 @@ def test_winograd_transforms_compute_a_correlation():
         full = G @ w[m_, c].astype(np.float64) @ G.T
         np.testing.assert_allclose(u[:, m_ // 4, c, m_ % 4], full.reshape(16), rtol=1e-6)
     assert not u[:, 1, :, 1:].any()          # output channels 5..7: zero padding
+
+
+@pytest.mark.parametrize("x_shape,m,strides,pointwise", [
+    ((1, 64, 56, 56), 128, [2, 2], True),     # resnet's first downsample: 49 whole pixel tiles
+    ((2, 24, 15, 13), 44, [2, 2], True),      # odd sizes (8x7 out), two images, a rest of whole vectors
+    ((1, 32, 12, 20), 40, [3, 2], True),      # unequal strides
+    ((1, 16, 6, 6), 40, [2, 2], False),       # 9 output pixels: the rest would be the scalar tail
+    ((1, 24, 14, 14), 8, [2, 2], False),      # too few channel blocks to pack the panels
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_pointwise_strided(x_shape, m, strides, pointwise, threads):
+    """Strided 1x1 convs run as pointwise GEMMs whose packed panels gather the strided pixels
+    (residual Add and Relu fused); where the panels are not packed they keep the blocked
+    schedules. Every case matches onnxruntime at 1 and 2 threads."""
+    from onnx import TensorProto, helper, numpy_helper
+    x = _u(*x_shape)
+    w = _u(m, x_shape[1], 1, 1, seed=1) * 0.3
+    oh, ow = [(d - 1) // s + 1 for d, s in zip(x_shape[2:], strides)]
+    bias, z = _u(m, seed=2), _u(x_shape[0], m, oh, ow, seed=3)
+    N = helper.make_node
+    g = helper.make_graph(
+        [N("Conv", ["x", "w", "b"], ["c"], strides=strides), N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("x", x), ("z", z))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, oh, ow])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    mod = tensorfuse.compile(model, num_threads=threads, cache=False)
+    gathered = [k for k in mod.kernels if "gather the strided pixels" in k.comment]
+    assert bool(gathered) == pointwise, [k.comment for k in mod.kernels]
+    if pointwise:
+        assert "pixel tiles packed" in gathered[0].comment
+    np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)

@@ -125,7 +125,7 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
     m_ = y.shape[1]
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     if pointwise_ok(ctx, x, y, geo):
-        return emit_conv_pointwise(ctx, x, w, b, y, params)
+        return emit_conv_pointwise(ctx, x, w, b, y, geo, params)
     if flat_ok(ctx, c_, m_, geo):
         return emit_conv_flat(ctx, x, w, b, y, geo, params)
     from tensorfuse.ir.ops.conv_winograd import emit_conv_winograd, winograd_ok
@@ -434,10 +434,13 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
 
 # ----------------------------------------------------------------------------- 1x1 convolution
 def pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo) -> bool:
-    """Whether a blocked-eligible convolution is a pointwise one (1x1, stride 1, no padding)
-    whose epilogue operands all broadcast over the spatial dims as a whole (shape [..., H, W]
-    or [..., 1, 1]), so one flat pixel index addresses them."""
-    if geo.kernel != [1, 1] or geo.strides != [1, 1] or any(geo.pads_begin) or any(geo.pads_end):
+    """Whether a blocked-eligible convolution is a pointwise one (1x1, no padding) whose
+    epilogue operands all broadcast over the spatial dims as a whole (shape [..., H, W] or
+    [..., 1, 1]), so one flat pixel index addresses them. A strided one (resnet's downsample)
+    qualifies where its pixel tiles are packed (:func:`strided_pointwise_ok`)."""
+    if geo.kernel != [1, 1] or any(geo.pads_begin) or any(geo.pads_end):
+        return False
+    if geo.strides != [1, 1] and not strided_pointwise_ok(ctx, x, y):
         return False
     sp = tuple(y.shape[2:])
     for buf in ctx.default_params():
@@ -445,6 +448,18 @@ def pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo) -> bool:
             if len(buf.shape) > 2 or tuple(buf.shape) != sp:
                 return False
     return True
+
+
+def strided_pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer) -> bool:
+    """A strided 1x1 convolution runs as a pointwise one only through packed panels (the
+    panel copy gathers the strided pixels; the unpacked tiles read pixels as contiguous
+    vectors): at least one vector of output pixels and :func:`pack_pixels_ok`."""
+    L, R, NB = choose_pointwise_tile(ctx.target, y.shape[1])
+    hw = int(np.prod(y.shape[2:]))
+    rest = hw % (NB * L)
+    # the pixels after the whole tiles are whole vectors too (never the scalar tail)
+    return (hw >= -(-rest // L) * L and hw >= L
+            and pack_pixels_ok(-(-y.shape[1] // R), x.shape[1], NB * L))
 
 
 def choose_pointwise_tile(target, m: int) -> tuple[int, int, int]:
@@ -461,7 +476,7 @@ def choose_pointwise_tile(target, m: int) -> tuple[int, int, int]:
     return L, min(6, max(1, m)), 2
 
 
-def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer,
+def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
                         params: list[Buffer] | None = None) -> KernelBuilder:
     """A 1x1 convolution as Y[n] = W [M, C] @ X[n] [C, H*W], vectorised over pixels (contiguous
     in NCHW): an R x NB tile (R output channels x NB*L pixels) of accumulators over the C
@@ -496,6 +511,14 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     nvec_rest = -(-rest // L)
     # packed panels serve the vector tiles (a plane of fewer pixels than a vector has none)
     pack = pack_pixels_ok(MB, c_, pix) and (nfull > 0 or hw >= nvec_rest * L)
+    H, W = x.shape[2], x.shape[3]
+    OW = y.shape[3]
+    sh, sw = geo.strides
+    strided = (sh, sw) != (1, 1)
+    if strided and not pack:
+        raise AssertionError("a strided pointwise conv needs packed panels (strided_pointwise_ok)")
+    if strided:
+        kb.kernel.comment += f"  [stride {sh}x{sw}: the panels gather the strided pixels]"
     l2 = int(getattr(ctx.target, "l2_bytes", 0) or 512 * 1024)
     xp = kb.local(DType.f32, (c_ * pix,), hint="xpanel") if pack else None
     if pack:
@@ -550,8 +573,15 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
             n = ng / G if G > 1 else ng
             p0 = p0_of(pb)
             with kb.loop(c_, hint="ic", role="spatial") as ic:
-                for v in range(nvec):
-                    kb.store(xp, ic * (nvec * L) + v * L, x.vload((n * c_ + ic) * hw + p0 + v * L, L))
+                if strided:
+                    # the tile's output pixels q read input pixel (q / OW * sh, q % OW * sw)
+                    for k in range(nvec * L):
+                        q = p0 + k
+                        src = (n * c_ + ic) * (H * W) + (q / OW) * (sh * W) + (q % OW) * sw
+                        kb.store(xp, ic * (nvec * L) + k, x.flat(src))
+                else:
+                    for v in range(nvec):
+                        kb.store(xp, ic * (nvec * L) + v * L, x.vload((n * c_ + ic) * hw + p0 + v * L, L))
             with kb.loop(per, hint="j", role="spatial") as j:
                 mb = g * per + j
                 if MB % per:
