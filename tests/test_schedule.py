@@ -531,3 +531,29 @@ def test_if_refuses_a_python_bool():
                 pass
         with kb.if_(i.eq(0)):
             kb.store(x, i, 1.0)
+
+
+def test_emitter_reuses_load_free_subexpressions_within_a_block_but_not_loads():
+    """An index expression object used by several loads in one basic block is emitted once (the
+    unoptimised IR has one multiply for it, not one per load); a Load object used on both sides
+    of a store to its buffer is read again after the store (b[1] sees the new a[0])."""
+    from tensorfuse.ir.kernel import Buffer, KernelBuilder, as_expr
+    from tensorfuse.ir.types import DType
+    a = Buffer("a", DType.i64, (8,))
+    b = Buffer("b", DType.i64, (8,))
+    kb = KernelBuilder("memo", [a, b])
+    with kb.loop(1, hint="i") as i:
+        base = i * 7 + 1                               # one object, shared by four loads
+        total = a.flat(base) + a.flat(base) + a.flat(base) + a.flat(base)
+        kb.store(b, 2, total)
+        first = a.flat(as_expr(0))
+        kb.store(b, 0, first)
+        kb.store(a, 0, as_expr(5, DType.i64))
+        kb.store(b, 1, first)                          # the same Load object, after the store
+    text, fn, _lib = _native(kb.kernel, 2)
+    body = [ln for ln in text.split("define")[1].splitlines()]
+    assert sum(" mul " in ln for ln in body) == 1, "\n".join(body)
+    av = np.arange(8, dtype=np.int64) + 10
+    bv = np.zeros(8, np.int64)
+    _call(fn, [av, bv])
+    assert bv[0] == 10 and bv[1] == 5 and bv[2] == 4 * 11

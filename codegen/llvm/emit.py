@@ -113,6 +113,9 @@ class _FnEmitter:
         self.split_ok = False
         self.ptrs: dict[int, ir.Value] = {}
         self.vars: dict[int, ir.Value] = {}
+        self._memo: dict[int, tuple] = {}       # id(expr) -> (expr, value) in _memo_block
+        self._memo_block = None
+        self._pure: dict[int, tuple] = {}       # id(expr) -> (expr, has no Load)
         for i, buf in enumerate(kernel.params):
             slot = self.b.gep(self.fn.args[0], [ir.Constant(I64, i)], source_etype=PTR)
             p = self.b.load(slot, typ=PTR)
@@ -162,6 +165,45 @@ class _FnEmitter:
 
     # -- expressions ------------------------------------------------------------------------
     def expr(self, e) -> ir.Value:
+        """The value of ``e`` at the builder's position. A load-free expression object emitted
+        again in the same basic block reuses its first value (kernel builders share index
+        subexpressions such as a tile's base offset among many loads), so the IR LLVM has to
+        clean up stays small; loads are emitted every time (a store may come between)."""
+        if isinstance(e, (Const, Var)):
+            return self._expr(e)
+        blk = self.b.block
+        if blk is not self._memo_block:
+            self._memo, self._memo_block = {}, blk
+        hit = self._memo.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        v = self._expr(e)
+        if self._load_free(e):
+            if self.b.block is not self._memo_block:
+                self._memo, self._memo_block = {}, self.b.block
+            self._memo[id(e)] = (e, v)
+        return v
+
+    def _load_free(self, e) -> bool:
+        hit = self._pure.get(id(e))
+        if hit is not None and hit[0] is e:
+            return hit[1]
+        if isinstance(e, (Const, Var)):
+            r = True
+        elif isinstance(e, Bin):
+            r = self._load_free(e.a) and self._load_free(e.b)
+        elif isinstance(e, (Un, Cast, Broadcast)):
+            r = self._load_free(e.a)
+        elif isinstance(e, Select):
+            r = self._load_free(e.cond) and self._load_free(e.a) and self._load_free(e.b)
+        elif isinstance(e, FMA):
+            r = self._load_free(e.a) and self._load_free(e.b) and self._load_free(e.c)
+        else:                            # a Load, or anything else: emitted every time
+            r = False
+        self._pure[id(e)] = (e, r)
+        return r
+
+    def _expr(self, e) -> ir.Value:
         b = self.b
         if isinstance(e, Const):
             t = ltype(e.dtype)
@@ -229,6 +271,12 @@ class _FnEmitter:
             if op in _FCMP: return b.fcmp_ordered(_FCMP[op], x, y)
             raise CodegenError(f"kernel {self.k.name}: float op {op} unsupported")
         signed = dt.is_signed and dt != DType.bool
+        if (op in _FOLD and isinstance(x, ir.Constant) and isinstance(y, ir.Constant) and x.type == I64
+                and isinstance(x.constant, int) and isinstance(y.constant, int)
+                and 0 <= x.constant < 1 << 31 and 0 <= y.constant < 1 << 31
+                and (op not in ("div", "rem") or y.constant > 0) and (op != "sub" or x.constant >= y.constant)):
+            # index arithmetic on constants (unrolled tiles): folded here, not left to LLVM
+            return ir.Constant(I64, _FOLD[op](x.constant, y.constant))
         if op == "add": return b.add(x, y)
         if op == "sub": return b.sub(x, y)
         if op == "mul": return b.mul(x, y)
@@ -591,6 +639,12 @@ def emit_kernel(module: ir.Module, kernel: Kernel) -> ir.Function:
     em.top(kernel.body)
     em.b.ret_void()
     return em.fn
+
+
+#: i64 ops :meth:`_FnEmitter.binop` folds when both operands are small non-negative constants
+#: and so is the result (where C's and Python's results agree)
+_FOLD = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+         "div": lambda a, b: a // b, "rem": lambda a, b: a % b}
 
 
 def emit_entry(module: ir.Module, name: str, calls: list[tuple[str, list[int]]],
