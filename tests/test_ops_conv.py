@@ -587,3 +587,44 @@ def test_conv_pointwise_strided(x_shape, m, strides, pointwise, threads):
     if pointwise:
         assert "pixel tiles packed" in gathered[0].comment
     np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)
+
+
+@pytest.mark.parametrize("x_shape,m,k,attrs", [
+    ((1, 3, 45, 45), 64, 3, {"strides": [2, 2]}),                              # squeezenet's first conv
+    ((2, 3, 30, 33), 32, 3, {"strides": [2, 2], "pads": [1, 1, 1, 1]}),          # mobilenet's, odd sizes
+    ((1, 5, 19, 23), 13, 3, {"pads": [0, 2, 1, 0]}),                            # asymmetric pads, 13 channels
+    ((1, 2, 20, 40), 20, 5, {"pads": [2, 2, 2, 2], "dilations": [1, 2]}),       # 5x5, dilated columns
+    ((1, 7, 12, 30), 9, 3, {"strides": [1, 3], "pads": [1, 1, 1, 1]}),          # unequal strides
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_im2row(x_shape, m, k, attrs, threads):
+    """Convs over few input channels (C*KH*KW <= IM2ROW_MAX_K) run as a GEMM per output row
+    over a panel of the row's windows (zeros in the padding), with a residual Add and Relu
+    fused; every pad, stride, dilation and channel tail matches onnxruntime at 1 and 2 threads,
+    and codegen produced vector FMAs."""
+    import re
+
+    from tests.codegen_util import function_ir, optimized_ir
+    from onnx import TensorProto, helper, numpy_helper
+    x = _u(*x_shape)
+    w = _u(m, x_shape[1], k, k, seed=1) * 0.3
+    bias = _u(m, seed=2)
+    N = helper.make_node
+    conv = N("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], **attrs)
+    probe = helper.make_graph([conv], "p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [None] * 4)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    out_shape = ort_run(helper.make_model(probe, opset_imports=[helper.make_opsetid("", 17)]), {"x": x})[0].shape
+    z = _u(*out_shape, seed=3)
+    g = helper.make_graph(
+        [conv, N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("x", x), ("z", z))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    mod = tensorfuse.compile(model, num_threads=threads, cache=False)
+    (kern,) = [kk for kk in mod.kernels if "im2row" in kk.comment]
+    assert any(b.name.startswith("panel") for b in kern.locals)
+    body = function_ir(optimized_ir(mod), kern.name)
+    assert re.search(r"(llvm\.fma|llvm\.fmuladd)\.v\d+f32", body)
+    np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)

@@ -128,6 +128,8 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
         return emit_conv_pointwise(ctx, x, w, b, y, geo, params)
     if flat_ok(ctx, c_, m_, geo):
         return emit_conv_flat(ctx, x, w, b, y, geo, params)
+    if im2row_ok(ctx, c_, geo):
+        return emit_conv_im2row(ctx, x, w, b, y, geo, params)
     from tensorfuse.ir.ops.conv_winograd import emit_conv_winograd, winograd_ok
     if winograd_ok(ctx, c_, m_, geo):
         return emit_conv_winograd(ctx, x, w, b, y, geo, params)
@@ -645,3 +647,114 @@ def pixel_tile_groups(tiles: int, mb: int, block_bytes: int = 0, l2_bytes: int =
     if block_bytes and l2_bytes:
         g = max(g, -(-mb * block_bytes // (l2_bytes // 2)))
     return max(1, min(mb, g))
+
+
+# ------------------------------------------------------------- few input channels: row panels
+#: a convolution whose reduction (C x KH x KW) is at most this long, over fewer than
+#: :data:`KH_OUTER_CHANNELS` input channels, runs as :func:`emit_conv_im2row`
+IM2ROW_MAX_K = 64
+
+
+def im2row_ok(ctx: LowerCtx, c_: int, geo) -> bool:
+    """Whether :func:`emit_conv_im2row` applies (the caller has checked the blocked schedules'
+    conditions): fewer than :data:`KH_OUTER_CHANNELS` input channels, a reduction of at most
+    :data:`IM2ROW_MAX_K`, and output rows of at least one vector."""
+    KH, KW = geo.kernel
+    return (c_ < KH_OUTER_CHANNELS and c_ * KH * KW <= IM2ROW_MAX_K
+            and geo.out_shape[1] >= ctx.target.lanes(DType.f32))
+
+
+def emit_conv_im2row(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
+                     params: list[Buffer] | None = None) -> KernelBuilder:
+    """A convolution with few input channels (a network's first layer: squeezenet's 3x3 stride
+    2 over RGB) as a GEMM per output row. X [N, C, H, W], W [M, C, KH, KW] (a compile-time
+    constant), Y [N, M, OH, OW], all f32.
+
+    With channels as the vector lanes (the row tiles), a reduction of C*KH*KW = 27 steps ends in
+    one channel-strided scatter per accumulator, which costs as much as the FMAs. Here each
+    task (n, output row) first copies the row's K = C*KH*KW input rows, as its windows read
+    them (strided, zeros where they fall in the padding), into a local panel [K, OW]; the
+    pointwise micro-kernel (:func:`choose_pointwise_tile`: R output channels x NB pixel
+    vectors, weights packed as [MB, K, R] and broadcast) then runs over the panel, and bias and
+    the fused epilogue run on whole vectors of the row before one contiguous store. The
+    pixels after the last whole tile are covered by whole vectors ending at the row's end."""
+    n_, c_ = x.shape[:2]
+    m_ = y.shape[1]
+    H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
+    K = c_ * KH * KW
+    L, R, NB = choose_pointwise_tile(ctx.target, m_)
+    NB = max(1, min(NB, OW // L))       # a tile no wider than the row (OW >= L: im2row_ok)
+    MB = -(-m_ // R)
+    wmat = np.zeros((MB * R, K), np.float32)
+    wmat[:m_] = ctx.const(1).reshape(m_, K)
+    wp = ctx.pack(np.ascontiguousarray(wmat.reshape(MB, R, K).transpose(0, 2, 1)), "wpack")
+    params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
+    kb = ctx.kernel(params=params)
+    kb.kernel.comment += (f"  [im2row: panels [{K}, {OW}] per output row, register tile {R} channels x "
+                          f"{NB}x{L} pixels, weights packed {list(wp.shape)}]")
+    acc = kb.local(DType.f32, (R * NB * L,), hint="acc")
+    panel = kb.local(DType.f32, (K * OW,), hint="panel")
+    fzero = as_expr(0.0, DType.f32)
+    pix = NB * L
+    nfull = OW // pix
+    nvec_rest = -(-(OW - nfull * pix) // L)
+
+    def cols(kw: int) -> tuple[int, int]:
+        """The output columns whose tap kw reads inside the image: [lo, hi)."""
+        lo = window_lo(pw - kw * dw, sw)
+        hi = window_hi(W + pw - kw * dw, sw, OW)
+        return lo, max(lo, hi)
+
+    def tile(n, oh, mb, p0, nvec: int):
+        for q in range(R * nvec):
+            kb.store(acc, q * L, kb.broadcast(fzero, L))
+        with kb.reduce(K, hint="k") as k:
+            xv = [panel.vload(k * OW + p0 + v * L, L) for v in range(nvec)]
+            for r in range(R):
+                wv = wp.flat((mb * K + k) * R + r)
+                for v in range(nvec):
+                    q = (r * nvec + v) * L
+                    kb.store(acc, q, fma(wv, xv[v], acc.vload(q, L)))
+        for r in range(R):
+            oc = mb * R + r
+
+            def row(r=r, oc=oc):
+                for v in range(nvec):
+                    idx = [n, oc, oh, Ramp(p0 + v * L, L)]
+                    val = acc.vload((r * nvec + v) * L, L)
+                    if b is not None:
+                        val = val + b[oc]
+                    kb.store(y, idx, ctx.apply_epilogue(val, idx))
+            if m_ % R:
+                with kb.if_(oc < m_):
+                    row()
+            else:
+                row()
+
+    with kb.loop(n_ * OH, kind="parallel", hint="t") as t:
+        oh = t % OH
+        n = t / OH
+        for c in range(c_):
+            for kh in range(KH):
+                ih = oh * sh + (kh * dh - ph)
+                for kw in range(KW):
+                    k = (c * KH + kh) * KW + kw
+                    lo, hi = cols(kw)
+                    dst = k * OW
+                    with kb.if_((ih >= 0) & (ih < H)) as inside:
+                        for ow in list(range(lo)) + list(range(hi, OW)):
+                            kb.store(panel, dst + ow, fzero)
+                        if hi > lo:
+                            src = ((n * c_ + c) * H + ih) * W + (kw * dw - pw)
+                            with kb.loop(hi - lo, start=0, hint="ow", role="spatial") as j:
+                                kb.store(panel, dst + lo + j, x.flat(src + (lo + j) * sw))
+                    with kb.else_(inside):
+                        with kb.loop(OW, hint="ow", role="spatial") as j:
+                            kb.store(panel, dst + j, fzero)
+        with kb.loop(MB, hint="mb", role="spatial") as mb:
+            if nfull:
+                with kb.loop(nfull, hint="tp", role="spatial") as tp:
+                    tile(n, oh, mb, tp * pix, NB)
+            if nvec_rest:
+                tile(n, oh, mb, as_expr(OW - nvec_rest * L), nvec_rest)
+    return kb
