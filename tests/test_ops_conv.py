@@ -229,25 +229,8 @@ def test_conv_flat_pixel_tiles(x_shape, m, k, attrs, chunks, in_place, threads):
     produced vector FMAs for the kernel."""
     import re
 
-    from onnx import TensorProto, helper, numpy_helper
-
     from tests.codegen_util import function_ir, optimized_ir
-    x = _u(*x_shape)
-    w = _u(m, x_shape[1], k, k, seed=1) * 0.1
-    bias = _u(m, seed=2)
-    N = helper.make_node
-    conv = N("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], **attrs)
-    probe = helper.make_graph([conv], "p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [None] * 4)],
-                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
-    out_shape = ort_run(helper.make_model(probe, opset_imports=[helper.make_opsetid("", 17)]), {"x": x})[0].shape
-    z = _u(*out_shape, seed=3)
-    g = helper.make_graph(
-        [conv, N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])], "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("x", x), ("z", z))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model, feeds = _conv_model(x_shape, m, k, attrs, scale=0.1)
     mod = tensorfuse.compile(model, num_threads=threads, cache=False)
     (kern,) = [kk for kk in mod.kernels if "flat pixel tiles" in kk.comment]
     nc = int(re.search(r"input channels in (\d+) chunks", kern.comment).group(1))
@@ -256,7 +239,7 @@ def test_conv_flat_pixel_tiles(x_shape, m, k, attrs, chunks, in_place, threads):
     assert any(b.name.startswith("xpad") for b in kern.locals) == (not in_place)
     body = function_ir(optimized_ir(mod), kern.name)
     assert re.search(r"(llvm\.fma|llvm\.fmuladd)\.v\d+f32|fmul <\d+ x float>", body)
-    np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)
+    np.testing.assert_allclose(mod.run(**feeds)[0], ort_run(model, feeds)[0], rtol=RT, atol=AT)
 
 
 def test_flat_tile_choice_follows_the_target():
@@ -466,18 +449,19 @@ def test_qlinear_conv_reference_matches_ort():
 
 
 # ----------------------------------------------------------------------------- Winograd F(2x2, 3x3)
-def _winograd_model(x_shape, m, attrs, residual, bias=True, seed=0):
-    """Conv 3x3 (+ Add z) + Relu as an ONNX model; returns (model, feeds)."""
+def _conv_model(x_shape, m, k, attrs, residual=True, bias=True, scale=0.2, seed=0):
+    """Conv k x k (+ Add z) + Relu as an ONNX model, the output shape from onnxruntime;
+    returns (model, feeds)."""
     from onnx import TensorProto, helper, numpy_helper
     x = _u(*x_shape, seed=seed)
-    w = _u(m, x_shape[1], 3, 3, seed=seed + 1) * 0.2
+    w = _u(m, x_shape[1], k, k, seed=seed + 1) * scale
     inits = [numpy_helper.from_array(w, "w")]
     ins = ["x", "w"]
     if bias:
         inits.append(numpy_helper.from_array(_u(m, seed=seed + 2), "b"))
         ins.append("b")
     N = helper.make_node
-    conv = N("Conv", ins, ["c"], kernel_shape=[3, 3], **attrs)
+    conv = N("Conv", ins, ["c"], kernel_shape=[k, k], **attrs)
     probe = helper.make_graph([conv], "p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
                               [helper.make_tensor_value_info("c", TensorProto.FLOAT, [None] * 4)], inits)
     out_shape = ort_run(helper.make_model(probe, opset_imports=[helper.make_opsetid("", 17)]), {"x": x})[0].shape
@@ -510,7 +494,7 @@ def test_conv_winograd(x_shape, m, attrs, residual, bias, threads):
     import re
 
     from tests.codegen_util import function_ir, optimized_ir
-    model, feeds = _winograd_model(x_shape, m, attrs, residual, bias)
+    model, feeds = _conv_model(x_shape, m, 3, attrs, residual, bias)
     mod = tensorfuse.compile(model, num_threads=threads, cache=False)
     (kern,) = [k for k in mod.kernels if "winograd" in k.comment]
     (u,) = [p for p in kern.params if "_wino" in p.name]
@@ -530,7 +514,7 @@ def test_conv_winograd(x_shape, m, attrs, residual, bias, threads):
 def test_conv_winograd_does_not_fire(x_shape, m, attrs):
     """Strided, dilated and few-channel 3x3 convolutions and small planes keep the direct
     schedules, and still match onnxruntime."""
-    model, feeds = _winograd_model(x_shape, m, attrs, residual=False)
+    model, feeds = _conv_model(x_shape, m, 3, attrs, residual=False)
     mod = tensorfuse.compile(model, cache=False)
     assert not [k for k in mod.kernels if "winograd" in k.comment]
     np.testing.assert_allclose(mod.run(**feeds)[0], ort_run(model, feeds)[0], rtol=RT, atol=AT)
@@ -605,26 +589,10 @@ def test_conv_im2row(x_shape, m, k, attrs, threads):
     import re
 
     from tests.codegen_util import function_ir, optimized_ir
-    from onnx import TensorProto, helper, numpy_helper
-    x = _u(*x_shape)
-    w = _u(m, x_shape[1], k, k, seed=1) * 0.3
-    bias = _u(m, seed=2)
-    N = helper.make_node
-    conv = N("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], **attrs)
-    probe = helper.make_graph([conv], "p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
-                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [None] * 4)],
-                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
-    out_shape = ort_run(helper.make_model(probe, opset_imports=[helper.make_opsetid("", 17)]), {"x": x})[0].shape
-    z = _u(*out_shape, seed=3)
-    g = helper.make_graph(
-        [conv, N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])], "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("x", x), ("z", z))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model, feeds = _conv_model(x_shape, m, k, attrs, scale=0.3)
     mod = tensorfuse.compile(model, num_threads=threads, cache=False)
     (kern,) = [kk for kk in mod.kernels if "im2row" in kk.comment]
     assert any(b.name.startswith("panel") for b in kern.locals)
     body = function_ir(optimized_ir(mod), kern.name)
     assert re.search(r"(llvm\.fma|llvm\.fmuladd)\.v\d+f32", body)
-    np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)
+    np.testing.assert_allclose(mod.run(**feeds)[0], ort_run(model, feeds)[0], rtol=RT, atol=AT)

@@ -464,6 +464,48 @@ def strided_pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer) -> bool:
             and pack_pixels_ok(-(-y.shape[1] // R), x.shape[1], NB * L))
 
 
+def pack_pixel_gemm_weights(ctx: LowerCtx, m_: int, red: int, R: int) -> Buffer:
+    """The node's constant weights [M, ...] (``red`` values per output channel) packed for
+    :func:`pixel_gemm_tile` as [MB, red, R] (zeros past M)."""
+    MB = -(-m_ // R)
+    wmat = np.zeros((MB * R, red), np.float32)
+    wmat[:m_] = ctx.const(1).reshape(m_, red)
+    return ctx.pack(np.ascontiguousarray(wmat.reshape(MB, R, red).transpose(0, 2, 1)), "wpack")
+
+
+def pixel_gemm_tile(ctx: LowerCtx, kb: KernelBuilder, acc: Buffer, wp: Buffer, y: Buffer, b: Buffer | None,
+                    m_: int, R: int, red: int, mb: Expr, nvec: int, lanes: int, xvec, out_idx) -> None:
+    """The pixel-vector micro-kernel of :func:`emit_conv_pointwise` and :func:`emit_conv_im2row`:
+    R output channels (block ``mb`` of the weights packed as [MB, red, R], broadcast) x ``nvec``
+    vectors of ``lanes`` pixels (``xvec(k, v)``, the v-th pixel vector of reduction step k)
+    accumulated in ``acc`` over the ``red`` steps; then bias, the fused epilogue and one vector
+    store per accumulator at ``out_idx(oc, v)``, channels past ``m_`` not stored."""
+    for q in range(R * nvec):
+        kb.store(acc, q * lanes, kb.broadcast(as_expr(0.0, DType.f32), lanes))
+    with kb.reduce(red, hint="k") as k:
+        xv = [xvec(k, v) for v in range(nvec)]
+        for r in range(R):
+            wv = wp.flat((mb * red + k) * R + r)
+            for v in range(nvec):
+                q = (r * nvec + v) * lanes
+                kb.store(acc, q, fma(wv, xv[v], acc.vload(q, lanes)))
+    for r in range(R):
+        oc = mb * R + r
+
+        def row(r=r, oc=oc):
+            for v in range(nvec):
+                idx = out_idx(oc, v)
+                val = acc.vload((r * nvec + v) * lanes, lanes)
+                if b is not None:
+                    val = val + b[oc]
+                kb.store(y, idx, ctx.apply_epilogue(val, idx))
+        if m_ % R:
+            with kb.if_(oc < m_):
+                row()
+        else:
+            row()
+
+
 def choose_pointwise_tile(target, m: int) -> tuple[int, int, int]:
     """(L, R, NB): lanes, output channels per tile, pixel vectors per tile. With 16 vector
     registers 6 x 2 vectors, or 4 x 3 where 4 rows pad at least 5% fewer of the ``m``
@@ -500,9 +542,7 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     hw = int(np.prod(y.shape[2:]))
     L, R, NB = choose_pointwise_tile(ctx.target, m_)
     MB = -(-m_ // R)
-    wmat = np.zeros((MB * R, c_), np.float32)
-    wmat[:m_] = ctx.const(1).reshape(m_, c_)
-    wp = ctx.pack(np.ascontiguousarray(wmat.reshape(MB, R, c_).transpose(0, 2, 1)), "wpack")
+    wp = pack_pixel_gemm_weights(ctx, m_, c_, R)
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += f"  [pointwise: register tile {R} channels x {NB}x{L} pixels, weights packed {list(wp.shape)}]"
@@ -527,33 +567,14 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
         kb.kernel.comment += f"  [pixel tiles packed as panels [{c_}, {pix}]]"
 
     def tile(n: Expr, mb: Expr, p0: Expr, nvec: int, lanes: int, packed: bool):
-        for q in range(R * nvec):
-            kb.store(acc, q * lanes, kb.broadcast(as_expr(0.0, DType.f32), lanes))
-        with kb.reduce(c_, hint="ic") as ic:
-            if packed:
-                xv = [xp.vload(ic * (nvec * lanes) + v * lanes, lanes) for v in range(nvec)]
-            else:
-                xv = [x.vload((n * c_ + ic) * hw + p0 + v * lanes, lanes) for v in range(nvec)]
-            for r in range(R):
-                wv = wp.flat((mb * c_ + ic) * R + r)
-                for v in range(nvec):
-                    q = (r * nvec + v) * lanes
-                    kb.store(acc, q, fma(wv, xv[v], acc.vload(q, lanes)))
-        for r in range(R):
-            oc = mb * R + r
-
-            def row(r=r, oc=oc):
-                for v in range(nvec):
-                    idx = [n, oc] + [as_expr(0)] * (len(y.shape) - 3) + [Ramp(p0 + v * lanes, lanes)]
-                    val = acc.vload((r * nvec + v) * lanes, lanes)
-                    if b is not None:
-                        val = val + b[oc]
-                    kb.store(y, idx, ctx.apply_epilogue(val, idx))
-            if m_ % R:
-                with kb.if_(oc < m_):
-                    row()
-            else:
-                row()
+        if packed:
+            def xvec(ic, v):
+                return xp.vload(ic * (nvec * lanes) + v * lanes, lanes)
+        else:
+            def xvec(ic, v):
+                return x.vload((n * c_ + ic) * hw + p0 + v * lanes, lanes)
+        pixel_gemm_tile(ctx, kb, acc, wp, y, b, m_, R, c_, mb, nvec, lanes, xvec,
+                        lambda oc, v: [n, oc] + [as_expr(0)] * (len(y.shape) - 3) + [Ramp(p0 + v * lanes, lanes)])
 
     def split(t):
         mb = t % MB if MB > 1 else as_expr(0)
@@ -685,9 +706,7 @@ def emit_conv_im2row(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: B
     L, R, NB = choose_pointwise_tile(ctx.target, m_)
     NB = max(1, min(NB, OW // L))       # a tile no wider than the row (OW >= L: im2row_ok)
     MB = -(-m_ // R)
-    wmat = np.zeros((MB * R, K), np.float32)
-    wmat[:m_] = ctx.const(1).reshape(m_, K)
-    wp = ctx.pack(np.ascontiguousarray(wmat.reshape(MB, R, K).transpose(0, 2, 1)), "wpack")
+    wp = pack_pixel_gemm_weights(ctx, m_, K, R)
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += (f"  [im2row: panels [{K}, {OW}] per output row, register tile {R} channels x "
@@ -706,30 +725,9 @@ def emit_conv_im2row(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: B
         return lo, max(lo, hi)
 
     def tile(n, oh, mb, p0, nvec: int):
-        for q in range(R * nvec):
-            kb.store(acc, q * L, kb.broadcast(fzero, L))
-        with kb.reduce(K, hint="k") as k:
-            xv = [panel.vload(k * OW + p0 + v * L, L) for v in range(nvec)]
-            for r in range(R):
-                wv = wp.flat((mb * K + k) * R + r)
-                for v in range(nvec):
-                    q = (r * nvec + v) * L
-                    kb.store(acc, q, fma(wv, xv[v], acc.vload(q, L)))
-        for r in range(R):
-            oc = mb * R + r
-
-            def row(r=r, oc=oc):
-                for v in range(nvec):
-                    idx = [n, oc, oh, Ramp(p0 + v * L, L)]
-                    val = acc.vload((r * nvec + v) * L, L)
-                    if b is not None:
-                        val = val + b[oc]
-                    kb.store(y, idx, ctx.apply_epilogue(val, idx))
-            if m_ % R:
-                with kb.if_(oc < m_):
-                    row()
-            else:
-                row()
+        pixel_gemm_tile(ctx, kb, acc, wp, y, b, m_, R, K, mb, nvec, L,
+                        lambda k, v: panel.vload(k * OW + p0 + v * L, L),
+                        lambda oc, v: [n, oc, oh, Ramp(p0 + v * L, L)])
 
     with kb.loop(n_ * OH, kind="parallel", hint="t") as t:
         oh = t % OH
