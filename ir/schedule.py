@@ -24,23 +24,28 @@ class ScheduleError(Exception):
     the same element); names the kernel and the loop."""
 
 
+def expr_children(e) -> tuple:
+    """The direct sub-expressions of ``e``: operands, a load's index, a select's condition
+    (none for constants, variables and expression kinds without operands)."""
+    if isinstance(e, Load):
+        return (e.index,)
+    if isinstance(e, Bin):
+        return (e.a, e.b)
+    if isinstance(e, (Un, Cast, Broadcast)):
+        return (e.a,)
+    if isinstance(e, Select):
+        return (e.cond, e.a, e.b)
+    if isinstance(e, FMA):
+        return (e.a, e.b, e.c)
+    return ()
+
+
 def expr_nodes(e):
     """An expression and every sub-expression (operands, load indices, select conditions),
     outer before inner."""
     yield e
-    if isinstance(e, Load):
-        yield from expr_nodes(e.index)
-    elif isinstance(e, Bin):
-        yield from expr_nodes(e.a)
-        yield from expr_nodes(e.b)
-    elif isinstance(e, (Un, Cast, Broadcast)):
-        yield from expr_nodes(e.a)
-    elif isinstance(e, Select):
-        for x in (e.cond, e.a, e.b):
-            yield from expr_nodes(x)
-    elif isinstance(e, FMA):
-        for x in (e.a, e.b, e.c):
-            yield from expr_nodes(x)
+    for x in expr_children(e):
+        yield from expr_nodes(x)
 
 
 def _vars(e) -> set:

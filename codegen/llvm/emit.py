@@ -29,7 +29,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tensorfuse.ir.kernel import GPU_LOOP_KINDS, FMA, Barrier, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
-from tensorfuse.ir.schedule import runs_on_thread0_only, statement_is_parallel
+from tensorfuse.ir.schedule import expr_children, runs_on_thread0_only, statement_is_parallel
 from tensorfuse.ir.types import DType
 
 from . import vmath
@@ -190,14 +190,8 @@ class _FnEmitter:
             return hit[1]
         if isinstance(e, (Const, Var)):
             r = True
-        elif isinstance(e, Bin):
-            r = self._load_free(e.a) and self._load_free(e.b)
-        elif isinstance(e, (Un, Cast, Broadcast)):
-            r = self._load_free(e.a)
-        elif isinstance(e, Select):
-            r = self._load_free(e.cond) and self._load_free(e.a) and self._load_free(e.b)
-        elif isinstance(e, FMA):
-            r = self._load_free(e.a) and self._load_free(e.b) and self._load_free(e.c)
+        elif isinstance(e, (Bin, Un, Cast, Broadcast, Select, FMA)):
+            r = all(self._load_free(c) for c in expr_children(e))
         else:                            # a Load, or anything else: emitted every time
             r = False
         self._pure[id(e)] = (e, r)
