@@ -9,7 +9,7 @@ team size is a run-time value.
 """
 from __future__ import annotations
 
-from .kernel import Bin, Broadcast, Cast, FMA, For, If, Kernel, Load, Select, Store, Un, Var
+from .kernel import Bin, Broadcast, Cast, FMA, For, If, Kernel, Load, Ramp, Select, Store, Un, Var
 
 #: a nest whose estimated iteration count is below this stays on one thread (benchmarks/
 #: dispatch.py measured 3-6 microseconds per parallel kernel at 2 threads on a 2-core Zen 3;
@@ -25,14 +25,16 @@ class ScheduleError(Exception):
 
 
 def expr_children(e) -> tuple:
-    """The direct sub-expressions of ``e``: operands, a load's index, a select's condition
-    (none for constants, variables and expression kinds without operands)."""
+    """The direct sub-expressions of ``e``: operands, a load's index, a ramp's base, a select's
+    condition (none for constants, variables and expression kinds without operands)."""
     if isinstance(e, Load):
         return (e.index,)
     if isinstance(e, Bin):
         return (e.a, e.b)
     if isinstance(e, (Un, Cast, Broadcast)):
         return (e.a,)
+    if isinstance(e, Ramp):
+        return (e.base,)
     if isinstance(e, Select):
         return (e.cond, e.a, e.b)
     if isinstance(e, FMA):

@@ -29,6 +29,7 @@ import re
 from tensorfuse.compiler.errors import CompileError
 from tensorfuse.ir.kernel import (FMA, GPU_LOOP_KINDS, Barrier, Bin, Broadcast, Buffer, Cast, Const, For, If,
                                   Kernel, Load, Ramp, Select, Store, Un, Var)
+from tensorfuse.ir.schedule import expr_children
 from tensorfuse.ir.types import DType
 
 
@@ -137,7 +138,7 @@ class _Fn:
             if id(e) in seen:
                 return
             seen.add(id(e))
-            for c in _children(e):
+            for c in expr_children(e):
                 refs[id(c)] = refs.get(id(c), 0) + 1
                 visit(c)
         for r in roots:
@@ -478,22 +479,6 @@ class _Fn:
             out.append(f"    {self.names[id(b)]} = cuda.{kind}.array({max(b.numel, 1)}, {ctor(b.dtype)})")
         self.stmts(k.body)
         return out + self.lines
-
-
-def _children(e):
-    if isinstance(e, Load):
-        return (e.index,)
-    if isinstance(e, (Bin,)):
-        return (e.a, e.b)
-    if isinstance(e, (Un, Cast, Broadcast)):
-        return (e.a,)
-    if isinstance(e, Ramp):
-        return (e.base,)
-    if isinstance(e, Select):
-        return (e.cond, e.a, e.b)
-    if isinstance(e, FMA):
-        return (e.a, e.b, e.c)
-    return ()
 
 
 def function_name(launch: Kernel) -> str:
