@@ -36,6 +36,7 @@ the vector registers the target has (16 with AVX2, 32 with AVX-512) less a few f
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import numpy as np
 
@@ -245,6 +246,24 @@ def store_channel_vector(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, b: Buffer 
             lane_stores()
 
 
+def zero_fill(kb: KernelBuilder, buf: Buffer, count: int, lanes: int) -> None:
+    """Zero the first ``count`` float32 elements of ``buf`` (a local): a loop of ``lanes``-wide
+    vector stores, then the tail one element at a time."""
+    if count // lanes:
+        zero = kb.broadcast(as_expr(0.0, DType.f32), lanes)
+        with kb.loop(count // lanes, hint="z", role="spatial") as z:
+            kb.store(buf, z * lanes, zero)
+    for i in range(count // lanes * lanes, count):
+        kb.store(buf, i, as_expr(0.0, DType.f32))
+
+
+def split_blocks(mb: int, groups: int) -> tuple[int, int]:
+    """(blocks per group, groups): ``mb`` channel blocks dealt into at most ``groups`` groups of
+    equal size, none of them empty (10 blocks asked into 8 groups give 5 groups of 2)."""
+    per = -(-mb // max(1, min(mb, groups)))
+    return per, -(-mb // per)
+
+
 # ----------------------------------------------------------------- small planes: flat pixel tiles
 #: an output plane of at most this many pixels, in rows of at most :data:`NARROW_ROW` columns,
 #: is tiled over its flattened pixels (:func:`emit_conv_flat`); this bounds the per-task
@@ -370,7 +389,6 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
     xpad = None if direct else kb.local(DType.f32, (KC * Hp * Wp,), hint="xpad")
     # the plane the tiles read: the padded local, or X itself
     RH, RW = (H, W) if direct else (Hp, Wp)
-    zero = kb.broadcast(as_expr(0.0, DType.f32), L)
     rows, cols = min(H, Hp - ph), min(W, Wp - pw)     # input rows / columns some window reads
 
     def tile(n, g: Expr, mb: Expr, q0: Expr, width: int, cc: Expr):
@@ -403,12 +421,8 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
         gi = t % NG if NG > 1 else as_expr(0)
         n = t / NG if NG > 1 else t
         if not direct:
-            with kb.loop(KC * Hp * Wp // L, hint="z", role="spatial") as z:
-                kb.store(xpad, z * L, zero)
-            for i in range(KC * Hp * Wp // L * L, KC * Hp * Wp):
-                kb.store(xpad, i, as_expr(0.0, DType.f32))
-        with kb.loop(G * npix * OB, hint="z", role="spatial") as z:
-            kb.store(part, z * L, zero)
+            zero_fill(kb, xpad, KC * Hp * Wp, L)
+        zero_fill(kb, part, G * npix * blk, L)
         with kb.reduce(NC, hint="cc") as cc:
             if not direct:
                 with kb.loop(KC, hint="c", role="spatial") as c, kb.loop(rows, hint="h", role="spatial") as ih:
@@ -452,16 +466,38 @@ def pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo) -> bool:
     return True
 
 
+class PointwiseTiling(NamedTuple):
+    """How :func:`emit_conv_pointwise` covers ``hw`` output pixels: the register tile (L, R,
+    NB; :func:`choose_pointwise_tile`), ``nfull`` whole pixel tiles of NB*L, ``nvec_rest``
+    vectors for the pixels after them, and whether the tiles are packed into panels."""
+    L: int
+    R: int
+    NB: int
+    nfull: int
+    nvec_rest: int
+    pack: bool
+
+
+def pointwise_tiling(target, m: int, c: int, hw: int) -> PointwiseTiling:
+    """The :class:`PointwiseTiling` of a 1x1 conv with ``m`` output and ``c`` input channels
+    over ``hw`` output pixels. Panels serve the vector tiles only (a plane of fewer pixels than
+    a vector has none)."""
+    L, R, NB = choose_pointwise_tile(target, m)
+    pix = NB * L
+    nfull = hw // pix
+    nvec_rest = -(-(hw - nfull * pix) // L)
+    pack = pack_pixels_ok(-(-m // R), c, pix) and (nfull > 0 or hw >= nvec_rest * L)
+    return PointwiseTiling(L, R, NB, nfull, nvec_rest, pack)
+
+
 def strided_pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer) -> bool:
     """A strided 1x1 convolution runs as a pointwise one only through packed panels (the
     panel copy gathers the strided pixels; the unpacked tiles read pixels as contiguous
-    vectors): at least one vector of output pixels and :func:`pack_pixels_ok`."""
-    L, R, NB = choose_pointwise_tile(ctx.target, y.shape[1])
+    vectors), with the pixels after the whole tiles covered by whole vectors too (never the
+    scalar tail)."""
     hw = int(np.prod(y.shape[2:]))
-    rest = hw % (NB * L)
-    # the pixels after the whole tiles are whole vectors too (never the scalar tail)
-    return (hw >= -(-rest // L) * L and hw >= L
-            and pack_pixels_ok(-(-y.shape[1] // R), x.shape[1], NB * L))
+    t = pointwise_tiling(ctx.target, y.shape[1], x.shape[1], hw)
+    return t.pack and hw >= t.nvec_rest * t.L
 
 
 def pack_pixel_gemm_weights(ctx: LowerCtx, m_: int, red: int, R: int) -> Buffer:
@@ -491,19 +527,13 @@ def pixel_gemm_tile(ctx: LowerCtx, kb: KernelBuilder, acc: Buffer, wp: Buffer, y
                 kb.store(acc, q, fma(wv, xv[v], acc.vload(q, lanes)))
     for r in range(R):
         oc = mb * R + r
-
-        def row(r=r, oc=oc):
+        with kb.if_(oc < m_) if m_ % R else contextlib.nullcontext():
             for v in range(nvec):
                 idx = out_idx(oc, v)
                 val = acc.vload((r * nvec + v) * lanes, lanes)
                 if b is not None:
                     val = val + b[oc]
                 kb.store(y, idx, ctx.apply_epilogue(val, idx))
-        if m_ % R:
-            with kb.if_(oc < m_):
-                row()
-        else:
-            row()
 
 
 def choose_pointwise_tile(target, m: int) -> tuple[int, int, int]:
@@ -540,7 +570,7 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     n_, c_ = x.shape[:2]
     m_ = y.shape[1]
     hw = int(np.prod(y.shape[2:]))
-    L, R, NB = choose_pointwise_tile(ctx.target, m_)
+    L, R, NB, nfull, nvec_rest, pack = pointwise_tiling(ctx.target, m_, c_, hw)
     MB = -(-m_ // R)
     wp = pack_pixel_gemm_weights(ctx, m_, c_, R)
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
@@ -548,11 +578,7 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     kb.kernel.comment += f"  [pointwise: register tile {R} channels x {NB}x{L} pixels, weights packed {list(wp.shape)}]"
     acc = kb.local(DType.f32, (R * NB * L,), hint="acc")
     pix = NB * L
-    nfull = hw // pix
     rest = hw - nfull * pix
-    nvec_rest = -(-rest // L)
-    # packed panels serve the vector tiles (a plane of fewer pixels than a vector has none)
-    pack = pack_pixels_ok(MB, c_, pix) and (nfull > 0 or hw >= nvec_rest * L)
     H, W = x.shape[2], x.shape[3]
     OW = y.shape[3]
     sh, sw = geo.strides
@@ -584,9 +610,7 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
         """Parallel over (n, pixel tile, group of channel blocks): X's pixels of the tile are
         copied once into a contiguous panel [C, nvec*L] that every channel block of the group
         then reads (from L1/L2, as a stream) instead of C rows spread over the image."""
-        G = pixel_tile_groups(n_ * ntiles, MB, R * c_ * 4, l2)
-        per = -(-MB // G)
-        G = -(-MB // per)           # no group past MB (10 blocks in 8 groups: 5 of 2)
+        per, G = split_blocks(MB, pixel_tile_groups(n_ * ntiles, MB, R * c_ * 4, l2))
         # pixel tiles innermost: a thread's consecutive tasks share one group's weights (a
         # slice of W sized for L2 when W is larger), so W streams from memory about once
         with kb.loop(n_ * ntiles * G, kind="parallel", hint="t") as t:

@@ -83,7 +83,7 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
     """Emit y = conv(x, w) + b with the fused epilogue by Winograd F(2x2, 3x3) (module
     docstring). X [N, C, H, W], W [M, C, 3, 3] (a compile-time constant), Y [N, M, OH, OW], all
     f32, stride 1, dilation 1, any pads. Returns the KernelBuilder."""
-    from tensorfuse.ir.ops.conv_blocked import choose_tile, store_channel_vector
+    from tensorfuse.ir.ops.conv_blocked import choose_tile, split_blocks, store_channel_vector, zero_fill
     n_, c_ = x.shape[:2]
     m_ = y.shape[1]
     H, W, OH, OW, _, _, _, _, _, _, ph, pw = geo.dims_2d()
@@ -98,26 +98,21 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
     MB = -(-m_ // blk)
     u = ctx.pack(transform_weights(ctx.const(1), blk), "wino")
     params = [p for p in (params or ctx.default_params()) if p is not w] + [u]
+    # groups of channel blocks per row of tiles, so that small planes still give every thread
+    # work (the input transform is repeated per group; the groups outermost, so each thread
+    # streams only its groups' weights)
+    per, MG = split_blocks(MB, -(-WINOGRAD_MIN_TASKS // (n_ * TY)))
+    MPG = per * blk                     # output channels of a group
     kb = ctx.kernel(params=params)
     kb.kernel.comment += (f"  [winograd F(2x2,3x3): {TY}x{TX} tiles, register tile {OB}x{L} channels x {P} tiles, "
-                          f"weights transformed {list(u.shape)}]")
+                          f"weights transformed {list(u.shape)}"
+                          + (f", {MG} groups of output channel blocks per row" if MG > 1 else "") + "]")
     acc = kb.local(DType.f32, (OB * P * L,), hint="acc")
     out = kb.local(DType.f32, (L,), hint="lanes")
     xr = kb.local(DType.f32, (4 * WR,), hint="rows")          # one channel's 4 padded rows
     v = kb.local(DType.f32, (4 * 3 * c_ * VC,), hint="v")      # V [4, 3, C, VC]
     zero = kb.broadcast(as_expr(0.0, DType.f32), L)
-    fzero = as_expr(0.0, DType.f32)
     wvec = W // L * L                   # columns of an input row copied by vectors
-
-    # groups of channel blocks per row of tiles, so that small planes still give every thread
-    # work (the input transform is repeated per group; the groups outermost, so each thread
-    # streams only its groups' weights)
-    MG = max(1, min(MB, -(-WINOGRAD_MIN_TASKS // (n_ * TY))))
-    per = -(-MB // MG)
-    MG = -(-MB // per)
-    if MG > 1:
-        kb.kernel.comment = kb.kernel.comment[:-1] + f", {MG} groups of output channel blocks per row]"
-    MPG = per * blk                     # output channels of a group
     mo = kb.local(DType.f32, (16 * TX * MPG,), hint="m")       # M [16, TX, MPG]
     with kb.loop(n_ * TY * MG, kind="parallel", hint="t") as t:
         ty = t % TY
@@ -125,10 +120,7 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
         mg = t / (n_ * TY) if MG > 1 else as_expr(0)
         ih0 = ty * 2 - ph
         # 1. input transform
-        with kb.loop(4 * WR // L, hint="z", role="spatial") as z:
-            kb.store(xr, z * L, zero)
-        for i in range(4 * WR // L * L, 4 * WR):
-            kb.store(xr, i, fzero)
+        zero_fill(kb, xr, 4 * WR, L)
         with kb.loop(c_, hint="c", role="spatial") as c:
             for r in range(4):
                 ih = ih0 + r
@@ -179,44 +171,31 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
                             kb.store(mo, (e * TX + q0 + p) * MPG + j * blk + o * L,
                                      acc.vload((o * width + p) * L, L))
 
-                def tiles():
+                with kb.if_(mb < MB) if MB % per else contextlib.nullcontext():
                     if TX // P:
                         with kb.loop(TX // P, hint="tp", role="spatial") as tp:
                             tile(tp * P, P)
                     if TX % P:
                         tile(as_expr(TX // P * P), TX % P)
-                if MB % per:
-                    with kb.if_(mb < MB):
-                        tiles()
-                else:
-                    tiles()
         # 3. output transform, bias, epilogue, store
         with kb.loop(TX, hint="q", role="spatial") as q, kb.loop(per * OB, hint="o", role="spatial") as oj:
             ov = mg * (per * OB) + oj
-            guard = contextlib.ExitStack()
-            if MB % per:                # the last group's blocks past MB
-                guard.enter_context(kb.if_(ov < MB * OB))
-            mm = [[mo.vload(((xi * 4 + nu) * TX + q) * MPG + oj * L, L) for nu in range(4)] for xi in range(4)]
-            s0 = [mm[0][j] + mm[1][j] + mm[2][j] for j in range(4)]
-            s1 = [mm[1][j] - mm[2][j] - mm[3][j] for j in range(4)]
-            outs = {(0, 0): s0[0] + s0[1] + s0[2], (0, 1): s0[1] - s0[2] - s0[3],
-                    (1, 0): s1[0] + s1[1] + s1[2], (1, 1): s1[1] - s1[2] - s1[3]}
-            for (i, j), vec in outs.items():
-                oh = ty * 2 + i
-                ow = q * 2 + j
-                conds = []
-                if i and OH % 2:
-                    conds.append(oh < OH)
-                if j and OW % 2:
-                    conds.append(ow < OW)
-
-                def put(vec=vec, oh=oh, ow=ow):
-                    store_channel_vector(ctx, kb, y, b, out, vec, n, ov * L, [oh, ow], m_, blk)
-                if conds:
-                    cond = conds[0] if len(conds) == 1 else conds[0] & conds[1]
-                    with kb.if_(cond):
-                        put()
-                else:
-                    put()
-            guard.close()
+            # the last group's blocks past MB are skipped
+            with kb.if_(ov < MB * OB) if MB % per else contextlib.nullcontext():
+                mm = [[mo.vload(((xi * 4 + nu) * TX + q) * MPG + oj * L, L) for nu in range(4)] for xi in range(4)]
+                s0 = [mm[0][j] + mm[1][j] + mm[2][j] for j in range(4)]
+                s1 = [mm[1][j] - mm[2][j] - mm[3][j] for j in range(4)]
+                outs = {(0, 0): s0[0] + s0[1] + s0[2], (0, 1): s0[1] - s0[2] - s0[3],
+                        (1, 0): s1[0] + s1[1] + s1[2], (1, 1): s1[1] - s1[2] - s1[3]}
+                for (i, j), vec in outs.items():
+                    oh = ty * 2 + i
+                    ow = q * 2 + j
+                    conds = []              # the half tiles past an odd OH or OW
+                    if i and OH % 2:
+                        conds.append(oh < OH)
+                    if j and OW % 2:
+                        conds.append(ow < OW)
+                    cond = conds[0] & conds[1] if len(conds) == 2 else conds[0] if conds else None
+                    with kb.if_(cond) if cond is not None else contextlib.nullcontext():
+                        store_channel_vector(ctx, kb, y, b, out, vec, n, ov * L, [oh, ow], m_, blk)
     return kb
