@@ -39,6 +39,7 @@ import numpy as np
 
 from tensorfuse.ir.kernel import Buffer, KernelBuilder, as_expr, fma, select
 from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops.conv_blocked import choose_tile, split_blocks, store_channel_vector, zero_fill
 from tensorfuse.ir.types import DType
 
 #: the Winograd schedule needs at least this many input channels (the transforms' cost is per
@@ -83,7 +84,6 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
     """Emit y = conv(x, w) + b with the fused epilogue by Winograd F(2x2, 3x3) (module
     docstring). X [N, C, H, W], W [M, C, 3, 3] (a compile-time constant), Y [N, M, OH, OW], all
     f32, stride 1, dilation 1, any pads. Returns the KernelBuilder."""
-    from tensorfuse.ir.ops.conv_blocked import choose_tile, split_blocks, store_channel_vector, zero_fill
     n_, c_ = x.shape[:2]
     m_ = y.shape[1]
     H, W, OH, OW, _, _, _, _, _, _, ph, pw = geo.dims_2d()
