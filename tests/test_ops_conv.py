@@ -14,6 +14,11 @@ from tests.oracle import assert_matches_ort, node_model, ort_run, rand
 
 RT, AT = 1e-4, 1e-5
 
+#: the tests that assert which blocked conv schedule a shape takes compile for the AVX2 layout
+#: (8 float32 lanes, 16 vector registers) on every host, AVX-512 ones included, since the
+#: choice depends on the lanes; tests/test_vector_widths.py runs the schedules at each width
+SCHEDULE_TARGET = "llvm -mattr=-avx512f"
+
 
 def _ref(op, arrays, **attrs):
     """Run the registry's numpy reference on a one-node graph."""
@@ -203,7 +208,7 @@ def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, threads):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, *x_shape[2:]])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    mod = tensorfuse.compile(model, num_threads=threads, cache=False)
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
     (k,) = [k for k in mod.kernels if "pointwise" in k.comment]
     assert ("pixel tiles packed" in k.comment) == packed, k.comment
     assert any(b.name.startswith("xpanel") for b in k.locals) == packed
@@ -231,7 +236,7 @@ def test_conv_flat_pixel_tiles(x_shape, m, k, attrs, chunks, in_place, threads):
 
     from tests.codegen_util import function_ir, optimized_ir
     model, feeds = _conv_model(x_shape, m, k, attrs, scale=0.1)
-    mod = tensorfuse.compile(model, num_threads=threads, cache=False)
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
     (kern,) = [kk for kk in mod.kernels if "flat pixel tiles" in kk.comment]
     nc = int(re.search(r"input channels in (\d+) chunks", kern.comment).group(1))
     assert (nc > 1) == chunks, kern.comment
@@ -495,7 +500,7 @@ def test_conv_winograd(x_shape, m, attrs, residual, bias, threads):
 
     from tests.codegen_util import function_ir, optimized_ir
     model, feeds = _conv_model(x_shape, m, 3, attrs, residual, bias)
-    mod = tensorfuse.compile(model, num_threads=threads, cache=False)
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
     (kern,) = [k for k in mod.kernels if "winograd" in k.comment]
     (u,) = [p for p in kern.params if "_wino" in p.name]
     assert u.shape[0] == 16 and u.shape[2] == x_shape[1] and u.shape[1] * u.shape[3] >= m
@@ -515,7 +520,7 @@ def test_conv_winograd_does_not_fire(x_shape, m, attrs):
     """Strided, dilated and few-channel 3x3 convolutions and small planes keep the direct
     schedules, and still match onnxruntime."""
     model, feeds = _conv_model(x_shape, m, 3, attrs, residual=False)
-    mod = tensorfuse.compile(model, cache=False)
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, cache=False)
     assert not [k for k in mod.kernels if "winograd" in k.comment]
     np.testing.assert_allclose(mod.run(**feeds)[0], ort_run(model, feeds)[0], rtol=RT, atol=AT)
 
@@ -565,7 +570,7 @@ def test_conv_pointwise_strided(x_shape, m, strides, pointwise, threads):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, oh, ow])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    mod = tensorfuse.compile(model, num_threads=threads, cache=False)
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
     gathered = [k for k in mod.kernels if "gather the strided pixels" in k.comment]
     assert bool(gathered) == pointwise, [k.comment for k in mod.kernels]
     if pointwise:
@@ -590,7 +595,7 @@ def test_conv_im2row(x_shape, m, k, attrs, threads):
 
     from tests.codegen_util import function_ir, optimized_ir
     model, feeds = _conv_model(x_shape, m, k, attrs, scale=0.3)
-    mod = tensorfuse.compile(model, num_threads=threads, cache=False)
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
     (kern,) = [kk for kk in mod.kernels if "im2row" in kk.comment]
     assert any(b.name.startswith("panel") for b in kern.locals)
     body = function_ir(optimized_ir(mod), kern.name)
