@@ -456,10 +456,10 @@ def test_qlinear_conv_reference_matches_ort():
 # ----------------------------------------------------------------------------- Winograd F(2x2, 3x3)
 def _conv_model(x_shape, m, k, attrs, residual=True, bias=True, scale=0.2, seed=0):
     """Conv k x k (+ Add z) + Relu as an ONNX model, the output shape from onnxruntime;
-    returns (model, feeds)."""
+    returns (model, feeds). ``attrs`` may hold ``group``."""
     from onnx import TensorProto, helper, numpy_helper
     x = _u(*x_shape, seed=seed)
-    w = _u(m, x_shape[1], k, k, seed=seed + 1) * scale
+    w = _u(m, x_shape[1] // attrs.get("group", 1), k, k, seed=seed + 1) * scale
     inits = [numpy_helper.from_array(w, "w")]
     ins = ["x", "w"]
     if bias:
@@ -601,3 +601,57 @@ def test_conv_im2row(x_shape, m, k, attrs, threads):
     body = function_ir(optimized_ir(mod), kern.name)
     assert re.search(r"(llvm\.fma|llvm\.fmuladd)\.v\d+f32", body)
     np.testing.assert_allclose(mod.run(**feeds)[0], ort_run(model, feeds)[0], rtol=RT, atol=AT)
+
+
+def _blocked_schedule(comment: str) -> str:
+    """Which register-blocked conv schedule a kernel comment names ("" for none)."""
+    for key, name in (("[pointwise:", "pointwise"), ("[flat pixel tiles", "flat"), ("[im2row:", "im2row"),
+                      ("[winograd", "winograd"), ("[register tile", "rows")):
+        if key in comment:
+            return name
+    return ""
+
+
+@pytest.mark.parametrize("x_shape,m,k,attrs,schedule", [
+    ((1, 96, 27, 27), 256, 5, {"pads": [2, 2, 2, 2], "group": 2}, "rows"),          # AlexNet's conv2
+    ((1, 48, 20, 20), 96, 3, {"pads": [1, 1, 1, 1], "strides": [2, 2], "group": 3}, "rows"),
+    ((1, 240, 14, 14), 60, 1, {"group": 3}, "pointwise"),                           # ShuffleNet's 1x1
+    ((2, 24, 7, 9), 48, 1, {"group": 3}, "pointwise"),                              # two images, odd plane
+    ((1, 64, 16, 16), 64, 3, {"pads": [1, 1, 1, 1], "strides": [2, 2], "group": 2}, "flat"),
+    ((1, 12, 20, 20), 48, 3, {"pads": [1, 1, 1, 1], "group": 3}, "im2row"),
+    ((1, 64, 24, 24), 96, 3, {"pads": [1, 1, 1, 1], "group": 2}, "winograd"),
+])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_grouped_blocked(x_shape, m, k, attrs, schedule, residual, threads):
+    """Grouped convolutions (1 < group < channels) run the blocked schedules once per group
+    (ConvGroups: image n's group g as image n*G + g of the grouped view, weights packed per group
+    and stacked): every schedule, with the residual Add and Relu fused (their operands indexed
+    with Y's real channel), at 1 and 2 threads, matches onnxruntime; codegen produced vector FMAs."""
+    import re
+
+    from tests.codegen_util import function_ir, optimized_ir
+    model, feeds = _conv_model(x_shape, m, k, attrs, residual=residual, scale=0.3)
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
+    (kern,) = [kk for kk in mod.kernels if f"{attrs['group']} groups of" in kk.comment]
+    assert _blocked_schedule(kern.comment) == schedule, kern.comment
+    (wp,) = [p for p in kern.params if "_wpack" in p.name or "_wino" in p.name]
+    assert wp.shape[0] == attrs["group"]                     # one packed set per group
+    body = function_ir(optimized_ir(mod), kern.name)
+    assert re.search(r"(llvm\.fma|llvm\.fmuladd)\.v\d+f32", body)
+    ref = ort_run(model, feeds)[0]
+    np.testing.assert_allclose(mod.run(**feeds)[0], ref, rtol=RT, atol=AT * max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.parametrize("x_shape,m,attrs", [
+    ((1, 64, 14, 14), 64, {"pads": [1, 1, 1, 1], "group": 32}),     # ResNeXt-like: 2 channels per group
+    ((1, 32, 12, 12), 32, {"pads": [1, 1, 1, 1], "group": 32}),     # depthwise: its own schedule
+])
+def test_conv_grouped_blocked_does_not_fire(x_shape, m, attrs):
+    """Groups of fewer output channels than a vector (a 3x3 kernel) keep the generic schedule,
+    and depthwise convolutions theirs; both still match onnxruntime."""
+    model, feeds = _conv_model(x_shape, m, 3, attrs)
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, cache=False)
+    assert not [k for k in mod.kernels if "groups of" in k.comment or _blocked_schedule(k.comment)]
+    ref = ort_run(model, feeds)[0]
+    np.testing.assert_allclose(mod.run(**feeds)[0], ref, rtol=RT, atol=AT * max(1.0, float(np.abs(ref).max())))

@@ -265,9 +265,9 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     if (cpu and depthwise_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
             and ctx.const(1) is not None and ctx.inputs[1] is w):
         return emit_conv_depthwise(ctx, x, w, b, y, geo, params=params)
-    if (cpu and blocked_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
+    if (cpu and blocked_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish), ctx.target)
             and ctx.const(1) is not None and ctx.inputs[1] is w):
-        return emit_conv_blocked(ctx, x, w, b, y, geo, params=params)
+        return emit_conv_blocked(ctx, x, w, b, y, geo, params=params, group=group)
     if acc_dtype is None:
         acc_dtype = DType.f32 if x.dtype in (DType.f16, DType.bf16) else x.dtype
     load_x = load_x or (lambda v, c: v.cast(acc_dtype))

@@ -1,5 +1,6 @@
-"""The register-blocked schedules of 2-D float32 convolution with group 1 (docs/architecture.md "CPU
-codegen"). Graph layout stays NCHW.
+"""The register-blocked schedules of 2-D float32 convolution (docs/architecture.md "CPU codegen"),
+for group 1 and, one group at a time, for grouped convolutions (:class:`ConvGroups`). Graph
+layout stays NCHW.
 
 General convolutions (:func:`emit_conv_blocked`): inside the kernel the output channels are
 the vector lanes.
@@ -90,13 +91,57 @@ def choose_tile(target, m_group: int, ow: int) -> tuple[int, int, int]:
     return L, best[1], best[2]
 
 
-def blocked_conv_ok(x: Buffer, w: Buffer, y: Buffer, group: int, geo, acc_dtype, hooks) -> bool:
+def blocked_conv_ok(x: Buffer, w: Buffer, y: Buffer, group: int, geo, acc_dtype, hooks,
+                    target=None) -> bool:
     """Whether :func:`emit_conv_blocked` applies: f32, 2-D, no custom load/finish hooks, and
-    a group that is the whole channel set (depthwise and other grouped convs keep the row
-    schedule)."""
-    return (x.dtype == DType.f32 and y.dtype == DType.f32 and w.dtype == DType.f32
-            and acc_dtype in (None, DType.f32) and not any(hooks) and geo.rank == 2 and group == 1
-            and max(geo.kernel) <= 11)
+    group 1, or a grouped convolution (:class:`ConvGroups`) whose groups have at least one
+    vector of ``target``'s output channels or are pointwise (depthwise convolutions and groups
+    of few channels, ResNeXt's 4, keep the row schedule)."""
+    if not (x.dtype == DType.f32 and y.dtype == DType.f32 and w.dtype == DType.f32
+            and acc_dtype in (None, DType.f32) and not any(hooks) and geo.rank == 2
+            and max(geo.kernel) <= 11):
+        return False
+    if group == 1:
+        return True
+    mg = y.shape[1] // group
+    pointwise = list(geo.kernel) == [1, 1] and not any(geo.pads_begin) and not any(geo.pads_end)
+    return target is not None and mg >= (1 if pointwise else target.lanes(DType.f32))
+
+
+class ConvGroups:
+    """How the blocked schedules run a convolution of ``group`` G (ONNX Conv, attribute
+    ``group``): as G independent convolutions of C/G input and M/G output channels. In NCHW the
+    input channels of group g of image n, [g*C/G, (g+1)*C/G), are one contiguous run of planes,
+    so they are image n*G + g of X viewed as [N*G, C/G, H, W], and likewise for Y: the schedules
+    iterate over these N*G images (``n``, ``c``, ``m``: the view's batch and channel counts),
+    the weights are packed per group and stacked (group g's at :meth:`woff`), and the output
+    index, the bias and the epilogue operands are mapped back (:meth:`out`). With G = 1 every
+    mapping is the identity and adds nothing to the kernel."""
+
+    def __init__(self, x: Buffer, y: Buffer, group: int = 1):
+        self.G = group
+        self.n, self.c, self.m = x.shape[0] * group, x.shape[1] // group, y.shape[1] // group
+        self.wsize = 0
+
+    def pack(self, ctx: LowerCtx, pack_group, hint: str) -> Buffer:
+        """The node's constant weights [M, C/G, ...] packed per group by ``pack_group``
+        (an array of group g's M/G output channels -> its packed array), stacked as [G, ...]."""
+        w = ctx.const(1)
+        if self.G == 1:
+            return ctx.pack(pack_group(w), hint)
+        parts = [pack_group(w[g * self.m:(g + 1) * self.m]) for g in range(self.G)]
+        self.wsize = parts[0].size
+        return ctx.pack(np.ascontiguousarray(np.stack(parts)), hint)
+
+    def woff(self, n: Expr, off):
+        """Flat offset ``off`` into the packed weights of image ``n``'s group."""
+        return off if self.G == 1 else (n % self.G) * self.wsize + off
+
+    def out(self, n: Expr, oc):
+        """(image, output channel) of Y for channel ``oc`` of the view's image ``n``."""
+        if self.G == 1:
+            return n, oc
+        return n / self.G, (n % self.G) * self.m + oc
 
 
 #: below this many input channels the kernel rows (kh) go outside the channel loop: a long
@@ -118,27 +163,44 @@ def pack_weights(w: np.ndarray, L: int, ob: int, kh_outer: bool) -> np.ndarray:
 
 
 def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
-                      params: list[Buffer] | None = None) -> KernelBuilder:
+                      params: list[Buffer] | None = None, group: int = 1) -> KernelBuilder:
     """Emit the register-blocked kernel for y = conv(x, w) + b with the fused epilogue.
-    X [N, C, H, W], W [M, C, KH, KW] (a compile-time constant), Y [N, M, OH, OW], all f32.
+    X [N, C, H, W], W [M, C/group, KH, KW] (a compile-time constant), Y [N, M, OH, OW], all
+    f32; a grouped convolution runs as ``group`` independent ones (:class:`ConvGroups`).
     Returns the KernelBuilder."""
-    n_, c_ = x.shape[:2]
-    m_ = y.shape[1]
+    grp = ConvGroups(x, y, group)
+    n_, c_, m_ = grp.n, grp.c, grp.m
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
-    if pointwise_ok(ctx, x, y, geo):
-        return emit_conv_pointwise(ctx, x, w, b, y, geo, params)
-    if flat_ok(ctx, c_, m_, geo):
-        return emit_conv_flat(ctx, x, w, b, y, geo, params)
-    if im2row_ok(ctx, c_, geo):
-        return emit_conv_im2row(ctx, x, w, b, y, geo, params)
     from tensorfuse.ir.ops.conv_winograd import emit_conv_winograd, winograd_ok
-    if winograd_ok(ctx, c_, m_, geo):
-        return emit_conv_winograd(ctx, x, w, b, y, geo, params)
+    if pointwise_ok(ctx, x, y, geo, group):
+        emit = emit_conv_pointwise
+    elif flat_ok(ctx, c_, m_, geo):
+        emit = emit_conv_flat
+    elif im2row_ok(ctx, c_, geo):
+        emit = emit_conv_im2row
+    elif winograd_ok(ctx, c_, m_, geo):
+        emit = emit_conv_winograd
+    else:
+        emit = emit_conv_rows
+    kb = emit(ctx, x, w, b, y, geo, params, grp)
+    if group > 1:
+        kb.kernel.comment += f"  [{group} groups of {c_}->{m_} channels, run as {n_} images of [{c_}, {H}, {W}]]"
+    return kb
+
+
+def emit_conv_rows(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
+                   params: list[Buffer] | None = None, grp: ConvGroups | None = None) -> KernelBuilder:
+    """The row tiles of :func:`emit_conv_blocked` (module docstring): parallel over (image of the
+    grouped view ``grp``, channel block, output row), a register tile of OB channel vectors x P
+    columns per step. Returns the KernelBuilder."""
+    grp = grp or ConvGroups(x, y)
+    n_, c_, m_ = grp.n, grp.c, grp.m
+    H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     L, OB, P = choose_tile(ctx.target, m_, OW)
     blk = OB * L
     MB = -(-m_ // blk)
     kh_outer = c_ < KH_OUTER_CHANNELS
-    wp = ctx.pack(pack_weights(ctx.const(1), L, OB, kh_outer), "wpack")
+    wp = grp.pack(ctx, lambda wg: pack_weights(wg, L, OB, kh_outer), "wpack")
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += f"  [register tile {OB}x{L} channels x {P} columns, weights packed {list(wp.shape)}]"
@@ -188,7 +250,7 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
                         kh = st.enter_context(kb.reduce(kh_hi, start=kh_lo, hint="kh"))
                         wrow = (((mb * KW + kw) * c_ + ic) * KH + kh) * blk
                     xrow = ((n * c_ + ic) * H + ih0 + kh * dh) * W
-                    wv = [wp.vload(wrow + o * L, L) for o in range(OB)]
+                    wv = [wp.vload(grp.woff(n, wrow + o * L), L) for o in range(OB)]
                     for p in cols:
                         xv = x.flat(xrow + (ow0 + p) * sw + (kw * dw - pw))
                         for o in range(OB):
@@ -203,7 +265,7 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
                 oc0 = (mb * OB + o) * L
                 for p in range(width):
                     store_channel_vector(ctx, kb, y, b, out, acc.vload((o * width + p) * L, L),
-                                         n, oc0, [oh, ow0 + p], m_, blk)
+                                         n, oc0, [oh, ow0 + p], m_, blk, grp)
 
         if n_int:
             with kb.loop(n_int, hint="tw") as tw:
@@ -214,25 +276,28 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
 
 
 def store_channel_vector(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, b: Buffer | None, out: Buffer,
-                         vec: Expr, n: Expr, oc0: Expr, pix: list, m_: int, blk: int) -> None:
+                         vec: Expr, n: Expr, oc0: Expr, pix: list, m_: int, blk: int,
+                         grp: ConvGroups | None = None) -> None:
     """Bias, the fused epilogue and the store of one accumulator vector whose L lanes are the
     output channels oc0 .. oc0+L-1 of output pixel ``pix`` ([oh, ow]) of image ``n`` (the
     operands and the store are strided by the channel dim); channels past ``m_`` (the zero
     padding of the last block of ``blk``) are not stored. ``out``: an L-lane local for the
-    lane-by-lane tail."""
+    lane-by-lane tail. With ``grp``, ``n`` and ``oc0`` are the image and channel of its grouped
+    view (:meth:`ConvGroups.out`) and ``m_`` the channels of a group."""
     L = vec.lanes
+    yn, yc = grp.out(n, oc0) if grp is not None else (n, oc0)
 
     def vector_store():
-        idx = [n, Ramp(oc0, L)] + list(pix)
-        v = vec + b[[Ramp(oc0, L)]] if b is not None else vec
+        idx = [yn, Ramp(yc, L)] + list(pix)
+        v = vec + b[[Ramp(yc, L)]] if b is not None else vec
         kb.store(y, idx, ctx.apply_epilogue(v, idx))
 
     def lane_stores():
         kb.store(out, 0, vec)
         for ln in range(L):
             with kb.if_(oc0 + ln < m_):
-                idx = [n, oc0 + ln] + list(pix)
-                v = out[ln] + b[oc0 + ln] if b is not None else out[ln]
+                idx = [yn, yc + ln] + list(pix)
+                v = out[ln] + b[yc + ln] if b is not None else out[ln]
                 kb.store(y, idx, ctx.apply_epilogue(v, idx))
     if m_ % blk == 0:
         vector_store()
@@ -342,7 +407,7 @@ def _flat_geometry(geo):
 
 
 def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
-                   params: list[Buffer] | None = None) -> KernelBuilder:
+                   params: list[Buffer] | None = None, grp: ConvGroups | None = None) -> KernelBuilder:
     """Convolution of a small output plane (resnet's 7x7 stage) over flattened pixel tiles.
     X [N, C, H, W], W [M, C, KH, KW] (a compile-time constant), Y [N, M, OH, OW], all f32.
 
@@ -356,9 +421,10 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
     in L1/L2 across the tiles (:func:`flat_chunk`); partial sums wait in a per-task panel
     between chunks. Bias and the fused epilogue run on the sums before the single store
     (:func:`store_channel_vector`). Parallel over (n, group of channel blocks), the input
-    padded once per task (:data:`FLAT_MIN_TASKS`). Returns the KernelBuilder."""
-    n_, c_ = x.shape[:2]
-    m_ = y.shape[1]
+    padded once per task (:data:`FLAT_MIN_TASKS`). ``grp``: the groups of a grouped convolution
+    (:class:`ConvGroups`; W is then [M, C/group, KH, KW]). Returns the KernelBuilder."""
+    grp = grp or ConvGroups(x, y)
+    n_, c_, m_ = grp.n, grp.c, grp.m
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     Hp, Wp = _flat_geometry(geo)
     # no padding: every window lies inside the input, which the tiles then read in place
@@ -371,12 +437,14 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
     NC = c_ // KC
     G = max(1, MB // FLAT_MIN_TASKS)          # channel blocks per task
     NG = -(-MB // G)
-    wfull = np.zeros((MB * blk, c_, KH, KW), np.float32)
-    wfull[:m_] = ctx.const(1)
-    # [MB, NC, KH, KW, KC, blk]: a task streams each block's weights front to back, one
-    # contiguous run per chunk (the weights of resnet's last stage come from DRAM every run)
-    wp = ctx.pack(np.ascontiguousarray(
-        wfull.reshape(MB, blk, NC, KC, KH, KW).transpose(0, 2, 4, 5, 3, 1)), "wpack")
+
+    def pack_group(wg: np.ndarray) -> np.ndarray:
+        # [MB, NC, KH, KW, KC, blk]: a task streams each block's weights front to back, one
+        # contiguous run per chunk (the weights of resnet's last stage come from DRAM every run)
+        wfull = np.zeros((MB * blk, c_, KH, KW), np.float32)
+        wfull[:m_] = wg
+        return np.ascontiguousarray(wfull.reshape(MB, blk, NC, KC, KH, KW).transpose(0, 2, 4, 5, 3, 1))
+    wp = grp.pack(ctx, pack_group, "wpack")
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += (f"  [flat pixel tiles: register tile {OB}x{L} channels x {P} pixels of {OH}x{OW}, "
@@ -405,7 +473,7 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
                 kb.store(acc, (o * width + p) * L, part.vload(slot[p] + o * L, L))
         with kb.reduce(KH, hint="kh") as kh, kb.reduce(KW, hint="kw") as kw, kb.reduce(KC, hint="ic") as ic:
             wrow = ((((mb * NC + cc) * KH + kh) * KW + kw) * KC + ic) * blk
-            wv = [wp.vload(wrow + o * L, L) for o in range(OB)]
+            wv = [wp.vload(grp.woff(n, wrow + o * L), L) for o in range(OB)]
             xoff = plane0 + ic * (RH * RW) + kh * (dh * RW) + kw * dw
             for p in range(width):
                 xv = src.flat(xoff + base[p])
@@ -444,19 +512,19 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
                     for o in range(OB):
                         oc0 = (mb * OB + o) * L
                         store_channel_vector(ctx, kb, y, b, out, part.vload((g * npix + q) * blk + o * L, L),
-                                             n, oc0, [q / OW, q % OW], m_, blk)
+                                             n, oc0, [q / OW, q % OW], m_, blk, grp)
     return kb
 
 
 # ----------------------------------------------------------------------------- 1x1 convolution
-def pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo) -> bool:
+def pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo, group: int = 1) -> bool:
     """Whether a blocked-eligible convolution is a pointwise one (1x1, no padding) whose
     epilogue operands all broadcast over the spatial dims as a whole (shape [..., H, W] or
     [..., 1, 1]), so one flat pixel index addresses them. A strided one (resnet's downsample)
     qualifies where its pixel tiles are packed (:func:`strided_pointwise_ok`)."""
     if geo.kernel != [1, 1] or any(geo.pads_begin) or any(geo.pads_end):
         return False
-    if geo.strides != [1, 1] and not strided_pointwise_ok(ctx, x, y):
+    if geo.strides != [1, 1] and not strided_pointwise_ok(ctx, x, y, group):
         return False
     sp = tuple(y.shape[2:])
     for buf in ctx.default_params():
@@ -490,49 +558,57 @@ def pointwise_tiling(target, m: int, c: int, hw: int) -> PointwiseTiling:
     return PointwiseTiling(L, R, NB, nfull, nvec_rest, pack)
 
 
-def strided_pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer) -> bool:
+def strided_pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, group: int = 1) -> bool:
     """A strided 1x1 convolution runs as a pointwise one only through packed panels (the
     panel copy gathers the strided pixels; the unpacked tiles read pixels as contiguous
     vectors), with the pixels after the whole tiles covered by whole vectors too (never the
     scalar tail)."""
     hw = int(np.prod(y.shape[2:]))
-    t = pointwise_tiling(ctx.target, y.shape[1], x.shape[1], hw)
+    t = pointwise_tiling(ctx.target, y.shape[1] // group, x.shape[1] // group, hw)
     return t.pack and hw >= t.nvec_rest * t.L
 
 
-def pack_pixel_gemm_weights(ctx: LowerCtx, m_: int, red: int, R: int) -> Buffer:
+def pack_pixel_gemm_weights(ctx: LowerCtx, grp: ConvGroups, red: int, R: int) -> Buffer:
     """The node's constant weights [M, ...] (``red`` values per output channel) packed for
-    :func:`pixel_gemm_tile` as [MB, red, R] (zeros past M)."""
+    :func:`pixel_gemm_tile` as [MB, red, R] per group (zeros past a group's channels)."""
+    m_ = grp.m
     MB = -(-m_ // R)
-    wmat = np.zeros((MB * R, red), np.float32)
-    wmat[:m_] = ctx.const(1).reshape(m_, red)
-    return ctx.pack(np.ascontiguousarray(wmat.reshape(MB, R, red).transpose(0, 2, 1)), "wpack")
+
+    def pack_group(wg: np.ndarray) -> np.ndarray:
+        wmat = np.zeros((MB * R, red), np.float32)
+        wmat[:m_] = wg.reshape(m_, red)
+        return np.ascontiguousarray(wmat.reshape(MB, R, red).transpose(0, 2, 1))
+    return grp.pack(ctx, pack_group, "wpack")
 
 
 def pixel_gemm_tile(ctx: LowerCtx, kb: KernelBuilder, acc: Buffer, wp: Buffer, y: Buffer, b: Buffer | None,
-                    m_: int, R: int, red: int, mb: Expr, nvec: int, lanes: int, xvec, out_idx) -> None:
+                    grp: ConvGroups, n: Expr, R: int, red: int, mb: Expr, nvec: int, lanes: int, xvec,
+                    out_idx) -> None:
     """The pixel-vector micro-kernel of :func:`emit_conv_pointwise` and :func:`emit_conv_im2row`:
     R output channels (block ``mb`` of the weights packed as [MB, red, R], broadcast) x ``nvec``
-    vectors of ``lanes`` pixels (``xvec(k, v)``, the v-th pixel vector of reduction step k)
-    accumulated in ``acc`` over the ``red`` steps; then bias, the fused epilogue and one vector
-    store per accumulator at ``out_idx(oc, v)``, channels past ``m_`` not stored."""
+    vectors of ``lanes`` pixels (``xvec(k, v)``, the v-th pixel vector of reduction step k) of
+    image ``n`` of the grouped view ``grp`` accumulated in ``acc`` over the ``red`` steps; then
+    bias, the fused epilogue and one vector store per accumulator at ``out_idx(yn, oc, v)``
+    (Y's image and channel), channels past a group's ``grp.m`` not stored."""
+    m_ = grp.m
     for q in range(R * nvec):
         kb.store(acc, q * lanes, kb.broadcast(as_expr(0.0, DType.f32), lanes))
     with kb.reduce(red, hint="k") as k:
         xv = [xvec(k, v) for v in range(nvec)]
         for r in range(R):
-            wv = wp.flat((mb * red + k) * R + r)
+            wv = wp.flat(grp.woff(n, (mb * red + k) * R + r))
             for v in range(nvec):
                 q = (r * nvec + v) * lanes
                 kb.store(acc, q, fma(wv, xv[v], acc.vload(q, lanes)))
     for r in range(R):
         oc = mb * R + r
+        yn, yc = grp.out(n, oc)
         with kb.if_(oc < m_) if m_ % R else contextlib.nullcontext():
             for v in range(nvec):
-                idx = out_idx(oc, v)
+                idx = out_idx(yn, yc, v)
                 val = acc.vload((r * nvec + v) * lanes, lanes)
                 if b is not None:
-                    val = val + b[oc]
+                    val = val + b[yc]
                 kb.store(y, idx, ctx.apply_epilogue(val, idx))
 
 
@@ -551,7 +627,7 @@ def choose_pointwise_tile(target, m: int) -> tuple[int, int, int]:
 
 
 def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
-                        params: list[Buffer] | None = None) -> KernelBuilder:
+                        params: list[Buffer] | None = None, grp: ConvGroups | None = None) -> KernelBuilder:
     """A 1x1 convolution as Y[n] = W [M, C] @ X[n] [C, H*W], vectorised over pixels (contiguous
     in NCHW): an R x NB tile (R output channels x NB*L pixels) of accumulators over the C
     reduction, the weights packed at compile time as [MB, C, R] and broadcast, the inputs
@@ -566,13 +642,14 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     stream; the parallel loop runs over (n, pixel tile, group of channel blocks) with enough
     groups for :data:`PACK_MIN_TASKS` tasks (:func:`pixel_tile_groups`). Measured on a Zen 3,
     1 thread, against onnxruntime in the same process: 320->1280 at 7x7 62 -> 75 GFLOP/s,
-    512->1000 at 13x13 (squeezenet's classifier) 68 -> 85 GFLOP/s."""
-    n_, c_ = x.shape[:2]
-    m_ = y.shape[1]
+    512->1000 at 13x13 (squeezenet's classifier) 68 -> 85 GFLOP/s. ``grp``: the groups of a
+    grouped convolution (:class:`ConvGroups`)."""
+    grp = grp or ConvGroups(x, y)
+    n_, c_, m_ = grp.n, grp.c, grp.m
     hw = int(np.prod(y.shape[2:]))
     L, R, NB, nfull, nvec_rest, pack = pointwise_tiling(ctx.target, m_, c_, hw)
     MB = -(-m_ // R)
-    wp = pack_pixel_gemm_weights(ctx, m_, c_, R)
+    wp = pack_pixel_gemm_weights(ctx, grp, c_, R)
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += f"  [pointwise: register tile {R} channels x {NB}x{L} pixels, weights packed {list(wp.shape)}]"
@@ -599,8 +676,8 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
         else:
             def xvec(ic, v):
                 return x.vload((n * c_ + ic) * hw + p0 + v * lanes, lanes)
-        pixel_gemm_tile(ctx, kb, acc, wp, y, b, m_, R, c_, mb, nvec, lanes, xvec,
-                        lambda oc, v: [n, oc] + [as_expr(0)] * (len(y.shape) - 3) + [Ramp(p0 + v * lanes, lanes)])
+        pixel_gemm_tile(ctx, kb, acc, wp, y, b, grp, n, R, c_, mb, nvec, lanes, xvec,
+                        lambda yn, oc, v: [yn, oc] + [as_expr(0)] * (len(y.shape) - 3) + [Ramp(p0 + v * lanes, lanes)])
 
     def split(t):
         mb = t % MB if MB > 1 else as_expr(0)
@@ -710,7 +787,7 @@ def im2row_ok(ctx: LowerCtx, c_: int, geo) -> bool:
 
 
 def emit_conv_im2row(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
-                     params: list[Buffer] | None = None) -> KernelBuilder:
+                     params: list[Buffer] | None = None, grp: ConvGroups | None = None) -> KernelBuilder:
     """A convolution with few input channels (a network's first layer: squeezenet's 3x3 stride
     2 over RGB) as a GEMM per output row. X [N, C, H, W], W [M, C, KH, KW] (a compile-time
     constant), Y [N, M, OH, OW], all f32.
@@ -722,15 +799,16 @@ def emit_conv_im2row(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: B
     pointwise micro-kernel (:func:`choose_pointwise_tile`: R output channels x NB pixel
     vectors, weights packed as [MB, K, R] and broadcast) then runs over the panel, and bias and
     the fused epilogue run on whole vectors of the row before one contiguous store. The
-    pixels after the last whole tile are covered by whole vectors ending at the row's end."""
-    n_, c_ = x.shape[:2]
-    m_ = y.shape[1]
+    pixels after the last whole tile are covered by whole vectors ending at the row's end.
+    ``grp``: the groups of a grouped convolution (:class:`ConvGroups`)."""
+    grp = grp or ConvGroups(x, y)
+    n_, c_, m_ = grp.n, grp.c, grp.m
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     K = c_ * KH * KW
     L, R, NB = choose_pointwise_tile(ctx.target, m_)
     NB = max(1, min(NB, OW // L))       # a tile no wider than the row (OW >= L: im2row_ok)
     MB = -(-m_ // R)
-    wp = pack_pixel_gemm_weights(ctx, m_, K, R)
+    wp = pack_pixel_gemm_weights(ctx, grp, K, R)
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += (f"  [im2row: panels [{K}, {OW}] per output row, register tile {R} channels x "
@@ -749,9 +827,9 @@ def emit_conv_im2row(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: B
         return lo, max(lo, hi)
 
     def tile(n, oh, mb, p0, nvec: int):
-        pixel_gemm_tile(ctx, kb, acc, wp, y, b, m_, R, K, mb, nvec, L,
+        pixel_gemm_tile(ctx, kb, acc, wp, y, b, grp, n, R, K, mb, nvec, L,
                         lambda k, v: panel.vload(k * OW + p0 + v * L, L),
-                        lambda oc, v: [n, oc, oh, Ramp(p0 + v * L, L)])
+                        lambda yn, oc, v: [yn, oc, oh, Ramp(p0 + v * L, L)])
 
     with kb.loop(n_ * OH, kind="parallel", hint="t") as t:
         oh = t % OH

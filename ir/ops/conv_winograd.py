@@ -39,7 +39,7 @@ import numpy as np
 
 from tensorfuse.ir.kernel import Buffer, KernelBuilder, as_expr, fma, select
 from tensorfuse.ir.lowering import LowerCtx
-from tensorfuse.ir.ops.conv_blocked import choose_tile, split_blocks, store_channel_vector, zero_fill
+from tensorfuse.ir.ops.conv_blocked import ConvGroups, choose_tile, split_blocks, store_channel_vector, zero_fill
 from tensorfuse.ir.types import DType
 
 #: the Winograd schedule needs at least this many input channels (the transforms' cost is per
@@ -56,9 +56,10 @@ G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0
 
 def winograd_ok(ctx: LowerCtx, c_: int, m_: int, geo) -> bool:
     """Whether :func:`emit_conv_winograd` applies (the caller has checked the register-blocked
-    schedule's conditions: f32, 2-D, group 1, constant weights): a 3x3 kernel of stride 1 and
-    dilation 1, at least :data:`WINOGRAD_MIN_CHANNELS` input channels and one vector of output
-    channels, and an output plane of at least 4x4 whose rows give at least one vector of tiles."""
+    schedule's conditions: f32, 2-D, constant weights; ``c_`` and ``m_`` are the channels of a
+    group): a 3x3 kernel of stride 1 and dilation 1, at least :data:`WINOGRAD_MIN_CHANNELS`
+    input channels and one vector of output channels, and an output plane of at least 4x4 whose
+    rows give at least one vector of tiles."""
     if geo.rank != 2 or tuple(geo.kernel) != (3, 3):
         return False
     if tuple(geo.strides) != (1, 1) or tuple(geo.dilations) != (1, 1):
@@ -80,12 +81,13 @@ def transform_weights(w: np.ndarray, blk: int) -> np.ndarray:
 
 
 def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
-                       params: list[Buffer] | None = None) -> KernelBuilder:
+                       params: list[Buffer] | None = None, grp: ConvGroups | None = None) -> KernelBuilder:
     """Emit y = conv(x, w) + b with the fused epilogue by Winograd F(2x2, 3x3) (module
-    docstring). X [N, C, H, W], W [M, C, 3, 3] (a compile-time constant), Y [N, M, OH, OW], all
-    f32, stride 1, dilation 1, any pads. Returns the KernelBuilder."""
-    n_, c_ = x.shape[:2]
-    m_ = y.shape[1]
+    docstring). X [N, C, H, W], W [M, C/group, 3, 3] (a compile-time constant), Y [N, M, OH, OW],
+    all f32, stride 1, dilation 1, any pads; ``grp``: the groups of a grouped convolution
+    (:class:`~ir.ops.conv_blocked.ConvGroups`). Returns the KernelBuilder."""
+    grp = grp or ConvGroups(x, y)
+    n_, c_, m_ = grp.n, grp.c, grp.m
     H, W, OH, OW, _, _, _, _, _, _, ph, pw = geo.dims_2d()
     L = ctx.target.lanes(DType.f32)
     half = L // 2                       # tiles per vector of columns
@@ -96,7 +98,7 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
     _, OB, P = choose_tile(ctx.target, m_, TX)
     blk = OB * L
     MB = -(-m_ // blk)
-    u = ctx.pack(transform_weights(ctx.const(1), blk), "wino")
+    u = grp.pack(ctx, lambda wg: transform_weights(wg, blk), "wino")
     params = [p for p in (params or ctx.default_params()) if p is not w] + [u]
     # groups of channel blocks per row of tiles, so that small planes still give every thread
     # work (the input transform is repeated per group; the groups outermost, so each thread
@@ -160,7 +162,7 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
                         kb.store(acc, i * L, zero)
                     with kb.reduce(c_, hint="ic") as ic:
                         wrow = ((e * MB + mb) * c_ + ic) * blk
-                        wv = [u.vload(wrow + o * L, L) for o in range(OB)]
+                        wv = [u.vload(grp.woff(n, wrow + o * L), L) for o in range(OB)]
                         for p in range(width):
                             xv = v.flat(vbase + ic * VC + (q0 + p) * 2)
                             for o in range(OB):
@@ -197,5 +199,5 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
                         conds.append(ow < OW)
                     cond = conds[0] & conds[1] if len(conds) == 2 else conds[0] if conds else None
                     with kb.if_(cond) if cond is not None else contextlib.nullcontext():
-                        store_channel_vector(ctx, kb, y, b, out, vec, n, ov * L, [oh, ow], m_, blk)
+                        store_channel_vector(ctx, kb, y, b, out, vec, n, ov * L, [oh, ow], m_, blk, grp)
     return kb
