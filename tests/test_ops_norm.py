@@ -264,6 +264,40 @@ def test_lrn(size, shape):
     assert_matches_ort(m, {"x": x}, rtol=RT, atol=AT)
 
 
+@pytest.mark.parametrize("beta,bias,pow_call", [
+    (0.75, 1.0, False),     # AlexNet's (the default): sqrt(d) * sqrt(sqrt(d))
+    (0.5, 2.0, False),      # sqrt(d)
+    (1.0, 1.0, False),      # d
+    (0.6, 1.5, False),      # exp(beta * log(d)), d > 0
+    (1.7, -0.5, True),      # bias < 0, d may be negative: the scalar pow (NaN where pow gives NaN)
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lrn_powers(beta, bias, pow_call, dtype):
+    """d ** beta of LRN by its cheaper forms where they are exact enough (lrn_power), on values
+    up to 40 (sums of squares up to 8000) and tiny ones, against the spec's formula in float64
+    (with the float32 attribute values); the kernel is parallel over (n, c) and float32 calls
+    pow only for the last case (there |x| >= 5 keeps d >= 0.25 away from the cancellation at 0)."""
+    import tensorfuse
+    from tests.codegen_util import function_ir, kernel_is_parallel, optimized_ir
+    rng = np.random.default_rng(3)
+    shape = (2, 9, 7, 33)
+    if bias < 0:
+        x = (rng.uniform(5.0, 40.0, shape) * rng.choice([-1.0, 1.0], shape)).astype(dtype)
+    else:
+        x = (rng.standard_normal(shape) * np.array([40.0, 1e-3, 1.0])[rng.integers(0, 3, shape)]).astype(dtype)
+    attrs = {"size": 5, "alpha": 0.05, "beta": beta, "bias": bias}
+    m = node_model("LRN", {"x": x}, attrs)
+    mod = tensorfuse.compile(m, num_threads=2, cache=False)
+    f32 = {k: float(np.float32(v)) for k, v in attrs.items() if k != "size"}
+    want = _lrn_spec(x.astype(np.float64), 5, **f32)
+    tol = 2e-6 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(mod.run(x=x)[0], want, rtol=tol, atol=tol * 1e-3)
+    (k,) = mod.kernels
+    assert kernel_is_parallel(k)
+    if dtype == np.float32:
+        assert ("llvm.pow" in function_ir(optimized_ir(mod), k.name)) == pow_call
+
+
 @pytest.mark.parametrize("size", [2, 4])
 @pytest.mark.parametrize("shape", [(1, 5, 3, 2), (2, 4, 5), (1, 6)])
 def test_lrn_even_size_and_other_ranks(size, shape):   # onnxruntime: odd sizes, 4-D only

@@ -510,20 +510,38 @@ class LRN:
             with kb.loop(width, kind="vectorize", hint="t") as t:
                 off = base_nc + t0 + t
                 den = as_expr(bias, ct) + as_expr(alpha / size, ct) * acc[t]
-                kb.store(y, off, (x.flat(off).cast(ct) / binop_pow(den, as_expr(beta, ct))).cast(y.dtype))
+                kb.store(y, off, (x.flat(off).cast(ct) / lrn_power(den, beta, bias > 0 and alpha >= 0)).cast(y.dtype))
 
-        with kb.loop(N, hint="n") as n:
-            with kb.loop(C, hint="c") as c:
-                base_nc = (n * C + c) * S
-                nblk = -(-S // chunk)
-                if nblk == 1:
-                    block(base_nc, n, c, Const(0, I64), S)
-                else:
-                    with kb.loop(nblk, hint="ib") as ib:
-                        block(base_nc, n, c, ib * chunk, minimum(as_expr(chunk), S - ib * chunk))
+        with kb.loop(N * C, kind="parallel", hint="nc") as nc:
+            n, c = nc / C, nc % C
+            base_nc = nc * S
+            nblk = -(-S // chunk)
+            if nblk == 1:
+                block(base_nc, n, c, Const(0, I64), S)
+            else:
+                with kb.loop(nblk, hint="ib") as ib:
+                    block(base_nc, n, c, ib * chunk, minimum(as_expr(chunk), S - ib * chunk))
 
     def flops(node):
         return float(node.inputs[0].type.numel) * (2 * node.attr("size", 1) + 4)
+
+
+def lrn_power(den: Expr, beta: float, positive: bool) -> Expr:
+    """``den ** beta`` for LRN: beta 0.75 (AlexNet's, the default) as sqrt(d) * sqrt(sqrt(d))
+    and 0.5 as sqrt(d), both vector instructions with at most 3 roundings; other exponents as
+    exp(beta * log(d)) through the vectorised float32 exp and log (codegen/llvm/vmath.py) where
+    ``positive`` says d > 0 (bias > 0, alpha >= 0, d = bias + alpha/size * a sum of squares),
+    else the scalar pow (a negative d with an integer beta has a real power)."""
+    if beta == 1.0:
+        return den
+    if beta == 0.5:
+        return unop("sqrt", den)
+    if beta == 0.75:
+        r = unop("sqrt", den)
+        return r * unop("sqrt", r)
+    if positive and den.dtype == DType.f32:
+        return unop("exp", as_expr(beta, den.dtype) * unop("log", den))
+    return binop_pow(den, as_expr(beta, den.dtype))
 
 
 def binop_pow(a: Expr, b: Expr) -> Expr:
