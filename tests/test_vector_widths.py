@@ -93,3 +93,28 @@ def test_blocked_schedules_at_each_vector_width(width, build):
                or f"{lanes} pixels" in k.comment for k in blocked), [k.comment for k in blocked]
     (y,) = mod.run(**feeds)
     np.testing.assert_allclose(y, ort_run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_small_plane_pointwise_takes_flat_tiles_at_16_lanes(width):
+    """A 1x1 conv on a 7x7 plane: 49 pixels fill 4 vectors of 16 lanes to 77%, so at 16 lanes it
+    takes the flat tiles (channels as lanes), at 8 and 4 lanes (88%, 94%) the pointwise GEMM
+    (POINTWISE_MIN_LANE_USE); a residual Add and Relu fused; it matches onnxruntime either way."""
+    from tensorfuse.ir.ops.conv_blocked import POINTWISE_MIN_LANE_USE, pointwise_lane_use
+    target, lanes = width
+    rng = np.random.default_rng(5)
+    N = helper.make_node
+    nodes = [N("Conv", ["x", "w", "b"], ["c"]), N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])]
+    model = _model(nodes, [("x", [1, 96, 7, 7]), ("z", [1, 160, 7, 7])], [("y", [1, 160, 7, 7])],
+                   [_c(rng, "w", 160, 96, 1, 1), _c(rng, "b", 160)])
+    feeds = {"x": rng.standard_normal((1, 96, 7, 7)).astype(np.float32),
+             "z": rng.standard_normal((1, 160, 7, 7)).astype(np.float32)}
+
+    class Geo:
+        out_shape = [7, 7]
+    use = pointwise_lane_use(target, 160, 96, Geo())
+    assert (use < POINTWISE_MIN_LANE_USE) == (lanes == 16), use
+    mod = tensorfuse.compile(model, target=target, cache=False, num_threads=2)
+    (k,) = [k for k in mod.kernels if "register tile" in k.comment or "pointwise" in k.comment]
+    assert ("[flat pixel tiles" in k.comment) == (lanes == 16), k.comment
+    (y,) = mod.run(**feeds)
+    np.testing.assert_allclose(y, ort_run(model, feeds)[0], rtol=RTOL, atol=ATOL)
