@@ -117,7 +117,7 @@ class _Arena:
             import weakref
 
             from .threads import ThreadTeam
-            self.team = ThreadTeam(module.num_threads)
+            self.team = ThreadTeam(module.num_threads, module._team_helpers())
             weakref.finalize(self, self.team.close)   # the workers exit with their arena
 
     def call(self, entry) -> None:
@@ -352,6 +352,7 @@ class Module(ModuleBase):
         self._lib = library
         self._entry_name = entry
         self._entry = _ENTRY_T(library.address(entry))
+        self._helpers = None
         self._object_code = object_code
         self._host = host
         self._pool: list[_Arena] = []
@@ -365,6 +366,13 @@ class Module(ModuleBase):
         self._num_threads = resolve_num_threads(None)
         #: why this CPU cannot run the code (compiled for features it lacks), or None
         self._cannot_run = cannot_run
+
+    def _team_helpers(self) -> dict:
+        """The thread team's native helpers, from this module's code (``runtime.threads.team_helpers``)."""
+        if self._helpers is None:
+            from .threads import team_helpers
+            self._helpers = team_helpers(self._lib)
+        return self._helpers
 
     def can_save(self) -> bool:
         """Whether :meth:`save` has object code to write (a module built without it has none)."""

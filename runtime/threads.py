@@ -41,125 +41,32 @@ WORKER_SPIN_TICKS = 6_000_000
 #: ... and the calling thread polls for the workers' end of a run in slices of this many ticks
 #: (returning to Python between slices)
 DONE_SPIN_TICKS = 50_000_000
-#: ``sched_yield`` every this many polls, so that an oversubscribed machine makes progress
-SPIN_YIELD_EVERY = 2048
-
 _NATIVE = None
 
 
-def _native() -> dict:
-    """The team's native helpers, compiled once per process (all called through ctypes, so the
-    GIL is released while they run):
-
-    - ``tf_spin(ptr word, i64 value, i64 equal, i64 ticks) -> i64``: poll the int64 at ``word``
-      (acquire loads, ``pause`` between polls on x86, a ``sched_yield`` every
-      :data:`SPIN_YIELD_EVERY`) until ``(*word == value) == equal`` (1) or ``ticks`` of
-      ``llvm.readcyclecounter`` have passed (0);
-    - ``tf_xchg(ptr word, i64 value) -> i64`` (sequentially consistent exchange) and
-      ``tf_load(ptr word) -> i64`` (sequentially consistent load);
-    - ``tf_worker(ptr ctl, ptr team, i64 t, i64 last, i64 ticks) -> i64``: worker ``t``'s job
-      loop: whenever the job sequence (``ctl[0]``) differs from ``last`` it calls the job's
-      entry (address ``ctl[1]``) with the slot table ``ctl[2]`` and its team record, then
-      publishes the sequence number in ``ctl[8 t]`` (release); it returns the last sequence
-      run once ``ticks`` have passed without a new job. Jobs thus start and end with no
-      Python (and no GIL) on the worker's side."""
+def team_helpers(library=None) -> dict:
+    """The ctypes functions of the team's native helpers (``codegen.llvm.emit.emit_team_helpers``
+    documents them): from ``library`` (a compiled or loaded module's NativeLibrary, which holds
+    them beside its entry), else (a module saved before they existed) compiled once per process."""
+    import ctypes
+    i64, p = ctypes.c_int64, ctypes.c_void_p
+    types = {"tf_spin": ctypes.CFUNCTYPE(i64, p, i64, i64, i64), "tf_xchg": ctypes.CFUNCTYPE(i64, p, i64),
+             "tf_load": ctypes.CFUNCTYPE(i64, p), "tf_worker": ctypes.CFUNCTYPE(i64, p, p, i64, i64, i64)}
+    if library is not None:
+        try:
+            return {"lib": library, **{n: t(library.address(n)) for n, t in types.items()}}
+        except Exception:           # noqa: BLE001 - an older module without them: compile below
+            pass
     global _NATIVE
     if _NATIVE is None:
-        import ctypes
+        from llvmlite import ir
 
-        from tensorfuse.codegen.llvm.jit import compile_ir, host_info
-        x86 = host_info()["triple"].startswith(("x86_64", "i686", "i386"))
-        pause = "call void @llvm.x86.sse2.pause()" if x86 else ""
-        poll = f"""
-  {pause}
-  %k1 = add i64 %k, 1
-  %r = and i64 %k1, {SPIN_YIELD_EVERY - 1}
-  %y = icmp eq i64 %r, 0
-  br i1 %y, label %yield, label %next
-yield:
-  %u = call i32 @sched_yield()
-  br label %next
-next:
-  %now = call i64 @llvm.readcyclecounter()
-  %dt = sub i64 %now, %t0
-  %more = icmp ult i64 %dt, %ticks"""
-        text = f"""
-{"declare void @llvm.x86.sse2.pause()" if x86 else ""}
-declare i64 @llvm.readcyclecounter()
-declare i32 @sched_yield()
-
-define i64 @tf_spin(ptr %word, i64 %value, i64 %equal, i64 %ticks) {{
-entry:
-  %t0 = call i64 @llvm.readcyclecounter()
-  br label %loop
-loop:
-  %k = phi i64 [0, %entry], [%k1, %next]
-  %v = load atomic i64, ptr %word acquire, align 8
-  %eq = icmp eq i64 %v, %value
-  %eqz = zext i1 %eq to i64
-  %hit = icmp eq i64 %eqz, %equal
-  br i1 %hit, label %yes, label %wait
-wait:{poll}
-  br i1 %more, label %loop, label %no
-yes:
-  ret i64 1
-no:
-  ret i64 0
-}}
-
-define i64 @tf_xchg(ptr %word, i64 %value) {{
-  %old = atomicrmw xchg ptr %word, i64 %value seq_cst
-  ret i64 %old
-}}
-
-define i64 @tf_load(ptr %word) {{
-  %v = load atomic i64, ptr %word seq_cst, align 8
-  ret i64 %v
-}}
-
-define i64 @tf_worker(ptr %ctl, ptr %team, i64 %t, i64 %last0, i64 %ticks) {{
-entry:
-  %start = call i64 @llvm.readcyclecounter()
-  br label %job
-job:
-  %last = phi i64 [%last0, %entry], [%s, %ran]
-  %t0 = phi i64 [%start, %entry], [%end, %ran]
-  br label %loop
-loop:
-  %k = phi i64 [0, %job], [%k1, %next]
-  %s = load atomic i64, ptr %ctl acquire, align 8
-  %new = icmp ne i64 %s, %last
-  br i1 %new, label %run, label %wait
-run:
-  %fp = getelementptr i64, ptr %ctl, i64 1
-  %fi = load i64, ptr %fp, align 8
-  %f = inttoptr i64 %fi to ptr
-  %sp = getelementptr i64, ptr %ctl, i64 2
-  %si = load i64, ptr %sp, align 8
-  %slots = inttoptr i64 %si to ptr
-  call void %f(ptr %slots, ptr %team)
-  br label %ran
-ran:
-  %off = mul i64 %t, 8
-  %fw = getelementptr i64, ptr %ctl, i64 %off
-  store atomic i64 %s, ptr %fw release, align 8
-  %end = call i64 @llvm.readcyclecounter()
-  br label %job
-wait:{poll}
-  br i1 %more, label %loop, label %out
-out:
-  ret i64 %last
-}}
-"""
-        lib, _, _ = compile_ir(text, "tf_team")
-        i64, p = ctypes.c_int64, ctypes.c_void_p
-        _NATIVE = {
-            "lib": lib,
-            "spin": ctypes.CFUNCTYPE(i64, p, i64, i64, i64)(lib.address("tf_spin")),
-            "xchg": ctypes.CFUNCTYPE(i64, p, i64)(lib.address("tf_xchg")),
-            "load": ctypes.CFUNCTYPE(i64, p)(lib.address("tf_load")),
-            "worker": ctypes.CFUNCTYPE(i64, p, p, i64, i64, i64)(lib.address("tf_worker")),
-        }
+        from tensorfuse.codegen.llvm.emit import emit_team_helpers
+        from tensorfuse.codegen.llvm.jit import compile_ir
+        mod = ir.Module(name="tf_team")
+        emit_team_helpers(mod)
+        lib, _, _ = compile_ir(str(mod), "tf_team")
+        _NATIVE = {"lib": lib, **{n: t(lib.address(n)) for n, t in types.items()}}
     return _NATIVE
 
 
@@ -175,7 +82,7 @@ class ThreadTeam:
 
     Hand-off, in a control block of int64 words: ``run`` stores the entry and the slot table,
     then bumps the job sequence (word 0). A worker runs jobs in a native loop (``tf_worker``,
-    :func:`_native`) that polls the sequence, so a job starts and ends without the worker
+    :func:`team_helpers`) that polls the sequence, so a job starts and ends without the worker
     taking the GIL (which on a virtual machine meant sleeping on it, and a halted vCPU took
     milliseconds to wake); it publishes each finished sequence number in its own word
     (``8 t``), which ``run`` polls natively. After :data:`WORKER_SPIN_TICKS` without a job the
@@ -185,14 +92,16 @@ class ThreadTeam:
     never missed and no token is left over).
     """
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, helpers: dict | None = None):
+        """``helpers``: :func:`team_helpers` of the module the team runs (default: compiled)."""
         import ctypes
         import threading
 
         import numpy as np
         self.size = size
-        nat = _native()
-        self._spin, self._xchg, self._load, self._worker = nat["spin"], nat["xchg"], nat["load"], nat["worker"]
+        nat = helpers or team_helpers()
+        self._helpers = nat                              # keeps their code alive
+        self._spin, self._xchg, self._load, self._worker = nat["tf_spin"], nat["tf_xchg"], nat["tf_load"], nat["tf_worker"]
         self._ctypes = ctypes
         self._barrier = np.zeros(2, np.int64)           # arrived count, published sense
         self._records = np.zeros((size, 4), np.int64)

@@ -71,3 +71,21 @@ def test_idle_worker_sleeps_and_is_woken():
         assert team._ctl[8] == team._seq             # the worker finished the last job
     finally:
         threads.WORKER_SPIN_TICKS = old
+
+
+def test_team_helpers_come_with_the_module():
+    """A compiled module's code holds the team's helpers beside its entry (a saved module thus
+    needs no code generation to run threaded), and its teams use them; a library without them
+    (a module saved before) gets them compiled once per process."""
+    mod = tensorfuse.compile(mlp_model(n=64, d=256, seed=5), num_threads=2, cache=False)
+    assert all(f'define i64 @"{n}"' in mod.llvm_ir or f"define i64 @{n}(" in mod.llvm_ir
+               for n in ("tf_spin", "tf_xchg", "tf_load", "tf_worker"))
+    mod.run(x_input(1, n=64))
+    team = _arena_team(mod)
+    assert team._helpers["lib"] is mod._lib
+
+    class NoHelpers:
+        def address(self, name):
+            raise KeyError(name)
+    fallback = threads.team_helpers(NoHelpers())
+    assert fallback["lib"] is not mod._lib and fallback is threads.team_helpers(None)

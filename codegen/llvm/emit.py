@@ -627,6 +627,132 @@ def barrier_fn(module: ir.Module) -> ir.Function:
     return fn
 
 
+#: the thread team's native helpers (:func:`emit_team_helpers`; runtime/threads.py calls them)
+TEAM_HELPERS = ("tf_spin", "tf_xchg", "tf_load", "tf_worker")
+#: ``sched_yield`` every this many polls of a team helper's wait
+SPIN_YIELD_EVERY = 2048
+
+
+def _sched_yield(module: ir.Module) -> ir.Function:
+    return module.globals.get("sched_yield") or ir.Function(
+        module, ir.FunctionType(ir.IntType(32), []), name="sched_yield")
+
+
+def _poll_wait(module: ir.Module, b: ir.IRBuilder, fn: ir.Function, k: ir.Value, t0: ir.Value,
+               ticks: ir.Value, again: ir.Block, out: ir.Block) -> ir.Value:
+    """One wait step of a polling loop: ``pause`` (x86), a ``sched_yield`` every
+    :data:`SPIN_YIELD_EVERY` polls, then to ``again`` while fewer than ``ticks`` of
+    ``llvm.readcyclecounter`` have passed since ``t0``, else to ``out``. Returns k + 1."""
+    from llvmlite import binding
+    if binding.get_process_triple().startswith(("x86_64", "i686", "i386")):     # the code runs here
+        pause = module.globals.get("llvm.x86.sse2.pause") or ir.Function(
+            module, ir.FunctionType(ir.VoidType(), []), name="llvm.x86.sse2.pause")
+        b.call(pause, [])
+    k1 = b.add(k, ir.Constant(I64, 1))
+    yld = fn.append_basic_block("yield")
+    nxt = fn.append_basic_block("next")
+    b.cbranch(b.icmp_signed("==", b.and_(k1, ir.Constant(I64, SPIN_YIELD_EVERY - 1)), ir.Constant(I64, 0)), yld, nxt)
+    b.position_at_end(yld)
+    b.call(_sched_yield(module), [])
+    b.branch(nxt)
+    b.position_at_end(nxt)
+    dt = b.sub(b.call(_cycle_counter(module), []), t0)
+    b.cbranch(b.icmp_unsigned("<", dt, ticks), again, out)
+    return k1
+
+
+def _cycle_counter(module: ir.Module) -> ir.Function:
+    return module.globals.get("llvm.readcyclecounter") or ir.Function(
+        module, ir.FunctionType(I64, []), name="llvm.readcyclecounter")
+
+
+def emit_team_helpers(module: ir.Module) -> None:
+    """Add the thread team's native helpers (``runtime/threads.py``, which calls them through
+    ctypes, the GIL released) to ``module``, so a saved module carries them:
+
+    - ``i64 tf_spin(ptr word, i64 value, i64 equal, i64 ticks)``: poll the int64 at ``word``
+      (acquire loads; :func:`_poll_wait` between polls) until ``(*word == value) == equal``
+      (returns 1) or ``ticks`` of the cycle counter have passed (returns 0);
+    - ``i64 tf_xchg(ptr word, i64 value)`` (a sequentially consistent exchange, returning the
+      old value) and ``i64 tf_load(ptr word)`` (a sequentially consistent load);
+    - ``i64 tf_worker(ptr ctl, ptr team, i64 t, i64 last, i64 ticks)``: worker ``t``'s job loop
+      over the control block ``ctl`` of int64 words: whenever the job sequence ``ctl[0]``
+      (acquire) differs from ``last`` it calls the job's entry (address ``ctl[1]``) with the
+      slot table ``ctl[2]`` and ``team``, then publishes the sequence number in ``ctl[8 t]``
+      (release); it returns the last sequence it ran once ``ticks`` pass without a new job."""
+    if module.globals.get("tf_worker") is not None:
+        return
+    spin = ir.Function(module, ir.FunctionType(I64, [PTR, I64, I64, I64]), name="tf_spin")
+    word, value, equal, ticks = spin.args
+    b = ir.IRBuilder(spin.append_basic_block("entry"))
+    t0 = b.call(_cycle_counter(module), [])
+    loop = spin.append_basic_block("loop")
+    wait = spin.append_basic_block("wait")
+    yes = spin.append_basic_block("yes")
+    no = spin.append_basic_block("no")
+    entry = b.block
+    b.branch(loop)
+    b.position_at_end(loop)
+    k = b.phi(I64, name="k")
+    k.add_incoming(ir.Constant(I64, 0), entry)
+    v = b.load_atomic(word, "acquire", 8, typ=I64)
+    hit = b.icmp_signed("==", b.zext(b.icmp_signed("==", v, value), I64), equal)
+    b.cbranch(hit, yes, wait)
+    b.position_at_end(wait)
+    k1 = _poll_wait(module, b, spin, k, t0, ticks, loop, no)
+    k.add_incoming(k1, b.block)
+    b.position_at_end(yes)
+    b.ret(ir.Constant(I64, 1))
+    b.position_at_end(no)
+    b.ret(ir.Constant(I64, 0))
+
+    xchg = ir.Function(module, ir.FunctionType(I64, [PTR, I64]), name="tf_xchg")
+    b = ir.IRBuilder(xchg.append_basic_block("entry"))
+    b.ret(b.atomic_rmw("xchg", xchg.args[0], xchg.args[1], "seq_cst"))
+    load = ir.Function(module, ir.FunctionType(I64, [PTR]), name="tf_load")
+    b = ir.IRBuilder(load.append_basic_block("entry"))
+    b.ret(b.load_atomic(load.args[0], "seq_cst", 8, typ=I64))
+
+    work = ir.Function(module, ir.FunctionType(I64, [PTR, PTR, I64, I64, I64]), name="tf_worker")
+    ctl, team, tix, last0, ticks = work.args
+    b = ir.IRBuilder(work.append_basic_block("entry"))
+    start = b.call(_cycle_counter(module), [])
+    entry = b.block
+    job = work.append_basic_block("job")
+    loop = work.append_basic_block("loop")
+    run = work.append_basic_block("run")
+    wait = work.append_basic_block("wait")
+    out = work.append_basic_block("out")
+    b.branch(job)
+    b.position_at_end(job)
+    last = b.phi(I64, name="last")
+    tj = b.phi(I64, name="t0")
+    last.add_incoming(last0, entry)
+    tj.add_incoming(start, entry)
+    b.branch(loop)
+    b.position_at_end(loop)
+    k = b.phi(I64, name="k")
+    k.add_incoming(ir.Constant(I64, 0), job)
+    seq = b.load_atomic(ctl, "acquire", 8, typ=I64)
+    b.cbranch(b.icmp_signed("!=", seq, last), run, wait)
+    b.position_at_end(run)
+    entry_fn = b.inttoptr(b.load(b.gep(ctl, [ir.Constant(I64, 1)], source_etype=I64), typ=I64),
+                          ir.FunctionType(ir.VoidType(), [PTR, PTR]).as_pointer())
+    slots = b.inttoptr(b.load(b.gep(ctl, [ir.Constant(I64, 2)], source_etype=I64), typ=I64), PTR)
+    b.call(entry_fn, [slots, team])
+    fin = b.gep(ctl, [b.mul(tix, ir.Constant(I64, 8))], source_etype=I64)
+    _store_atomic(b, seq, fin, "release")
+    end = b.call(_cycle_counter(module), [])
+    last.add_incoming(seq, b.block)
+    tj.add_incoming(end, b.block)
+    b.branch(job)
+    b.position_at_end(wait)
+    k1 = _poll_wait(module, b, work, k, tj, ticks, loop, out)
+    k.add_incoming(k1, b.block)
+    b.position_at_end(out)
+    b.ret(last)
+
+
 def emit_kernel(module: ir.Module, kernel: Kernel) -> ir.Function:
     """Add one kernel to ``module``; raises CodegenError naming the kernel."""
     em = _FnEmitter(module, kernel)
@@ -674,4 +800,5 @@ def emit_entry(module: ir.Module, name: str, calls: list[tuple[str, list[int]]],
             with b.if_then(b.icmp_signed("==", tid, ir.Constant(I64, 0))):
                 call()
     b.ret_void()
+    emit_team_helpers(module)
     return fn
