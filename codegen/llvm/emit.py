@@ -565,6 +565,11 @@ def _store_atomic(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, ordering: str
     b._insert(instructions.StoreAtomicInstr(b.block, value, ptr, ordering, value.type.width // 8))
 
 
+def _sched_yield(module: ir.Module) -> ir.Function:
+    return module.globals.get("sched_yield") or ir.Function(
+        module, ir.FunctionType(ir.IntType(32), []), name="sched_yield")
+
+
 def barrier_fn(module: ir.Module) -> ir.Function:
     """``void @tf_barrier(ptr team)``: wait until every thread of the team has arrived.
 
@@ -617,9 +622,7 @@ def barrier_fn(module: ir.Module) -> ir.Function:
     b.cbranch(b.icmp_signed(">=", k1, ir.Constant(I64, BARRIER_SPINS)), yld, spin)
     k.add_incoming(k1, again)
     b.position_at_end(yld)
-    sched_yield = module.globals.get("sched_yield") or ir.Function(
-        module, ir.FunctionType(ir.IntType(32), []), name="sched_yield")
-    b.call(sched_yield, [])
+    b.call(_sched_yield(module), [])
     b.branch(spin)
     k.add_incoming(ir.Constant(I64, 0), yld)
     b.position_at_end(done)
@@ -631,11 +634,6 @@ def barrier_fn(module: ir.Module) -> ir.Function:
 TEAM_HELPERS = ("tf_spin", "tf_xchg", "tf_load", "tf_worker")
 #: ``sched_yield`` every this many polls of a team helper's wait
 SPIN_YIELD_EVERY = 2048
-
-
-def _sched_yield(module: ir.Module) -> ir.Function:
-    return module.globals.get("sched_yield") or ir.Function(
-        module, ir.FunctionType(ir.IntType(32), []), name="sched_yield")
 
 
 def _poll_wait(module: ir.Module, b: ir.IRBuilder, fn: ir.Function, k: ir.Value, t0: ir.Value,
