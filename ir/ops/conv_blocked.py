@@ -104,8 +104,12 @@ def blocked_conv_ok(x: Buffer, w: Buffer, y: Buffer, group: int, geo, acc_dtype,
     if group == 1:
         return True
     mg = y.shape[1] // group
-    pointwise = list(geo.kernel) == [1, 1] and not any(geo.pads_begin) and not any(geo.pads_end)
-    return target is not None and mg >= (1 if pointwise else target.lanes(DType.f32))
+    return target is not None and mg >= (1 if unpadded_1x1(geo) else target.lanes(DType.f32))
+
+
+def unpadded_1x1(geo) -> bool:
+    """A 1x1 kernel without padding (what a pointwise convolution needs besides its epilogue)."""
+    return list(geo.kernel) == [1, 1] and not any(geo.pads_begin) and not any(geo.pads_end)
 
 
 class ConvGroups:
@@ -114,14 +118,13 @@ class ConvGroups:
     input channels of group g of image n, [g*C/G, (g+1)*C/G), are one contiguous run of planes,
     so they are image n*G + g of X viewed as [N*G, C/G, H, W], and likewise for Y: the schedules
     iterate over these N*G images (``n``, ``c``, ``m``: the view's batch and channel counts),
-    the weights are packed per group and stacked (group g's at :meth:`woff`), and the output
+    the weights are packed per group and stacked as [G, ...] (:meth:`woff`), and the output
     index, the bias and the epilogue operands are mapped back (:meth:`out`). With G = 1 every
     mapping is the identity and adds nothing to the kernel."""
 
     def __init__(self, x: Buffer, y: Buffer, group: int = 1):
         self.G = group
         self.n, self.c, self.m = x.shape[0] * group, x.shape[1] // group, y.shape[1] // group
-        self.wsize = 0
 
     def pack(self, ctx: LowerCtx, pack_group, hint: str) -> Buffer:
         """The node's constant weights [M, C/G, ...] packed per group by ``pack_group``
@@ -130,12 +133,11 @@ class ConvGroups:
         if self.G == 1:
             return ctx.pack(pack_group(w), hint)
         parts = [pack_group(w[g * self.m:(g + 1) * self.m]) for g in range(self.G)]
-        self.wsize = parts[0].size
         return ctx.pack(np.ascontiguousarray(np.stack(parts)), hint)
 
-    def woff(self, n: Expr, off):
-        """Flat offset ``off`` into the packed weights of image ``n``'s group."""
-        return off if self.G == 1 else (n % self.G) * self.wsize + off
+    def woff(self, wp: Buffer, n: Expr, off):
+        """Flat offset ``off`` into image ``n``'s group of the packed weights ``wp`` (:meth:`pack`)."""
+        return off if self.G == 1 else (n % self.G) * (wp.numel // self.G) + off
 
     def out(self, n: Expr, oc):
         """(image, output channel) of Y for channel ``oc`` of the view's image ``n``."""
@@ -172,10 +174,11 @@ def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: 
     n_, c_, m_ = grp.n, grp.c, grp.m
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     from tensorfuse.ir.ops.conv_winograd import emit_conv_winograd, winograd_ok
-    if pointwise_ok(ctx, x, y, geo, group) and not (flat_ok(ctx, c_, m_, geo)
-                                                     and pointwise_lane_use(ctx.target, m_, c_, geo) < POINTWISE_MIN_LANE_USE):
+    flat = flat_ok(ctx, c_, m_, geo)
+    if pointwise_ok(ctx, x, y, geo, group) and not (
+            flat and pointwise_lane_use(ctx.target, m_, c_, geo) < POINTWISE_MIN_LANE_USE):
         emit = emit_conv_pointwise
-    elif flat_ok(ctx, c_, m_, geo):
+    elif flat:
         emit = emit_conv_flat
     elif im2row_ok(ctx, c_, geo):
         emit = emit_conv_im2row
@@ -251,7 +254,7 @@ def emit_conv_rows(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
                         kh = st.enter_context(kb.reduce(kh_hi, start=kh_lo, hint="kh"))
                         wrow = (((mb * KW + kw) * c_ + ic) * KH + kh) * blk
                     xrow = ((n * c_ + ic) * H + ih0 + kh * dh) * W
-                    wv = [wp.vload(grp.woff(n, wrow + o * L), L) for o in range(OB)]
+                    wv = [wp.vload(grp.woff(wp, n, wrow + o * L), L) for o in range(OB)]
                     for p in cols:
                         xv = x.flat(xrow + (ow0 + p) * sw + (kw * dw - pw))
                         for o in range(OB):
@@ -474,7 +477,7 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
                 kb.store(acc, (o * width + p) * L, part.vload(slot[p] + o * L, L))
         with kb.reduce(KH, hint="kh") as kh, kb.reduce(KW, hint="kw") as kw, kb.reduce(KC, hint="ic") as ic:
             wrow = ((((mb * NC + cc) * KH + kh) * KW + kw) * KC + ic) * blk
-            wv = [wp.vload(grp.woff(n, wrow + o * L), L) for o in range(OB)]
+            wv = [wp.vload(grp.woff(wp, n, wrow + o * L), L) for o in range(OB)]
             xoff = plane0 + ic * (RH * RW) + kh * (dh * RW) + kw * dw
             for p in range(width):
                 xv = src.flat(xoff + base[p])
@@ -523,7 +526,7 @@ def pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo, group: int = 1) -> bo
     epilogue operands all broadcast over the spatial dims as a whole (shape [..., H, W] or
     [..., 1, 1]), so one flat pixel index addresses them. A strided one (resnet's downsample)
     qualifies where its pixel tiles are packed (:func:`strided_pointwise_ok`)."""
-    if geo.kernel != [1, 1] or any(geo.pads_begin) or any(geo.pads_end):
+    if not unpadded_1x1(geo):
         return False
     if geo.strides != [1, 1] and not strided_pointwise_ok(ctx, x, y, group):
         return False
@@ -615,7 +618,7 @@ def pixel_gemm_tile(ctx: LowerCtx, kb: KernelBuilder, acc: Buffer, wp: Buffer, y
     with kb.reduce(red, hint="k") as k:
         xv = [xvec(k, v) for v in range(nvec)]
         for r in range(R):
-            wv = wp.flat(grp.woff(n, (mb * red + k) * R + r))
+            wv = wp.flat(grp.woff(wp, n, (mb * red + k) * R + r))
             for v in range(nvec):
                 q = (r * nvec + v) * lanes
                 kb.store(acc, q, fma(wv, xv[v], acc.vload(q, lanes)))

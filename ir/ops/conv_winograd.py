@@ -162,7 +162,7 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
                         kb.store(acc, i * L, zero)
                     with kb.reduce(c_, hint="ic") as ic:
                         wrow = ((e * MB + mb) * c_ + ic) * blk
-                        wv = [u.vload(grp.woff(n, wrow + o * L), L) for o in range(OB)]
+                        wv = [u.vload(grp.woff(u, n, wrow + o * L), L) for o in range(OB)]
                         for p in range(width):
                             xv = v.flat(vbase + ic * VC + (q0 + p) * 2)
                             for o in range(OB):
