@@ -112,6 +112,8 @@ class ThreadTeam:
         # finished job, 8 t + 1: its sleeping flag (a cache line per worker)
         self._ctl = np.zeros(8 * max(size, 1), np.int64)
         self._ctl_addr = self._ctl.ctypes.data
+        self._fin = [self._ctl_addr + 64 * t for t in range(size)]            # word 8 t
+        self._sleeping = [self._ctl_addr + 64 * t + 8 for t in range(size)]   # word 8 t + 1
         self._seq = 0
         self._go = [threading.Semaphore(0) for _ in range(size)]
         self._closed = False
@@ -121,8 +123,7 @@ class ThreadTeam:
             th.start()
 
     def _work(self, t: int) -> None:
-        go, addr, ctl = self._go[t], self._addr[t], self._ctl_addr
-        sleeping = ctl + 8 * (8 * t + 1)
+        go, addr, ctl, sleeping = self._go[t], self._addr[t], self._ctl_addr, self._sleeping[t]
         last = 0
         while True:
             last = self._worker(ctl, addr, t, last, WORKER_SPIN_TICKS)  # runs jobs until idle
@@ -148,13 +149,12 @@ class ThreadTeam:
         seq = self._seq
         self._xchg(self._ctl_addr, seq)
         for t in range(1, self.size):
-            if self._xchg(self._ctl_addr + 8 * (8 * t + 1), 0) == 1:
+            if self._xchg(self._sleeping[t], 0) == 1:
                 self._go[t].release()
         try:
             fn(slots, self._addr[0])
         finally:
-            for t in range(1, self.size):
-                fin = self._ctl_addr + 64 * t
+            for fin in self._fin[1:]:
                 while self._load(fin) != seq:
                     self._spin(fin, seq, 1, DONE_SPIN_TICKS)
 
