@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from tensorfuse.ir.graph import Node, Value
-from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, Load, as_expr
+from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, Load, as_expr, copy_index
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.registry import ShapeError, get_op
 from tensorfuse.ir.types import DType
@@ -169,7 +169,7 @@ class _AnchorCtx(LowerCtx):
 
     def apply_epilogue(self, value, out_idx):
         self.applied += 1
-        idx = list(out_idx)
+        idx = copy_index(out_idx)
         if self._own is not None:
             value = self._own(value, idx)
         return self._group_epilogue(self.current, value, idx)

@@ -372,7 +372,12 @@ class Buffer:
         return Load(self, as_expr(i, I64), lanes)
 
     def bcast(self, out_idx: Sequence) -> Load:
-        """Load with numpy broadcasting against an output indexed by ``out_idx``."""
+        """Load with numpy broadcasting against an output indexed by ``out_idx``: the buffer's
+        dims align with the index's trailing entries, and a dim of size 1 reads index 0. A
+        :class:`PixelIndex` (a flat pixel offset over the output's spatial dims) is mapped by
+        :meth:`PixelIndex.operand_index`."""
+        if isinstance(out_idx, PixelIndex):
+            return self[out_idx.operand_index(self)]
         r = len(self.shape)
         idx = list(out_idx)[len(out_idx) - r:] if r else []
         idx = [Const(0, I64) if d == 1 else i for d, i in zip(self.shape, idx)]
@@ -380,6 +385,66 @@ class Buffer:
 
     def __repr__(self) -> str:
         return f"{self.name}: {self.dtype.value}[{','.join(map(str, self.shape))}]"
+
+
+class PixelIndex(list):
+    """An output index whose spatial part is one flat pixel offset: ``[n, c, 0, ..., 0, p]``
+    addresses element (n, c, p // W, p % W) of an NCHW output whose trailing ``len(spatial)``
+    dims are ``spatial`` ([H, W]; p may be a :class:`Ramp` of contiguous pixels that crosses
+    rows). As a plain index list it gives the right flat offset into any buffer of the output's
+    shape (its spatial dims are contiguous and innermost), so stores take it as it is; only
+    broadcasting needs to know which entry is flat, because a spatial dim of size 1 must not
+    be mistaken for a broadcast dim that reads index 0 (the width-1 conv residual of issue 24).
+
+    Schedules that vectorise over flattened pixels (the pointwise conv) pass it to
+    ``ctx.apply_epilogue``; an epilogue operand must then broadcast over the spatial dims as a
+    whole (:meth:`addresses`): right-aligned to the output, its spatial dims are either all
+    equal to ``spatial`` or all 1. :meth:`operand_index` raises ShapeError for any other."""
+
+    def __init__(self, idx: Sequence, spatial: Sequence[int]):
+        super().__init__(idx)
+        self.spatial = tuple(int(d) for d in spatial)
+        if not 1 <= len(self.spatial) <= len(self) - 1:
+            raise IndexError(f"PixelIndex of {len(self)} entries with spatial dims {self.spatial}")
+
+    def copy(self) -> "PixelIndex":
+        return PixelIndex(self, self.spatial)
+
+    def _aligned(self, shape: Sequence[int]) -> tuple[int, ...]:
+        r = len(self)
+        if len(shape) > r:
+            raise IndexError(f"an operand of rank {len(shape)} against an output index of {r} entries")
+        return (1,) * (r - len(shape)) + tuple(shape)
+
+    def addresses(self, shape: Sequence[int]) -> bool:
+        """Whether an operand of ``shape`` broadcasts over the spatial dims as a whole (so the
+        flat pixel offset, or 0, addresses it)."""
+        sp = self._aligned(shape)[len(self) - len(self.spatial):]
+        return sp == self.spatial or all(d == 1 for d in sp)
+
+    def operand_index(self, buf: "Buffer") -> list:
+        """The index list into ``buf`` (numpy broadcasting against the output): leading dims of
+        size 1 read 0, spatial dims read the flat offset (all equal to the output's) or 0 (all
+        1). Raises ShapeError (``ir.registry``) for an operand that broadcasts along only some
+        spatial dims ([W], [H, 1], ...): no flat pixel offset addresses it."""
+        k = len(self.spatial)
+        r = len(buf.shape)
+        lead = len(self) - k
+        shape = self._aligned(buf.shape)
+        if not self.addresses(buf.shape):
+            from .registry import ShapeError
+            raise ShapeError(f"operand {buf.name} of shape {list(buf.shape)} broadcasts along only some "
+                             f"of the output's spatial dims {list(self.spatial)}: a flat pixel index "
+                             f"cannot address it (the schedule must not take such an epilogue)")
+        full = shape[lead:] == self.spatial and not all(d == 1 for d in shape[lead:])
+        idx = [Const(0, I64) if d == 1 else i for d, i in zip(shape[:lead], self[:lead])]
+        idx += [Const(0, I64)] * (k - 1) + [self[-1] if full else Const(0, I64)]
+        return idx[len(idx) - r:] if r else []
+
+
+def copy_index(idx: Sequence) -> list:
+    """A copy of an output index list that keeps its kind (:class:`PixelIndex` stays one)."""
+    return idx.copy() if isinstance(idx, PixelIndex) else list(idx)
 
 
 # ----------------------------------------------------------------------------- statements

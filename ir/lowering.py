@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .graph import Node
-from .kernel import Buffer, Kernel, KernelBuilder
+from .kernel import Buffer, Kernel, KernelBuilder, copy_index
 from .types import DType
 
 
@@ -77,7 +77,7 @@ class LowerCtx:
 
     def apply_epilogue(self, value, out_idx):
         """The value to store at ``out_idx`` of output 0 after the fused epilogue (if any)."""
-        return value if self.epilogue is None else self.epilogue(value, list(out_idx))
+        return value if self.epilogue is None else self.epilogue(value, copy_index(out_idx))
 
     def attr(self, name: str, default: Any = None) -> Any:
         return self.node.attr(name, default)

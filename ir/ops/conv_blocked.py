@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma
+from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, PixelIndex, Ramp, as_expr, fma
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops.conv import window_hi, window_lo
 from tensorfuse.ir.types import DType
@@ -523,19 +523,26 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
 # ----------------------------------------------------------------------------- 1x1 convolution
 def pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo, group: int = 1) -> bool:
     """Whether a blocked-eligible convolution is a pointwise one (1x1, no padding) whose
-    epilogue operands all broadcast over the spatial dims as a whole (shape [..., H, W] or
-    [..., 1, 1]), so one flat pixel index addresses them. A strided one (resnet's downsample)
+    epilogue operands (:func:`epilogue_operands`) all broadcast over the spatial dims as a
+    whole (right-aligned to Y [N, M, OH, OW]: spatial dims [OH, OW] or [1, 1]; not [OW] nor
+    [OH, 1]), so one flat pixel index (:class:`~ir.kernel.PixelIndex`) addresses them. A strided one (resnet's downsample)
     qualifies where its pixel tiles are packed (:func:`strided_pointwise_ok`)."""
     if not unpadded_1x1(geo):
         return False
     if geo.strides != [1, 1] and not strided_pointwise_ok(ctx, x, y, group):
         return False
-    sp = tuple(y.shape[2:])
-    for buf in ctx.default_params():
-        if len(buf.shape) >= 2 and buf is not x and tuple(buf.shape[-2:]) not in (sp, (1, 1)):
-            if len(buf.shape) > 2 or tuple(buf.shape) != sp:
-                return False
-    return True
+    probe = PixelIndex([0] * len(y.shape), y.shape[2:])
+    return all(probe.addresses(buf.shape) for buf in epilogue_operands(ctx))
+
+
+def epilogue_operands(ctx: LowerCtx) -> list[Buffer]:
+    """The buffers a conv's fused epilogue reads besides its own value: FusedConv's addend
+    (inputs after X, W, B) and the fused group's operands (``ctx.epilogue_inputs``)."""
+    out: list[Buffer] = []
+    for b in list(ctx.inputs[3:]) + list(ctx.epilogue_inputs):
+        if b is not None and all(b is not o for o in out):
+            out.append(b)
+    return out
 
 
 class PointwiseTiling(NamedTuple):
@@ -699,7 +706,8 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
             def xvec(ic, v):
                 return x.vload((n * c_ + ic) * hw + p0 + v * lanes, lanes)
         pixel_gemm_tile(ctx, kb, acc, wp, y, b, grp, n, R, c_, mb, nvec, lanes, xvec,
-                        lambda yn, oc, v: [yn, oc] + [as_expr(0)] * (len(y.shape) - 3) + [Ramp(p0 + v * lanes, lanes)])
+                        lambda yn, oc, v: PixelIndex([yn, oc] + [as_expr(0)] * (len(y.shape) - 3)
+                                                     + [Ramp(p0 + v * lanes, lanes)], y.shape[2:]))
 
     def split(t):
         mb = t % MB if MB > 1 else as_expr(0)
