@@ -10,7 +10,8 @@ own rewrites. Needs the ``onnxruntime`` package.
 - :func:`assert_matches_ort`: compile at several optimisation levels and compare every output;
 - :func:`check_rule`: the three checks every rule needs in one call: the rule fires (or, with
   ``fires=False``, does not) on the model, and the outputs with the rule, without it and from
-  onnxruntime agree. Returns a :class:`RuleCheck`.
+  onnxruntime agree. A rule under test is given as its class, as to ``tensorfuse.compile(model,
+  rules=[...])``. Returns a :class:`RuleCheck`.
 """
 from __future__ import annotations
 
@@ -125,40 +126,53 @@ class RuleCheck:
 
 
 def check_rule(model: Any, rule, inputs: dict[str, np.ndarray] | None = None, *, fires: bool = True,
-               opt_level: int = 2, rtol: float = 1e-5, atol: float = 1e-6, seed: int = 0,
+               opt_level: int = 2, rtol: float = 1e-5, atol: float = 1e-6, seed: int = 0, rules=(),
                **compile_kw) -> RuleCheck:
     """Check one rewrite rule on one model against onnxruntime.
 
-    ``rule``: a rule class, instance or name, registered in a rule set (``compiler.rules``:
-    ``FUSE_RULES`` ...; ``compiler.pipeline.all_rules()`` lists them). Compiles ``model`` at
-    ``opt_level`` (default 2; numerics-changing rules need 3) with every rule, and again with
-    this rule disabled; checks that the rule was applied at least once (``fires=True``) or never
-    (``fires=False``), and that both compiled models give onnxruntime's outputs (rtol / atol as
-    ``numpy.testing.assert_allclose``). ``inputs``: {name: array}; default
-    :func:`random_inputs` (``seed``). Returns a :class:`RuleCheck`. Raises AssertionError saying
-    which check failed (with the rule log), ValueError for a rule no rule set holds.
+    ``rule``: a rule class or instance (a rule under test, or a built-in one), or the name of
+    a built-in rule or of one in ``rules``. A rule that is not built in joins the pipeline as
+    ``tensorfuse.compile(model, rules=[rule, *rules])`` adds it: tried before the built-in
+    rules of its set (docs/writing-a-fusion-rule.md). Compiles ``model`` at ``opt_level``
+    (default 2; numerics-changing rules need 3) with the rule, and again with it disabled;
+    checks that the rule was applied at least once (``fires=True``) or never
+    (``fires=False``), and that both compiled models give onnxruntime's outputs (rtol / atol
+    as ``numpy.testing.assert_allclose``). ``inputs``: {name: array}; default
+    :func:`random_inputs` (``seed``). ``rules``: other rules under test; ``compile_kw``: more
+    options of ``tensorfuse.compile``. Returns a :class:`RuleCheck`. Raises AssertionError
+    saying which check failed (a rule that never fired: with the rule log), ValueError for an
+    unknown rule name or a bad rule.
     """
     import tensorfuse
-    from tensorfuse.compiler.pipeline import all_rules
-    name = rule if isinstance(rule, str) else (rule.__name__ if isinstance(rule, type) else rule.name)
-    if name not in all_rules():
-        raise ValueError(f"rule {name!r} is in no rule set: add it to one (compiler.rules.FUSE_RULES, FOLD_RULES "
-                         f"or O3_RULES) before checking it")
+    from tensorfuse.compiler.options import rule_names
+    from tensorfuse.compiler.pipeline import all_rules, rules_under_test
+    rules = list(rules_under_test(rules))
+    if isinstance(rule, str):
+        name = rule
+        if name not in all_rules(rules):
+            raise ValueError(f"unknown rule {name!r}: give the rule class (a rule under test), or a name of "
+                             f"compiler.pipeline.all_rules()")
+    else:
+        name = rule.__name__ if isinstance(rule, type) else rule.name
+        known = all_rules(rules).get(name)
+        if known is not rule and known is not type(rule):
+            rules = list(rules_under_test(rules + [rule]))     # a rule under test
     compile_kw.setdefault("cache", False)
     if inputs is None:
         inputs = random_inputs(model, seed=seed, input_shapes=compile_kw.get("input_shapes"))
     expected = ort_run(model, inputs)
-    with_rule = tensorfuse.compile(model, opt_level=opt_level, **compile_kw)
+    disabled = list(rule_names(compile_kw.pop("disabled_rules", ())))
+    with_rule = tensorfuse.compile(model, opt_level=opt_level, rules=rules, disabled_rules=disabled, **compile_kw)
     apps = [a for a in with_rule.rewrite_log if a.rule == name]
     if fires and not apps:
         log = "\n  ".join(str(a) for a in with_rule.rewrite_log) or "(no rule applied)"
-        raise AssertionError(f"{name} did not fire at O{opt_level}; the rule log:\n  {log}\n"
-                             f"(tensorfuse.explain(model, {name!r}) says why at each candidate node)")
+        raise AssertionError(f"{name} did not fire at O{opt_level}, so nothing about it was checked; the rule "
+                             f"log:\n  {log}\n(tensorfuse.explain(model, {name}, rules=...) says why at each "
+                             f"candidate node)")
     if not fires and apps:
         raise AssertionError(f"{name} fired where it must not: " + "; ".join(str(a) for a in apps))
     err = _compare(with_rule.run(**inputs), expected, rtol, atol, f"with {name} at O{opt_level}")
-    from tensorfuse.compiler.options import rule_names
-    disabled = list(rule_names(compile_kw.pop("disabled_rules", ())))
-    without = tensorfuse.compile(model, opt_level=opt_level, disabled_rules=disabled + [name], **compile_kw)
+    without = tensorfuse.compile(model, opt_level=opt_level, rules=rules, disabled_rules=disabled + [name],
+                                 **compile_kw)
     err0 = _compare(without.run(**inputs), expected, rtol, atol, f"without {name} at O{opt_level}")
     return RuleCheck(name, apps, err, err0, with_rule.graph)

@@ -14,7 +14,8 @@ success, 1 numerical mismatch (verify), 2 bad usage or bad input (a one-line err
 on stderr), 3 an internal error (a bug; ``--debug`` shows the traceback). ``--debug`` shows
 the traceback of any error. Progress bars go to stderr when it is a terminal, unless
 ``--quiet``. Rules under test join the pipeline with ``--rules FILE.py:Name`` or
-``--rules package.module:Name`` (see ``compiler.pipeline.extra_rules``).
+``--rules package.module:Name``: the ``rules=`` option of ``tensorfuse.compile`` (each rule
+tried before the built-in rules of its set; ``compiler.pipeline.rules_under_test``).
 """
 from __future__ import annotations
 
@@ -127,19 +128,17 @@ class _Session:
 
     def compile(self, model: str, opt_level: int | None = None, **kw):
         import tensorfuse
-        from tensorfuse.compiler.pipeline import extra_rules
         _check_model_path(model)
         a = self.args
         level = a.opt_level if opt_level is None else opt_level
-        kw.setdefault("cache", not self.rules)
+        kw.setdefault("cache", not self.rules)    # a rule file may import helpers the cache key cannot see
         t0 = time.perf_counter()
-        with extra_rules(self.rules):
-            mod = tensorfuse.compile(model, target=getattr(a, "target", "llvm"), opt_level=level,
-                                     input_shapes=self.shapes, disabled_rules=self.disabled,
-                                     num_threads=getattr(a, "threads", None), **kw)
-            from tensorfuse.compiler.specialize import SpecializingModule
-            if isinstance(mod, SpecializingModule):
-                mod = self.specialized(mod)
+        mod = tensorfuse.compile(model, target=getattr(a, "target", "llvm"), opt_level=level,
+                                 input_shapes=self.shapes, disabled_rules=self.disabled, rules=self.rules,
+                                 num_threads=getattr(a, "threads", None), **kw)
+        from tensorfuse.compiler.specialize import SpecializingModule
+        if isinstance(mod, SpecializingModule):
+            mod = self.specialized(mod)
         return mod, time.perf_counter() - t0
 
     def specialized(self, smod):

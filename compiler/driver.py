@@ -19,7 +19,8 @@ from tensorfuse.compiler.target import Target
 
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
             input_shapes: dict[str, Any] | None = None, disabled_rules=(), dump_ir=None,
-            cache: bool = True, num_threads: int | None = None, max_memory: int | str | None = None):
+            cache: bool = True, num_threads: int | None = None, max_memory: int | str | None = None,
+            rules=()):
     """Compile an ONNX model into an executable module: a :class:`tensorfuse.runtime.Module`
     for "llvm", a :class:`tensorfuse.runtime.cuda_module.CudaModule` for "cuda" (both
     :class:`~tensorfuse.runtime.module.ModuleBase`), or, for a model whose shapes depend on
@@ -43,7 +44,12 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     the memory cap, bytes or a string like ``"64G"`` (default ``$TENSORFUSE_MAX_MEMORY``, else
     the physical memory; ``compiler.limits``): a model with a graph input or node output larger
     than it is refused with UnsupportedModelError naming the node and shape, instead of failing
-    when it runs.
+    when it runs. rules: rules under test, Rule classes (or instances) that are not in the
+    catalogue (docs/writing-a-fusion-rule.md): each joins the rule set its ``rule_set``
+    attribute names ("simplify", "fold", "fuse" or "o3"; default "fuse") and is tried *before*
+    that set's built-in rules, in the order given, so it can claim nodes a built-in rule would
+    rewrite; their applications are in ``rewrite_log`` and ``disabled_rules`` may name them.
+    The cache key includes them (names and source code).
 
     The module's ``report`` (``compiler.report.CompileReport``) says what the compiler did:
     ``graph`` (the optimised graph IR), ``kernels``, ``llvm_ir``, ``rewrite_log`` (the rule
@@ -55,7 +61,8 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     Raises ModelLoadError (not a valid ONNX model), UnsupportedModelError (unsupported ops, all
     listed with node names; dynamic shapes), CompileError (an internal failure, naming the pass
     or node; an unavailable target), ValueError (opt_level not 0..3, num_threads below 1, an
-    unknown rule name), TypeError (disabled_rules or input_shapes of the wrong kind).
+    unknown rule name, a rules= entry that is not a Rule or has a built-in rule's name),
+    TypeError (disabled_rules or input_shapes of the wrong kind).
 
     When shapes depend on the values of graph inputs (Reshape's shape, reduction axes ... given
     as inputs), the result is a ``compiler.specialize.SpecializingModule`` that compiles at its
@@ -63,7 +70,7 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     """
     opts = CompileOptions.create(target, opt_level, input_shapes=input_shapes, disabled_rules=disabled_rules,
                                  dump_ir=dump_ir, cache=cache, num_threads=num_threads,
-                                 max_memory=max_memory)
+                                 max_memory=max_memory, rules=rules)
     return compile_with(model, opts)
 
 
@@ -132,7 +139,7 @@ def _build(model: Any, options: CompileOptions):
     input_names = [v.name for v in graph.inputs]
     from tensorfuse.compiler.pipeline import dump_kernels, optimize
     opt = optimize(graph, options.opt_level, disabled_rules=options.disabled_rules, dump_ir=options.dump_ir,
-                   target=tgt)
+                   target=tgt, rules=options.rules)
     lowered = lower_graph(graph, tgt)
     m = build_module(lowered, graph, input_names, output_names, tgt, options=options, log=opt.log,
                      passes=opt.passes)

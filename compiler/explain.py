@@ -48,55 +48,166 @@ class Explanation(list):
         return {r.node: r.reason for r in self}
 
 
-def _rule(rule: Any) -> Rule:
+def _rule(rule: Any, rules: tuple = ()) -> Rule:
     if isinstance(rule, Rule):
         return rule
     if isinstance(rule, type) and issubclass(rule, Rule):
         return rule()
     if isinstance(rule, str):
         from tensorfuse.compiler.pipeline import all_rules
-        rules = all_rules()
-        if rule not in rules:
-            raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(rules)}")
-        return _rule(rules[rule])
+        known = all_rules(rules)
+        if rule not in known:
+            raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(known)} (a rule under test is "
+                             f"given as a class, or with rules=[...])")
+        return _rule(known[rule])
     raise TypeError(f"rule must be a Rule class, instance or name, got {rule!r}")
 
 
-def _graph_for(model_or_graph: Any, rule: Rule, opt_level: int, input_shapes) -> Graph:
-    """The graph as the rule sees it: for a model, imported and run through the passes of
-    ``opt_level`` that come before the pass holding the rule."""
-    if isinstance(model_or_graph, Graph):
-        return model_or_graph
-    from tensorfuse.compiler.frontend.onnx import import_onnx
-    from tensorfuse.compiler.pipeline import _Dumper, _run, PipelineResult, build_passes
-    g = import_onnx(model_or_graph, input_shapes=input_shapes)
-    res = PipelineResult(opt_level)
-    for name, p in build_passes(opt_level):
+def _with_rule(rule: Any, rules) -> tuple:
+    """The rules under test of an ``explain``: ``rules``, and ``rule`` too when it is a Rule
+    class or instance that is neither built in nor among them (it is then a rule under test)."""
+    from tensorfuse.compiler.pipeline import all_rules, rules_under_test
+    rules = rules_under_test(rules)
+    if isinstance(rule, str):
+        return rules
+    r = _rule(rule)
+    known = all_rules(rules)
+    if r.name not in known:
+        return rules_under_test(list(rules) + [rule])
+    return rules
+
+
+def _pass_of(passes, rule: Rule):
+    """The index of the pass (or cleanup group) of ``passes`` that runs ``rule``, or None."""
+    for i, (name, p) in enumerate(passes):
         members = p if isinstance(p, list) else [(name, p)]
         if any(rule.name in {r.name for r in getattr(q, "rules", ())} for _, q in members):
+            return i
+    return None
+
+
+def _run_pass(name: str, p, g: Graph, res) -> None:
+    from tensorfuse.compiler.pipeline import CLEANUP_ROUNDS, _Dumper, _run
+    members = p if isinstance(p, list) else [(name, p)]
+    for _ in range(CLEANUP_ROUNDS if isinstance(p, list) else 1):
+        if not any([_run(n, q, g, res, False, _Dumper(None)) for n, q in members]):
             break
-        for _ in range(4 if isinstance(p, list) else 1):
-            if not any([_run(n, q, g, res, False, _Dumper(None)) for n, q in members]):
-                break
-    return g
+
+
+def _why_not_running(rule: Rule, opt_level: int, disabled: set) -> str:
+    if rule.name in disabled:
+        return "disabled_rules switches it off"
+    if getattr(rule, "numerics_changing", False) and opt_level < 3:
+        return "it changes numerics, so it runs only at O3"
+    return f"its rule set does not run at O{opt_level}"
 
 
 def explain(model_or_graph: Any, rule: Any, node: "str | Node | None" = None, *, opt_level: int = 2,
-            input_shapes: dict | None = None, quiet: bool = False) -> Explanation:
+            input_shapes: dict | None = None, disabled_rules=(), rules=(), quiet: bool = False) -> Explanation:
     """Why ``rule`` does or does not apply at each candidate node (or only at ``node``).
 
-    model_or_graph: an ``ir.Graph`` (used as is), or an ONNX model (path, bytes, ModelProto),
-    which is imported and optimised at ``opt_level`` up to the pass that runs the rule.
-    rule: a Rule class, instance or name. Returns the records as an :class:`Explanation`
-    (whose ``str``/``repr`` is the report); prints nothing (``quiet`` is accepted for old
-    callers and has no effect). Nothing in the given graph is changed: a rule whose pattern
-    matches is tried (condition and rewrite) on a copy. :func:`explain_report` covers every
-    rule of the pipeline and the fused groups.
+    model_or_graph: an ``ir.Graph``, on which the rule is tried as it is (nothing is changed:
+    a rule whose pattern matches is tried, condition and rewrite, on a copy); or an ONNX model
+    (path, bytes, ModelProto), which goes through the pipeline of ``opt_level`` as
+    ``tensorfuse.compile(model, opt_level=..., disabled_rules=..., rules=...)`` runs it, up to
+    and including the pass that runs the rule, so what it says matches the compile's
+    ``rewrite_log``: every application of the rule in that pass (also on nodes another rule
+    made in the same pass), and for every other candidate the first thing that failed,
+    on the graph the pass left (or, for a node that is gone, when the pass began; a node
+    another rule rewrote first says which). A rule that does not run at this level (disabled,
+    O3 only) is tried on the graph the rule passes leave (before layout and fuse_ops), and
+    each record says so.
 
-    Raises ValueError for an unknown rule name or a node name not in the graph.
+    rule: a Rule class, instance or name. A class or instance that is not built in is a rule
+    under test: it joins ``rules``. rules: rules under test, as for ``tensorfuse.compile``
+    (each tried before the built-in rules of its set). Returns the records as an
+    :class:`Explanation` (whose ``str``/``repr`` is the report), in graph order; prints nothing
+    (``quiet`` is accepted for old callers and has no effect).
+
+    Raises ValueError for an unknown rule name, a bad rule under test, or a node name not in
+    the graph.
     """
-    r = _rule(rule)
-    g = _graph_for(model_or_graph, r, opt_level, input_shapes)
+    rules = _with_rule(rule, rules)
+    r = _rule(rule, rules)
+    if isinstance(model_or_graph, Graph):
+        return _explain_on(model_or_graph, r, node)
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.options import rule_names
+    from tensorfuse.compiler.pipeline import PipelineResult, build_passes
+    g = import_onnx(model_or_graph, input_shapes=input_shapes)
+    res = PipelineResult(opt_level)
+    passes = build_passes(opt_level, disabled_rules=disabled_rules, log=res.log, rules=rules, verify=False)
+    at = _pass_of(passes, r)
+    if at is None:         # the rule does not run: try it on what the rule passes leave
+        for name, p in passes:
+            if name in ("layout", "fuse_ops"):
+                break
+            _run_pass(name, p, g, res)
+        why = _why_not_running(r, opt_level, set(rule_names(disabled_rules)))
+        out = Explanation()
+        for rec in _explain_on(g, r, node):
+            rec.reason = (f"{r.name} does not run at O{opt_level} ({why}); here "
+                          + (f"it would apply to {', '.join(rec.nodes)}" if rec.matched else rec.reason))
+            rec.matched = False
+            out.append(rec)
+        return out
+    for name, p in passes[:at]:
+        _run_pass(name, p, g, res)
+    ops = r.root_ops()
+    before = {n.name: n.qualified_op for n in g.nodes}
+    before_why = {rec.node: rec for rec in _explain_on(g, r, None, trial=False)}
+    order = [n.name for n in g.nodes]
+    start = len(res.log)
+    _run_pass(*passes[at], g, res)
+    apps = [a for a in res.log[start:] if a.rule == r.name]
+    now = {rec.node: rec for rec in _explain_on(g, r, None)}
+    now_order = [n.name for n in g.nodes]
+    out = Explanation()
+    done: set[str] = set()
+    app_roots = {a.root: a for a in apps}
+
+    def applied(a) -> ExplainRecord:
+        return ExplainRecord(r.name, a.root, a.root_op, True, None, list(a.nodes))
+
+    for name in order:                     # the candidates as the pass found them, in graph order
+        if name in app_roots:
+            out.append(applied(app_roots[name]))
+        elif name in now:
+            out.append(now[name])
+        elif name in before_why:
+            rec = before_why[name]
+            if not rec.matched:
+                out.append(rec)
+            else:
+                by = next((a for a in res.log[start:] if name in a.nodes), None)
+                what = f"{by.rule} rewrote it first ({by})" if by is not None else "another rule removed it first"
+                out.append(ExplainRecord(r.name, name, before[name], False,
+                                         f"{name}: the rule matched when pass {passes[at][0]} began, but {what}"))
+        else:
+            continue
+        done.add(name)
+    for a in apps:                          # roots another rule made during the pass
+        if a.root not in done:
+            out.append(applied(a))
+            done.add(a.root)
+    out.extend(now[n] for n in now_order if n in now and n not in done)
+    if node is not None:
+        name = node.name if isinstance(node, Node) else node
+        known = set(before) | set(now_order) | {x for a in res.log for x in a.nodes + a.created}
+        if name not in known:
+            raise ValueError(f"graph {g.name} has no node named {name!r}")
+        picked = [rec for rec in out if rec.node == name or name in rec.nodes]
+        if not picked:
+            op = before.get(name) or next((n.qualified_op for n in g.nodes if n.name == name), "?")
+            picked = [ExplainRecord(r.name, name, op, False,
+                                    f"{name} is {op}; the pattern's root is {' or '.join(sorted(ops or ()))}")]
+        out = Explanation(picked)
+    return out
+
+
+def _explain_on(g: Graph, r: Rule, node: "str | Node | None", trial: bool = True) -> Explanation:
+    """The records of ``r`` on ``g`` as it is (see :func:`explain`); ``trial``: also try the
+    rewrite of a rule that matches (on a copy)."""
     ops = r.root_ops()
     if node is not None:
         name = node.name if isinstance(node, Node) else node
@@ -114,7 +225,7 @@ def explain(model_or_graph: Any, rule: Any, node: "str | Node | None" = None, *,
                                      f"{' or '.join(sorted(ops))}"))
             continue
         res = try_rule(g, r, n, apply=False)
-        if isinstance(res, Application):
+        if isinstance(res, Application) and trial:
             res = _trial(g, r, n.name)      # the rewrite itself may still refuse
         if isinstance(res, Application):
             out.append(ExplainRecord(r.name, n.name, n.qualified_op, True, None, res.nodes))
@@ -333,7 +444,8 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
 
     model: a path, bytes or ``onnx.ModelProto``. rule / node: keep only the entries of that
     rule / of that (ONNX or IR) node name. input_shapes, disabled_rules: as for
-    ``tensorfuse.compile``; rules: extra Rule classes (``compiler.pipeline.extra_rules``).
+    ``tensorfuse.compile``; rules: rules under test, as for ``tensorfuse.compile`` (each tried
+    before the built-in rules of its set).
     Returns a :class:`FusionReport` (``str``/``repr`` is the text); prints nothing; the
     model is imported and optimised here, nothing is compiled to code. Raises ModelLoadError /
     UnsupportedModelError as ``compile`` does, ValueError for an unknown rule name or level.
@@ -344,19 +456,19 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
     from tensorfuse.compiler.passes.fuse_ops import FuseOps, _is_anchor, _Planner, fuse_ops
     from tensorfuse.ir.registry import find_op
     from tensorfuse.compiler.pipeline import CLEANUP_ROUNDS, PipelineResult, _Dumper, _run, all_rules, \
-        build_passes, extra_rules
+        build_passes, rules_under_test
     from tensorfuse.compiler.rewrite import RewritePass
     from tensorfuse.runtime.profile import trace_sources
 
-    with extra_rules(list(rules)):
-        known = all_rules()
-        if rule is not None and rule not in known and rule != "fuse_ops":
-            raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(known) + ['fuse_ops']}")
-        proto = load_model(model)
-        label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model")
-        g = import_onnx(proto, input_shapes=input_shapes)
-        res = PipelineResult(opt_level)
-        passes = build_passes(opt_level, disabled_rules=disabled_rules, log=res.log)
+    rules = rules_under_test(rules)
+    known = all_rules(rules)
+    if rule is not None and rule not in known and rule != "fuse_ops":
+        raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(known) + ['fuse_ops']}")
+    proto = load_model(model)
+    label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model")
+    g = import_onnx(proto, input_shapes=input_shapes)
+    res = PipelineResult(opt_level)
+    passes = build_passes(opt_level, disabled_rules=disabled_rules, log=res.log, rules=rules)
     onnx_ops = {n.name: n.op_type for n in proto.graph.node}
     if node is not None and node not in onnx_ops and node not in {n.name for n in g.nodes}:
         some = ", ".join(list(onnx_ops)[:5])

@@ -59,7 +59,9 @@ class CompileOptions:
     ``input_shapes``: ``((input name, shape), ...)`` sorted by name, or None;
     ``disabled_rules``: sorted rule names; ``dump_ir``: a folder or None; ``cache``: use the
     compile cache; ``num_threads``: the requested thread count (None: the default);
-    ``max_memory``: the resolved memory cap in bytes (``compiler.limits.resolve_max_memory``).
+    ``max_memory``: the resolved memory cap in bytes (``compiler.limits.resolve_max_memory``);
+    ``rules``: the rules under test, a tuple of Rule classes or instances in the order given
+    (``compiler.pipeline.rules_under_test``), each tried before the built-in rules of its set.
     """
 
     target: str = "llvm"
@@ -70,18 +72,21 @@ class CompileOptions:
     cache: bool = True
     num_threads: int | None = field(default=None, compare=False)
     max_memory: int | None = None
+    rules: tuple = ()
 
     @classmethod
     def create(cls, target: str = "llvm", opt_level: int = 2, *, input_shapes=None, disabled_rules=(),
                dump_ir=None, cache: bool = True, num_threads: int | None = None,
-               max_memory: int | str | None = None) -> "CompileOptions":
-        """Check and normalise. Raises ValueError (opt_level not 0..3, a bad shape),
+               max_memory: int | str | None = None, rules=()) -> "CompileOptions":
+        """Check and normalise. Raises ValueError (opt_level not 0..3, a bad shape, a bad rule
+        under test),
         TypeError (disabled_rules or input_shapes of the wrong kind), CompileError (a target
         that does not parse or is not available)."""
         import os
 
         from tensorfuse.compiler.errors import CompileError
         from tensorfuse.compiler.limits import resolve_max_memory
+        from tensorfuse.compiler.pipeline import rules_under_test
         from tensorfuse.compiler.target import Target
         if isinstance(opt_level, bool) or opt_level not in (0, 1, 2, 3):
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
@@ -93,7 +98,7 @@ class CompileOptions:
                 raise CompileError(f"target 'cuda' is not available here: {reason}")
         return cls(str(tgt), int(opt_level), _shapes(input_shapes), rule_names(disabled_rules),
                    None if dump_ir is None else os.fspath(dump_ir), bool(cache), num_threads,
-                   resolve_max_memory(max_memory))
+                   resolve_max_memory(max_memory), rules_under_test(rules))
 
     @property
     def input_shapes_dict(self) -> dict[str, tuple[int, ...]] | None:
@@ -103,14 +108,16 @@ class CompileOptions:
         """The keyword arguments of ``tensorfuse.compile`` (but ``target``) these options stand for."""
         return {"opt_level": self.opt_level, "input_shapes": self.input_shapes_dict,
                 "disabled_rules": self.disabled_rules, "dump_ir": self.dump_ir, "cache": self.cache,
-                "num_threads": self.num_threads, "max_memory": self.max_memory}
+                "num_threads": self.num_threads, "max_memory": self.max_memory, "rules": self.rules}
 
     def key_options(self) -> dict[str, Any]:
-        """The options part of the cache key: every option but :data:`NOT_IN_KEY`, as JSON values."""
+        """The options part of the cache key: every option but :data:`NOT_IN_KEY`, as JSON values
+        (the rules under test by name here; their code is in the key's pipeline part)."""
         return {"opt_level": self.opt_level,
                 "input_shapes": None if self.input_shapes is None else {k: list(v) for k, v in self.input_shapes},
                 "disabled_rules": list(self.disabled_rules), "dump_ir": self.dump_ir,
-                "max_memory": self.max_memory}
+                "max_memory": self.max_memory,
+                "rules": [r.__name__ if isinstance(r, type) else r.name for r in self.rules]}
 
     def key(self, model: Any) -> dict:
         """The compile cache key of compiling ``model`` with these options (:func:`cache_key`)."""
@@ -137,5 +144,5 @@ def cache_key(model: Any, options: CompileOptions) -> dict:
     from tensorfuse.compiler.pipeline import pipeline_digest
     return {"model": rc.model_digest(model), "target": target_part(options.target),
             "options": rc.canon(options.key_options()),
-            "pipeline": pipeline_digest(options.opt_level, options.disabled_rules),
+            "pipeline": pipeline_digest(options.opt_level, options.disabled_rules, rules=options.rules),
             "version": rc.version_part()}

@@ -22,12 +22,10 @@ naming the pass.
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from tensorfuse.compiler.errors import CompileError
 from tensorfuse.compiler.passes import PassError, eliminate_common_subexpressions, eliminate_dead_nodes, fold_constants
@@ -83,24 +81,64 @@ class PipelineResult:
         return "\n".join(lines)
 
 
-#: rules added in this context (``extra_rules``): {rule set name: [rules]}
-_EXTRA: contextvars.ContextVar = contextvars.ContextVar("tensorfuse_extra_rules", default=None)
 RULE_SET_NAMES = ("simplify", "fold", "fuse", "o3")
 
 
-def rule_sets() -> dict[str, list]:
-    """Every rule set by name (their classes, in order), with the rules of :func:`extra_rules`
-    in front of their set."""
-    from tensorfuse.compiler import rules
-    sets = {"simplify": list(SIMPLIFY_RULES), "fold": list(rules.FOLD_RULES),
-            "fuse": list(rules.FUSE_RULES), "o3": list(rules.O3_RULES)}
-    for name, extra in (_EXTRA.get() or {}).items():
-        sets[name] = list(extra) + sets[name]
+def _rule_name(r) -> str:
+    return r.__name__ if isinstance(r, type) else r.name
+
+
+def rules_under_test(rules: Iterable | None) -> tuple:
+    """``rules`` (the ``rules=`` option of ``tensorfuse.compile``, ``explain``, ``verify``,
+    ``testing.check_rule``; the command line's ``--rules``) checked, as a tuple in the given
+    order. Each is a :class:`~compiler.rewrite.Rule` subclass or instance; it joins the rule
+    set its ``rule_set`` attribute names (:func:`rule_set_of`) *in front of* that set's
+    built-in rules. Raises ValueError for something that is not a rule, a bad ``rule_set``, a
+    name that a built-in rule (or another rule given) has already."""
+    from tensorfuse.compiler.rewrite import Rule
+    if rules is None:
+        return ()
+    if isinstance(rules, (type, Rule)):
+        rules = [rules]
+    out: list = []
+    names: set[str] = set()
+    builtin = None
+    for r in rules:
+        if not ((isinstance(r, type) and issubclass(r, Rule) and r.pattern is not None) or isinstance(r, Rule)):
+            raise ValueError(f"rules= takes Rule classes or instances (tensorfuse.compiler.rewrite.Rule), got {r!r}")
+        name = _rule_name(r)
+        rule_set_of(r)
+        if builtin is None:
+            builtin = all_rules()
+        if name in builtin:
+            if builtin[name] is r:
+                raise ValueError(f"rule {name!r} is a built-in rule and runs already; rules= is for rules under "
+                                 f"test (disabled_rules switches a built-in one off)")
+            raise ValueError(f"rule {name!r} has the name of a built-in rule; rename it")
+        if name in names:
+            raise ValueError(f"rule {name!r} is given twice in rules=")
+        names.add(name)
+        out.append(r)
+    return tuple(out)
+
+
+def rule_sets(rules: Iterable = ()) -> dict[str, list]:
+    """Every rule set by name (their classes, in order): the built-in ones
+    (``compiler.rules``, ``SIMPLIFY_RULES``) with the rules under test (``rules``, see
+    :func:`rules_under_test`) in front of their set, in the order given."""
+    from tensorfuse.compiler import rules as builtin
+    sets = {"simplify": list(SIMPLIFY_RULES), "fold": list(builtin.FOLD_RULES),
+            "fuse": list(builtin.FUSE_RULES), "o3": list(builtin.O3_RULES)}
+    added: dict[str, list] = {}
+    for r in rules or ():
+        added.setdefault(rule_set_of(r), []).append(r)
+    for name, extra in added.items():
+        sets[name] = extra + sets[name]
     return sets
 
 
 def rule_set_of(rule) -> str:
-    """The set an added rule joins: its ``rule_set`` class attribute (one of
+    """The set a rule under test joins: its ``rule_set`` class attribute (one of
     ``RULE_SET_NAMES``), default "fuse"; "o3" for a ``numerics_changing`` rule."""
     default = "o3" if getattr(rule, "numerics_changing", False) else "fuse"
     name = getattr(rule, "rule_set", default)
@@ -110,36 +148,10 @@ def rule_set_of(rule) -> str:
     return name
 
 
-@contextlib.contextmanager
-def extra_rules(rules: Iterable) -> Iterator[None]:
-    """Compile with more rules inside this context: each joins the rule set named by its
-    ``rule_set`` attribute ("simplify", "fold", "fuse" or "o3"; default "fuse") and is tried
-    *before* that set's built-in rules, so a researcher's variant of a built-in rule wins where
-    both match. The compile cache does not know about them: compile with ``cache=False``
-    inside (the ``tensorfuse`` command line does so for ``--rules``). Raises ValueError for a
-    bad rule_set or a name that clashes with a built-in rule."""
-    from tensorfuse.compiler.rewrite import Rule
-    rules = list(rules)
-    known = all_rules()
-    added: dict[str, list] = {}
-    for r in rules:
-        if not ((isinstance(r, type) and issubclass(r, Rule)) or isinstance(r, Rule)):
-            raise ValueError(f"extra_rules takes Rule classes or instances, got {r!r}")
-        name = r.__name__ if isinstance(r, type) else r.name
-        if name in known:
-            raise ValueError(f"rule {name!r} has the name of a rule the pipeline has already; rename it")
-        added.setdefault(rule_set_of(r), []).append(r)
-    current = _EXTRA.get() or {}
-    token = _EXTRA.set({k: added.get(k, []) + current.get(k, []) for k in set(added) | set(current)})
-    try:
-        yield
-    finally:
-        _EXTRA.reset(token)
-
-
-def all_rules() -> dict[str, type]:
-    """Rule name -> rule class, over every rule set."""
-    return {(r.__name__ if isinstance(r, type) else r.name): r for rs in rule_sets().values() for r in rs}
+def all_rules(rules: Iterable = ()) -> dict[str, type]:
+    """Rule name -> rule class (or instance), over every rule set, with the rules under test
+    ``rules``."""
+    return {_rule_name(r): r for rs in rule_sets(rules).values() for r in rs}
 
 
 def _select(rules: Iterable, level: int, disabled: set[str]) -> list:
@@ -172,23 +184,28 @@ def resolve_layout(target=None, layout: str | None = None) -> str:
 
 def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log: list | None = None,
                  fold_max_bytes: int = MAX_FOLD_BYTES,
-                 verify: bool | None = None, layout: str = "NCHW") -> list[tuple[str, Callable[[Graph], bool]]]:
+                 verify: bool | None = None, layout: str = "NCHW",
+                 rules: Iterable = ()) -> list[tuple[str, Callable[[Graph], bool]]]:
     """The named pass list of an optimisation level. A ``("cleanup", [...])`` entry is a group
     run to a fixed point. ``disabled_rules`` names rules, or passes of ``SWITCHABLE_PASSES``
     ("fuse_ops"), to leave out: one name (a string) or a list of names. ``verify``: the rewrite
     passes check the node order after each rule application (None: in debug mode). ``layout``
     "NHWC" adds the layout pass (a ``compiler.passes.layout.LayoutPass``) at O1 and above,
-    before ``fuse_ops``. Raises ValueError for an unknown level, rule name or layout."""
+    before ``fuse_ops``. ``rules``: rules under test (:func:`rules_under_test`), each tried
+    before the built-in rules of its set. Raises ValueError for an unknown level, rule name or
+    layout, or a bad rule under test."""
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
     layout = resolve_layout(None, layout)
     from tensorfuse.compiler.options import rule_names
     disabled = set(rule_names(disabled_rules))      # one name, or several
-    unknown = disabled - set(all_rules()) - set(SWITCHABLE_PASSES)
+    rules = rules_under_test(rules)
+    known = all_rules(rules)
+    unknown = disabled - set(known) - set(SWITCHABLE_PASSES)
     if unknown:
-        raise ValueError(f"disabled_rules names unknown rules {sorted(unknown)}; known: {sorted(all_rules())}")
+        raise ValueError(f"disabled_rules names unknown rules {sorted(unknown)}; known: {sorted(known)}")
     log = log if log is not None else []
-    sets = rule_sets()
+    sets = rule_sets(rules)
 
     def fold(g: Graph) -> bool:
         return fold_constants(g, fold_max_bytes)
@@ -217,7 +234,8 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
     return passes
 
 
-def pipeline_digest(opt_level: int = 2, disabled_rules: Iterable[str] = (), layout: str = "NCHW") -> str:
+def pipeline_digest(opt_level: int = 2, disabled_rules: Iterable[str] = (), layout: str = "NCHW",
+                    rules: Iterable = ()) -> str:
     """SHA-256 over the passes and rules that :func:`build_passes` selects for this level: each
     one's name, qualified name and source code (``inspect.getsource``; for a function, also the
     functions and classes it reads from its globals, so a pass monkeypatched in changes it too;
@@ -226,11 +244,12 @@ def pipeline_digest(opt_level: int = 2, disabled_rules: Iterable[str] = (), layo
     plain values its methods close over). tensorfuse's own code counts by name: its files are
     in the key's version part. Code whose source cannot be read (typed at
     the interactive prompt) is hashed by its bytecode and constants. The compile cache's key
-    includes it (``runtime.cache``), so ``FUSE_RULES.append(MyRule)``, a rule edited in a
-    notebook, or a replaced pass never gets machine code the old pipeline made."""
+    includes it (``runtime.cache``), so a rule under test (``rules``, in the order given), a
+    rule edited in a notebook, ``FUSE_RULES.append(MyRule)`` or a replaced pass never gets
+    machine code the old pipeline made."""
     import hashlib
     h = hashlib.sha256()
-    for name, p in build_passes(opt_level, disabled_rules=disabled_rules, verify=False, layout=layout):
+    for name, p in build_passes(opt_level, disabled_rules=disabled_rules, verify=False, layout=layout, rules=rules):
         h.update(f"pass {name}\0".encode())
         for sub_name, q in (p if isinstance(p, list) else [(name, p)]):
             h.update(f"{sub_name}\0".encode())
@@ -315,7 +334,8 @@ def _verify_default() -> bool:
 
 def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] = (),
              dump_ir: str | os.PathLike | None = None, verify: bool | None = None,
-             fold_max_bytes: int = MAX_FOLD_BYTES, target=None, layout: str | None = None) -> PipelineResult:
+             fold_max_bytes: int = MAX_FOLD_BYTES, target=None, layout: str | None = None,
+             rules: Iterable = ()) -> PipelineResult:
     """Run the level's passes on ``graph`` in place; returns the PipelineResult.
 
     ``target`` (None, a target string or a ``compiler.target.Target``) chooses the layout: a
@@ -324,6 +344,9 @@ def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] 
     off. With the pass, ``result.layout_report`` is its ``LayoutReport`` (also written to
     ``DIR/layout.txt`` with ``dump_ir``).
 
+    ``rules``: rules under test (:func:`rules_under_test`), each tried before the built-in
+    rules of its set; their applications are in ``result.log`` like the others.
+
     ``dump_ir=DIR`` writes ``DIR/00-import.txt``, then ``DIR/NN-<pass>.txt`` after every pass
     that changed the graph, and ``DIR/rewrite_log.txt`` and ``DIR/passes.txt`` at the end.
     Raises CompileError naming the pass (and node) when a pass fails or leaves an invalid graph.
@@ -331,7 +354,8 @@ def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] 
     result = PipelineResult(opt_level)
     verify = _verify_default() if verify is None else verify
     passes = build_passes(opt_level, disabled_rules=disabled_rules, log=result.log,
-                          fold_max_bytes=fold_max_bytes, verify=verify, layout=resolve_layout(target, layout))
+                          fold_max_bytes=fold_max_bytes, verify=verify, layout=resolve_layout(target, layout),
+                          rules=rules)
     dumper = _Dumper(dump_ir)
     dumper.write("import", graph)
     for name, p in passes:

@@ -112,12 +112,16 @@ class Rule:
 class Application:
     """One rule application: the rule's name, the matched nodes, the nodes it created and
     ``values``: {name of each replaced value: name of its replacement}, which lets tools
-    (``tensorfuse.verify``) find a rewritten value's ONNX name."""
+    (``tensorfuse.verify``) find a rewritten value's ONNX name. ``root`` / ``root_op``: the
+    node the pattern matched at (its name and op, as they were then: ``tensorfuse.explain``
+    reports the application there); empty for applications not made by a rule pattern."""
 
     rule: str
     nodes: list[str]
     created: list[str] = field(default_factory=list)
     values: dict[str, str] = field(default_factory=dict)
+    root: str = field(default="", compare=False)
+    root_op: str = field(default="", compare=False)
 
     def __str__(self) -> str:
         made = f" -> {', '.join(self.created)}" if self.created else ""
@@ -143,11 +147,12 @@ def try_rule(graph: Graph, rule: Rule, node: Node, ctx: _Ctx | None = None,
     if not ok:
         return ok if isinstance(ok, Fail) else Fail(f"{node.name}: the condition of {rule.name} does not hold")
     if not apply:
-        return Application(rule.name, [n.name for n in m.nodes])
+        return Application(rule.name, [n.name for n in m.nodes], root=node.name, root_op=node.qualified_op)
     return _apply(graph, rule, m, node)
 
 
 def _apply(graph: Graph, rule: Rule, m: Match, node: Node) -> "Application | Fail":
+    root, root_op = node.name, node.qualified_op       # _adopt_names may give the node's name away
     n_nodes = len(graph.nodes)
     consts_before = set(graph.constants)
     build = Builder(graph)
@@ -203,7 +208,8 @@ def _apply(graph: Graph, rule: Rule, m: Match, node: Node) -> "Application | Fai
     _drop_unused_captured_constants(graph, m)
     _adopt_names(graph, m, created, mapping, build)
     return Application(rule.name, [n.name for n in m.nodes], [n.name for n in created],
-                       {old.name: new.name for old, new in mapping.items() if old is not new})
+                       {old.name: new.name for old, new in mapping.items() if old is not new},
+                       root=root, root_op=root_op)
 
 
 def _insertion_point(graph: Graph, created: list[Node], pos: dict, m: Match, mapping: dict) -> int:

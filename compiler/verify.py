@@ -197,6 +197,14 @@ class VerifyResult:
     #: the target compiled for, and whether the inputs were given (the seed then plays no part)
     target: str = "llvm"
     inputs_given: bool = False
+    #: the rules under test (``rules=``) and how many times each was applied at ``opt_level``
+    rule_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rules_not_fired(self) -> list[str]:
+        """The rules under test that were never applied at ``opt_level``: a PASS says nothing
+        about them."""
+        return [r for r, n in self.rule_counts.items() if n == 0]
 
     @property
     def ok(self) -> bool:
@@ -213,6 +221,11 @@ class VerifyResult:
             lines.append(f"O{lvl}:")
             lines += [f"  {c}" for c in checks]
         lines.append(f"{self.applications} rule applications at O{self.opt_level}")
+        for r, n in self.rule_counts.items():
+            lines.append(f"rule under test {r}: applied {n} time{'' if n == 1 else 's'}")
+        for r in self.rules_not_fired:
+            lines.append(f"warning: rule under test {r} never fired at O{self.opt_level}, so this run did not "
+                         f"check it (tensorfuse explain MODEL --rules ... --rule {r} says why at each node)")
         if self.culprit is not None:
             lines.append(str(self.culprit))
             lines.append(f"  bisection: {len(self.bisect_steps)} compiles, "
@@ -382,9 +395,11 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
     model: a path, bytes or ``onnx.ModelProto``. opt_level: 1..3. rtol, atol: the tolerance
     (``|got - ref| <= atol + rtol * |ref|`` elementwise; defaults 1e-3 and 1e-4, float32 sums
     in a different order). inputs: {name: array}; default :func:`random_inputs` with ``seed``.
-    input_shapes, disabled_rules, target: as for ``tensorfuse.compile``. rules: extra Rule
-    classes compiled in (``compiler.pipeline.extra_rules``: a rule under test). bisect, groups:
-    switch the bisection and the group comparison off.
+    input_shapes, disabled_rules, target: as for ``tensorfuse.compile``. rules: rules under
+    test, as for ``tensorfuse.compile`` (each tried before the built-in rules of its set); the
+    result counts each one's applications (``rule_counts``) and its report warns about one
+    that never fired (``rules_not_fired``: the outputs then say nothing about it; ``ok`` is not
+    changed by it). bisect, groups: switch the bisection and the group comparison off.
 
     Returns a :class:`VerifyResult` (``str()`` is the report, ``.ok``, ``.culprit``,
     ``.first_bad_group``); prints nothing. Raises ModelLoadError / UnsupportedModelError /
@@ -394,7 +409,7 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
     from tensorfuse.compiler import progress
     from tensorfuse.compiler.driver import compile as tf_compile
     from tensorfuse.compiler.frontend.onnx import load_model
-    from tensorfuse.compiler.pipeline import extra_rules
+    from tensorfuse.compiler.pipeline import rules_under_test
     from tensorfuse.compiler.rewrite import application_limit
     from tensorfuse.runtime.profile import trace_sources
 
@@ -404,11 +419,12 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
         raise ValueError(f"rtol and atol must be >= 0, got rtol={rtol!r}, atol={atol!r}")
     proto = load_model(model)
     label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model")
-    rules = list(rules)
-    kw = dict(target=target, input_shapes=input_shapes, disabled_rules=list(disabled_rules))
+    rules = rules_under_test(rules)
+    kw = dict(target=target, input_shapes=input_shapes, disabled_rules=list(disabled_rules), rules=rules)
 
     def build(level: int, limit: int | None = None, cache: bool = True):
-        with extra_rules(rules), application_limit(limit):
+        # a rule under test is compiled afresh: its file may import helpers the cache key cannot see
+        with application_limit(limit):
             return tf_compile(proto, opt_level=level, cache=cache and not rules and limit is None, **kw)
 
     given = inputs is not None
@@ -434,7 +450,11 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
     ref, notes = _ort_values(proto, inputs, onnx_values if groups else [])
     res = VerifyResult(label, opt_level, rtol, atol, seed, _check_outputs(mod0, inputs, ref, rtol, atol),
                        _check_outputs(mod, inputs, ref, rtol, atol), len(log), notes=notes,
-                       target=str(target), inputs_given=given)
+                       target=str(target), inputs_given=given,
+                       rule_counts={(r.__name__ if isinstance(r, type) else r.name): 0 for r in rules})
+    for a in log:
+        if a.rule in res.rule_counts:
+            res.rule_counts[a.rule] += 1
     o0_ok = all(c.ok for c in res.o0)
     lvl_ok = all(c.ok for c in res.level)
     if not o0_ok:

@@ -1,12 +1,12 @@
 """tensorfuse.verify: outputs against onnxruntime, bisection to the rewrite that broke them, the
-first fused group that diverges; the hooks it uses (application_limit, extra_rules)."""
+first fused group that diverges; the hooks it uses (application_limit, rules under test)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import tensorfuse
-from tensorfuse.compiler.pipeline import extra_rules
+from tensorfuse.compiler.pipeline import rules_under_test
 from tensorfuse.compiler.rewrite import application_limit
 from tensorfuse.compiler.verify import LINEAR_WINDOW, compare
 from cli_util import bn_chain
@@ -46,17 +46,17 @@ def test_application_limit_reproduces_the_log_prefix():
             pass
 
 
-def test_extra_rules_checks():
-    with pytest.raises(ValueError, match="has the name of a rule"):
-        with extra_rules([tensorfuse.compiler.rules.fold_batchnorm.FoldBatchNormIntoConv]):
-            pass
+def test_rules_under_test_checks():
+    with pytest.raises(ValueError, match="is a built-in rule"):
+        rules_under_test([tensorfuse.compiler.rules.fold_batchnorm.FoldBatchNormIntoConv])
 
     class Bad(FoldBatchNormDropShift):
         """BatchNormalization(Conv) ==> Conv (test)."""
         rule_set = "nope"
     with pytest.raises(ValueError, match="rule_set must be one of"):
-        with extra_rules([Bad]):
-            pass
+        rules_under_test([Bad])
+    with pytest.raises(ValueError, match="rule_set must be one of"):
+        tensorfuse.verify(bn_chain(1), rules=[Bad])
 
 
 @pytest.mark.parametrize("n_biased", [1, 6])
