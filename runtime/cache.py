@@ -18,8 +18,9 @@ that a miss can be explained (``tensorfuse.cache_info``). The key is built in on
 - ``options``: every compile option but ``cache`` and ``num_threads`` (``opt_level``,
   ``input_shapes`` ...), canonicalised (dicts sorted, tuples as lists);
 - ``pipeline``: a digest of the passes and rules the compile runs, by name and source code
-  (``compiler.pipeline.pipeline_digest``), so a rule added to ``FUSE_RULES`` at run time (as the
-  tutorial does), edited in a notebook, or a pass replaced, never gets the old pipeline's code;
+  (``compiler.pipeline.pipeline_digest``), so a rule under test (``compile(..., rules=[...])``),
+  a rule added to ``FUSE_RULES`` at run time, edited in a notebook, or a pass replaced, never
+  gets the old pipeline's code;
 - ``version``: the tensorfuse version and a digest of tensorfuse's own source files, so a changed
   compiler never serves code an older one generated.
 
