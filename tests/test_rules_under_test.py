@@ -177,3 +177,23 @@ def test_the_cache_keys_the_rules_under_test(tmp_path, monkeypatch):
     assert again.cache_hit is True and _log(again) == _log(with_rule)
     info = tensorfuse.cache_info(hardswish_model(), rules=[ConvReluFirst])
     assert not info.hit
+
+
+def test_a_module_that_compiles_per_input_value_keeps_the_rules_under_test():
+    """A model whose shapes depend on an input's values compiles at its first run: with the
+    rules under test of the compile call."""
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+             helper.make_node("HardSigmoid", ["r"], ["h"], name="hsig", alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["r", "h"], ["y"], name="mul")]
+    g = helper.make_graph(nodes, "spec", [helper.make_tensor_value_info("x", f, [2, 6]),
+                                          helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                          [helper.make_tensor_value_info("y", f, ["a", "b"])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    smod = tensorfuse.compile(model, rules=[FuseHardSwish], cache=False)
+    x = np.linspace(-4, 4, 12, dtype=np.float32).reshape(2, 6)
+    shape = np.array([3, 4], np.int64)
+    mod, _ = smod.module_for(x=x, shape=shape)
+    assert [a.rule for a in mod.rewrite_log] == ["FuseHardSwish"]
+    np.testing.assert_allclose(smod.run(x=x, shape=shape)[0], ort_run(model, {"x": x, "shape": shape})[0],
+                               rtol=1e-6, atol=1e-6)
