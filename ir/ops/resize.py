@@ -11,8 +11,9 @@ weights filter((tap - x) * scale) normalised to sum 1 (indices edge-clamped, or 
 resized axis of the product of the weights times the input element. With tf_crop_and_resize, a
 source coordinate outside [0, in-1] on any axis yields ``extrapolation_value``.
 
-Coordinates and weights are computed in float32 with the operation order onnxruntime uses, so
-nearest rounding ties resolve the same way; values accumulate in float32 (float64 for float64
+Coordinates and weights are computed in float32 with the operation order onnxruntime uses,
+except nearest mode on an axis resized to ``sizes``, whose coordinate is exact where a rounding
+tie is concerned (:func:`nearest_coord`, the spec's scale out/in); values accumulate in float32 (float64 for float64
 data). Integer outputs are truncated toward zero and saturated (as onnxruntime does; with antialias
 they are rounded half to even, as onnx.reference does -- onnxruntime's fixed-point antialias
 path for integers rounds after each axis and can differ by 1). The same per-axis functions
@@ -50,6 +51,8 @@ class AxisPlan:
     out_len: int
     scale: float          # float32 value
     roi: tuple[float, float]
+    #: the exact scale out/in as integers when it comes from ``sizes`` (stretch policy), else None
+    ratio: tuple[int, int] | None = None
 
 
 @dataclass
@@ -105,6 +108,7 @@ def resize_plan(node, shape, roi, scales, sizes) -> ResizePlan:
         raise ShapeError("coordinate_transformation_mode tf_crop_and_resize needs the roi input")
     out = list(shape)
     scl = [F32(1.0)] * r
+    exact: dict[int, tuple[int, int]] = {}
     if has_scales:
         sv = np.asarray(scales, dtype=np.float32).ravel()
         if len(sv) != n:
@@ -127,6 +131,7 @@ def resize_plan(node, shape, roi, scales, sizes) -> ResizePlan:
         if policy == "stretch":
             for a, s, q in zip(axes, sz, ratios):
                 scl[a], out[a] = q, s
+                exact[a] = (s, shape[a])
         else:
             q = min(ratios) if policy == "not_larger" else max(ratios)
             for a in axes:
@@ -140,7 +145,7 @@ def resize_plan(node, shape, roi, scales, sizes) -> ResizePlan:
             continue
         if shape[a] == 0 and out[a] > 0:
             raise ShapeError(f"cannot resize the empty axis {a} to {out[a]}")
-        plans.append(AxisPlan(a, shape[a], out[a], float(scl[a]), (rlo, rhi)))
+        plans.append(AxisPlan(a, shape[a], out[a], float(scl[a]), (rlo, rhi), exact.get(a)))
     return ResizePlan(tuple(out), plans, mode, coord, nearest, float(node.attr("cubic_coeff_a", -0.75)),
                       bool(node.attr("exclude_outside", 0)), float(node.attr("extrapolation_value", 0.0)),
                       bool(antialias))
@@ -264,6 +269,39 @@ def source_coord(m, y, ax: AxisPlan, coord: str):
     raise ShapeError(f"unknown coordinate_transformation_mode {coord!r}")
 
 
+def nearest_coord(m, y, ax: AxisPlan, coord: str):
+    """Source coordinate (float64) of output index ``y`` for nearest mode on an axis resized to
+    ``sizes`` (``ax.ratio`` set), by the spec's formula (ONNX Resize-19: x_original = x_resized /
+    scale ..., scale = length_resized / length_original) in exact arithmetic as far as rounding
+    can tell: x = y * in / out is one correctly rounded float64 division of integers ((2y+1) * in
+    over 2 * out for the half-pixel modes), so a coordinate that is exactly a tie (3.5) or an
+    integer is exactly that, and one that is not never rounds onto it (the denominator is under
+    2**31). A float32 quotient by the rounded float32 scale moved ties either way (issue 24 item 7:
+    7 -> 8 rows, row 4: 4 / float32(8/7) is 3.4999998, the spec's 3.5 rounds up with
+    round_prefer_ceil, as onnxruntime and onnx.reference do). Over every mode, nearest_mode and
+    size pair up to 15 -> 32 where onnxruntime and onnx.reference agree, this agrees with both;
+    the float32 quotient missed 33 of them.
+
+    With a float32 ``scales`` input the kernel keeps :func:`source_coord` (float32, as onnxruntime
+    computes it): the scale is then exact and the float32 quotient agreed with both oracles
+    wherever they agree (and with onnxruntime more often where they do not)."""
+    yd = m.d(y)
+    L, O = ax.in_len, ax.out_len
+    num, den = ax.ratio[1], ax.ratio[0]            # in / out: the reciprocal of the exact scale
+    if coord == "align_corners":
+        return yd * m.cd(L - 1) / m.cd(O - 1) if O > 1 else yd * m.cd(0.0)
+    if coord == "pytorch_half_pixel" and O <= 1:
+        return yd * m.cd(0.0)     # onnxruntime's 0 (onnx.reference's -0.5 takes the same index 0)
+    if coord == "asymmetric":
+        return (yd * m.cd(num)) / m.cd(den)
+    x = ((yd * m.cd(2.0) + m.cd(1.0)) * m.cd(num)) / m.cd(2 * den)
+    if coord == "tf_half_pixel_for_nn":
+        return x
+    # half_pixel, pytorch_half_pixel, and half_pixel_symmetric (whose offset
+    # (in / 2) * (1 - out / (scale * in)) is 0 for the scale out / in)
+    return x - m.cd(0.5)
+
+
 def axis_taps(m, y, ax: AxisPlan, p: ResizePlan):
     """(indices, weights, extrapolated) for output index ``y`` along one axis: lists of ``TAPS``
     index (int64) and weight (float32) values, and a bool (or None)."""
@@ -274,18 +312,21 @@ def axis_taps(m, y, ax: AxisPlan, p: ResizePlan):
         ext = (x < m.c(0.0)) | (x > m.c(L - 1))
 
     if p.mode == "nearest":
-        f = m.floor(x)
+        exact = ax.ratio is not None and p.coord != "tf_crop_and_resize"
+        xr = nearest_coord(m, y, ax, p.coord) if exact else x
+        half, one = (m.cd(0.5), m.cd(1.0)) if exact else (m.c(0.5), m.c(1.0))
+        f = m.floor(xr)
         nm = p.nearest
         if nm == "simple":
             nm = "ceil" if ax.scale < 1.0 else "floor"
         if nm == "round_prefer_floor":
-            r = m.where(x - f <= m.c(0.5), f, f + m.c(1.0))
+            r = m.where(xr - f <= half, f, f + one)
         elif nm == "round_prefer_ceil":
-            r = m.where(x - f < m.c(0.5), f, f + m.c(1.0))
+            r = m.where(xr - f < half, f, f + one)
         elif nm == "floor":
             r = f
         else:
-            r = m.ceil(x)
+            r = m.ceil(xr)
         return [m.clampi(m.i(r), L)], [None], ext
     if p.mode == "linear":
         xc = m.maximum(m.minimum(x, m.c(L - 1)), m.c(0.0))

