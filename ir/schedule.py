@@ -219,7 +219,16 @@ def verify_schedule(kernel: Kernel) -> None:
     """Raise ScheduleError when a parallel loop sits where codegen cannot split it (outside a
     top-level perfect nest, or a second one in a nest) or may write one element twice, or when
     a statement on thread 0 alone fills locals that a parallel statement reads. GPU kernels
-    (with a launch shape) have no CPU schedule to verify."""
+    (with a launch shape) have no CPU schedule to verify. In debug mode (``tensorfuse.debug``)
+    every kernel's loads and stores are also checked against their buffers' bounds
+    (:func:`ir.bounds.check_kernel_bounds`: ScheduleError naming the access)."""
+    from tensorfuse.debug import debug_mode
+    if debug_mode():
+        from .bounds import BoundsError, check_kernel_bounds
+        try:
+            check_kernel_bounds(kernel)
+        except BoundsError as e:
+            raise ScheduleError(str(e)) from None
     if kernel.launch is not None:
         return
     if _thread0_fills_locals(kernel):
