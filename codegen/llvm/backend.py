@@ -138,7 +138,7 @@ class LLVMBackend(Backend):
         from llvmlite import ir as lir
 
         from tensorfuse.codegen.llvm.emit import PTR, emit_entry, emit_kernel, kernel_is_parallel
-        from tensorfuse.codegen.llvm.jit import compile_ir, compile_jobs
+        from tensorfuse.codegen.llvm.jit import compile_ir, compile_jobs, module_name
         from tensorfuse.compiler.errors import CompileError
         from tensorfuse.compiler.progress import iterate
         from tensorfuse.runtime.module import Module
@@ -147,7 +147,7 @@ class LLVMBackend(Backend):
         parallel = {k.name: kernel_is_parallel(k) for k in lowered.kernels}
 
         def emit(kernels, progress=False, entry=True) -> str:
-            mod = lir.Module(name=graph.name)
+            mod = lir.Module(name=module_name(graph.name))
             for k in (iterate(kernels, "generating kernels", unit="kernel") if progress else kernels):
                 emit_kernel(mod, k)
             if entry:

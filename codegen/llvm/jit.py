@@ -30,6 +30,17 @@ class LLVMError(RuntimeError):
     """LLVM rejected the generated IR: a tensorfuse bug; the message names the module."""
 
 
+def module_name(name) -> str:
+    """``name`` (a graph's name: any text, ONNX does not restrict it) as an LLVM module name:
+    printable ASCII, with every other character, a double quote or a backslash written as
+    Python's ``ascii()`` escapes it (``new\\nline``), "module" when empty. llvmlite prints the
+    name unescaped in the ``; ModuleID = "..."`` comment of the IR text, where a newline ends the
+    comment (LLVM then rejected the module: issue 24 item 9, a graph named ``new\\nline``) and a
+    NUL ends the C string LLVM parses (the module came back empty: "symbol tf_run not found")."""
+    s = ascii(str(name))[1:-1].replace('"', "\\x22")
+    return s or "module"
+
+
 @functools.lru_cache(maxsize=None)
 def _init() -> None:
     llvm.initialize_native_target()
@@ -300,6 +311,7 @@ class NativeLibrary:
 
 def parse_and_verify(ir_text: str, name: str = "module"):
     _init()
+    name = module_name(name)
     try:
         mod = llvm.parse_assembly(ir_text)
         mod.name = name

@@ -1,12 +1,13 @@
 """Frontend fuzzing: compile mutated ONNX files in a child process and classify what happens.
 
-    python tests/fuzz/fuzz_models.py --seed 1 --count 1000 [--jobs N] [--real] [--out DIR]
+    python tests/fuzz/fuzz_models.py --seed 1 --count 1000 [--jobs N] [--real] [--boundary] [--out DIR]
 
 Bases: the small models of ``fuzz.mutate.base_models``, some random graphs of
 ``fuzz.graphgen`` and, with ``--real``, the shared real models (``../shared/models``; each
 compile of a big model that survives its mutation takes seconds). Mutation ``i`` is
 ``mutate(seed * 1_000_003 + i)``: structural edits of the ModelProto and byte-level edits of the
-file. Each file is compiled (O2) and, when it compiles, run on random inputs, in a child process
+file (with ``--boundary``, the byte-level edit sets one to three bytes to 0x00, 0x01, 0x7f,
+0x80 or 0xff). Each file is compiled (O2) and, when it compiles, run on random inputs, in a child process
 (an abort is a crash, over ``--timeout`` s a hang), and loaded and run by onnxruntime in the
 same way. Outcomes: ok, documented error (a TensorfuseError subclass; ValueError from run, the
 run-time index checks), internal exception (any other type), crash, hang. Prints the breakdown
@@ -47,7 +48,7 @@ def bases(real: bool, n_random: int = 6) -> dict[str, bytes]:
 
 
 def run(seed: int, count: int, start: int = 0, jobs: int = 1, timeout: float = 60.0, real: bool = False,
-        out: pathlib.Path | None = None, verbose: bool = True, ort: bool = True):
+        out: pathlib.Path | None = None, verbose: bool = True, ort: bool = True, boundary: bool = False):
     """Fuzz ``count`` mutations; returns (table: Counter of (category, detail, ort outcome),
     failures: list of (index, mutation name, category, detail))."""
     bs = bases(real)
@@ -56,7 +57,7 @@ def run(seed: int, count: int, start: int = 0, jobs: int = 1, timeout: float = 6
     lock = threading.Lock()
 
     def one(i):
-        name, data = mu.mutate(seed * 1_000_003 + i, bs)
+        name, data = mu.mutate(seed * 1_000_003 + i, bs, boundary=boundary)
         cat, detail = mu.classify(run_isolated(mu.tensorfuse_outcome, (data,), timeout=timeout))
         o = run_isolated(mu.ort_outcome, (data,), timeout=timeout) if ort else ("ok", "-")
         ortres = o[1] if o[0] == "ok" else f"onnxruntime {o[0]}"
@@ -104,11 +105,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--real", action="store_true", help="also mutate the shared real models")
     ap.add_argument("--no-ort", action="store_true", help="skip onnxruntime's side")
+    ap.add_argument("--boundary", action="store_true", help="byte-level edits set bytes to boundary values")
     ap.add_argument("--out", default="fuzz-models-failures")
     args = ap.parse_args(argv)
     t0 = time.time()
     table, failures = run(args.seed, args.count, args.start, args.jobs, args.timeout, args.real,
-                          pathlib.Path(args.out), ort=not args.no_ort)
+                          pathlib.Path(args.out), ort=not args.no_ort, boundary=args.boundary)
     el = time.time() - t0
     print(f"\n{args.count} mutations (seed {args.seed}), {el:.0f} s, {el / max(args.count, 1):.2f} s each "
           f"with {args.jobs} job(s)")

@@ -525,12 +525,28 @@ def b_invalid_utf8(data, r):
     return data.replace(name, bad) if len(name) >= 2 else data
 
 
+#: byte values at the edges of their ranges (signed and unsigned, protobuf varint continuation)
+BOUNDARY_BYTES = (0x00, 0x01, 0x7F, 0x80, 0xFF)
+
+
+def b_boundary(data, r):
+    """Set one to three bytes to boundary values (:data:`BOUNDARY_BYTES`): a NUL inside a
+    name, a length or varint at its limit (issue 24 item 9: a NUL in the graph name of the ONNX
+    node test test_shape_clip_start made the LLVM module come back empty)."""
+    b = bytearray(data)
+    for _ in range(int(r.integers(1, 4))):
+        b[int(r.integers(len(b)))] = int(r.choice(BOUNDARY_BYTES))
+    return bytes(b)
+
+
 BYTES: list[tuple[Callable, float]] = [(b_flip, 2), (b_truncate, 1), (b_insert, 1), (b_repeat, 1), (b_invalid_utf8, 1.5)]
 
 
-def mutate(seed: int, bases: dict[str, bytes]) -> tuple[str, bytes]:
+def mutate(seed: int, bases: dict[str, bytes], boundary: bool = False) -> tuple[str, bytes]:
     """A mutation of one of ``bases`` (name -> serialised model), deterministic in ``seed``:
-    one to three structural mutations, or a byte-level one (a third of the time), or both."""
+    one to three structural mutations, or a byte-level one (a third of the time), or both.
+    ``boundary``: the byte-level mutation is always :func:`b_boundary` (a separate switch, so
+    that the mutations of earlier seeds stay what they were)."""
     r = np.random.default_rng(seed)
     base = sorted(bases)[int(r.integers(len(bases)))]
     data = bases[base]
@@ -552,6 +568,8 @@ def mutate(seed: int, bases: dict[str, bytes]) -> tuple[str, bytes]:
         fs, w = zip(*BYTES)
         w = np.asarray(w) / sum(w)
         f = fs[int(r.choice(len(fs), p=w))]
+        if boundary:
+            f = b_boundary
         try:
             data = f(data, r)
             names.append("bytes_" + f.__name__[2:])

@@ -87,3 +87,46 @@ def test_resize_nearest_ties_with_float_scales():
         np.testing.assert_array_equal(ReferenceEvaluator(m).run(None, {"x": x})[0], e)
         (got,) = tensorfuse.compile(m, cache=False).run(x=x)
         np.testing.assert_array_equal(got, e, err_msg=f"{ctm} {nm} {h} x{s}")
+
+
+# ----------------------------------------------------------------------------- item 9
+@pytest.mark.parametrize("graph_name", ["new\nline", "nul\x00inside", 'q"uote\\back', "ünïcödé\t€"])
+def test_any_graph_name_compiles(graph_name):
+    """A graph's name reached LLVM unescaped (llvmlite prints it in the module's ``; ModuleID``
+    comment): "new\\nline" ended in ``CompileError: LLVM code generation failed: LLVM rejected
+    the IR of new\\nline ... error: expected top-level entity``, and a NUL ended the text LLVM
+    parsed (``LLVMError: symbol tf_run not found in compiled module``). Node and value names
+    with the same characters go through too."""
+    odd = ["a\x00b", 'c\nd"e', "f\\g ü€", "h\u2028i"]
+    nodes = [helper.make_node("Relu", [odd[0]], [odd[1]], name="relu\x00\n\"'"),
+             helper.make_node("Add", [odd[1], odd[0]], [odd[2]], name="add ü\\"),
+             helper.make_node("Transpose", [odd[2]], [odd[3]], perm=[1, 0], name="\u2028")]
+    g = helper.make_graph(nodes, graph_name, [helper.make_tensor_value_info(odd[0], TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info(odd[3], TensorProto.FLOAT, [3, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    for level in (0, 2):
+        (y,) = tensorfuse.compile(m, cache=False, opt_level=level).run(**{odd[0]: x})
+        np.testing.assert_array_equal(y, (np.maximum(x, 0) + x).T)
+
+
+def test_shape_clip_start_with_a_nul_byte_in_its_graph_name():
+    """The ONNX node test test_shape_clip_start (Shape, start=-10, of a [3, 4, 5] input) with
+    one byte of its serialised file set to 0x00 inside the graph name (tests/fuzz/mutate.py
+    b_boundary; 21 of the 452 single boundary-byte edits of this file did it): compile raised
+    ``LLVMError: symbol tf_run not found in compiled module`` from codegen/llvm/jit.py (an
+    internal error; onnxruntime loads and runs the file). Now it runs and matches onnxruntime."""
+    g = helper.make_graph([helper.make_node("Shape", ["x"], ["y"], start=-10)], "test_shape_clip_start",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT64, [3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 15)])
+    m.ir_version = 8
+    data = m.SerializeToString()
+    pos = data.index(b"test_shape_clip_start") + len("test_shape")
+    data = data[:pos] + b"\x00" + data[pos + 1:]
+    x = np.zeros((3, 4, 5), np.float32)
+    (expected,) = ort_run(data, {"x": x})
+    (got,) = tensorfuse.compile(data, cache=False).run(x=x)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(got, [3, 4, 5])
