@@ -113,18 +113,24 @@ class _Arena:
             self.table[module._program.status_slot] = self.status.ctypes.data
         self.addr = ctypes.addressof(self.table)
         self.team = None
-        if module.num_threads > 1:
+        self.num_threads = module.num_threads   # what it was made for (its team's size, if it has one)
+        self.call_args = None                   # debug mode's per-call argument arrays
+        helpers = module._team_helpers() if module.num_threads > 1 else None
+        if helpers is not None:                 # (a module saved by an older tensorfuse: none)
             import weakref
 
             from .threads import ThreadTeam
-            self.team = ThreadTeam(module.num_threads, module._team_helpers())
+            self.team = ThreadTeam(module.num_threads, helpers)
             weakref.finalize(self, self.team.close)   # the workers exit with their arena
 
-    def call(self, entry) -> None:
+    def call(self, entry, table: int | None = None) -> None:
+        """Run ``entry`` (the module's entry, or one kernel) on the slot table (or ``table``,
+        the address of a kernel's argument array), with the team where there is one."""
+        table = self.addr if table is None else table
         if self.team is None:
-            entry(self.addr, None)
+            entry(table, None)
         else:
-            self.team.run(entry, self.addr)
+            self.team.run(entry, table)
 
 
 def _as_input_array(info, a) -> np.ndarray:
@@ -367,12 +373,14 @@ class Module(ModuleBase):
         #: why this CPU cannot run the code (compiled for features it lacks), or None
         self._cannot_run = cannot_run
 
-    def _team_helpers(self) -> dict:
-        """The thread team's native helpers, from this module's code (``runtime.threads.team_helpers``)."""
+    def _team_helpers(self) -> dict | None:
+        """The thread team's native helpers, from this module's code (``runtime.threads.team_helpers``);
+        None for a module saved by a tensorfuse whose kernels follow another thread protocol
+        (it runs on the calling thread alone)."""
         if self._helpers is None:
             from .threads import team_helpers
-            self._helpers = team_helpers(self._lib)
-        return self._helpers
+            self._helpers = team_helpers(self._lib) or {}
+        return self._helpers or None
 
     def can_save(self) -> bool:
         """Whether :meth:`save` has object code to write (a module built without it has none)."""
@@ -402,7 +410,7 @@ class Module(ModuleBase):
 
     def _release(self, arena: _Arena) -> None:
         with self._pool_lock:
-            if (arena.team.size if arena.team else 1) == self._num_threads:
+            if arena.num_threads == self._num_threads:
                 self._pool.append(arena)
 
     def _bind(self, arena: _Arena, inputs, outs) -> None:
@@ -417,7 +425,7 @@ class Module(ModuleBase):
         output arrays in graph output order. Safe to call from several threads at once.
 
         With ``check_memory`` (on in debug mode, ``tensorfuse.debug``) the kernels run one by
-        one on this thread: the memory plan is first checked against the calls
+        one (each on the thread team, as in a plain run): the memory plan is first checked against the calls
         (``runtime.memory_plan.check_plan``), every arena region and output starts poisoned
         (NaN, or 0xA5 bytes for integers), a region is poisoned again when its value dies, and
         before each call every value the kernel reads must be what its producer wrote (a CRC
@@ -475,6 +483,8 @@ class Module(ModuleBase):
             c = prog.calls[t]
             return f"call {t} ({c.kernel}{': ' + ', '.join(c.nodes) if c.nodes else ''})"
 
+        if arena.call_args is None:             # kept with the arena: a late worker may read them
+            arena.call_args = [(ctypes.c_void_p * max(len(c.slots), 1))() for c in prog.calls]
         for t, c in enumerate(prog.calls):
             for p, s in enumerate(c.slots):
                 if p in writes[t] or s not in region:
@@ -490,8 +500,10 @@ class Module(ModuleBase):
                         f"{what(t)} reads slot {s} '{slots[s].name}', written by {what(by)}, but its arena "
                         f"region was overwritten since" + (f" by {', '.join(culprits)}" if culprits else
                                                            " (poisoned when the plan took it for dead)"))
-            args = (ctypes.c_void_p * max(len(c.slots), 1))(*[arena.table[s] for s in c.slots])
-            self._kernel_fn(c.kernel)(ctypes.addressof(args), None)
+            args = arena.call_args[t]
+            for p, s in enumerate(c.slots):
+                args[p] = arena.table[s]
+            arena.call(self._kernel_fn(c.kernel), ctypes.addressof(args))
             for p in writes[t]:
                 s = c.slots[p]
                 if s in region:

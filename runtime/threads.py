@@ -38,25 +38,63 @@ def resolve_num_threads(n: int | None) -> int:
 #: waking it took 1-10 ms in measurement (a 1-kernel model at 2 threads, runs 1 ms apart:
 #: 1.6-11 ms for 1.0 ms of work), which back-to-back runs then paid every time
 WORKER_SPIN_TICKS = 6_000_000
-#: ... and the calling thread polls for the workers' end of a run in slices of this many ticks
-#: (returning to Python between slices)
+#: a team waiting for its workers to finish their last job (at close) polls in slices of this
+#: many ticks (returning to Python between slices)
 DONE_SPIN_TICKS = 50_000_000
+#: the default chunks per thread of a parallel loop (``$TENSORFUSE_CHUNKS_PER_THREAD``
+#: overrides it): a loop of ``n`` iterations is cut into chunks of ``ceil(n / (threads *
+#: chunks))`` iterations that the threads claim one at a time. More chunks: a thread that is
+#: descheduled holds back a smaller share of a loop, and uneven threads even out, for one
+#: atomic claim per chunk and less contiguous work per thread
+CHUNKS_PER_THREAD = 4
 _NATIVE = None
 
+#: the team record's i64 fields (one 64-byte record per thread, written only by its thread
+#: after the team starts): thread index, team size, the address of the team's shared counters
+#: (``codegen.llvm.emit.phase_helpers``), the count of chunks before this thread's next phase, chunks per
+#: thread of a parallel loop (the team's grain knob), chunks this thread ran (a statistic)
+TEAM_FIELDS = ("tid", "nthreads", "sync", "base", "chunks_per_thread", "chunks_run")
+#: bytes between two threads' records
+TEAM_RECORD_BYTES = 64
+#: int64 word offsets in the shared counter block: chunks claimed, chunks done (own cache lines)
+SYNC_CLAIMED, SYNC_DONE = 0, 8
 
-def team_helpers(library=None) -> dict:
+
+def resolve_chunks_per_thread(n: int | None = None) -> int:
+    """``n`` if given, else ``$TENSORFUSE_CHUNKS_PER_THREAD``, else :data:`CHUNKS_PER_THREAD`.
+    Raises ValueError for a value that is not a positive integer."""
+    what = "chunks_per_thread"
+    if n is None:
+        env = os.environ.get("TENSORFUSE_CHUNKS_PER_THREAD", "").strip()
+        if not env:
+            return CHUNKS_PER_THREAD
+        what = "TENSORFUSE_CHUNKS_PER_THREAD"
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"{what} must be a positive integer, got {env!r}") from None
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{what} must be a positive integer, got {n!r}")
+    return n
+
+
+def team_helpers(library=None) -> dict | None:
     """The ctypes functions of the team's native helpers (``codegen.llvm.emit.emit_team_helpers``
     documents them): from ``library`` (a compiled or loaded module's NativeLibrary, which holds
-    them beside its entry), else (a module saved before they existed) compiled once per process."""
+    them beside its entry), or None when it lacks them (a module saved by an older tensorfuse,
+    whose kernels follow another thread protocol: it runs on the calling thread alone); without
+    a library, compiled once per process (for kernels compiled on their own, as tests do)."""
     import ctypes
     i64, p = ctypes.c_int64, ctypes.c_void_p
     types = {"tf_spin": ctypes.CFUNCTYPE(i64, p, i64, i64, i64), "tf_xchg": ctypes.CFUNCTYPE(i64, p, i64),
-             "tf_load": ctypes.CFUNCTYPE(i64, p), "tf_worker": ctypes.CFUNCTYPE(i64, p, p, i64, i64, i64)}
+             "tf_load": ctypes.CFUNCTYPE(i64, p), "tf_worker": ctypes.CFUNCTYPE(i64, p, p, i64, i64, i64),
+             "tf_lead": ctypes.CFUNCTYPE(None, i64, p, p, i64),
+             "tf_publish": ctypes.CFUNCTYPE(None, p, i64, i64, i64, i64)}
     if library is not None:
         try:
             return {"lib": library, **{n: t(library.address(n)) for n, t in types.items()}}
-        except Exception:           # noqa: BLE001 - an older module without them: compile below
-            pass
+        except Exception:           # noqa: BLE001 - an older module without them
+            return None
     global _NATIVE
     if _NATIVE is None:
         from llvmlite import ir
@@ -73,44 +111,65 @@ def team_helpers(library=None) -> dict:
 class ThreadTeam:
     """``size`` threads that run one native entry together (docs/architecture.md "CPU codegen").
 
-    The calling thread is thread 0; ``size - 1`` daemon workers wait for jobs. ``run`` hands
-    every worker the entry and the slot table, calls the entry as thread 0 and waits for the
-    workers: Python runs once per run, never per kernel; inside the entry the threads meet at
-    native barriers. Each thread gets a team record of four int64 (thread index, team size,
-    barrier address, barrier sense; ``codegen.llvm.emit.TEAM_FIELDS``). One team serves one run
-    at a time: each arena owns its own, so concurrent runs never share a barrier.
+    The calling thread is thread 0; ``size - 1`` daemon workers wait for jobs. ``run`` publishes
+    the entry and the slot table, calls the entry as thread 0 and returns when every chunk of
+    work in it is done: Python runs once per run, never per kernel. Inside the entry the threads
+    share each phase's chunks through two counters (``codegen.llvm.emit.phase_helpers``), and
+    nobody waits for a particular thread: a worker that is descheduled, or wakes late, holds
+    back at most the chunk it claimed, and joins (or skips, finding nothing to claim) whatever
+    is left. Each thread has a team record of int64 fields (:data:`TEAM_FIELDS`:
+    index, team size, the shared counters' address, its base, chunks per thread, chunks run).
+    One team serves one run at a time: each arena owns its own.
 
-    Hand-off, in a control block of int64 words: ``run`` stores the entry and the slot table,
-    then bumps the job sequence (word 0). A worker runs jobs in a native loop (``tf_worker``,
-    :func:`team_helpers`) that polls the sequence, so a job starts and ends without the worker
-    taking the GIL (which on a virtual machine meant sleeping on it, and a halted vCPU took
-    milliseconds to wake); it publishes each finished sequence number in its own word
-    (``8 t``), which ``run`` polls natively. After :data:`WORKER_SPIN_TICKS` without a job the
-    worker sets its sleeping flag (word ``8 t + 1``), checks the sequence once more and blocks
-    on its semaphore; ``run`` releases the semaphore only for a worker whose flag it clears
-    (both sides exchange the flag and read the sequence sequentially consistently, so a job is
-    never missed and no token is left over).
+    Hand-off, in a control block of int64 words (``codegen.llvm.emit.emit_team_helpers``):
+    ``run`` publishes a job (entry, slot table, base) under a sequence lock in words 0-3. A
+    worker runs jobs in a native loop (``tf_worker``) that polls the sequence, so a job starts
+    without the worker taking the GIL (which on a virtual machine meant sleeping on it, and a
+    halted vCPU took milliseconds to wake); it publishes each finished sequence number in its
+    own word (``8 t``). After :data:`WORKER_SPIN_TICKS` without a job the worker sets its
+    sleeping flag (word ``8 t + 1``), checks the sequence once more and blocks on its
+    semaphore; ``run`` releases the semaphore only for a worker whose flag it clears (both
+    sides exchange the flag and read the sequence sequentially consistently, so a job is never
+    missed and no token is left over). ``run`` does not wait for the workers; :meth:`close`
+    does (a late worker may still be passing over the last job's phases).
     """
 
-    def __init__(self, size: int, helpers: dict | None = None):
-        """``helpers``: :func:`team_helpers` of the module the team runs (default: compiled)."""
+    def __init__(self, size: int, helpers: dict | None = None, chunks_per_thread: int | None = None):
+        """``helpers``: :func:`team_helpers` of the module the team runs (default: compiled);
+        ``chunks_per_thread``: see :func:`resolve_chunks_per_thread` (fixed for the team's
+        life: every thread must cut each loop the same way)."""
         import ctypes
         import threading
 
         import numpy as np
+
         self.size = size
+        self.chunks_per_thread = resolve_chunks_per_thread(chunks_per_thread)
         nat = helpers or team_helpers()
         self._helpers = nat                              # keeps their code alive
         self._spin, self._xchg, self._load, self._worker = nat["tf_spin"], nat["tf_xchg"], nat["tf_load"], nat["tf_worker"]
+        self._lead, self._publish = nat["tf_lead"], nat["tf_publish"]
         self._ctypes = ctypes
-        self._barrier = np.zeros(2, np.int64)           # arrived count, published sense
-        self._records = np.zeros((size, 4), np.int64)
+        words = TEAM_RECORD_BYTES // 8
+
+        def aligned(n):                                  # n int64 words on a 64-byte boundary
+            raw = np.zeros(n + 8, np.int64)
+            off = (-raw.ctypes.data) % 64 // 8
+            return raw[off:off + n]
+        self._sync = aligned(2 * 8)                      # chunks claimed (word 0), done (word 8)
+        self._done_addr = self._sync.ctypes.data + 8 * SYNC_DONE
+        self._records = aligned(size * words).reshape(size, words)
+        f = TEAM_FIELDS.index
         for t in range(size):
-            self._records[t] = (t, size, self._barrier.ctypes.data, 0)
-        self._addr = [self._records.ctypes.data + 32 * t for t in range(size)]
-        # word 0: the job sequence; 1, 2: the job's entry and slot table; 8 t: worker t's last
-        # finished job, 8 t + 1: its sleeping flag (a cache line per worker)
-        self._ctl = np.zeros(8 * max(size, 1), np.int64)
+            self._records[t, f("tid")] = t
+            self._records[t, f("nthreads")] = size
+            self._records[t, f("sync")] = self._sync.ctypes.data
+            self._records[t, f("chunks_per_thread")] = self.chunks_per_thread
+        self._chunks_field = f("chunks_run")
+        self._addr = [self._records.ctypes.data + TEAM_RECORD_BYTES * t for t in range(size)]
+        # words 0-3: the job (sequence, entry, slot table, base); 8 t: worker t's last finished
+        # job, 8 t + 1: its sleeping flag (a cache line per worker)
+        self._ctl = aligned(8 * max(size, 1))
         self._ctl_addr = self._ctl.ctypes.data
         self._fin = [self._ctl_addr + 64 * t for t in range(size)]            # word 8 t
         self._sleeping = [self._ctl_addr + 64 * t + 8 for t in range(size)]   # word 8 t + 1
@@ -140,26 +199,28 @@ class ThreadTeam:
 
     def run(self, fn, slots: int) -> None:
         """Call ``fn(slots, team_record)`` (a ctypes function of the entry's type) on every
-        thread of the team; returns when all did."""
-        self._barrier[0] = 0
-        self._records[:, 3] = self._barrier[1]           # every thread starts on the published sense
-        self._ctl[1] = self._ctypes.cast(fn, self._ctypes.c_void_p).value
-        self._ctl[2] = slots
-        self._seq += 1
-        seq = self._seq
-        self._xchg(self._ctl_addr, seq)
+        thread of the team; returns when every chunk of its work is done (workers that have
+        not finished passing over its phases may still be in it; they claim nothing more)."""
+        base = self._load(self._done_addr)               # every earlier job's chunks are done
+        self._seq += 2
+        fn_addr = self._ctypes.cast(fn, self._ctypes.c_void_p).value
+        self._publish(self._ctl_addr, fn_addr, slots, base, self._seq)
         for t in range(1, self.size):
             if self._xchg(self._sleeping[t], 0) == 1:
                 self._go[t].release()
-        try:
-            fn(slots, self._addr[0])
-        finally:
-            for fin in self._fin[1:]:
-                while self._load(fin) != seq:
-                    self._spin(fin, seq, 1, DONE_SPIN_TICKS)
+        self._lead(fn_addr, slots, self._addr[0], base)
+
+    def chunks_run(self):
+        """Chunks each thread has run since the team started (an int64 array, thread 0 first;
+        the workers' counts are read while they may be running)."""
+        return self._records[:, self._chunks_field].copy()
 
     def close(self) -> None:
-        """Let the workers exit (the team is unusable afterwards)."""
+        """Wait until every worker has finished its last job, then let the workers exit (the
+        team is unusable afterwards)."""
+        for fin in self._fin[1:]:
+            while self._load(fin) != self._seq:
+                self._spin(fin, self._seq, 1, DONE_SPIN_TICKS)
         self._closed = True
         for t in range(1, self.size):
             self._go[t].release()

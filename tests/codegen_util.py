@@ -29,9 +29,13 @@ def _unq(m, i=1) -> str:
     return m.group(i) if m.group(i) is not None else m.group(i + 1)
 
 
+#: the phase protocol's helpers (``codegen.llvm.emit.phase_helpers``), which entry_calls leaves out
+PHASE_HELPERS = ("tf_claim", "tf_wait", "tf_chunk_done", "tf_phase_end")
+
+
 def entry_calls(ir_text: str, entry: str = ENTRY) -> list[tuple[str, bool]]:
-    """(callee, team passed) for each call the entry makes, in order; tf_barrier included
-    (its one argument being the team)."""
+    """(callee, team passed) for each kernel call the entry makes, in order (the phase helpers
+    it calls are left out)."""
     body = function_ir(ir_text, entry)
     head = body.splitlines()[0]
     params = re.findall(r'ptr (?:[\w() ]+ )?%' + _NAME, head)
@@ -40,6 +44,8 @@ def entry_calls(ir_text: str, entry: str = ENTRY) -> list[tuple[str, bool]]:
     out = []
     for m in re.finditer(r'call void @' + _NAME + r'\(([^)]*)\)', body):
         callee = _unq(m)
+        if callee in PHASE_HELPERS:
+            continue
         last = m.group(3).split(",")[-1].strip()
         passed = last in (f'ptr %"{team}"', f"ptr %{team}")
         assert passed or last == "ptr null", f"unexpected argument {last!r} in {m.group(0)}"
@@ -49,7 +55,7 @@ def entry_calls(ir_text: str, entry: str = ENTRY) -> list[tuple[str, bool]]:
 
 def team_kernels(ir_text: str, entry: str = ENTRY) -> set[str]:
     """Kernels the entry calls with the team record (every one of their calls)."""
-    calls = [(k, p) for k, p in entry_calls(ir_text, entry) if k != "tf_barrier"]
+    calls = entry_calls(ir_text, entry)
     return {k for k, _ in calls} - {k for k, p in calls if not p}
 
 
@@ -72,3 +78,27 @@ def float_vectors(ir_text: str) -> set[int]:
 
 def calls_fmuladd(ir_text: str, lanes: int) -> bool:
     return re.search(r'@"?llvm\.fmuladd\.v%df32"?\(' % lanes, ir_text) is not None
+
+
+def module_team(mod):
+    """The thread team of the module's pooled arena (None at one thread), after a run."""
+    assert mod._pool, "run the module first"
+    return mod._pool[-1].team
+
+
+def run_on_team(mod, feeds: dict, check, max_runs: int = 200) -> list:
+    """Run ``mod`` on ``feeds`` until its workers have run at least one chunk of work (at most
+    ``max_runs`` runs, each checked by ``check(outputs, run_index)``); returns the last outputs.
+    Fails when a team of more than one thread never handed a worker a chunk: a threaded test
+    must exercise the workers, not only the calling thread (with dynamic chunks the caller may
+    take them all in one run, say while the worker wakes). Runs in debug mode check the memory
+    plan on the team (``Module._run_checked``) as plain runs do not."""
+    outs = None
+    for i in range(max_runs):
+        outs = mod.run(**feeds)
+        check(outs, i)
+        team = module_team(mod)
+        if team is None or team.chunks_run()[1:].sum() > 0:
+            return outs
+    raise AssertionError(f"{max_runs} runs at {mod.num_threads} threads: no worker ran a chunk "
+                         f"(chunks per thread: {module_team(mod).chunks_run().tolist()})")

@@ -3,7 +3,7 @@
 * default_schedule / parallel_violations / verify_schedule on hand-built and lowered kernels.
 * What codegen produced (module.llvm_ir and the optimised IR, never the printed kernel):
   vector types of the target's width and llvm.fmuladd in the register-blocked kernels, the team
-  handed to parallel kernels, barriers, unrolled loops, errors for loop kinds codegen lacks.
+  handed to parallel kernels, phases, unrolled loops, errors for loop kinds codegen lacks.
 * Modules compiled once and run at 1..4 threads against onnxruntime, and equal bit for bit
   across thread counts (each output element is computed by one thread, in one order).
 * Several Python threads running one module at once.
@@ -25,7 +25,7 @@ import tensorfuse
 from tensorfuse.codegen.llvm.emit import CodegenError, emit_entry, emit_kernel, kernel_is_parallel
 from tensorfuse.codegen.llvm.jit import compile_ir
 from codegen_util import (calls_fmuladd, entry_calls, float_vectors, function_ir, optimized_ir,
-                          parallel_kernels)
+                          parallel_kernels, run_on_team)
 from tensorfuse.compiler.target import Target
 from tensorfuse.ir.kernel import Const, For, KernelBuilder, Buffer, Store, Var
 from tensorfuse.ir.schedule import (MIN_PARALLEL_EXTENT, ScheduleError, default_schedule, parallel_violations,
@@ -235,7 +235,7 @@ def mlp():
 
 
 # ----------------------------------------------------------------------------- codegen inspection
-def test_blocked_conv_codegen_vectors_fmuladd_barrier():
+def test_blocked_conv_codegen_vectors_fmuladd_phases():
     L = lanes()
     assert L in (4, 8, 16)
     mod = tensorfuse.compile(conv_model(), num_threads=2)
@@ -250,18 +250,18 @@ def test_blocked_conv_codegen_vectors_fmuladd_barrier():
         assert calls_fmuladd(body, L)
         obody = function_ir(opt, name)
         assert L in float_vectors(obody) and calls_fmuladd(obody, L)
-    # the entry: both convs get the team, a barrier between them
-    assert entry_calls(ir_text) == [(names[0], True), ("tf_barrier", True), (names[1], True)]
-    # optimised, the internal tf_barrier may be inlined: its atomic arrival sits between the calls
-    entry = function_ir(opt, "tf_run")
-    first, second = (re.search(r'call void @"?%s"?\(' % re.escape(n), entry) for n in names)
-    between = entry[first.end():second.start()]
-    assert re.search(r'call void @"?tf_barrier"?\(', between) or "atomicrmw add" in between
+    # the entry: both convs get the team; each claims chunks of its parallel loop and waits for
+    # the earlier phases before its first chunk (no barrier: codegen.llvm.emit.phase_helpers)
+    assert entry_calls(ir_text) == [(names[0], True), (names[1], True)]
+    for name in names:
+        assert _phases(function_ir(ir_text, name)) == 1
+        obody = function_ir(opt, name)      # optimised, the claim may be inlined: its compare-and-swap
+        assert re.search(r'call i64 @"?tf_claim"?\(', obody) or "cmpxchg" in obody
 
 
-def test_blocked_matmul_codegen_vectors_fmuladd_barrier():
+def test_blocked_matmul_codegen_vectors_fmuladd_phases():
     """MatMul by a constant [256, 512] (rows 16: one parallel loop over whole row tiles and
-    one over the rows left over, with a barrier between them), then a Softmax kernel."""
+    one over the rows left over, a phase each), then a Softmax kernel."""
     L = lanes()
     rng = np.random.default_rng(3)
     m = _model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=-1)],
@@ -274,18 +274,25 @@ def test_blocked_matmul_codegen_vectors_fmuladd_barrier():
     assert L in float_vectors(body) and max(float_vectors(body)) == L
     assert calls_fmuladd(body, L)
     k = next(k for k in mod.kernels if k.name == mm)
-    if len(k.body) > 1:                      # leftover rows: the kernel's own barrier
-        assert re.search(r'call void @"tf_barrier"\(ptr %"team"\)', body)
+    assert _phases(body) == len(k.body)      # leftover rows: a second phase
     obody = function_ir(optimized_ir(mod), mm)
     assert L in float_vectors(obody) and calls_fmuladd(obody, L)
-    assert entry_calls(mod.llvm_ir) == [(mm, True), ("tf_barrier", True), (sm, True)]
+    assert entry_calls(mod.llvm_ir) == [(mm, True), (sm, True)]
     x = rng.standard_normal((16, 256)).astype(np.float32)
     np.testing.assert_allclose(mod.run(x=x)[0], ort_run(m, {"x": x})[0], rtol=RTOL, atol=ATOL)
 
 
+def _phases(body: str) -> int:
+    """Phases in a kernel's unoptimised IR: each claims chunks (tf_claim) and waits for the
+    earlier phases before its first one (tf_wait)."""
+    claims = len(re.findall(r'call i64 @"tf_claim"\(ptr %"team"', body))
+    assert len(re.findall(r'call void @"tf_wait"\(ptr %"team"\)', body)) == claims
+    return claims
+
+
 def test_serial_kernel_gets_null_team_and_runs_on_thread_zero():
-    """A tiny kernel stays serial: the entry passes it a null team (no barrier needed
-    between serial kernels)."""
+    """Tiny kernels stay serial: the entry runs the two as one phase of one chunk, whose
+    claimer passes each a null team."""
     m = _model([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["h"], ["y"])], "tiny",
                [("x", [2, 5])], [("y", [2, 5])], [])
     mod = tensorfuse.compile(m, opt_level=0, num_threads=2)
@@ -433,16 +440,27 @@ def _check_threads(model, mod, feeds):
     for k in mod.kernels:
         verify_schedule(k)
     outs = {}
-    for n in THREADS:
-        mod.num_threads = n
-        assert mod.num_threads == n
-        outs[n] = mod.run(**feeds)
-        for i, (g, e) in enumerate(zip(outs[n], expected)):
-            assert g.dtype == e.dtype and g.shape == e.shape
-            np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL, err_msg=f"{n} threads, output {i}")
-    for n in THREADS[1:]:
-        for i, (g, g1) in enumerate(zip(outs[n], outs[1])):
-            assert np.array_equal(g, g1), f"output {i}: {n} threads differ from 1 thread"
+    debug = mod.check_memory
+    try:
+        for n in THREADS:
+            mod.num_threads = n
+            assert mod.num_threads == n
+            # debug mode's checked run (kernel by kernel) and the plain run (one entry call):
+            # both hand chunks to the workers (run_on_team fails if they never ran one)
+            for checked in (True, False):
+                mod.check_memory = checked
+
+                def check(got, run, n=n, checked=checked):
+                    for i, (g, e) in enumerate(zip(got, expected)):
+                        assert g.dtype == e.dtype and g.shape == e.shape
+                        np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL,
+                                                   err_msg=f"{n} threads, checked {checked}, run {run}, output {i}")
+                outs[n, checked] = run_on_team(mod, feeds, check)
+    finally:
+        mod.check_memory = debug
+    for key, got in outs.items():
+        for i, (g, g1) in enumerate(zip(got, outs[1, True])):
+            assert np.array_equal(g, g1), f"output {i}: {key[0]} threads (checked {key[1]}) differ from 1 thread"
 
 
 def test_cnn_threads_match_onnxruntime_and_each_other(cnn):

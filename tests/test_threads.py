@@ -1,7 +1,10 @@
-"""The thread team's hand-off (runtime/threads.py ThreadTeam): jobs start and end natively
-while a worker polls, and a worker that went to sleep on its semaphore is woken exactly when a
-job comes; every run's result is checked against onnxruntime's (the parallel kernels split their
-work across the team, so a missed or doubled job shows as a wrong or partial output)."""
+"""The thread team (runtime/threads.py ThreadTeam, codegen.llvm.emit.phase_helpers): jobs start
+natively while a worker polls, a worker that went to sleep on its semaphore is woken when a job
+comes, a run ends when its chunks are done whether or not a worker took part (a worker that is
+absent or late holds nothing back and claims nothing of a job that is over), and every run's
+result is checked against onnxruntime's. Each test makes sure the workers did run chunks
+(``run_on_team``): in debug mode (the whole suite) a run checks the memory plan kernel by kernel,
+on the team too."""
 from __future__ import annotations
 
 import time
@@ -11,6 +14,7 @@ import pytest
 
 import tensorfuse
 from tensorfuse.runtime import threads
+from tests.codegen_util import module_team, run_on_team
 from tests.oracle import ort_run
 from tests.test_runtime_module import mlp_model, x_input
 
@@ -18,12 +22,6 @@ from tests.test_runtime_module import mlp_model, x_input
 def _parallel(mod) -> bool:
     from tensorfuse.codegen.llvm.emit import kernel_is_parallel
     return any(kernel_is_parallel(k) for k in mod.kernels)
-
-
-def _arena_team(mod):
-    arena = mod._acquire()
-    mod._release(arena)
-    return arena.team
 
 
 @pytest.mark.parametrize("num_threads", [2, 3])
@@ -36,28 +34,33 @@ def test_team_runs_every_job_while_polling_and_after_sleeping(monkeypatch, num_t
     assert _parallel(mod)
     xs = [x_input(40 + i, n=64) for i in range(4)]
     want = [ort_run(model, {"x": x})[0] for x in xs]
+    spin = threads.WORKER_SPIN_TICKS
     for i in range(30):
         fast = i % 3 != 0
-        monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", threads.WORKER_SPIN_TICKS if fast else 1000)
+        monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", spin if fast else 1000)
+        mod.check_memory = i % 2 == 0                 # the checked run (kernel by kernel) and the plain one
         got = mod.run(xs[i % 4])[0]
         np.testing.assert_allclose(got, want[i % 4], rtol=1e-4, atol=1e-5, err_msg=f"run {i}")
         if not fast:
             time.sleep(0.005)
-    team = _arena_team(mod)
+    team = module_team(mod)
     assert team is not None and team.size == num_threads
+    monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", spin)
+    run_on_team(mod, {"x": xs[0]}, lambda got, i: np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5))
+    assert team.chunks_run()[1:].sum() > 0
 
 
 def test_idle_worker_sleeps_and_is_woken():
     """A worker idle past its spin budget sets its sleeping flag and blocks; the next run clears
-    the flag, releases its semaphore, and both threads run their shares (the output is right
-    only if the worker ran its chunk of each parallel kernel)."""
+    the flag and releases its semaphore, and the worker finishes that job (its word shows the
+    job's number) and runs chunks of later ones."""
     model = mlp_model(n=64, d=256, seed=4)
     mod = tensorfuse.compile(model, num_threads=2, cache=False)
     assert _parallel(mod)
     x = x_input(7, n=64)
     want = ort_run(model, {"x": x})[0]
     np.testing.assert_allclose(mod.run(x)[0], want, rtol=1e-4, atol=1e-5)
-    team = _arena_team(mod)
+    team = module_team(mod)
     old = threads.WORKER_SPIN_TICKS
     try:
         threads.WORKER_SPIN_TICKS = 1000
@@ -68,24 +71,123 @@ def test_idle_worker_sleeps_and_is_woken():
         assert team._ctl[8 + 1] == 1, "the idle worker did not go to sleep"
         for _ in range(3):
             np.testing.assert_allclose(mod.run(x)[0], want, rtol=1e-4, atol=1e-5)
-        assert team._ctl[8] == team._seq             # the worker finished the last job
+        deadline = time.time() + 10                  # run() does not wait for it: its word does
+        while team._ctl[8] != team._seq and time.time() < deadline:
+            time.sleep(0.01)
+        assert team._ctl[8] == team._seq, "the woken worker did not finish the last job"
     finally:
         threads.WORKER_SPIN_TICKS = old
+    run_on_team(mod, {"x": x}, lambda got, i: np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5))
+
+
+def test_run_ends_without_an_absent_worker_and_a_late_one_claims_nothing(monkeypatch):
+    """Issue 24 item 2: a run must not wait for a particular worker. Worker 1 is kept asleep
+    (its wake-up token held back) while runs go on: each ends, right, with the calling thread
+    (and worker 2) doing every chunk; under the barriers of before, the first run never ended.
+    Woken late, the worker passes over the job it missed without claiming a chunk (all were
+    claimed), and later runs are right with it taking part again."""
+    import threading
+    model = mlp_model(n=64, d=256, seed=6)
+    mod = tensorfuse.compile(model, num_threads=3, cache=False)
+    mod.check_memory = False
+    xs = [x_input(60 + i, n=64) for i in range(3)]
+    want = [ort_run(model, {"x": x})[0] for x in xs]
+    np.testing.assert_allclose(mod.run(xs[0])[0], want[0], rtol=1e-4, atol=1e-5)
+    team = module_team(mod)
+    monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", 1000)
+    mod.run(xs[0])
+    deadline = time.time() + 10
+    while team._ctl[8 + 1] != 1 and time.time() < deadline:       # worker 1 asleep
+        time.sleep(0.01)
+    assert team._ctl[8 + 1] == 1
+    token, held = team._go[1], threading.Semaphore(0)
+    team._go[1] = held                               # run() wakes this one: worker 1 sleeps on
+    before = int(team.chunks_run()[1])
+    results, errors = [], []
+
+    def runs():
+        try:
+            for i in range(6):
+                results.append(mod.run(xs[i % 3])[0])
+        except BaseException as e:                  # noqa: BLE001 - reported below
+            errors.append(e)
+    th = threading.Thread(target=runs, daemon=True)
+    th.start()
+    th.join(timeout=120)
+    assert not th.is_alive(), "a run waited for the sleeping worker"
+    assert not errors, errors
+    for i, got in enumerate(results):
+        np.testing.assert_allclose(got, want[i % 3], rtol=1e-4, atol=1e-5, err_msg=f"run {i}")
+    assert int(team.chunks_run()[1]) == before       # it slept through them
+    team._go[1] = token
+    token.release()                                  # wake it late: it finds the last job over
+    deadline = time.time() + 10
+    while team._ctl[8] != team._seq and time.time() < deadline:
+        time.sleep(0.01)
+    assert team._ctl[8] == team._seq
+    assert int(team.chunks_run()[1]) == before, "a late worker claimed a chunk of a finished job"
+    monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", threads.WORKER_SPIN_TICKS)
+    run_on_team(mod, {"x": xs[1]}, lambda got, i: np.testing.assert_allclose(got[0], want[1], rtol=1e-4, atol=1e-5))
+
+
+def test_chunks_per_thread_knob(monkeypatch):
+    """$TENSORFUSE_CHUNKS_PER_THREAD sets how finely a team cuts its loops (1 chunk per thread up
+    to more chunks than iterations): the outputs are the same, bit for bit; bad values are
+    ValueErrors naming the variable."""
+    model = mlp_model(n=64, d=256, seed=8)
+    x = x_input(3, n=64)
+    want = ort_run(model, {"x": x})[0]
+    outs = []
+    for k in ("1", "3", "1000"):
+        monkeypatch.setenv("TENSORFUSE_CHUNKS_PER_THREAD", k)
+        mod = tensorfuse.compile(model, num_threads=2)
+        got = run_on_team(mod, {"x": x}, lambda g, i: np.testing.assert_allclose(g[0], want, rtol=1e-4, atol=1e-5))
+        assert module_team(mod).chunks_per_thread == int(k)
+        outs.append(got[0])
+    assert all(np.array_equal(o, outs[0]) for o in outs)
+    for bad in ("0", "x"):
+        monkeypatch.setenv("TENSORFUSE_CHUNKS_PER_THREAD", bad)
+        with pytest.raises(ValueError, match="TENSORFUSE_CHUNKS_PER_THREAD must be a positive integer"):
+            threads.resolve_chunks_per_thread()
 
 
 def test_team_helpers_come_with_the_module():
     """A compiled module's code holds the team's helpers beside its entry (a saved module thus
     needs no code generation to run threaded), and its teams use them; a library without them
-    (a module saved before) gets them compiled once per process."""
+    (a module saved by an older tensorfuse, whose kernels follow another thread protocol) runs
+    on the calling thread alone."""
     mod = tensorfuse.compile(mlp_model(n=64, d=256, seed=5), num_threads=2, cache=False)
-    assert all(f'define i64 @"{n}"' in mod.llvm_ir or f"define i64 @{n}(" in mod.llvm_ir
-               for n in ("tf_spin", "tf_xchg", "tf_load", "tf_worker"))
-    mod.run(x_input(1, n=64))
-    team = _arena_team(mod)
+    assert all(f'define i64 @"{n}"' in mod.llvm_ir or f'define void @"{n}"' in mod.llvm_ir
+               for n in ("tf_spin", "tf_xchg", "tf_load", "tf_worker", "tf_lead", "tf_publish"))
+    x = x_input(1, n=64)
+    want = mod.run(x)[0]
+    team = module_team(mod)
     assert team._helpers["lib"] is mod._lib
 
     class NoHelpers:
         def address(self, name):
             raise KeyError(name)
-    fallback = threads.team_helpers(NoHelpers())
-    assert fallback["lib"] is not mod._lib and fallback is threads.team_helpers(None)
+    assert threads.team_helpers(NoHelpers()) is None
+    assert threads.team_helpers(None)["lib"] is not mod._lib    # compiled on its own, once
+    mod._helpers, mod._pool = {}, []                # as loaded from an older file
+    np.testing.assert_array_equal(mod.run(x)[0], want)
+    assert module_team(mod) is None
+
+
+def test_saved_module_runs_on_its_own_team(tmp_path):
+    """A module saved and loaded back runs threaded with the helpers of its own object code
+    (no code generation), its workers running chunks, and gives the compiled module's output."""
+    model = mlp_model(n=64, d=256, seed=9)
+    mod = tensorfuse.compile(model, num_threads=2, cache=False)
+    x = x_input(5, n=64)
+    want = ort_run(model, {"x": x})[0]
+    path = tmp_path / "m.tfm"
+    mod.save(str(path))
+    back = tensorfuse.load(str(path))
+    back.num_threads = 2
+    for checked in (True, False):
+        back.check_memory = checked
+        got = run_on_team(back, {"x": x}, lambda g, i: np.testing.assert_allclose(g[0], want, rtol=1e-4, atol=1e-5))
+        np.testing.assert_array_equal(got[0], mod.run(x)[0])
+    team = module_team(back)
+    assert team._helpers["lib"] is back._lib and team.chunks_run()[1:].sum() > 0

@@ -5,11 +5,16 @@ pointers in the kernel's parameter order. :func:`emit_entry` adds ``void @<entry
 ptr %team)`` that calls kernels in sequence, each with its buffers picked from the slot table
 (the runtime's memory plan fills the table), so one native call runs the whole graph.
 
-Threads (SPMD): the runtime calls the entry once per thread of a team, each with its own
-``team`` record (:data:`TEAM_FIELDS`: thread index, team size, the shared barrier, the thread's
-barrier sense). A kernel's top-level ``parallel`` loop is cut into one contiguous chunk per
-thread; a kernel without one runs on thread 0 alone. Barriers (a sense-reversing counter,
-spinning then ``sched_yield``) separate kernels wherever a thread may read what another wrote.
+Threads: the runtime calls the entry once per thread of a team, each with its own ``team``
+record (:data:`TEAM_FIELDS`), and the threads share the work of each *phase* through two
+counters (:func:`phase_helpers`): a kernel's top-level ``parallel`` loop is one phase, cut
+into chunks of about ``extent / (nthreads * chunks_per_thread)`` iterations that any thread
+claims from an atomic counter (the calling thread works too); a statement or a run of serial
+kernels that must run once is a phase of one chunk. A thread runs a chunk it claimed only after
+every chunk of the earlier phases is done (a count of finished chunks, not of threads that
+arrived), so no thread ever waits for a particular other thread: one that is descheduled holds
+back at most the chunk it is running, and when it wakes late it finds the phases it missed
+exhausted (the counters only grow, so its claims fail) and takes part in the current one.
 ``team`` may be null: the kernel then runs every iteration itself (the profiler does this).
 
 Loop kinds: ``parallel`` as above; ``unroll`` repeats the body once per iteration (constant
@@ -29,8 +34,11 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tensorfuse.ir.kernel import GPU_LOOP_KINDS, FMA, Barrier, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
-from tensorfuse.ir.schedule import expr_children, runs_on_thread0_only, statement_is_parallel
+from tensorfuse.ir.schedule import expr_children, expr_nodes, runs_on_thread0_only, statement_is_parallel
 from tensorfuse.ir.types import DType
+# the team record and shared counters' layout belongs to the runtime (which loads saved modules
+# without importing codegen)
+from tensorfuse.runtime.threads import SYNC_CLAIMED, SYNC_DONE, TEAM_FIELDS, TEAM_RECORD_BYTES  # noqa: F401
 
 from . import vmath
 
@@ -41,12 +49,9 @@ I64 = ir.IntType(64)
 F32 = ir.FloatType()
 
 
-#: the team record's i64 fields: thread index, team size, barrier address, barrier sense
-TEAM_FIELDS = ("tid", "nthreads", "barrier", "sense")
+
 #: the most iterations an ``unroll`` loop may have
 MAX_UNROLL = 64
-#: spins on the barrier's sense word before each sched_yield
-BARRIER_SPINS = 2000
 
 
 class CodegenError(Exception):
@@ -111,6 +116,7 @@ class _FnEmitter:
         entry = self.fn.append_basic_block("entry")
         self.b = ir.IRBuilder(entry)
         self.split_ok = False
+        self.chunk = None
         self.ptrs: dict[int, ir.Value] = {}
         self.vars: dict[int, ir.Value] = {}
         self._memo: dict[int, tuple] = {}       # id(expr) -> (expr, value) in _memo_block
@@ -128,7 +134,7 @@ class _FnEmitter:
             a = self.b.alloca(ir.ArrayType(ltype(buf.dtype, True), max(buf.numel, 1)), name=local_name(buf.name))
             a.align = 64
             self.ptrs[id(buf)] = a
-        self.tid, self.nth = _team_ids(self.b, self.fn.args[1])     # after the allocas: entry block
+        self.nth, self.cpt = _team_shape(self.b, self.fn.args[1])   # after the allocas: entry block
 
     # -- helpers --------------------------------------------------------------------------
     def _decl(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
@@ -409,21 +415,90 @@ class _FnEmitter:
             self.stmt(s)
 
     def top(self, body) -> None:
-        """The kernel body: each top-level statement holding the parallel loop runs on every
-        thread (the loop split into chunks); any other runs on thread 0; a barrier separates
-        statements wherever a parallel one is involved."""
+        """The kernel body as phases (module docstring): a statement holding the parallel loop
+        is a phase of many chunks; a run of statements that store to global memory (with the
+        statements between them that fill only locals) is a phase of one chunk; a run of
+        statements that fill only locals is executed by every thread (each fills its own copy)
+        once the earlier phases are done. Raises CodegenError where a one-chunk phase fills
+        locals that a later statement reads (they would be set on one thread only)."""
+        kinds = [_statement_kind(s) for s in body]
+        i = 0
+        while i < len(body):
+            if kinds[i] == "parallel":
+                self._parallel_phase(body[i])
+                i += 1
+                continue
+            j = i
+            while j < len(body) and kinds[j] != "parallel":
+                j += 1
+            run = body[i:j]
+            if "once" in kinds[i:j]:
+                self._check_run_locals(run, body[j:])
+                self._phase(ir.Constant(I64, 1), lambda _i, run=run: self.stmts(run))
+            else:
+                self._wait_earlier_phases()
+                self.stmts(run)
+            i = j
+
+    def _check_run_locals(self, run, later) -> None:
+        written = {id(st.buf) for st in _stores_in(run) if st.buf.scope == "local"}
+        if written and any(id(ld.buf) in written for ld in _loads_in(later)):
+            raise CodegenError(f"kernel {self.k.name}: a statement that runs once (on one thread) fills locals "
+                               f"that a later statement reads on every thread")
+
+    def _parallel_phase(self, s) -> None:
+        """A perfect nest whose parallel loop is split into chunks; the loops above it (serial)
+        run whole inside each chunk, as each thread ran them over its own range before."""
         b = self.b
-        kinds = [statement_is_parallel(s) for s in body]
-        for i, (s, par) in enumerate(zip(body, kinds)):
-            if i and (par or kinds[i - 1]):
-                b.call(barrier_fn(self.m), [self.fn.args[1]])
-            self.split_ok = par          # only this nest's first parallel loop is split
-            if runs_on_thread0_only(s):
-                with b.if_then(b.icmp_signed("==", self.tid, ir.Constant(I64, 0))):
-                    self.stmt(s)
-            else:                        # parallel, or filling this thread's own locals
-                self.stmt(s)
+        nest = _perfect_nest(s)
+        par = next(f for f in nest if f.kind == "parallel")
+        start = self.expr(par.start)
+        stop = self.expr(par.extent)
+        total = b.sub(stop, start)
+        parts = b.mul(self.nth, self.cpt)
+        grain = b.sdiv(b.add(total, b.sub(parts, ir.Constant(I64, 1))), parts)
+        grain = b.select(b.icmp_signed("<", grain, ir.Constant(I64, 1)), ir.Constant(I64, 1), grain)
+        n = b.sdiv(b.add(total, b.sub(grain, ir.Constant(I64, 1))), grain)
+        n = b.select(b.icmp_signed("<", total, ir.Constant(I64, 1)), ir.Constant(I64, 0), n)
+
+        def chunk(i):
+            lo = b.add(start, b.mul(i, grain))
+            hi = b.add(lo, grain)
+            self.chunk = (lo, b.select(b.icmp_signed("<", hi, stop), hi, stop))
+            self.split_ok = True
+            self.stmt(s)
             self.split_ok = False
+        self._phase(n, chunk)
+
+    def _phase(self, n: ir.Value, chunk) -> None:
+        """Claim chunks of a phase of ``n`` until none is left, running ``chunk(i)`` (which
+        emits the code of chunk ``i``) for each; before its first chunk a thread waits until
+        the earlier phases are done. Null team: chunks 0..n-1 in order."""
+        b = self.b
+        team = self.fn.args[1]
+        claim, wait, done, end = phase_helpers(self.m)
+        pre = b.block
+        head = self.fn.append_basic_block("phase.head")
+        body = self.fn.append_basic_block("phase.body")
+        exit_ = self.fn.append_basic_block("phase.exit")
+        b.branch(head)
+        b.position_at_end(head)
+        k = b.phi(I64, name="mine")
+        k.add_incoming(ir.Constant(I64, 0), pre)
+        i = b.call(claim, [team, n, k], name="chunk")
+        b.cbranch(b.icmp_signed("<", i, ir.Constant(I64, 0)), exit_, body)
+        b.position_at_end(body)
+        with b.if_then(b.icmp_signed("==", k, ir.Constant(I64, 0))):
+            b.call(wait, [team])
+        chunk(i)
+        b.call(done, [team])
+        k.add_incoming(b.add(k, ir.Constant(I64, 1)), b.block)
+        b.branch(head)
+        b.position_at_end(exit_)
+        b.call(end, [team, n])
+
+    def _wait_earlier_phases(self) -> None:
+        self.b.call(phase_helpers(self.m)[1], [self.fn.args[1]])
 
     def stmt(self, s) -> None:
         b = self.b
@@ -451,13 +526,7 @@ class _FnEmitter:
             stop = self.expr(s.extent)
             if s.kind == "parallel" and self.split_ok:
                 self.split_ok = False
-                # this thread's chunk of [start, stop): ceil(n / nthreads) iterations each
-                n = b.sub(stop, start)
-                chunk = b.sdiv(b.add(n, b.sub(self.nth, ir.Constant(I64, 1))), self.nth)
-                lo = b.add(start, b.mul(self.tid, chunk))
-                hi = b.add(lo, chunk)
-                start = b.select(b.icmp_signed("<", lo, stop), lo, stop)
-                stop = b.select(b.icmp_signed("<", hi, stop), hi, stop)
+                start, stop = self.chunk          # the claimed chunk of [start, stop)
             pre = b.block
             header = self.fn.append_basic_block(f"{s.var.name}.head")
             body = self.fn.append_basic_block(f"{s.var.name}.body")
@@ -532,23 +601,77 @@ def kernel_is_parallel(kernel: Kernel) -> bool:
     return any(statement_is_parallel(s) for s in kernel.body)
 
 
-def _team_ids(b: ir.IRBuilder, team: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """(thread index, team size) from the team record; (0, 1) when ``team`` is null."""
+def _team_shape(b: ir.IRBuilder, team: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """(team size, chunks per thread) from the team record; (1, 1) when ``team`` is null (a
+    parallel loop is then one chunk)."""
     null = b.icmp_unsigned("==", team, ir.Constant(PTR, None))
     with b.if_else(null) as (alone, shared):
         with alone:
             a_blk = b.block
         with shared:
-            tid = b.load(team, typ=I64)
-            nth = b.load(b.gep(team, [ir.Constant(I64, 1)], source_etype=I64), typ=I64)
+            nth = b.load(_field(b, team, "nthreads"), typ=I64)
+            cpt = b.load(_field(b, team, "chunks_per_thread"), typ=I64)
             s_blk = b.block
-    t = b.phi(I64, name="tid")
-    t.add_incoming(ir.Constant(I64, 0), a_blk)
-    t.add_incoming(tid, s_blk)
     n = b.phi(I64, name="nthreads")
     n.add_incoming(ir.Constant(I64, 1), a_blk)
     n.add_incoming(nth, s_blk)
-    return t, n
+    c = b.phi(I64, name="chunks_per_thread")
+    c.add_incoming(ir.Constant(I64, 1), a_blk)
+    c.add_incoming(cpt, s_blk)
+    return n, c
+
+
+def _field(b: ir.IRBuilder, team: ir.Value, name: str) -> ir.Value:
+    """The address of a team record field (:data:`TEAM_FIELDS`)."""
+    return b.gep(team, [ir.Constant(I64, TEAM_FIELDS.index(name))], source_etype=I64)
+
+
+def _perfect_nest(s) -> list:
+    """The loops of a top-level perfect nest down to its first parallel one."""
+    out = []
+    while isinstance(s, For):
+        out.append(s)
+        if s.kind == "parallel" or len(s.body) != 1:
+            break
+        s = s.body[0]
+    return out
+
+
+def _statement_kind(s) -> str:
+    """How :meth:`_FnEmitter.top` runs a top-level statement: "parallel" (a phase of chunks of
+    its parallel loop), "once" (in a phase of one chunk: it stores to global memory, or its
+    parallel loop's bounds read loop variables or memory, so that threads could not agree on
+    the chunks) or "every" (it fills only locals: every thread runs it)."""
+    if statement_is_parallel(s):
+        par = _perfect_nest(s)[-1]
+        if not any(isinstance(e, (Var, Load)) for x in (par.start, par.extent) for e in expr_nodes(x)):
+            return "parallel"
+        return "once"
+    return "once" if runs_on_thread0_only(s) else "every"
+
+
+def _stores_in(stmts):
+    for s in stmts:
+        if isinstance(s, Store):
+            yield s
+        elif isinstance(s, For):
+            yield from _stores_in(s.body)
+        elif isinstance(s, If):
+            yield from _stores_in(s.then)
+            yield from _stores_in(s.orelse)
+
+
+def _loads_in(stmts):
+    for s in stmts:
+        exprs = [s.index, s.value] if isinstance(s, Store) else [s.start, s.extent] if isinstance(s, For) \
+            else [s.cond] if isinstance(s, If) else []
+        for x in exprs:
+            yield from (e for e in expr_nodes(x) if isinstance(e, Load))
+        if isinstance(s, For):
+            yield from _loads_in(s.body)
+        elif isinstance(s, If):
+            yield from _loads_in(s.then)
+            yield from _loads_in(s.orelse)
 
 
 def _store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, align: int) -> None:
@@ -570,68 +693,152 @@ def _sched_yield(module: ir.Module) -> ir.Function:
         module, ir.FunctionType(ir.IntType(32), []), name="sched_yield")
 
 
-def barrier_fn(module: ir.Module) -> ir.Function:
-    """``void @tf_barrier(ptr team)``: wait until every thread of the team has arrived.
+#: a thread waiting for the earlier phases' chunks polls this many times (``pause`` between
+#: polls) before each ``sched_yield``
+PHASE_SPINS = 2000
 
-    A sense-reversing counter barrier: each thread flips its own sense (team field 3); the last
-    to arrive resets the count and publishes the new sense (release); the others spin on the
-    sense word (acquire), calling ``sched_yield`` every :data:`BARRIER_SPINS` spins so that an
-    oversubscribed machine still makes progress. Null team or one thread: returns at once."""
-    fn = module.globals.get("tf_barrier")
-    if fn is not None:
-        return fn
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name="tf_barrier")
-    fn.linkage = "internal"
-    team = fn.args[0]
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
-    done = fn.append_basic_block("done")
-    work = fn.append_basic_block("work")
-    null = b.icmp_unsigned("==", team, ir.Constant(PTR, None))
-    b.cbranch(null, done, work)
-    b.position_at_end(work)
-    nth = b.load(b.gep(team, [ir.Constant(I64, 1)], source_etype=I64), typ=I64)
-    many = fn.append_basic_block("many")
-    b.cbranch(b.icmp_signed("<=", nth, ir.Constant(I64, 1)), done, many)
-    b.position_at_end(many)
-    bar = b.load(b.gep(team, [ir.Constant(I64, 2)], source_etype=I64), typ=PTR)
-    sense_p = b.gep(team, [ir.Constant(I64, 3)], source_etype=I64)
-    sense = b.sub(ir.Constant(I64, 1), b.load(sense_p, typ=I64))
-    b.store(sense, sense_p)
-    count_p = bar
-    flag_p = b.gep(bar, [ir.Constant(I64, 1)], source_etype=I64)
-    old = b.atomic_rmw("add", count_p, ir.Constant(I64, 1), "acq_rel")
-    last = fn.append_basic_block("last")
-    wait = fn.append_basic_block("wait")
-    b.cbranch(b.icmp_signed("==", old, b.sub(nth, ir.Constant(I64, 1))), last, wait)
-    b.position_at_end(last)
-    _store_atomic(b, ir.Constant(I64, 0), count_p, "monotonic")
-    _store_atomic(b, sense, flag_p, "release")
-    b.branch(done)
-    b.position_at_end(wait)
-    spin = fn.append_basic_block("spin")
-    yld = fn.append_basic_block("yield")
-    b.branch(spin)
-    b.position_at_end(spin)
+
+def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Function, ir.Function]:
+    """The phase protocol's internal functions (``tf_claim``, ``tf_wait``, ``tf_chunk_done``,
+    ``tf_phase_end``), added to ``module`` once.
+
+    The team shares two counters (the block at team field ``sync``): chunks claimed and chunks
+    done since the team started; they only grow. A thread's ``base`` field is the count of
+    chunks of every phase before its next one (the runtime sets it at the start of each job).
+    For a phase of ``n`` chunks:
+
+    - ``i64 tf_claim(ptr team, i64 n, i64 mine)``: while claimed < base + n, compare-and-swap
+      claimed to claimed + 1 and return the chunk index claimed - base; -1 when none is left.
+      (Claimed is at least base: a thread leaves a phase only once its chunks are all claimed.)
+      A late thread's base is an old phase's, whose chunks are all claimed: it gets -1.
+      Null team: chunk ``mine`` (the chunks this thread ran of the phase) while below ``n``.
+    - ``void tf_wait(ptr team)``: until done >= base (acquire; the chunk writers release), so
+      what every earlier phase wrote is visible and what it read may be overwritten. Polls with
+      ``pause``, calling ``sched_yield`` every :data:`PHASE_SPINS` polls.
+    - ``void tf_chunk_done(ptr team)``: done += 1 (release); the thread's ``chunks_run`` += 1.
+    - ``void tf_phase_end(ptr team, i64 n)``: base += n.
+
+    Every thread sees the same phases with the same ``n`` (from constants, the team size and
+    its chunks per thread), so the bases agree. Null team: wait, done and end do nothing."""
+    names = ("tf_claim", "tf_wait", "tf_chunk_done", "tf_phase_end")
+    if module.globals.get(names[0]) is not None:
+        return tuple(module.globals[n] for n in names)
+    x86 = _is_x86()
+    claim = ir.Function(module, ir.FunctionType(I64, [PTR, I64, I64]), name="tf_claim")
+    wait = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name="tf_wait")
+    done = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name="tf_chunk_done")
+    end = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64]), name="tf_phase_end")
+    for f in (claim, wait, done, end):
+        f.linkage = "internal"
+    wait.attributes.add("noinline")
+    zero, one, minus = ir.Constant(I64, 0), ir.Constant(I64, 1), ir.Constant(I64, -1)
+
+    def null_or(fn, b, team, solo_block):
+        shared = fn.append_basic_block("shared")
+        b.cbranch(b.icmp_unsigned("==", team, ir.Constant(PTR, None)), solo_block, shared)
+        b.position_at_end(shared)
+
+    def counter(b, team, word):
+        sync = b.load(_field(b, team, "sync"), typ=PTR)
+        return b.gep(sync, [ir.Constant(I64, word)], source_etype=I64)
+
+    # tf_claim
+    team, n, mine = claim.args
+    b = ir.IRBuilder(claim.append_basic_block("entry"))
+    solo = claim.append_basic_block("solo")
+    null_or(claim, b, team, solo)
+    base = b.load(_field(b, team, "base"), typ=I64)
+    last = b.add(base, n)
+    word = counter(b, team, SYNC_CLAIMED)
+    c0 = b.load_atomic(word, "monotonic", 8, typ=I64)
+    pre = b.block
+    loop = claim.append_basic_block("loop")
+    try_ = claim.append_basic_block("try")
+    none = claim.append_basic_block("none")
+    got = claim.append_basic_block("got")
+    b.branch(loop)
+    b.position_at_end(loop)
+    c = b.phi(I64, name="claimed")
+    c.add_incoming(c0, pre)
+    b.cbranch(b.icmp_signed(">=", c, last), none, try_)
+    b.position_at_end(try_)
+    res = b.cmpxchg(word, c, b.add(c, one), "monotonic", "monotonic")
+    c.add_incoming(b.extract_value(res, 0), try_)
+    b.cbranch(b.extract_value(res, 1), got, loop)
+    b.position_at_end(got)
+    b.ret(b.sub(c, base))
+    b.position_at_end(none)
+    b.ret(minus)
+    b.position_at_end(solo)
+    b.ret(b.select(b.icmp_signed("<", mine, n), mine, minus))
+
+    # tf_wait
+    team, = wait.args
+    b = ir.IRBuilder(wait.append_basic_block("entry"))
+    out = wait.append_basic_block("out")
+    null_or(wait, b, team, out)
+    base = b.load(_field(b, team, "base"), typ=I64)
+    word = counter(b, team, SYNC_DONE)
+    pre = b.block
+    poll = wait.append_basic_block("poll")
+    again = wait.append_basic_block("again")
+    yld = wait.append_basic_block("yield")
+    b.branch(poll)
+    b.position_at_end(poll)
     k = b.phi(I64, name="k")
-    k.add_incoming(ir.Constant(I64, 0), wait)
-    flag = b.load_atomic(flag_p, "acquire", 8, typ=I64)
-    again = fn.append_basic_block("again")
-    b.cbranch(b.icmp_signed("==", flag, sense), done, again)
+    k.add_incoming(zero, pre)
+    d = b.load_atomic(word, "acquire", 8, typ=I64)
+    b.cbranch(b.icmp_signed(">=", d, base), out, again)
     b.position_at_end(again)
-    k1 = b.add(k, ir.Constant(I64, 1))
-    b.cbranch(b.icmp_signed(">=", k1, ir.Constant(I64, BARRIER_SPINS)), yld, spin)
+    if x86:
+        b.call(_pause(module), [])
+    k1 = b.add(k, one)
     k.add_incoming(k1, again)
+    b.cbranch(b.icmp_signed(">=", k1, ir.Constant(I64, PHASE_SPINS)), yld, poll)
     b.position_at_end(yld)
     b.call(_sched_yield(module), [])
-    b.branch(spin)
-    k.add_incoming(ir.Constant(I64, 0), yld)
-    b.position_at_end(done)
+    k.add_incoming(zero, yld)
+    b.branch(poll)
+    b.position_at_end(out)
     b.ret_void()
-    return fn
+
+    # tf_chunk_done
+    team, = done.args
+    b = ir.IRBuilder(done.append_basic_block("entry"))
+    out = done.append_basic_block("out")
+    null_or(done, b, team, out)
+    b.atomic_rmw("add", counter(b, team, SYNC_DONE), one, "release")
+    ran = _field(b, team, "chunks_run")
+    b.store(b.add(b.load(ran, typ=I64), one), ran)
+    b.branch(out)
+    b.position_at_end(out)
+    b.ret_void()
+
+    # tf_phase_end
+    team, n = end.args
+    b = ir.IRBuilder(end.append_basic_block("entry"))
+    out = end.append_basic_block("out")
+    null_or(end, b, team, out)
+    bp = _field(b, team, "base")
+    b.store(b.add(b.load(bp, typ=I64), n), bp)
+    b.branch(out)
+    b.position_at_end(out)
+    b.ret_void()
+    return claim, wait, done, end
+
+
+def _is_x86() -> bool:
+    from llvmlite import binding
+    return binding.get_process_triple().startswith(("x86_64", "i686", "i386"))     # the code runs here
+
+
+def _pause(module: ir.Module) -> ir.Function:
+    return module.globals.get("llvm.x86.sse2.pause") or ir.Function(
+        module, ir.FunctionType(ir.VoidType(), []), name="llvm.x86.sse2.pause")
 
 
 #: the thread team's native helpers (:func:`emit_team_helpers`; runtime/threads.py calls them)
-TEAM_HELPERS = ("tf_spin", "tf_xchg", "tf_load", "tf_worker")
+TEAM_HELPERS = ("tf_spin", "tf_xchg", "tf_load", "tf_worker", "tf_lead", "tf_publish")
 #: ``sched_yield`` every this many polls of a team helper's wait
 SPIN_YIELD_EVERY = 2048
 
@@ -641,11 +848,8 @@ def _poll_wait(module: ir.Module, b: ir.IRBuilder, fn: ir.Function, k: ir.Value,
     """One wait step of a polling loop: ``pause`` (x86), a ``sched_yield`` every
     :data:`SPIN_YIELD_EVERY` polls, then to ``again`` while fewer than ``ticks`` of
     ``llvm.readcyclecounter`` have passed since ``t0``, else to ``out``. Returns k + 1."""
-    from llvmlite import binding
-    if binding.get_process_triple().startswith(("x86_64", "i686", "i386")):     # the code runs here
-        pause = module.globals.get("llvm.x86.sse2.pause") or ir.Function(
-            module, ir.FunctionType(ir.VoidType(), []), name="llvm.x86.sse2.pause")
-        b.call(pause, [])
+    if _is_x86():
+        b.call(_pause(module), [])
     k1 = b.add(k, ir.Constant(I64, 1))
     yld = fn.append_basic_block("yield")
     nxt = fn.append_basic_block("next")
@@ -666,19 +870,29 @@ def _cycle_counter(module: ir.Module) -> ir.Function:
 
 def emit_team_helpers(module: ir.Module) -> None:
     """Add the thread team's native helpers (``runtime/threads.py``, which calls them through
-    ctypes, the GIL released) to ``module``, so a saved module carries them:
+    ctypes, the GIL released) to ``module``, so a saved module carries them. The control block
+    ``ctl`` is int64 words: 0 the job sequence (odd while a job is being published), 1 the
+    job's entry, 2 its slot table, 3 its base (the chunks done before it: see
+    :func:`phase_helpers`), ``8 t`` the last job worker ``t`` finished.
 
     - ``i64 tf_spin(ptr word, i64 value, i64 equal, i64 ticks)``: poll the int64 at ``word``
       (acquire loads; :func:`_poll_wait` between polls) until ``(*word == value) == equal``
       (returns 1) or ``ticks`` of the cycle counter have passed (returns 0);
     - ``i64 tf_xchg(ptr word, i64 value)`` (a sequentially consistent exchange, returning the
       old value) and ``i64 tf_load(ptr word)`` (a sequentially consistent load);
-    - ``i64 tf_worker(ptr ctl, ptr team, i64 t, i64 last, i64 ticks)``: worker ``t``'s job loop
-      over the control block ``ctl`` of int64 words: whenever the job sequence ``ctl[0]``
-      (acquire) differs from ``last`` it calls the job's entry (address ``ctl[1]``) with the
-      slot table ``ctl[2]`` and ``team``, then publishes the sequence number in ``ctl[8 t]``
-      (release); it returns the last sequence it ran once ``ticks`` pass without a new job."""
-    if module.globals.get("tf_worker") is not None:
+    - ``void tf_publish(ptr ctl, i64 entry, i64 slots, i64 base, i64 seq)``: publish job
+      ``seq`` (even) as a sequence lock: ``ctl[0] = seq - 1``, a release fence, the three
+      words, then ``ctl[0] = seq`` (release);
+    - ``i64 tf_worker(ptr ctl, ptr team, i64 t, i64 last, i64 ticks)``: worker ``t``'s job loop:
+      whenever ``ctl[0]`` (acquire) is even and differs from ``last`` it reads the job's words,
+      an acquire fence, and ``ctl[0]`` again (retrying if it changed, so entry, slots and base
+      are one job's), sets its record's ``base``, calls the entry with the slot table and
+      ``team``, then publishes the sequence number in ``ctl[8 t]`` (release); it returns the
+      last sequence it ran once ``ticks`` pass without a new job. It never waits for another
+      thread: a job is over for it when it finds no chunk left to claim;
+    - ``void tf_lead(i64 entry, ptr slots, ptr team, i64 base)``: the calling thread's part of a
+      job: its ``base``, the entry, then a wait until every chunk of the job is done."""
+    if module.globals.get("tf_lead") is not None:
         return
     spin = ir.Function(module, ir.FunctionType(I64, [PTR, I64, I64, I64]), name="tf_spin")
     word, value, equal, ticks = spin.args
@@ -713,11 +927,13 @@ def emit_team_helpers(module: ir.Module) -> None:
 
     work = ir.Function(module, ir.FunctionType(I64, [PTR, PTR, I64, I64, I64]), name="tf_worker")
     ctl, team, tix, last0, ticks = work.args
+    entry_t = ir.FunctionType(ir.VoidType(), [PTR, PTR]).as_pointer()
     b = ir.IRBuilder(work.append_basic_block("entry"))
     start = b.call(_cycle_counter(module), [])
     entry = b.block
     job = work.append_basic_block("job")
     loop = work.append_basic_block("loop")
+    read = work.append_basic_block("read")
     run = work.append_basic_block("run")
     wait = work.append_basic_block("wait")
     out = work.append_basic_block("out")
@@ -732,12 +948,17 @@ def emit_team_helpers(module: ir.Module) -> None:
     k = b.phi(I64, name="k")
     k.add_incoming(ir.Constant(I64, 0), job)
     seq = b.load_atomic(ctl, "acquire", 8, typ=I64)
-    b.cbranch(b.icmp_signed("!=", seq, last), run, wait)
+    busy = b.or_(b.icmp_signed("==", seq, last), b.icmp_signed("!=", b.and_(seq, ir.Constant(I64, 1)), ir.Constant(I64, 0)))
+    b.cbranch(busy, wait, read)
+    b.position_at_end(read)
+    words = [b.load_atomic(b.gep(ctl, [ir.Constant(I64, w)], source_etype=I64), "monotonic", 8, typ=I64)
+             for w in (1, 2, 3)]
+    b.fence("acquire")
+    again = b.load_atomic(ctl, "monotonic", 8, typ=I64)
+    b.cbranch(b.icmp_signed("==", again, seq), run, wait)      # torn: poll again
     b.position_at_end(run)
-    entry_fn = b.inttoptr(b.load(b.gep(ctl, [ir.Constant(I64, 1)], source_etype=I64), typ=I64),
-                          ir.FunctionType(ir.VoidType(), [PTR, PTR]).as_pointer())
-    slots = b.inttoptr(b.load(b.gep(ctl, [ir.Constant(I64, 2)], source_etype=I64), typ=I64), PTR)
-    b.call(entry_fn, [slots, team])
+    b.store(words[2], _field(b, team, "base"))
+    b.call(b.inttoptr(words[0], entry_t), [b.inttoptr(words[1], PTR), team])
     fin = b.gep(ctl, [b.mul(tix, ir.Constant(I64, 8))], source_etype=I64)
     _store_atomic(b, seq, fin, "release")
     end = b.call(_cycle_counter(module), [])
@@ -749,6 +970,24 @@ def emit_team_helpers(module: ir.Module) -> None:
     k.add_incoming(k1, b.block)
     b.position_at_end(out)
     b.ret(last)
+
+    pub = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64, I64, I64]), name="tf_publish")
+    ctl, fn_addr, slots, base, seq = pub.args
+    b = ir.IRBuilder(pub.append_basic_block("entry"))
+    _store_atomic(b, b.sub(seq, ir.Constant(I64, 1)), ctl, "monotonic")
+    b.fence("release")
+    for w, v in ((1, fn_addr), (2, slots), (3, base)):
+        _store_atomic(b, v, b.gep(ctl, [ir.Constant(I64, w)], source_etype=I64), "monotonic")
+    _store_atomic(b, seq, ctl, "release")
+    b.ret_void()
+
+    lead = ir.Function(module, ir.FunctionType(ir.VoidType(), [I64, PTR, PTR, I64]), name="tf_lead")
+    fn_addr, slots, team, base = lead.args
+    b = ir.IRBuilder(lead.append_basic_block("entry"))
+    b.store(base, _field(b, team, "base"))
+    b.call(b.inttoptr(fn_addr, entry_t), [slots, team])
+    b.call(phase_helpers(module)[1], [team])
+    b.ret_void()
 
 
 def emit_kernel(module: ir.Module, kernel: Kernel) -> ir.Function:
@@ -768,35 +1007,53 @@ _FOLD = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, 
 def emit_entry(module: ir.Module, name: str, calls: list[tuple[str, list[int]]],
                parallel: dict[str, bool] | None = None) -> ir.Function:
     """``void @name(ptr %slots, ptr %team)``: calls each kernel with args gathered from the
-    slot table. ``parallel[kernel]`` says whether a kernel splits work across the team; a
-    serial kernel runs on thread 0 alone (team null), and a barrier separates two calls
-    whenever either of them is parallel."""
+    slot table. ``parallel[kernel]`` says whether a kernel splits work across the team: such a
+    kernel gets the team (every thread calls it and takes part in its phases); a run of serial
+    kernels is one phase of one chunk (:func:`phase_helpers`) whose claimer calls them with a
+    null team."""
     parallel = parallel or {}
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR]), name=name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     team = fn.args[1]
-    tid, _ = _team_ids(b, team)
     width = max([len(s) for _, s in calls] + [1])
     args = b.alloca(PTR, size=width, name="args")
-    prev_par = None
-    for kname, slots in calls:
-        par = bool(parallel.get(kname))
-        if prev_par is not None and (par or prev_par):
-            b.call(barrier_fn(module), [team])
-        prev_par = par
-        callee = module.globals[kname]
+    claim, wait, done, end = phase_helpers(module)
 
-        def call():
-            for j, slot in enumerate(slots):
-                p = b.load(b.gep(fn.args[0], [ir.Constant(I64, slot)], source_etype=PTR), typ=PTR)
-                b.store(p, b.gep(args, [ir.Constant(I64, j)], source_etype=PTR))
-            b.call(callee, [args, team if par else ir.Constant(PTR, None)])
+    def call(kname, slots, with_team):
+        for j, slot in enumerate(slots):
+            p = b.load(b.gep(fn.args[0], [ir.Constant(I64, slot)], source_etype=PTR), typ=PTR)
+            b.store(p, b.gep(args, [ir.Constant(I64, j)], source_etype=PTR))
+        b.call(module.globals[kname], [args, team if with_team else ir.Constant(PTR, None)])
 
-        if par:
-            call()
-        else:
-            with b.if_then(b.icmp_signed("==", tid, ir.Constant(I64, 0))):
-                call()
+    i = 0
+    while i < len(calls):
+        if parallel.get(calls[i][0]):
+            call(*calls[i], True)
+            i += 1
+            continue
+        j = i
+        while j < len(calls) and not parallel.get(calls[j][0]):
+            j += 1
+        pre = b.block
+        head = fn.append_basic_block("serial.head")
+        body = fn.append_basic_block("serial.body")
+        exit_ = fn.append_basic_block("serial.exit")
+        b.branch(head)
+        b.position_at_end(head)
+        k = b.phi(I64, name="mine")
+        k.add_incoming(ir.Constant(I64, 0), pre)
+        got = b.call(claim, [team, ir.Constant(I64, 1), k])
+        b.cbranch(b.icmp_signed("<", got, ir.Constant(I64, 0)), exit_, body)
+        b.position_at_end(body)
+        b.call(wait, [team])
+        for kname, slots in calls[i:j]:
+            call(kname, slots, False)
+        b.call(done, [team])
+        k.add_incoming(ir.Constant(I64, 1), b.block)
+        b.branch(head)
+        b.position_at_end(exit_)
+        b.call(end, [team, ir.Constant(I64, 1)])
+        i = j
     b.ret_void()
     emit_team_helpers(module)
     return fn
