@@ -487,8 +487,8 @@ class Module(ModuleBase):
             arena.call_args = [(ctypes.c_void_p * max(len(c.slots), 1))() for c in prog.calls]
         for t, c in enumerate(prog.calls):
             for p, s in enumerate(c.slots):
-                if p in writes[t] or s not in region:
-                    continue
+                if p in writes[t] or s not in region or region[s].size == 0:
+                    continue        # an empty tensor (a zero-sized dim) has nothing to read
                 if s not in sealed:
                     raise MemoryPlanError(f"{what(t)} reads slot {s} '{slots[s].name}' before any kernel wrote it")
                 crc, by = sealed[s]

@@ -96,6 +96,11 @@ class CollapseReshapes(Rule):
 
     def rewrite(self, m, build):
         shape = build.const(np.array(m.y.shape, np.int64), "shape")
+        if 0 in m.y.shape:
+            # a 0 in Reshape's shape copies the input's dim unless allowzero=1 (ONNX Reshape-14):
+            # the final shape's zero-sized dims are meant literally (issue 24 item 6: [2, 0, 3]
+            # -> [0, 6] -> [0, 3, 2] with allowzero=1 became a Reshape to [2, 3, 2]: RewriteError)
+            return build.Reshape(m.x, shape, allowzero=1)
         return build.Reshape(m.x, shape)
 
 

@@ -130,3 +130,59 @@ def test_shape_clip_start_with_a_nul_byte_in_its_graph_name():
     (got,) = tensorfuse.compile(data, cache=False).run(x=x)
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(got, [3, 4, 5])
+
+
+# ----------------------------------------------------------------------------- item 6
+def _model(nodes, inputs, outputs, inits=(), opset=18):
+    g = helper.make_graph(nodes, "empty", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+                          [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs], initializer=list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _check_all_levels(m, feeds):
+    expected = ort_run(m, feeds)
+    for level in (0, 2, 3):
+        got = tensorfuse.compile(m, cache=False, opt_level=level).run(**feeds)
+        for g, e in zip(got, expected):
+            assert g.shape == e.shape and g.dtype == e.dtype, (level, g.shape, e.shape)
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, err_msg=f"O{level}")
+
+
+def _i64(name, v):
+    return numpy_helper.from_array(np.asarray(v, np.int64), name)
+
+
+def test_reshape_chain_with_allowzero_keeps_its_zero_sized_dims():
+    """[2, 0, 3] -> Reshape(allowzero=1) [0, 6] -> Reshape(allowzero=1) [0, 3, 2]: CollapseReshapes
+    made one Reshape to [0, 3, 2] without allowzero, whose 0 copies the input's 2: "RewriteError:
+    rule CollapseReshapes failed at node Reshape_1: ShapeError: ... cannot reshape [2, 0, 3]
+    (0 elements) to [0, 3, 2] (12 elements)" at O2 (issue 24 item 6)."""
+    m = _model([helper.make_node("Reshape", ["x", "s1"], ["a"], allowzero=1),
+                helper.make_node("Reshape", ["a", "s2"], ["y"], allowzero=1)],
+               [("x", [2, 0, 3])], [("y", TensorProto.FLOAT, [0, 3, 2])], [_i64("s1", [0, 6]), _i64("s2", [0, 3, 2])])
+    _check_all_levels(m, {"x": np.zeros((2, 0, 3), np.float32)})
+
+
+def test_matmul_by_a_constant_with_an_empty_reduction():
+    """x[2, 0] @ W[0, 3] (a constant) + b: the register-blocked schedule divided by K = 0
+    ("CompileError: ZeroDivisionError ... lowering MatMul node ... ir/ops/linalg.py:167");
+    the result is b broadcast (random_graphs.py --seed 41 graph 40, shrunk)."""
+    w = numpy_helper.from_array(np.ones((0, 3), np.float32), "w")
+    b = numpy_helper.from_array(np.array([1.0, -2.0, 3.0], np.float32), "b")
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["y"])],
+               [("x", [2, 0])], [("y", TensorProto.FLOAT, [2, 3])], [w, b])
+    _check_all_levels(m, {"x": np.zeros((2, 0), np.float32)})
+
+
+def test_kernel_reading_an_empty_tensor_passes_the_memory_plan_check():
+    """ArgMin of a [0, 4, 2] value (no kernel: its output is empty) read by a Cast kernel: the
+    debug-mode memory-plan check raised "MemoryPlanError: call 1 (cast_2: Cast_11) reads slot 7
+    'argmin_8' before any kernel wrote it" (random_graphs.py --seed 41 graph 60, shrunk); an empty
+    tensor has nothing to read."""
+    m = _model([helper.make_node("Slice", ["x", "st", "en", "ax"], ["s"]),
+                helper.make_node("ArgMin", ["s"], ["a"], axis=2, keepdims=0, select_last_index=1),
+                helper.make_node("Cast", ["a"], ["y"], to=TensorProto.FLOAT)],
+               [("x", [3, 4, 2])], [("y", TensorProto.FLOAT, [0, 4])], [_i64("st", [1]), _i64("en", [1]), _i64("ax", [0])])
+    _check_all_levels(m, {"x": np.ones((3, 4, 2), np.float32)})
