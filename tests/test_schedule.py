@@ -250,8 +250,8 @@ def test_blocked_conv_codegen_vectors_fmuladd_phases():
         assert calls_fmuladd(body, L)
         obody = function_ir(opt, name)
         assert L in float_vectors(obody) and calls_fmuladd(obody, L)
-    # the entry: both convs get the team; each claims chunks of its parallel loop and waits for
-    # the earlier phases before its first chunk (no barrier: codegen.llvm.emit.phase_helpers)
+    # the entry: both convs get the team; each waits for the earlier phases, then claims chunks
+    # of its parallel loop (no barrier: codegen.llvm.emit.phase_helpers)
     assert entry_calls(ir_text) == [(names[0], True), (names[1], True)]
     for name in names:
         assert _phases(function_ir(ir_text, name)) == 1
@@ -283,10 +283,10 @@ def test_blocked_matmul_codegen_vectors_fmuladd_phases():
 
 
 def _phases(body: str) -> int:
-    """Phases in a kernel's unoptimised IR: each claims chunks (tf_claim) and waits for the
-    earlier phases before its first one (tf_wait)."""
+    """Phases in a kernel's unoptimised IR: each waits for the earlier phases (tf_wait) and
+    claims chunks (tf_claim)."""
     claims = len(re.findall(r'call i64 @"tf_claim"\(ptr %"team"', body))
-    assert len(re.findall(r'call void @"tf_wait"\(ptr %"team"\)', body)) == claims
+    assert len(re.findall(r'call void @"tf_wait"\(ptr %"team", i64', body)) == claims
     return claims
 
 

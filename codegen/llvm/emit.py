@@ -10,8 +10,8 @@ record (:data:`TEAM_FIELDS`), and the threads share the work of each *phase* thr
 counters (:func:`phase_helpers`): a kernel's top-level ``parallel`` loop is one phase, cut
 into chunks of about ``extent / (nthreads * chunks_per_thread)`` iterations that any thread
 claims from an atomic counter (the calling thread works too); a statement or a run of serial
-kernels that must run once is a phase of one chunk. A thread runs a chunk it claimed only after
-every chunk of the earlier phases is done (a count of finished chunks, not of threads that
+kernels that must run once is a phase of one chunk. A thread claims chunks of a phase only
+once every chunk of the earlier phases is done (a count of finished chunks, not of threads that
 arrived), so no thread ever waits for a particular other thread: one that is descheduled holds
 back at most the chunk it is running, and when it wakes late it finds the phases it missed
 exhausted (the counters only grow, so its claims fail) and takes part in the current one.
@@ -472,11 +472,13 @@ class _FnEmitter:
 
     def _phase(self, n: ir.Value, chunk) -> None:
         """Claim chunks of a phase of ``n`` until none is left, running ``chunk(i)`` (which
-        emits the code of chunk ``i``) for each; before its first chunk a thread waits until
-        the earlier phases are done. Null team: chunks 0..n-1 in order."""
+        emits the code of chunk ``i``) for each. First, unless no chunk is left, a thread waits
+        until the earlier phases are done (so it never holds a chunk while it waits). Null
+        team: chunks 0..n-1 in order."""
         b = self.b
         team = self.fn.args[1]
         claim, wait, done, end = phase_helpers(self.m)
+        b.call(wait, [team, n])
         pre = b.block
         head = self.fn.append_basic_block("phase.head")
         body = self.fn.append_basic_block("phase.body")
@@ -488,8 +490,6 @@ class _FnEmitter:
         i = b.call(claim, [team, n, k], name="chunk")
         b.cbranch(b.icmp_signed("<", i, ir.Constant(I64, 0)), exit_, body)
         b.position_at_end(body)
-        with b.if_then(b.icmp_signed("==", k, ir.Constant(I64, 0))):
-            b.call(wait, [team])
         chunk(i)
         b.call(done, [team])
         k.add_incoming(b.add(k, ir.Constant(I64, 1)), b.block)
@@ -498,7 +498,7 @@ class _FnEmitter:
         b.call(end, [team, n])
 
     def _wait_earlier_phases(self) -> None:
-        self.b.call(phase_helpers(self.m)[1], [self.fn.args[1]])
+        self.b.call(phase_helpers(self.m)[1], [self.fn.args[1], ir.Constant(I64, 0)])
 
     def stmt(self, s) -> None:
         b = self.b
@@ -712,9 +712,12 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
       (Claimed is at least base: a thread leaves a phase only once its chunks are all claimed.)
       A late thread's base is an old phase's, whose chunks are all claimed: it gets -1.
       Null team: chunk ``mine`` (the chunks this thread ran of the phase) while below ``n``.
-    - ``void tf_wait(ptr team)``: until done >= base (acquire; the chunk writers release), so
-      what every earlier phase wrote is visible and what it read may be overwritten. Polls with
-      ``pause``, calling ``sched_yield`` every :data:`PHASE_SPINS` polls.
+    - ``void tf_wait(ptr team, i64 n)``: until done >= base (acquire; the chunk writers
+      release), so what every earlier phase wrote is visible and what it read may be
+      overwritten; at once when ``n`` > 0 and the phase's ``n`` chunks are all claimed (nothing
+      left to do: a late thread passes). Called before claiming, so a thread never holds a
+      chunk while it waits. Polls with ``pause``, calling ``sched_yield`` every
+      :data:`PHASE_SPINS` polls.
     - ``void tf_chunk_done(ptr team)``: done += 1 (release); the thread's ``chunks_run`` += 1.
     - ``void tf_phase_end(ptr team, i64 n)``: base += n.
 
@@ -725,7 +728,7 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
         return tuple(module.globals[n] for n in names)
     x86 = _is_x86()
     claim = ir.Function(module, ir.FunctionType(I64, [PTR, I64, I64]), name="tf_claim")
-    wait = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name="tf_wait")
+    wait = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64]), name="tf_wait")
     done = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR]), name="tf_chunk_done")
     end = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64]), name="tf_phase_end")
     for f in (claim, wait, done, end):
@@ -773,11 +776,16 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
     b.ret(b.select(b.icmp_signed("<", mine, n), mine, minus))
 
     # tf_wait
-    team, = wait.args
+    team, n = wait.args
     b = ir.IRBuilder(wait.append_basic_block("entry"))
     out = wait.append_basic_block("out")
     null_or(wait, b, team, out)
     base = b.load(_field(b, team, "base"), typ=I64)
+    left = wait.append_basic_block("left")
+    claimed = b.load_atomic(counter(b, team, SYNC_CLAIMED), "monotonic", 8, typ=I64)
+    over = b.and_(b.icmp_signed(">", n, zero), b.icmp_signed(">=", claimed, b.add(base, n)))
+    b.cbranch(over, out, left)
+    b.position_at_end(left)
     word = counter(b, team, SYNC_DONE)
     pre = b.block
     poll = wait.append_basic_block("poll")
@@ -986,7 +994,7 @@ def emit_team_helpers(module: ir.Module) -> None:
     b = ir.IRBuilder(lead.append_basic_block("entry"))
     b.store(base, _field(b, team, "base"))
     b.call(b.inttoptr(fn_addr, entry_t), [slots, team])
-    b.call(phase_helpers(module)[1], [team])
+    b.call(phase_helpers(module)[1], [team, ir.Constant(I64, 0)])
     b.ret_void()
 
 
@@ -1034,6 +1042,7 @@ def emit_entry(module: ir.Module, name: str, calls: list[tuple[str, list[int]]],
         j = i
         while j < len(calls) and not parallel.get(calls[j][0]):
             j += 1
+        b.call(wait, [team, ir.Constant(I64, 1)])
         pre = b.block
         head = fn.append_basic_block("serial.head")
         body = fn.append_basic_block("serial.body")
@@ -1045,7 +1054,6 @@ def emit_entry(module: ir.Module, name: str, calls: list[tuple[str, list[int]]],
         got = b.call(claim, [team, ir.Constant(I64, 1), k])
         b.cbranch(b.icmp_signed("<", got, ir.Constant(I64, 0)), exit_, body)
         b.position_at_end(body)
-        b.call(wait, [team])
         for kname, slots in calls[i:j]:
             call(kname, slots, False)
         b.call(done, [team])
