@@ -32,7 +32,8 @@ import time
 import traceback
 import warnings
 
-import numpy as np
+# numpy, onnx and the compiler are imported by the commands that need them, so that
+# `tensorfuse --help` and argument errors answer at once (tests/test_cli_io.py checks it)
 
 PROG = "tensorfuse"
 EXIT_OK, EXIT_MISMATCH, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -166,6 +167,38 @@ class _Session:
         return mod
 
 
+def _write_error(e: OSError, path: str) -> UsageError:
+    """The UsageError for an output that cannot be written (``runtime.outfile.OutputError``,
+    or ArtifactError from ``Module.save``, which carries its ``errno``): the reason in the
+    message, what to do in the hint."""
+    import errno as E
+    msg = str(e) if str(e).startswith("cannot write") else f"cannot write {path}: {getattr(e, 'strerror', None) or e}"
+    code = getattr(e, "errno", None)
+    hint = {E.ENOSPC: "the device or file system is full: free some space or write elsewhere",
+            E.ENOENT: "create the folder first (an output's folder is never created), or write elsewhere",
+            E.ENOTDIR: "a part of the path is a file, not a folder: give another path",
+            E.EISDIR: "give a file name inside that folder",
+            E.EACCES: "the folder or file is not writable by this user: write elsewhere",
+            E.EPERM: "the folder or file is not writable by this user: write elsewhere",
+            E.EROFS: "the file system is read-only: write elsewhere"}.get(code)
+    return UsageError(msg, hint or "write to another path")
+
+
+def _check_output(path: str) -> None:
+    """Refuse an output path that cannot be written before the work that makes it (a missing
+    folder, a folder, a socket): ``runtime.outfile.classify``."""
+    from tensorfuse.runtime.outfile import OutputError, classify
+    try:
+        classify(path)
+    except OutputError as e:
+        raise _write_error(e, path) from None
+
+
+def _compiled_how(mod) -> str:
+    """' (from the compile cache)' for a module the compile cache served, else ''."""
+    return " (from the compile cache)" if getattr(mod, "cache_hit", None) else ""
+
+
 def _check_model_path(path: str) -> None:
     if not os.path.exists(path):
         raise UsageError(f"no such file: {path}", "give the path of an ONNX model (.onnx)")
@@ -175,6 +208,7 @@ def _check_model_path(path: str) -> None:
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
     """The arrays of an .npz file by name; UsageError when it is missing or not an .npz."""
+    import numpy as np
     if not os.path.exists(path):
         raise UsageError(f"no such inputs file: {path}", "give an .npz written by numpy.savez(path, name=array, ...)")
     try:
@@ -196,12 +230,12 @@ def _inputs_for(mod, args) -> dict[str, np.ndarray]:
     consumed = getattr(mod, "_cli_consumed", set())     # inputs a specialisation made constants
     given = {k: v for k, v in given.items() if k not in consumed}
     names = [i.name for i in mod.input_info]
-    if len(names) == 1 and names[0] not in given and len(given) == 1:
-        given = {names[0]: next(iter(given.values()))}
     missing = [n for n in names if n not in given]
-    if missing:
-        raise UsageError(f"{path} lacks the model's input(s) {missing}; it has {sorted(given)}",
-                         f"the model's inputs: {', '.join(str(i) for i in mod.input_info)}")
+    if missing:     # arrays are matched by name only: a wrongly named array is an error, never a guess
+        has = ", ".join(f"{k!r} {v.dtype}{list(v.shape)}" for k, v in sorted(given.items())) or "no arrays"
+        raise UsageError(f"{path} lacks the model's input(s) {missing}; it has {has}",
+                         f"the model's inputs: {', '.join(str(i) for i in mod.input_info)}; save the arrays "
+                         f"by those names: numpy.savez(path, {names[0]}=array, ...)")
     extra = sorted(set(given) - set(names))
     if extra:                       # a misspelt name would otherwise be ignored without a word
         raise UsageError(f"{path} has array(s) {extra} that are not inputs of the model",
@@ -210,6 +244,7 @@ def _inputs_for(mod, args) -> dict[str, np.ndarray]:
 
 
 def _summary(name: str, a: np.ndarray) -> str:
+    import numpy as np
     head = f"{name}: {a.dtype}{list(a.shape)}"
     if a.size == 0:
         return head + " (empty)"
@@ -228,15 +263,19 @@ def _summary(name: str, a: np.ndarray) -> str:
 # ----------------------------------------------------------------------------- commands
 def cmd_compile(args) -> int:
     ses = _Session(args)
+    from tensorfuse.runtime.artifact import ArtifactError
     out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".tfm"
+    _check_output(out)
     mod, secs = ses.compile(args.model, dump_ir=args.dump_ir, cache=not ses.rules and not args.dump_ir)
     try:
         mod.save(out)
-    except OSError as e:
-        raise UsageError(f"cannot write {out}: {e.strerror or e}", "check that the folder exists and is writable")
+    except ArtifactError as e:
+        if not str(e).startswith("cannot write"):
+            raise
+        raise _write_error(e, out) from None
     plan = mod.memory_plan
     distinct = len({c.kernel for c in mod.calls})
-    _say(f"compiled {args.model} at O{args.opt_level} for {mod.target} in {secs:.2f} s: "
+    _say(f"compiled {args.model} at O{args.opt_level} for {mod.target} in {secs:.2f} s{_compiled_how(mod)}: "
          f"{mod.num_kernels} kernel calls ({distinct} distinct kernels), "
          f"{len(getattr(mod, 'rewrite_log', None) or [])} rule applications, arena {plan.arena_bytes / 2**20:.2f} MiB")
     _say(f"inputs:  {', '.join(str(i) for i in mod.input_info)}")
@@ -268,7 +307,19 @@ def _load_module(path: str, args):
     return mod, secs, "compiled"
 
 
+def _npz_path(path: str) -> str:
+    """Where ``run -o PATH`` writes: PATH itself when it names a device or FIFO (or a link to
+    one), else PATH with ``.npz`` appended when it lacks it (numpy.savez's rule)."""
+    from tensorfuse.runtime.outfile import OutputError, classify
+    try:
+        kind, _ = classify(path)
+    except OutputError as e:
+        raise _write_error(e, path) from None
+    return path if kind == "special" or path.endswith(".npz") else path + ".npz"
+
+
 def cmd_run(args) -> int:
+    out = _npz_path(args.output) if args.output else None
     mod, secs, how = _load_module(args.model, args)
     if args.threads:
         mod.num_threads = args.threads
@@ -277,21 +328,29 @@ def cmd_run(args) -> int:
     outs = mod.run(**inputs)
     ms = (time.perf_counter() - t0) * 1e3
     src = args.inputs or f"random inputs, seed {args.seed}"
-    _say(f"{how} {args.model} in {secs:.2f} s; ran it once on {src} in {ms:.2f} ms")
+    _say(f"{how} {args.model} in {secs:.2f} s{_compiled_how(mod)}; ran it once on {src} in {ms:.2f} ms")
     for i in mod.input_info:
         _say(f"  input  {_summary(i.name, inputs[i.name])}")
     for name, a in zip(mod.output_names, outs):
         _say(f"  output {_summary(name, a)}")
-    if args.output:
+    if out:
+        import io
+
+        import numpy as np
+
+        from tensorfuse.runtime.outfile import write_bytes
+        buf = io.BytesIO()
+        np.savez(buf, **dict(zip(mod.output_names, outs)))
         try:
-            np.savez(args.output, **dict(zip(mod.output_names, outs)))
+            write_bytes(out, buf.getbuffer())
         except OSError as e:
-            raise UsageError(f"cannot write {args.output}: {e.strerror or e}", "check the folder")
-        _say(f"wrote {args.output}" + ("" if args.output.endswith(".npz") else ".npz"))
+            raise _write_error(e, out) from None
+        _say(f"wrote {out}")
     return EXIT_OK
 
 
 def _stats(ms: list[float]) -> str:
+    import numpy as np
     p = np.percentile(ms, [10, 90, 99])
     return (f"median {statistics.median(ms):8.3f}  min {min(ms):8.3f}  max {max(ms):8.3f}  "
             f"p10 {p[0]:8.3f}  p90 {p[1]:8.3f}  p99 {p[2]:8.3f} ms")
@@ -335,13 +394,16 @@ def cmd_bench(args) -> int:
             sess.run(None, inputs)
             ort_ms.append((clock() - t0) * 1e3)
     _say(f"{args.model}: O{args.opt_level}, {threads} thread{'s' if threads > 1 else ''}, {args.repeat} runs "
-         f"after {args.warmup} warm-up (compiled in {secs:.2f} s, {mod.num_kernels} kernel calls)")
+         f"after {args.warmup} warm-up (compiled in {secs:.2f} s{', from the compile cache' if _compiled_how(mod) else ''}, "
+         f"{mod.num_kernels} kernel calls)")
     _say(f"  tensorfuse   {_stats(tf_ms)}")
     if sess is not None:
         _say(f"  onnxruntime  {_stats(ort_ms)}  (optimisations on, {ort.__version__})")
-        r = statistics.median(ort_ms) / statistics.median(tf_ms)
-        _say(f"  ratio (onnxruntime / tensorfuse median): {r:.2f}  -> tensorfuse is "
-             + (f"{r:.2f}x faster" if r >= 1 else f"{1 / r:.2f}x slower"))
+        # one convention everywhere (examples/demo.py, benchmarks/): tensorfuse's time over
+        # onnxruntime's, "x onnxruntime", lower is better
+        r = statistics.median(tf_ms) / statistics.median(ort_ms)
+        _say(f"  ratio (tensorfuse / onnxruntime median, lower is better): {r:.2f}x onnxruntime  -> tensorfuse is "
+             + (f"{1 / r:.2f}x faster" if r <= 1 else f"{r:.2f}x slower"))
     else:
         _say("  onnxruntime is not installed: no comparison (pip install onnxruntime)")
     if args.top > 0:
@@ -373,6 +435,46 @@ def _diff(a: str, b: str, name_a: str, name_b: str) -> str:
     return "".join(difflib.unified_diff(a.splitlines(True), b.splitlines(True), name_a, name_b, n=2))
 
 
+def _ir_without_dumps(ses: _Session, args) -> bool:
+    """``ir`` at a level that needs no per-pass dumps, without compiling from scratch: the
+    graph as imported (no compile at all), or the fused graph, the kernel IR and the LLVM IR
+    of a module the compile cache serves (cached as any compile is; the LLVM IR then goes
+    through LLVM's passes and, for asm, its code generator again: ``pipeline.optimized_llvm``,
+    as ``--dump-ir`` does). False when the graph level needs the compile (a model whose shapes
+    depend on input values)."""
+    if args.level == "graph":
+        from tensorfuse.compiler.frontend.onnx import import_onnx
+        from tensorfuse.compiler.specialize import InputValuesNeeded
+        from tensorfuse.ir import print_graph
+        _check_model_path(args.model)
+        try:
+            g = import_onnx(args.model, input_shapes=ses.shapes)
+        except InputValuesNeeded:
+            return False
+        sys.stdout.write(print_graph(g))
+        return True
+    mod, _ = ses.compile(args.model)
+    if args.level == "fused":
+        sys.stdout.write(str(mod.graph).rstrip("\n") + "\n")
+        return True
+    if args.level == "kernel":
+        for k in mod.kernels:
+            sys.stdout.write(str(k).rstrip("\n") + "\n\n")
+        return True
+    if not getattr(mod, "llvm_ir", None):
+        raise ValueError(f"--level {args.level} shows LLVM's output, and the {mod.target} target makes none: "
+                         f"--level kernel shows its kernel IR (mod.cuda_sources in Python: the numba.cuda source)")
+    from tensorfuse.compiler.pipeline import optimized_llvm
+    opt, asm = optimized_llvm(mod.llvm_ir, getattr(mod, "target", "llvm"))
+    if args.level == "asm":
+        sys.stdout.write(asm)
+    elif args.diff:
+        sys.stdout.write(_diff(mod.llvm_ir, opt, "module.ll (emitted)", "module.opt.ll (after LLVM's passes)"))
+    else:
+        sys.stdout.write(opt)
+    return True
+
+
 def cmd_ir(args) -> int:
     ses = _Session(args)
     if args.level in ("kernel", "asm") and args.diff:
@@ -381,6 +483,10 @@ def cmd_ir(args) -> int:
     if args.after and args.level not in ("graph", "fused"):
         raise UsageError(f"--after names a graph pass; it goes with --level graph or fused, not {args.level}",
                          f"{PROG} ir MODEL --after fold_rules")
+    if not args.after and not (args.diff and args.level in ("graph", "fused")):
+        # no per-pass dumps needed: the compile cache serves the module and its report
+        if _ir_without_dumps(ses, args):
+            return EXIT_OK
     with tempfile.TemporaryDirectory(prefix="tensorfuse-ir-") as d:
         mod, _ = ses.compile(args.model, dump_ir=d, cache=False)
         dumps = _dumps(d)
@@ -462,6 +568,7 @@ def cmd_graph(args) -> int:
     ext = os.path.splitext(args.output)[1].lower()
     if ext not in (".svg", ".dot", ".gv", ".html"):
         raise UsageError(f"-o {args.output}: the picture must be .svg, .dot, .gv or .html", "for example: -o model.svg")
+    _check_output(args.output)
     mod, _ = ses.compile(args.model)
     prof = None
     if args.profile:
@@ -472,7 +579,7 @@ def cmd_graph(args) -> int:
             warnings.simplefilter("ignore", UserWarning)
             path, note = dot.write(args.output)
     except OSError as e:
-        raise UsageError(f"cannot write {args.output}: {e.strerror or e}", "check the folder")
+        raise _write_error(e, args.output) from None
     _say(note)
     return EXIT_OK
 
@@ -505,6 +612,11 @@ def _common(p: argparse.ArgumentParser, compile_opts: bool = True, level_default
 
 
 EXAMPLE = "examples/models/mobilenet_v2.onnx"
+#: how every -o writes (runtime.outfile), for the --help texts
+OUTPUT_RULES = ("Its folder must exist (none is created: exit 2 naming it, before any work); a regular file is "
+                "replaced atomically, a symbolic link written through, a device or FIFO (/dev/null, a named "
+                "pipe) written into; a failed write (a full device, a folder not writable) is exit 2 with "
+                "the reason")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -535,9 +647,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("compile", cmd_compile, "compile an ONNX model into a saved module (load it with tensorfuse.load)",
             f"{PROG} compile {EXAMPLE} -o mobilenet.tfm -O 2 --input-shape input=1,3,224,224")
     s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
-    s.add_argument("-o", "--output", metavar="OUT", help="the saved module to write (default: MODEL's name .tfm)")
+    s.add_argument("-o", "--output", metavar="OUT", help="the saved module to write (default: MODEL's name .tfm). "
+                                                         + OUTPUT_RULES)
     s.add_argument("--dump-ir", metavar="DIR", help="write the graph after every pass, the kernels, the LLVM IR "
-                                                    "(emitted and optimised) and the assembly into DIR")
+                                                    "(emitted and optimised) and the assembly into DIR (created "
+                                                    "with its parents when missing)")
     _common(s)
 
     s = add("run", cmd_run, "run a model (compiled first) or a saved module; print the outputs' names, shapes "
@@ -545,7 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
             f"{PROG} run {EXAMPLE} --inputs in.npz -o out.npz")
     s.add_argument("model", metavar="MODEL_OR_MODULE", help="an ONNX model (.onnx) or a saved module (.tfm)")
     s.add_argument("--inputs", metavar="IN.npz", help="inputs by name (numpy.savez); default random, fixed seed")
-    s.add_argument("-o", "--output", metavar="OUT.npz", help="write the outputs by name")
+    s.add_argument("-o", "--output", metavar="OUT.npz", help="write the outputs by name (numpy.savez; .npz is appended "
+                                                             "to a name without it). " + OUTPUT_RULES)
     s.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     s.add_argument("--threads", type=int, metavar="N", help="threads per kernel (default: the cores this process may use)")
     _common(s)
@@ -603,7 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "labelled with the kernel name (and its time with --profile)",
             f"{PROG} graph {EXAMPLE} -o mobilenet.svg --profile")
     s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
-    s.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.svg, FILE.html, FILE.dot or FILE.gv")
+    s.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.svg, FILE.html, FILE.dot or FILE.gv. "
+                                                                          + OUTPUT_RULES)
     s.add_argument("--profile", action="store_true", help="time each kernel and show it in its cluster")
     s.add_argument("--seed", type=int, default=0, help="seed of the random inputs for --profile")
     s.add_argument("--inputs", metavar="IN.npz", help="inputs for --profile instead of random ones")
@@ -613,8 +729,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ----------------------------------------------------------------------------- main
 def _one_line(e: BaseException) -> str:
-    msg = " ".join(str(e).split())
-    return msg if len(msg) <= 600 else msg[:597] + "..."
+    """The whole message of ``e`` (never cut): its first line, then any further lines (a list
+    such as the unsupported ops with their node names) each on its own indented line."""
+    lines = [ln.rstrip() for ln in str(e).splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    rest = [ln if ln[:1].isspace() else "  " + ln for ln in lines[1:]]
+    return "\n".join([" ".join(lines[0].split())] + rest)
 
 
 def _hint(e: BaseException, command: str) -> str:
@@ -631,8 +752,11 @@ def _hint(e: BaseException, command: str) -> str:
         if "opset" in msg:
             return "convert the model to a supported opset with onnx.version_converter.convert_version"
         if "not support" in msg:
-            return "tensorfuse has no lowering for the ops named in the message (op type and node names)"
+            return ("export the model without these ops (another opset or exporter option, or rewrite them into "
+                    "supported ops with onnx tooling), or register a lowering for each (ir/registry.py, ir/ops/)")
         return f"the model is valid ONNX that tensorfuse cannot compile as it stands; see '{PROG} {command} --help'"
+    if "tensorfuse[cuda]" in str(e):
+        return "install the GPU stack: pip install 'tensorfuse[cuda]' (make venv installs it into .venv)"
     if "cuda" in str(e) and ("not available" in str(e) or "simulator" in str(e)):
         return ("the cuda target needs an NVIDIA GPU with its driver, or numba's CUDA simulator: "
                 "set NUMBA_ENABLE_CUDASIM=1 in the environment (slow: small models only)")

@@ -55,7 +55,9 @@ class DotGraph:
         a renderer, an ``.svg``/``.html`` request writes ``<path>.dot`` instead and warns
         (UserWarning) saying so. Returns
         (the path written, a one-line note for the user). Raises ValueError for another
-        extension, OSError when the file cannot be written."""
+        extension, OSError (``runtime.outfile.OutputError``) when the file cannot be written,
+        e.g. when its folder does not exist (none is created). A symbolic link is written
+        through, a device or FIFO written into (``runtime.outfile``)."""
         path = os.fspath(path)
         ext = os.path.splitext(path)[1].lower()
         if ext in (".dot", ".gv"):
@@ -85,11 +87,11 @@ class DotGraph:
 
 
 def _write_text(path: str, text: str) -> None:
-    d = os.path.dirname(path)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    """``runtime.outfile.write_text``: a regular file replaced atomically, a symbolic link
+    written through, a device or FIFO written into; the folder must exist (OutputError, an
+    OSError, otherwise)."""
+    from tensorfuse.runtime.outfile import write_text
+    write_text(path, text)
 
 
 def render_svg(source: str) -> str | None:

@@ -33,7 +33,6 @@ import os
 import re
 import struct
 import sys
-import tempfile
 import zipfile
 import zlib
 
@@ -90,9 +89,13 @@ def _backend(name: str, path: str):
 
 
 def save_module(mod, path) -> None:
-    """Write ``mod`` (a ``runtime.module.ModuleBase``) to ``path`` atomically (a temporary file
-    in the same folder, then ``os.replace``). The module's backend (``mod.backend``) gives the
-    code blob and its own metadata. Raises ArtifactError when the module has no code to save."""
+    """Write ``mod`` (a ``runtime.module.ModuleBase``) to ``path`` by ``runtime.outfile``'s rules:
+    a regular file or a new path atomically (a temporary file in the same folder, then
+    ``os.replace``), a symbolic link through to the file it names, a device or FIFO as a
+    stream written into it (nothing there is replaced or removed); the folder of a new file
+    must exist. The module's backend (``mod.backend``) gives the code blob and its own
+    metadata. Raises ArtifactError when the module has no code to save or the file cannot be
+    written (``cannot write PATH: REASON``, e.g. "No space left on device")."""
     path = os.fspath(path)
     backend = _backend(mod.backend, path)
     try:
@@ -122,33 +125,17 @@ def save_module(mod, path) -> None:
         "sha256": {backend.code_member: _sha(code)},
         "crc32": {CONSTS: zlib.crc32(blob)},
     }
-    folder = os.path.dirname(os.path.abspath(path))
+    from .outfile import OutputError, open_output
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + ".", dir=folder)
-    except OSError as e:
-        raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with open_output(path) as f:
             with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
                 z.writestr(META, json.dumps(meta, indent=1))
                 z.writestr(backend.code_member, bytes(code))
                 z.writestr(CONSTS, memoryview(blob))
-            f.flush()
-            os.fsync(f.fileno())
-            # mkstemp makes the file 0600; a saved module gets what open() would give (0666
-            # less the umask), as users expect of a file they ship
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(f.fileno(), 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(e, OSError):
-            raise ArtifactError(f"cannot write {path}: {e.strerror or e}") from None
-        raise
+    except OutputError as e:
+        err = ArtifactError(str(e))
+        err.errno = e.errno         # the reason, for the command line's hint
+        raise err from None
 
 
 def _code_member(meta: dict) -> str:
