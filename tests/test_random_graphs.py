@@ -85,3 +85,77 @@ def test_random_graphs_compile_for_avx512_without_aborting():
     case = graphgen.merge_cases(part)
     (res,) = graphgen.check_case(case, levels=(2,), target="llvm -mcpu=znver4")
     assert res.kind == "ok", f"graphs {[c.seed for c in part]}: {res.kind}: {res.detail}"
+
+
+def _shapes(model):
+    import onnx
+    m = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    out = {vi.name: tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+           for vi in list(m.graph.input) + list(m.graph.value_info) + list(m.graph.output)}
+    out.update({t.name: tuple(t.dims) for t in m.graph.initializer})
+    for n in m.graph.node:
+        if n.op_type == "Constant":
+            out[n.output[0]] = tuple(n.attribute[0].t.dims)
+    return out
+
+
+def test_generator_draws_empty_tensors():
+    """Issue 24 item 6: zero-sized dims in graph inputs, an empty Concat input, a Slice to
+    nothing, and Reshapes of empty tensors with and without allowzero are among the draws."""
+    from onnx import numpy_helper
+    seen = set()
+    for s in range(200):
+        c = graphgen.generate(31_000_000 + s, max_nodes=4)
+        sh = _shapes(c.model)
+        consts = {t.name: numpy_helper.to_array(t) for t in c.model.graph.initializer}
+        if any(0 in sh[i.name] for i in c.model.graph.input):
+            seen.add("empty input")
+        for n in c.model.graph.node:
+            if n.op_type == "Concat" and any(0 in sh[i] for i in n.input) and 0 not in sh[n.output[0]]:
+                seen.add("concat of an empty part")
+            if n.op_type == "Slice" and 0 in sh[n.output[0]] and 0 not in sh[n.input[0]]:
+                seen.add("slice to nothing")
+            if n.op_type == "Reshape" and 0 in sh[n.input[0]] and n.input[1] in consts:
+                az = {a.name: a.i for a in n.attribute}.get("allowzero", 0)
+                if 0 in consts[n.input[1]]:
+                    seen.add(f"reshape of an empty tensor, allowzero={az}")
+    assert seen == {"empty input", "concat of an empty part", "slice to nothing",
+                    "reshape of an empty tensor, allowzero=0", "reshape of an empty tensor, allowzero=1"}, seen
+
+
+def test_generator_draws_degenerate_convs():
+    """Issue 24 item 0: convolutions on planes of width or height 1, smaller than a vector, one
+    channel, batch above 1, in every schedule's shape (1x1, strided, 3x3, grouped, depthwise),
+    with epilogue operands of every broadcastable shape and the conv's own input as residual."""
+    seen, kinds = set(), set()
+    for s in range(150):
+        c = graphgen.generate(32_000_000 + s, max_nodes=1, ops=("conv_degenerate",))
+        sh = _shapes(c.model)
+        conv = next(n for n in c.model.graph.node if n.op_type == "Conv")
+        (n, ch, h, w), y = sh[conv.input[0]], sh[conv.output[0]]
+        k = sh[conv.input[1]][2:]
+        a = {x.name: x for x in conv.attribute}
+        group = a["group"].i if "group" in a else 1
+        seen |= {f for f, ok in [("width 1", w == 1), ("height 1", h == 1), ("plane under 8", y[2] * y[3] < 8),
+                                 ("one channel", ch == 1), ("batch > 1", n > 1), ("1x1", k == (1, 1)),
+                                 ("3x3", k == (3, 3)), ("strided", "strides" in a and max(a["strides"].ints) > 1),
+                                 ("grouped", 1 < group < ch), ("depthwise", group == ch > 1)] if ok}
+        for e in c.model.graph.node:
+            if e.op_type in ("Add", "Mul", "Sub") and conv.output[0] in e.input:
+                other = [i for i in e.input if i != conv.output[0]][0]
+                if other == conv.input[0]:
+                    kinds.add("residual")
+                else:
+                    kinds |= {kd for kd in graphgen.EPILOGUE_SHAPES if graphgen._epilogue_shape(kd, y) == sh[other]}
+    assert seen == {"width 1", "height 1", "plane under 8", "one channel", "batch > 1", "1x1", "3x3", "strided",
+                    "grouped", "depthwise"}, seen
+    assert kinds == set(graphgen.EPILOGUE_SHAPES) | {"residual"}, kinds
+
+
+def test_classic_generator_draws_neither():
+    """``zeros=False, degenerate=False`` (random_graphs.py --classic) keeps the earlier random
+    stream: no zero-sized dim and no degenerate conv generator."""
+    for s in range(40):
+        c = graphgen.generate(33_000_000 + s, zeros=False, degenerate=False)
+        assert "conv_degenerate" not in c.ops
+        assert all(0 not in v for v in _shapes(c.model).values())

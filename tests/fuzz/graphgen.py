@@ -46,6 +46,8 @@ OPSETS = (17, 18, 20)
 MAX_MAGNITUDE = 1e4
 #: raise a generator's own exceptions instead of discarding the draw
 DEBUG = False
+#: the share of new input shapes with a zero-sized dimension (with ``zeros``)
+P_ZERO = 0.08
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,8 +78,11 @@ _F = TensorProto.FLOAT
 class GraphBuilder:
     """An ONNX graph under construction with the static shape of every float value."""
 
-    def __init__(self, rng: np.random.Generator, opset: int):
+    def __init__(self, rng: np.random.Generator, opset: int, zeros: bool = False, degenerate: bool = False):
         self.rng, self.opset = rng, opset
+        #: draw zero-sized dimensions (issue 24 item 6) and degenerate conv shapes (item 0); off,
+        #: the random stream is the one earlier runs used, so their seeds give the same graphs
+        self.zeros, self.degenerate = zeros, degenerate
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
@@ -136,7 +141,10 @@ class GraphBuilder:
 
     def rand_shape(self, rank=None) -> tuple[int, ...]:
         rank = rank if rank is not None else int(self.rng.choice([1, 2, 3, 4, 4]))
-        return tuple(int(self.rng.integers(1, 7)) for _ in range(rank))
+        shape = [int(self.rng.integers(1, 7)) for _ in range(rank)]
+        if self.zeros and rank and self.rng.random() < P_ZERO:
+            shape[int(self.rng.integers(rank))] = 0       # an empty tensor (an empty KV cache ...)
+        return tuple(shape)
 
     # nodes
     def node(self, op: str, ins, n_out: int = 1, float_out: bool = True, **attrs) -> list[str]:
@@ -144,7 +152,7 @@ class GraphBuilder:
         self.nodes.append(helper.make_node(op, list(ins), outs, name=self.fresh(op + "_"), **attrs))
         shapes = self._infer(outs)
         for o, s in zip(outs, shapes):
-            if s is None or any(d <= 0 for d in s):
+            if s is None or any(d < 0 or (d == 0 and not self.zeros) for d in s):
                 raise Reject(f"{op}: output shape {s}")
             if float_out:
                 self.shapes[o] = s
@@ -360,6 +368,98 @@ def g_conv(b):
     return b.node1("Conv", ins, **attrs)
 
 
+#: conv shapes of :func:`g_conv_degenerate`: (channel counts, spatial sizes, batches)
+DEGENERATE_CHANNELS = (1, 2, 3, 4, 6, 8, 16, 17, 24, 32)
+DEGENERATE_SIDES = (1, 1, 2, 3, 4, 5, 6, 7, 9, 12)
+#: epilogue operand shapes, right-aligned to the conv's output [N, M, OH, OW] (issue 24 item 0)
+EPILOGUE_SHAPES = ("scalar", "[1]", "[M,1,1]", "[OW]", "[OH,1]", "[OH,OW]", "[1,M,OH,OW]", "[N,M,OH,OW]",
+                   "[M,OH,OW]", "[1,1,1,OW]", "[N,1,1,1]", "[1,M,1,OW]")
+
+
+def _epilogue_shape(kind: str, y) -> tuple[int, ...]:
+    n, m, oh, ow = y
+    return {"scalar": (), "[1]": (1,), "[M,1,1]": (m, 1, 1), "[OW]": (ow,), "[OH,1]": (oh, 1),
+            "[OH,OW]": (oh, ow), "[1,M,OH,OW]": (1, m, oh, ow), "[N,M,OH,OW]": (n, m, oh, ow),
+            "[M,OH,OW]": (m, oh, ow), "[1,1,1,OW]": (1, 1, 1, ow), "[N,1,1,1]": (n, 1, 1, 1),
+            "[1,M,1,OW]": (1, m, 1, ow)}[kind]
+
+
+def g_conv_degenerate(b):
+    """A 2-D Conv on a degenerate plane (height or width 1, planes smaller than a vector, one
+    channel, batch above 1) with enough channels to reach every conv schedule (pointwise 1x1,
+    strided 1x1, 3x3 Winograd, grouped, depthwise, flat, im2row), followed by what the fusion
+    rules put in its epilogue: an Add or Mul with an operand of one of :data:`EPILOGUE_SHAPES`
+    or the conv's own input as a residual, and maybe an activation. Issue 24 item 0: the
+    residual ``Conv(x[1,6,3,1], w[6,6,1,1]) + x`` (wrong at O2) and ``Conv(x[1,4,6,5],
+    w[4,2,1,1], group=2) + a[5]`` (read out of bounds) were out of reach of :func:`g_conv`,
+    whose new inputs are at least 3 wide and whose output channels are at most 3 per group,
+    and whose epilogue operands come from :func:`operand` ([W] alone about 1 draw in 15)."""
+    r = b.rng
+    kind = str(r.choice(["pointwise", "pointwise", "strided", "3x3", "grouped", "depthwise", "residual"]))
+    c = int(r.choice(DEGENERATE_CHANNELS))
+    n = int(r.choice([1, 1, 2, 3]))
+    h, w = int(r.choice(DEGENERATE_SIDES)), int(r.choice(DEGENERATE_SIDES))
+    if r.random() < 0.4:                   # one side 1: a row or a column
+        if r.random() < 0.5:
+            h = 1
+        else:
+            w = 1
+    attrs, group, k = {}, 1, (1, 1)
+    if kind == "3x3":
+        k = (3, 3)
+        attrs["pads"] = [1, 1, 1, 1] if r.random() < 0.7 else [int(r.integers(0, 2)) for _ in range(4)]
+        if r.random() < 0.3:
+            attrs["strides"] = [int(r.choice([1, 2])), int(r.choice([1, 2]))]
+    elif kind == "strided":
+        attrs["strides"] = [int(r.choice([1, 2])), 2]
+    elif kind == "grouped":
+        group = int(r.choice([2, 3, 4]))
+        c = group * int(r.choice([1, 2, 4, 8]))
+        if r.random() < 0.5:
+            k = (3, 3)
+            attrs["pads"] = [1, 1, 1, 1]
+    elif kind == "depthwise":
+        group = c
+        k = (3, 3) if r.random() < 0.7 else (1, 1)
+        if k == (3, 3):
+            attrs["pads"] = [1, 1, 1, 1]
+        if r.random() < 0.3:
+            attrs["strides"] = [2, 2]
+    if kind in ("residual", "depthwise"):
+        m = c
+    elif kind == "grouped":
+        m = group * int(r.choice([1, 2, 8, 16]))
+    else:
+        m = int(r.choice(DEGENERATE_CHANNELS))
+    if k != (1, 1) or r.random() < 0.3:
+        attrs["kernel_shape"] = list(k)
+    if group > 1:
+        attrs["group"] = group
+    x = b.pick(lambda t: len(t) == 4 and t == (n, c, h, w), make=lambda: (n, c, h, w), p_new=0.7)
+    wt = b.fconst((m, c // group, *k), -0.5, 0.5)
+    ins = [x, wt] + ([b.fconst((m,), -0.5, 0.5, "bias")] if r.random() < 0.6 else [])
+    y = b.node1("Conv", ins, **attrs)
+    ys = b.shapes[y]
+    u = r.random()
+    if kind == "residual" or u < 0.15:
+        if ys == b.shapes[x]:
+            y = b.node1("Add", [y, x] if r.random() < 0.7 else [x, y])
+    elif u < 0.85:
+        shp = _epilogue_shape(str(r.choice(EPILOGUE_SHAPES)), ys)
+        other = b.fconst(shp, -1.0, 1.0, "ep") if r.random() < 0.7 else b.new_input(shp)
+        op = str(r.choice(["Add", "Add", "Mul", "Sub"]))
+        y = b.node1(op, [y, other] if r.random() < 0.8 else [other, y])
+    if r.random() < 0.5:
+        act = str(r.choice(["Relu", "Clip", "Sigmoid", "LeakyRelu"]))
+        if act == "Clip":
+            y = b.node1("Clip", [y, b.const(np.float32(0.0), "lo"), b.const(np.float32(6.0), "hi")])
+        elif act == "LeakyRelu":
+            y = b.node1("LeakyRelu", [y], alpha=0.1)
+        else:
+            y = b.node1(act, [y])
+    return y
+
+
 def g_convtranspose(b):
     r = b.rng
     nd = 2 if r.random() < 0.85 else 1
@@ -500,9 +600,21 @@ def g_transpose(b):
 
 def g_reshape(b):
     r = b.rng
-    x = b.pick(make=b.rand_shape)
+    if b.zeros and r.random() < 0.25:     # an empty tensor's reshape (an empty KV cache's view)
+        def empty():
+            t = list(b.rand_shape(int(r.integers(2, 5))))
+            t[int(r.integers(len(t)))] = 0
+            return tuple(t)
+        x = b.pick(lambda t: 0 in t, make=empty, p_new=0.5)
+    else:
+        x = b.pick(make=b.rand_shape)
     s = b.shapes[x]
     total = int(np.prod(s))
+    if total == 0:
+        y = _reshape_empty(b, x, s)
+        if r.random() < 0.4:              # a chain: CollapseReshapes folds it (issue 24 item 6)
+            y = _reshape_empty(b, y, b.shapes[y])
+        return y
     # a random factorisation of total
     dims = []
     rest = total
@@ -525,6 +637,25 @@ def g_reshape(b):
             attrs["allowzero"] = 0
     elif r.random() < 0.4:
         attrs["allowzero"] = 1   # no zero in the shape: the same as 0, but parsed
+    return b.node1("Reshape", [x, b.iconst(dims)], **attrs)
+
+
+def _reshape_empty(b, x, s):
+    """Reshape of an empty tensor: dims drawn freely with at least one 0, either literal
+    (allowzero=1) or copying the input's zero-sized dim with 0 (allowzero absent or 0)."""
+    r = b.rng
+    rank = int(r.integers(1, 5))
+    dims = [int(r.integers(1, 5)) for _ in range(rank)]
+    zi = [i for i, d in enumerate(s) if d == 0]
+    if r.random() < 0.5:
+        for _ in range(int(r.integers(1, 3))):
+            dims[int(r.integers(rank))] = 0
+        return b.node1("Reshape", [x, b.iconst(dims)], allowzero=1)
+    i = zi[0]
+    if i >= rank:
+        dims += [int(r.integers(1, 4)) for _ in range(i + 1 - rank)]
+    dims[i] = 0                          # copies the input's 0 (and others where they match)
+    attrs = {"allowzero": 0} if r.random() < 0.3 else {}
     return b.node1("Reshape", [x, b.iconst(dims)], **attrs)
 
 
@@ -563,6 +694,8 @@ def g_concat(b):
         else:
             t = list(s)
             t[a] = int(r.integers(1, 5))
+            if b.zeros and r.random() < 0.25:
+                t[a] = 0                   # an empty input (an empty past key/value cache)
             ins.append(b.new_input(t) if r.random() < 0.5 else b.fconst(t))
     r.shuffle(ins)
     return b.node1("Concat", ins, axis=axis)
@@ -611,6 +744,9 @@ def g_slice(b):
         starts.append(st)
         ends.append(en)
         steps.append(step)
+    if b.zeros and r.random() < 0.15:      # a slice to nothing along one axis
+        k = int(r.integers(len(axes)))
+        ends[k] = starts[k] if starts[k] not in (-(2 ** 40), 2 ** 62) else (0 if steps[k] > 0 else s[axes[k]] - 1)
     axes = [a - len(s) if r.random() < 0.3 else a for a in axes]
     ins = [x, b.iconst(starts), b.iconst(ends), b.iconst(axes)]
     if any(st != 1 for st in steps) or r.random() < 0.5:
@@ -901,9 +1037,39 @@ def g_resize(b):
         attrs["cubic_coeff_a"] = -0.5
     if r.random() < 0.5:
         sc = [1.0, 1.0, float(r.choice([0.5, 1.5, 2.0, 3.0])), float(r.choice([0.5, 1.0, 2.0]))]
+        if mode == "nearest":
+            _nearest_oracles_agree(b, (n, c, h, w), attrs, scales=sc)
         return b.node1("Resize", [x, "", b.const(np.asarray(sc, np.float32), "scales")], **attrs)
     sz = [n, c, int(r.integers(1, 2 * h + 1)), int(r.integers(1, 2 * w + 1))]
+    if mode == "nearest":
+        _nearest_oracles_agree(b, (n, c, h, w), attrs, sizes=sz)
     return b.node1("Resize", [x, "", "", b.iconst(sz)], **attrs)
+
+
+def _nearest_oracles_agree(b, shape, attrs, scales=None, sizes=None) -> None:
+    """Reject a nearest Resize whose source coordinates fall on a rounding tie that onnxruntime
+    and onnx.reference round differently (their float32 and float64 quotients by the rounded
+    scale; e.g. 7 -> 18 rows, asymmetric, round_prefer_ceil): tensorfuse rounds the spec's exact
+    coordinate (issue 24 item 7), which agrees with both wherever they agree, so such a draw is
+    no differential test. Both run the lone Resize on an arange, whose values name their source."""
+    from onnx.reference import ReferenceEvaluator
+
+    from oracle import ort_run
+    ins = ["x", "", "s"] if scales is not None else ["x", "", "", "s"]
+    sv = np.asarray(scales, np.float32) if scales is not None else np.asarray(sizes, np.int64)
+    g = helper.make_graph([helper.make_node("Resize", ins, ["y"], **attrs)], "probe",
+                          [helper.make_tensor_value_info("x", _F, list(shape))], [helper.make_empty_tensor_value_info("y")],
+                          initializer=[numpy_helper.from_array(sv, "s")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", b.opset)])
+    m.ir_version = 8 if b.opset <= 18 else 9
+    feeds = {"x": np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)}
+    try:
+        a = ort_run(m, feeds)[0]
+        e = ReferenceEvaluator(m).run(None, feeds)[0]
+    except Exception:  # noqa: BLE001 - an oracle refuses the draw: onnxruntime's own check decides later
+        return
+    if a.shape != e.shape or not np.array_equal(a, e):
+        raise Reject("Resize nearest: onnxruntime and onnx.reference round a tie differently")
 
 
 def g_instnorm(b):
@@ -923,6 +1089,8 @@ GENERATORS: list[tuple[Callable, float]] = [
     (g_softmax, 1.2), (g_batchnorm, 1.2), (g_layernorm, 1.5), (g_gelu, 1.2), (g_attention, 0.8),
     (g_pad, 1.2), (g_pool, 1.5), (g_resize, 1), (g_instnorm, 0.5),
 ]
+#: drawn only with ``degenerate`` (kept out of GENERATORS so that the classic draws stay the same)
+DEGENERATE_GENERATORS: list[tuple[Callable, float]] = [(g_conv_degenerate, 2.5)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -988,18 +1156,25 @@ def tanh_gelu_model(model: onnx.ModelProto, gelus) -> onnx.ModelProto:
     return m
 
 
-def generate(seed: int, max_nodes: int | None = None, attempts: int = 20, ops: tuple[str, ...] | None = None) -> Case:
+def generate(seed: int, max_nodes: int | None = None, attempts: int = 20, ops: tuple[str, ...] | None = None,
+             zeros: bool = True, degenerate: bool = True) -> Case:
     """A valid random graph for ``seed`` (deterministic) of up to ``max_nodes`` generator draws
     (default 1 to 6), from the generators named in ``ops`` ("conv", "pool" ...; default all).
+    ``zeros``: some shapes have a zero-sized dimension (empty inputs, Concat of an empty part,
+    Slice to nothing, Reshape of an empty tensor with and without allowzero). ``degenerate``:
+    convolutions also on degenerate planes (height or width 1, one channel, batch above 1,
+    planes smaller than a vector) with fused-epilogue operands of every broadcastable shape.
+    Both off: the graphs that seeds gave before issue 24 (``random_graphs.py --classic``).
     Raises RuntimeError if ``attempts`` draws in a row are invalid."""
     from oracle import ort_run
     ss = np.random.SeedSequence(seed)
     for attempt in range(attempts):
         r = np.random.default_rng(ss.spawn(1)[0] if attempt else seed)
         opset = int(r.choice(OPSETS))
-        b = GraphBuilder(r, opset)
+        b = GraphBuilder(r, opset, zeros=zeros, degenerate=degenerate)
         target = max_nodes if max_nodes is not None else int(r.integers(1, 7))
-        gens, w = zip(*[(g, wt) for g, wt in GENERATORS if ops is None or g.__name__[2:] in ops])
+        gens, w = zip(*[(g, wt) for g, wt in GENERATORS + (DEGENERATE_GENERATORS if degenerate else [])
+                        if ops is None or g.__name__[2:] in ops or (g.__name__ == "g_conv_degenerate" and "conv" in ops)])
         w = np.asarray(w) / sum(w)
         used = []
         tries = 0

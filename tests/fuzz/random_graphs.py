@@ -57,6 +57,8 @@ def main(argv=None) -> int:
                     help='another CPU, e.g. "llvm -mcpu=znver4" (AVX-512): compile only, count aborts and errors')
     ap.add_argument("--ops", default=None, help="comma-separated generator names (conv,pool,...): draw only these")
     ap.add_argument("--max-nodes", type=int, default=None, help="ops drawn per graph (default: 1 to 6 generators)")
+    ap.add_argument("--classic", action="store_true",
+                    help="no zero-sized dimensions and no degenerate conv shapes: the graphs seeds gave before issue 24")
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)
     counts = {lvl: collections.Counter() for lvl in LEVELS}
@@ -68,7 +70,8 @@ def main(argv=None) -> int:
 
     def one(i):
         s = graph_seed(args.seed, i)
-        case = generate(s, max_nodes=args.max_nodes, ops=tuple(args.ops.split(',')) if args.ops else None)
+        case = generate(s, max_nodes=args.max_nodes, ops=tuple(args.ops.split(',')) if args.ops else None,
+                        zeros=not args.classic, degenerate=not args.classic)
         res = check_case(case, timeout=args.timeout, target=args.target)
         bad = [o for o in res if o.kind != "ok"]
         with lock:
