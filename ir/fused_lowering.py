@@ -234,7 +234,9 @@ def _lower_anchored(ctx: LowerCtx, g: _Group, anchor_name: str) -> None:
     if od.lower is None:
         raise ShapeError(f"the anchor {anchor.qualified_op} has no lowering")
     od.lower(sub)
-    if sub.applied == 0:
+    if sub.applied == 0 and any(b.numel for b in outs + side):
+        # (an anchor with an empty output -- a zero-sized dim -- emits no loop to put it in,
+        # and its group has nothing to compute)
         raise ShapeError(f"{anchor.qualified_op} is marked OUT_ELEMWISE_FUSABLE but its lowering never "
                          f"calls ctx.apply_epilogue; it cannot anchor a fused group")
     ctx.kernels.extend(sub.kernels)

@@ -186,3 +186,16 @@ def test_kernel_reading_an_empty_tensor_passes_the_memory_plan_check():
                 helper.make_node("Cast", ["a"], ["y"], to=TensorProto.FLOAT)],
                [("x", [3, 4, 2])], [("y", TensorProto.FLOAT, [0, 4])], [_i64("st", [1]), _i64("en", [1]), _i64("ax", [0])])
     _check_all_levels(m, {"x": np.ones((3, 4, 2), np.float32)})
+
+
+def test_fused_group_whose_anchor_output_is_empty():
+    """Gemm(x[0, 3], W, c, beta=3) -> Abs, fused at O2: the Gemm's lowering emits no loop for
+    its empty output, and the fused lowering raised "ShapeError: Gemm is marked
+    OUT_ELEMWISE_FUSABLE but its lowering never calls ctx.apply_epilogue" (random_graphs.py with
+    P_ZERO 0.6, --seed 42 graph 33, shrunk to these 2 nodes)."""
+    w = numpy_helper.from_array(np.arange(9, dtype=np.float32).reshape(3, 3), "w")
+    c = numpy_helper.from_array(np.float32(0.5), "c")
+    m = _model([helper.make_node("Gemm", ["x", "w", "c"], ["g"], beta=3.0, transB=1),
+                helper.make_node("Abs", ["g"], ["y"])],
+               [("x", [0, 3])], [("y", TensorProto.FLOAT, [0, 3])], [w, c])
+    _check_all_levels(m, {"x": np.zeros((0, 3), np.float32)})
