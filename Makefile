@@ -1,4 +1,5 @@
-# Two entry points (see README): `make demo` and `make test`. Both create .venv when missing.
+# Two entry points (see README): `make demo` and `make test`. Both create .venv when missing, with
+# the test tools and the GPU stack (the extras test and cuda: make test-cuda and the PTX gate need it).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -10,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[test]'
+	$(VENV)/bin/python -m pip install -q -e '.[test,cuda]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -131,16 +131,31 @@ def _lowerer(target: str):
 
 
 def _build(model: Any, options: CompileOptions):
+    """:func:`_build_steps` inside a ``compiler.progress`` task: with progress enabled (the
+    command line on a terminal) one bar covers the compile, its stages named, its code
+    generation counted per kernel and per part LLVM compiles (``codegen.llvm.backend``)."""
+    from tensorfuse.compiler import progress
+    name = os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else "model"
+    with progress.task(f"compiling {name}"):
+        return _build_steps(model, options)
+
+
+def _build_steps(model: Any, options: CompileOptions):
     """Import, optimise, lower and generate code: the module with its compile report. Raises
     InputValuesNeeded when shapes need input values (``compile_with`` specialises)."""
+    from tensorfuse.compiler import progress
     tgt = Target.parse(options.target)
+    progress.stage("importing")
     graph = import_onnx(model, input_shapes=options.input_shapes_dict, max_memory=options.max_memory)
     output_names = list(graph.output_names or [v.name for v in graph.outputs])
     input_names = [v.name for v in graph.inputs]
     from tensorfuse.compiler.pipeline import dump_kernels, optimize
+    progress.stage("optimising")
     opt = optimize(graph, options.opt_level, disabled_rules=options.disabled_rules, dump_ir=options.dump_ir,
                    target=tgt, rules=options.rules)
+    progress.stage("lowering")
     lowered = lower_graph(graph, tgt)
+    progress.stage("generating code")
     m = build_module(lowered, graph, input_names, output_names, tgt, options=options, log=opt.log,
                      passes=opt.passes)
     m.layout_report = m.report.layout = opt.layout_report

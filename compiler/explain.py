@@ -469,7 +469,13 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
     g = import_onnx(proto, input_shapes=input_shapes)
     res = PipelineResult(opt_level)
     passes = build_passes(opt_level, disabled_rules=disabled_rules, log=res.log, rules=rules)
-    onnx_ops = {n.name: n.op_type for n in proto.graph.node}
+    # an ONNX node without a name is labelled as the frontend names its IR node ("Conv_0": op type
+    # and index), found through the value it computes, so that every part of the report (rule
+    # applications, groups, anchors, --node) uses one label for it
+    producer = {v.name: n.name for n in g.nodes for v in n.outputs if v is not None}
+    onnx_labels = [n.name or producer.get(next((o for o in n.output if o), ""), f"{n.op_type}_{i}")
+                   for i, n in enumerate(proto.graph.node)]
+    onnx_ops = {lab: n.op_type for lab, n in zip(onnx_labels, proto.graph.node)}
     if node is not None and node not in onnx_ops and node not in {n.name for n in g.nodes}:
         some = ", ".join(list(onnx_ops)[:5])
         raise ValueError(f"no node {node!r} in the model (an ONNX node name such as {some})")
@@ -591,15 +597,15 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
         for leaf in leaves:
             fate.setdefault(leaf, (n.name, n.qualified_op, rules_seen, leaves))
     anchors = []
-    for n in proto.graph.node:
+    for lab, n in zip(onnx_labels, proto.graph.node):
         if n.op_type not in ANCHOR_OPS or n.domain not in ("", "ai.onnx"):
             continue
-        f = fate.get(n.name)
+        f = fate.get(lab)
         if f is None:
-            anchors.append(AnchorFate(n.name, n.op_type, None, None, [], []))
+            anchors.append(AnchorFate(lab, n.op_type, None, None, [], []))
         else:
-            others = [f"{onnx_ops.get(x, '?')} '{x}'" for x in f[3] if x != n.name]
-            anchors.append(AnchorFate(n.name, n.op_type, f[0], f[1], list(f[2]), others))
+            others = [f"{onnx_ops.get(x, '?')} '{x}'" for x in f[3] if x != lab]
+            anchors.append(AnchorFate(lab, n.op_type, f[0], f[1], list(f[2]), others))
 
     report = FusionReport(label, opt_level, reports, groups, anchors, rule, node)
     if rule is not None:

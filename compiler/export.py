@@ -338,10 +338,26 @@ DECOMPOSE = {
 
 
 def export_onnx(graph: Graph, path: str | os.PathLike, opset: int | None = None) -> onnx.ModelProto:
-    """Write ``graph`` (e.g. ``compile(...).graph``) to ``path`` as ONNX, checked with
-    ``onnx.checker``; returns the ModelProto. Raises ``onnx.checker.ValidationError`` if the
-    result is not valid ONNX (a bug: please report it with the graph dump)."""
+    """Write ``graph`` (e.g. ``compile(...).graph``; a compiled module itself is also taken, for
+    its ``graph``) to ``path`` as ONNX, checked with ``onnx.checker``; returns the ModelProto.
+    The file is written by ``runtime.outfile``'s rules (a regular file replaced atomically, a
+    symbolic link written through, a device or FIFO written into; the folder must exist).
+
+    Raises ValueError when there is no graph: a module loaded from a file
+    (``tensorfuse.load``) keeps only its machine code, so its ``graph`` is None (compile the
+    model to get one; a compile cache hit has it); ``runtime.outfile.OutputError`` (an
+    OSError) when the file cannot be written; ``onnx.checker.ValidationError`` if the result
+    is not valid ONNX (a bug: please report it with the graph dump)."""
+    if not isinstance(graph, Graph) and hasattr(graph, "input_info") and hasattr(graph, "graph"):
+        graph = graph.graph                 # a module: its optimised graph
+    if graph is None:
+        raise ValueError("export_onnx: no graph to export: a module loaded from a file (tensorfuse.load) keeps only "
+                         "its machine code, so its .graph is None; compile the model with tensorfuse.compile(...) "
+                         "and export that module's .graph")
+    if not isinstance(graph, Graph):
+        raise ValueError(f"export_onnx: expected a tensorfuse graph (Module.graph), got {type(graph).__name__}")
     model = to_onnx(graph, opset)
     onnx.checker.check_model(model)
-    onnx.save(model, os.fspath(path))
+    from tensorfuse.runtime.outfile import write_bytes
+    write_bytes(path, model.SerializeToString())
     return model

@@ -46,13 +46,41 @@ def _align(n: int, a: int = DEVICE_ALIGNMENT) -> int:
     return (n + a - 1) // a * a
 
 
+#: what ``pip install 'tensorfuse[cuda]'`` adds (pyproject.toml): module name -> distribution
+GPU_STACK = {"numba": "numba", "numba_cuda": "numba-cuda"}
+
+
+def gpu_stack_missing() -> str | None:
+    """None when the cuda target's Python packages (the extra ``tensorfuse[cuda]``: numba and
+    numba-cuda) are installed, else the error text naming what is missing and the ``pip install``
+    that adds it. Imports nothing (``importlib.util.find_spec``)."""
+    import importlib.util
+    missing = []
+    for mod, dist in GPU_STACK.items():
+        try:
+            found = importlib.util.find_spec(mod) is not None
+        except (ImportError, ValueError):         # None in sys.modules, a broken package
+            found = False
+        if not found:
+            missing.append(dist)
+    if not missing:
+        return None
+    return (f"the cuda target needs the GPU stack, and {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: pip install 'tensorfuse[cuda]' "
+            f"(numba, numba-cuda, NVVM and NVRTC; the CPU target needs none of them)")
+
+
 def cuda_unavailable_reason() -> str | None:
-    """Why cuda modules cannot run here, or None when they can. Quick (no compile): under the
+    """Why cuda modules cannot run here, or None when they can. First the GPU stack must be
+    installed (:func:`gpu_stack_missing`: ``pip install 'tensorfuse[cuda]'``). Quick (no compile): under the
     CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, read by numba when it is first imported;
     checked first, since ``cuda.is_available()`` is True there) they can; otherwise numba.cuda
     must import and find a driver and a GPU (``cuda.is_available()``; the reason then is
     ``cuda.cuda_error()``, e.g. "CUDA driver library cannot be found"), and libNVVM (which
     numba.cuda generates PTX with) must load."""
+    missing = gpu_stack_missing()
+    if missing is not None:
+        return missing
     try:
         from numba.core import config
     except Exception as e:                                  # noqa: BLE001 - any import failure is the reason

@@ -12,7 +12,13 @@ from tensorfuse.codegen.base import Backend, program_and_report
 
 def _device_key() -> dict:
     """What the generated code depends on besides its source: the simulator or the GPU's compute
-    capability, and the numba-cuda version."""
+    capability, and the numba-cuda version. CompileError naming ``pip install 'tensorfuse[cuda]'``
+    when the GPU stack is not installed (the compile cache asks this first)."""
+    from tensorfuse.runtime.cuda_module import gpu_stack_missing
+    missing = gpu_stack_missing()
+    if missing is not None:
+        from tensorfuse.compiler.errors import CompileError
+        raise CompileError(missing)
     from numba.core import config
     try:
         from importlib.metadata import version

@@ -102,15 +102,21 @@ def _build_in_parts(groups, emit, name: str, target):
     target = jit._as_target(target)
 
     def part(i, kernels):
-        text = emit(kernels, entry=i == 0)
+        text = emit(kernels, entry=i == 0, progress=i == 0)     # the children draw nothing
         obj, _ = jit._compile_part(text, f"{name}.part{i}", 3, target)
         return obj, text
 
+    from tensorfuse.compiler import progress
     handles = [jit.fork_call(lambda i=i, g=g: part(i, g), f"{name}.part{i}") for i, g in enumerate(groups) if i]
+    progress.stage(f"LLVM IR and machine code in {len(groups)} processes")
     try:
         first = part(0, groups[0])
+        progress.advance(len(groups[0]))       # its kernels' machine code (part() counted their IR)
     finally:
-        rest = [jit.fork_result(h) for h in handles]
+        rest = []
+        for h, g in zip(handles, groups[1:]):
+            rest.append(jit.fork_result(h))
+            progress.advance(2 * len(g))       # a child's part: its IR and its machine code
     objs = [first[0]] + [r[0] for r in rest]
     obj = jit.pack_objects(objs)
     lib = jit.load_object(obj)
@@ -140,7 +146,7 @@ class LLVMBackend(Backend):
         from tensorfuse.codegen.llvm.emit import PTR, emit_entry, emit_kernel, kernel_is_parallel
         from tensorfuse.codegen.llvm.jit import compile_ir, compile_jobs, module_name
         from tensorfuse.compiler.errors import CompileError
-        from tensorfuse.compiler.progress import iterate
+        from tensorfuse.compiler import progress as bar
         from tensorfuse.runtime.module import Module
 
         calls = [(c.kernel, c.slots) for c in lowered.calls]
@@ -148,8 +154,10 @@ class LLVMBackend(Backend):
 
         def emit(kernels, progress=False, entry=True) -> str:
             mod = lir.Module(name=module_name(graph.name))
-            for k in (iterate(kernels, "generating kernels", unit="kernel") if progress else kernels):
+            for k in kernels:
                 emit_kernel(mod, k)
+                if progress:
+                    bar.advance()
             if entry:
                 for k in lowered.kernels:       # the entry calls kernels other parts define
                     if k.name not in mod.globals:
@@ -158,10 +166,14 @@ class LLVMBackend(Backend):
             return str(mod)     # printing a large module takes seconds: once
 
         groups = kernel_groups(lowered.kernels, compile_jobs())
+        bar.expect(2 * len(lowered.kernels))     # each kernel's LLVM IR, then its machine code
         try:
             if len(groups) == 1:
+                bar.stage("LLVM IR")
                 ir_text = emit(lowered.kernels, progress=True)
+                bar.stage("LLVM: optimising, machine code")
                 lib, obj, _opt_ir = compile_ir(ir_text, graph.name, target=target)
+                bar.advance(len(lowered.kernels))
             else:
                 lib, obj, ir_text = _build_in_parts(groups, emit, graph.name, target)
         except CompileError:
