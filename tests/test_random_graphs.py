@@ -105,7 +105,7 @@ def test_generator_draws_empty_tensors():
     from onnx import numpy_helper
     seen = set()
     for s in range(200):
-        c = graphgen.generate(31_000_000 + s, max_nodes=4)
+        c = graphgen.generate(600_000_000 + s, max_nodes=4)
         sh = _shapes(c.model)
         consts = {t.name: numpy_helper.to_array(t) for t in c.model.graph.initializer}
         if any(0 in sh[i.name] for i in c.model.graph.input):
@@ -129,7 +129,7 @@ def test_generator_draws_degenerate_convs():
     with epilogue operands of every broadcastable shape and the conv's own input as residual."""
     seen, kinds = set(), set()
     for s in range(150):
-        c = graphgen.generate(32_000_000 + s, max_nodes=1, ops=("conv_degenerate",))
+        c = graphgen.generate(601_000_000 + s, max_nodes=1, ops=("conv_degenerate",))
         sh = _shapes(c.model)
         conv = next(n for n in c.model.graph.node if n.op_type == "Conv")
         (n, ch, h, w), y = sh[conv.input[0]], sh[conv.output[0]]
@@ -156,6 +156,6 @@ def test_classic_generator_draws_neither():
     """``zeros=False, degenerate=False`` (random_graphs.py --classic) keeps the earlier random
     stream: no zero-sized dim and no degenerate conv generator."""
     for s in range(40):
-        c = graphgen.generate(33_000_000 + s, zeros=False, degenerate=False)
+        c = graphgen.generate(602_000_000 + s, zeros=False, degenerate=False)
         assert "conv_degenerate" not in c.ops
         assert all(0 not in v for v in _shapes(c.model).values())
