@@ -51,14 +51,17 @@ def _why(e: OSError) -> str:
 
 
 def classify(path: str | os.PathLike) -> tuple[str, str]:
-    """(kind, real path) of an output path: kind "new" (nothing there yet; its folder exists),
-    "regular" or "special" (a character or block device or a FIFO); the real path has every
-    symbolic link resolved. Raises OutputError for a folder, a socket, a missing folder or a
+    """(kind, where to write) of an output path: kind "new" (nothing there yet; its folder
+    exists), "regular" or "special" (a character or block device or a FIFO); where to write is
+    the path with every symbolic link resolved for "new" and "regular" (the file a rename
+    replaces), and the path itself for "special" (opened as given). Raises OutputError for a folder, a socket, a missing folder or a
     folder that is a file."""
     path = os.fspath(path)
     real = os.path.realpath(path)
     try:
-        st = os.stat(real)
+        # the path itself, followed by the kernel: /dev/stdout on a pipe is a link to
+        # "pipe:[N]", which names nothing as a path but opens
+        st = os.stat(path)
     except FileNotFoundError:
         folder = os.path.dirname(real) or "."
         if not os.path.isdir(folder):
@@ -75,7 +78,7 @@ def classify(path: str | os.PathLike) -> tuple[str, str]:
     if stat.S_ISREG(st.st_mode):
         return "regular", real
     if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISFIFO(st.st_mode):
-        return "special", real
+        return "special", path
     if stat.S_ISDIR(st.st_mode):
         raise OutputError(path, "it is a folder", errno.EISDIR)
     raise OutputError(path, "it is neither a regular file, a device nor a FIFO (a socket?)", errno.EINVAL)

@@ -16,9 +16,11 @@ no obstacle).
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 import threading
+import zipfile
 
 import numpy as np
 import onnx
@@ -231,3 +233,17 @@ def test_cli_output_into_an_unwritable_folder_is_exit_2(model_path, command):
     assert r.returncode == 2 and "wrote" not in r.stdout, (r.stdout, r.stderr)
     assert f"cannot write {out}: " in r.stderr and ("Permission denied" in r.stderr or "Read-only" in r.stderr), r.stderr
     assert not os.path.exists(out)
+
+
+def test_cli_compile_to_stdout_on_a_pipe(model_path):
+    # /dev/stdout on a pipe links to "pipe:[N]", which is no path: the device is opened as given
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "tensorfuse", "compile", str(model_path), "-o", "/dev/stdout"],
+                       capture_output=True, timeout=300)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    start = r.stdout.index(b"PK\x03\x04")
+    end = r.stdout.rindex(b"PK\x05\x06") + 22                   # the end of central directory record
+    with zipfile.ZipFile(io.BytesIO(r.stdout[start:end])) as z:
+        assert json.loads(z.read("tensorfuse.json"))["outputs"][0]["name"] == "y"
+    assert b"wrote /dev/stdout" in r.stdout
