@@ -327,7 +327,10 @@ class ModuleBase:
 
     def save(self, path) -> None:
         """Write the module to one file (see :mod:`runtime.artifact`); ``runtime.load`` reads
-        it back. The write is atomic. Raises ArtifactError when the module has no code to save."""
+        it back. A regular file or a new path is replaced atomically, a symbolic link written
+        through, a device or FIFO written into (``runtime.outfile``); the folder must exist.
+        Raises ArtifactError when the module has no code to save or the file cannot be written
+        (``cannot write PATH: REASON``)."""
         from .artifact import save_module
         save_module(self, path)
 
