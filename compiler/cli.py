@@ -678,7 +678,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(s)
 
     s = add("ir", cmd_ir, "print the IR: graph (as imported), fused (optimised graph), kernel (loop nests), "
-                          "llvm (optimised LLVM IR), asm (assembly for the target)",
+                          "llvm (optimised LLVM IR), asm (assembly for the target). The compile cache serves "
+                          "fused, kernel, llvm and asm (llvm and asm then rerun only LLVM's passes); graph "
+                          "only imports; --after and --diff of the graph levels compile afresh (they need the "
+                          "graph after every pass)",
             f"{PROG} ir {EXAMPLE} --level fused --diff      # what each pass changed\n"
             f"  {PROG} ir {EXAMPLE} --after fold_rules       # the graph after one pass\n"
             f"  {PROG} ir {EXAMPLE} --level asm")
