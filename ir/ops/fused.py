@@ -320,6 +320,8 @@ class Attention:
     def reference(node, ins):
         q, k, v, mask = (list(ins) + [None])[:4]
         dt = q.dtype
+        if k.shape[-2] == 0:        # no keys: an empty sum over them, zeros (as MatMul gives)
+            return [np.matmul(np.zeros(q.shape[:-1] + (0,), dt), v).astype(dt)]
         s = np.matmul(q, np.swapaxes(k, -1, -2)) * dt.type(node.attr("scale"))
         if mask is not None:
             s = s + mask
@@ -365,7 +367,7 @@ class Attention:
             kb.store(scores, j, sc.cast(ct))
 
         L = ctx.target.lanes(DType.f32)
-        vec = transpose_k and ct == y.dtype == DType.f32 and sk % L == 0 and dv % L == 0
+        vec = transpose_k and ct == y.dtype == DType.f32 and sk % L == 0 and dv % L == 0 and sk > 0
 
         with kb.grid(batch) as b:
             if transpose_k:
@@ -405,7 +407,9 @@ class Attention:
                     p = scores[j]
                     with kb.loop(dv, kind="vectorize", hint="d") as c:
                         kb.store(acc, c, acc[c] + p * v[bidx(v, b, [j, c])].cast(ct))
-                inv = 1.0 / tot[0]
+                # no keys at all (an empty key/value cache, sk = 0): the attention is an empty
+                # sum, 0, where 1 / tot would make 0 * inf = NaN (issue 24 item 6)
+                inv = 1.0 / tot[0] if sk > 0 else 0.0
                 with kb.loop(dv, kind="vectorize", hint="d") as c:
                     kb.store(y, list(b) + [i, c], (acc[c] * inv).cast(y.dtype))
 

@@ -199,3 +199,26 @@ def test_fused_group_whose_anchor_output_is_empty():
                 helper.make_node("Abs", ["g"], ["y"])],
                [("x", [0, 3])], [("y", TensorProto.FLOAT, [0, 3])], [w, c])
     _check_all_levels(m, {"x": np.zeros((0, 3), np.float32)})
+
+
+def test_node_with_only_empty_outputs_needs_no_kernel():
+    """A depthwise Conv over a batch of 0 images: its lowering divided by zero ("CompileError:
+    lowering Conv node 'Conv_0' failed: ZeroDivisionError: integer division or modulo by zero")
+    at O0 and O2. A node whose outputs are all empty now gets no kernel at all."""
+    w = numpy_helper.from_array(np.linspace(-1, 1, 36, dtype=np.float32).reshape(4, 1, 3, 3), "w")
+    m = _model([helper.make_node("Conv", ["x", "w"], ["c"], group=4, pads=[1, 1, 1, 1]),
+                helper.make_node("Relu", ["c"], ["y"])],
+               [("x", [0, 4, 4, 4])], [("y", TensorProto.FLOAT, [0, 4, 4, 4])], [w])
+    _check_all_levels(m, {"x": np.zeros((0, 4, 4, 4), np.float32)})
+
+
+def test_attention_over_an_empty_key_cache():
+    """softmax(Q K^T) V with no keys (K [1, 2, 4, 0], V [1, 2, 0, 4]: an empty past key/value
+    cache): the result is an empty sum, zeros; FuseAttention's kernel at O2 gave NaN (its 0 / 0
+    normalisation) in every element."""
+    m = _model([helper.make_node("MatMul", ["q", "k"], ["s"]), helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+                helper.make_node("MatMul", ["p", "v"], ["y"])],
+               [("q", [1, 2, 3, 4]), ("k", [1, 2, 4, 0]), ("v", [1, 2, 0, 4])], [("y", TensorProto.FLOAT, [1, 2, 3, 4])])
+    feeds = {"q": np.ones((1, 2, 3, 4), np.float32), "k": np.ones((1, 2, 4, 0), np.float32),
+             "v": np.ones((1, 2, 0, 4), np.float32)}
+    _check_all_levels(m, feeds)
