@@ -1,12 +1,13 @@
-"""Benchmark: the thread team's cost per parallel kernel (dispatch + barrier), in microseconds.
+"""Benchmark: the thread team's cost per parallel kernel (dispatch + phase), in microseconds.
 
 What it measures. A model that is a chain of N elementwise Adds, ``h[i+1] = h[i] + x``, compiled
 at opt_level 0 (fuse_ops, at O2, would merge the chain into one kernel) with ``cache=False``:
 one kernel per Add, each a parallel kernel (checked: ``codegen.llvm.emit.kernel_is_parallel``
-and the entry passing it the team), so at 2 threads every kernel is split in two chunks and
-followed by a ``tf_barrier``. Two shapes:
+and the entry passing it the team), so at 2 threads every kernel is a phase whose chunks the
+threads claim once the previous kernel's chunks are done (``codegen.llvm.emit.phase_helpers``;
+``$TENSORFUSE_CHUNKS_PER_THREAD`` sets the chunks). Two shapes:
 
-* ``tiny`` [1, 16]: each thread's chunk is 8 additions, so the time per kernel is the dispatch
+* ``tiny`` [1, 16]: a chunk is a few additions, so the time per kernel is the dispatch
   cost itself. The default schedule leaves a kernel this small serial
   (``ir.schedule.MIN_PARALLEL_WORK``); the script sets that constant to 0 while compiling these
   modules (and only them) to force parallel kernels.
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
         ex = f"{extra:15.2f}" if extra is not None else f"{'':15s}"
         print(f"{name:8s} {int(np.prod(shape)):8d} {t:7d} {ms:8.3f} {per:10.2f} {lo:8.2f}..{hi:<8.2f} {ex}")
     print("us/kernel: cost of one more parallel kernel in the chain (the slope); for 'tiny' this is the\n"
-          "dispatch + barrier cost itself. 'us beyond t1/T': us/kernel at T threads minus the 1-thread\n"
+          "dispatch + phase cost itself. 'us beyond t1/T': us/kernel at T threads minus the 1-thread\n"
           "us/kernel divided by T (what splitting failed to save). Target: < 10 us per kernel at 2 threads.")
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(raw, indent=1))

@@ -125,11 +125,13 @@ class _Arena:
 
     def call(self, entry, table: int | None = None) -> None:
         """Run ``entry`` (the module's entry, or one kernel) on the slot table (or ``table``,
-        the address of a kernel's argument array), with the team where there is one."""
-        table = self.addr if table is None else table
+        the address of a kernel's argument array), with the team where there is one (a whole
+        run adaptively: ``ThreadTeam.run``)."""
         if self.team is None:
-            entry(table, None)
-        else:
+            entry(self.addr if table is None else table, None)
+        elif table is None:                     # a whole run: the team may choose to run it alone
+            self.team.run(entry, self.addr, adaptive=True)
+        else:                                   # one kernel (debug mode): always on the team
             self.team.run(entry, table)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 
 def available_cores() -> int:
@@ -108,6 +109,53 @@ def team_helpers(library=None) -> dict | None:
     return _NATIVE
 
 
+class RunChoice:
+    """Whether the next run of one entry goes to the team or to the calling thread alone: the
+    mode whose recent runs were faster (an exponential moving average of wall times, weight
+    :data:`EWMA_WEIGHT` per run), the other mode tried once after :attr:`gap` runs (its time
+    then replaces its average), the gap doubling (up to :data:`MAX_GAP`) while the try
+    confirms it slower and reset to :data:`MIN_GAP` when it wins. On a machine where other processes keep the workers off
+    their cores, a run waits for every chunk a descheduled worker holds; alone, it waits for
+    nobody. Both modes compute the same outputs bit for bit."""
+
+    def __init__(self):
+        self.times = {True: None, False: None}   # team / alone: the moving average (s)
+        self.gap = MIN_GAP
+        self._since = 0
+        self._probe = False
+
+    def best(self) -> bool:
+        """The faster mode so far (the team until both were timed)."""
+        t, a = self.times[True], self.times[False]
+        return t is None or a is None or t <= a
+
+    def choose(self) -> bool:
+        """True: run on the team; False: alone."""
+        self._probe = False
+        for mode in (True, False):
+            if self.times[mode] is None:
+                return mode
+        self._since += 1
+        if self._since >= self.gap:
+            self._since, self._probe = 0, True
+            return not self.best()
+        return self.best()
+
+    def record(self, team: bool, seconds: float) -> None:
+        """The wall time of a run in mode ``team``."""
+        e = self.times[team]
+        # a try replaces the other mode's old average (the load may have changed since)
+        self.times[team] = seconds if e is None or self._probe else e + EWMA_WEIGHT * (seconds - e)
+        if self._probe:
+            self.gap = MIN_GAP if self.best() == team else min(2 * self.gap, MAX_GAP)
+
+
+#: :class:`RunChoice`: weight of a new run in the moving average, and the runs between tries
+#: of the slower mode (from MIN_GAP, doubling to MAX_GAP)
+EWMA_WEIGHT = 0.25
+MIN_GAP, MAX_GAP = 4, 256
+
+
 class ThreadTeam:
     """``size`` threads that run one native entry together (docs/architecture.md "CPU codegen").
 
@@ -176,6 +224,9 @@ class ThreadTeam:
         self._seq = 0
         self._go = [threading.Semaphore(0) for _ in range(size)]
         self._closed = False
+        #: whether ``run(..., adaptive=True)`` may run a job on the calling thread alone
+        self.adaptive = os.environ.get("TENSORFUSE_ADAPTIVE_TEAM", "1").strip() != "0"
+        self._choices: dict = {}                         # id(fn) -> RunChoice
         self._threads = [threading.Thread(target=self._work, args=(t,), daemon=True,
                                           name=f"tensorfuse-worker-{t}") for t in range(1, size)]
         for th in self._threads:
@@ -197,18 +248,37 @@ class ThreadTeam:
             if self._closed:
                 return
 
-    def run(self, fn, slots: int) -> None:
+    def run(self, fn, slots: int, adaptive: bool = False) -> None:
         """Call ``fn(slots, team_record)`` (a ctypes function of the entry's type) on every
         thread of the team; returns when every chunk of its work is done (workers that have
-        not finished passing over its phases may still be in it; they claim nothing more)."""
-        base = self._load(self._done_addr)               # every earlier job's chunks are done
-        self._seq += 2
-        fn_addr = self._ctypes.cast(fn, self._ctypes.c_void_p).value
-        self._publish(self._ctl_addr, fn_addr, slots, base, self._seq)
-        for t in range(1, self.size):
-            if self._xchg(self._sleeping[t], 0) == 1:
-                self._go[t].release()
-        self._lead(fn_addr, slots, self._addr[0], base)
+        not finished passing over its phases may still be in it; they claim nothing more).
+
+        ``adaptive`` (and :attr:`adaptive`, default ``$TENSORFUSE_ADAPTIVE_TEAM``, on): when
+        runs of ``fn`` on the team have been slower than runs on the calling thread alone
+        (``fn(slots, None)``; the machine's other load keeps the workers from running), run it
+        alone, trying the team again now and then (:class:`RunChoice`)."""
+        choice = None
+        if adaptive and self.adaptive:
+            choice = self._choices.get(id(fn))      # (the module keeps its entry alive)
+            if choice is None:
+                choice = self._choices[id(fn)] = RunChoice()
+        team, t0 = True, 0.0
+        if choice is not None:
+            team = choice.choose()
+            t0 = time.perf_counter()
+        if team:
+            base = self._load(self._done_addr)           # every earlier job's chunks are done
+            self._seq += 2
+            fn_addr = self._ctypes.cast(fn, self._ctypes.c_void_p).value
+            self._publish(self._ctl_addr, fn_addr, slots, base, self._seq)
+            for t in range(1, self.size):
+                if self._xchg(self._sleeping[t], 0) == 1:
+                    self._go[t].release()
+            self._lead(fn_addr, slots, self._addr[0], base)
+        else:
+            fn(slots, None)
+        if choice is not None:
+            choice.record(team, time.perf_counter() - t0)
 
     def chunks_run(self):
         """Chunks each thread has run since the team started (an int64 array, thread 0 first;

@@ -100,5 +100,6 @@ def run_on_team(mod, feeds: dict, check, max_runs: int = 200) -> list:
         team = module_team(mod)
         if team is None or team.chunks_run()[1:].sum() > 0:
             return outs
+        team.adaptive = False       # every later run on the team (not alone: ThreadTeam.run)
     raise AssertionError(f"{max_runs} runs at {mod.num_threads} threads: no worker ran a chunk "
                          f"(chunks per thread: {module_team(mod).chunks_run().tolist()})")

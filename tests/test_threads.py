@@ -35,6 +35,8 @@ def test_team_runs_every_job_while_polling_and_after_sleeping(monkeypatch, num_t
     xs = [x_input(40 + i, n=64) for i in range(4)]
     want = [ort_run(model, {"x": x})[0] for x in xs]
     spin = threads.WORKER_SPIN_TICKS
+    mod.run(xs[0])
+    module_team(mod).adaptive = False                # every run on the team (ThreadTeam.run)
     for i in range(30):
         fast = i % 3 != 0
         monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", spin if fast else 1000)
@@ -61,6 +63,7 @@ def test_idle_worker_sleeps_and_is_woken():
     want = ort_run(model, {"x": x})[0]
     np.testing.assert_allclose(mod.run(x)[0], want, rtol=1e-4, atol=1e-5)
     team = module_team(mod)
+    team.adaptive = False                            # every run on the team (ThreadTeam.run)
     old = threads.WORKER_SPIN_TICKS
     try:
         threads.WORKER_SPIN_TICKS = 1000
@@ -94,6 +97,7 @@ def test_run_ends_without_an_absent_worker_and_a_late_one_claims_nothing(monkeyp
     want = [ort_run(model, {"x": x})[0] for x in xs]
     np.testing.assert_allclose(mod.run(xs[0])[0], want[0], rtol=1e-4, atol=1e-5)
     team = module_team(mod)
+    team.adaptive = False                            # every run on the team (ThreadTeam.run)
     monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", 1000)
     mod.run(xs[0])
     deadline = time.time() + 10
@@ -149,6 +153,51 @@ def test_chunks_per_thread_knob(monkeypatch):
         monkeypatch.setenv("TENSORFUSE_CHUNKS_PER_THREAD", bad)
         with pytest.raises(ValueError, match="TENSORFUSE_CHUNKS_PER_THREAD must be a positive integer"):
             threads.resolve_chunks_per_thread()
+
+
+def test_run_choice_prefers_the_faster_mode_and_retries_the_other():
+    """ThreadTeam.run(adaptive=True) asks a RunChoice whether to run on the team or alone: both
+    are timed first, then the faster is taken and the slower tried after 4, 8, 16 ... runs
+    (up to 256) while it stays slower, every 4 runs again once it wins."""
+    c = threads.RunChoice()
+    seq = []
+
+    def step(team_s, alone_s):
+        mode = c.choose()
+        seq.append(mode)
+        c.record(mode, team_s if mode else alone_s)
+    for _ in range(2 + 4 + 8 + 16 + 3):
+        step(0.010, 0.002)                       # the team is 5x slower (a loaded machine)
+    assert seq[:2] == [True, False]
+    tries = [i for i, m in enumerate(seq) if m and i >= 2]
+    assert tries == [5, 13, 29], seq             # gaps 4, 8, 16
+    assert c.gap == 32
+    seq.clear()
+    for _ in range(40):
+        step(0.001, 0.002)                       # the load went away: the team wins its next try
+    first = seq.index(True)
+    assert first < 32 and c.best() is True       # (alone is then tried at gaps 4, 8, ...)
+    assert seq[first:].count(False) <= (40 - first) // 4 + 1      # alone only when tried
+    assert threads.MAX_GAP == 256
+
+
+def test_loaded_team_runs_alone_and_still_matches(monkeypatch):
+    """A whole run whose team mode was timed slower goes to the calling thread alone, with the
+    same outputs bit for bit; debug mode's kernel-by-kernel runs always use the team."""
+    model = mlp_model(n=64, d=256, seed=10)
+    mod = tensorfuse.compile(model, num_threads=2, cache=False)
+    mod.check_memory = False
+    x = x_input(11, n=64)
+    want = ort_run(model, {"x": x})[0]
+    first = mod.run(x)[0]
+    team = module_team(mod)
+    (choice,) = team._choices.values()
+    choice.times = {True: 1.0, False: 1e-9}      # as if the team had been 1e9 times slower
+    seq0 = team._seq
+    for _ in range(3):
+        np.testing.assert_array_equal(mod.run(x)[0], first)
+    assert team._seq == seq0                     # no job published: alone
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-5)
 
 
 def test_team_helpers_come_with_the_module():
