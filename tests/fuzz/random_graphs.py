@@ -1,8 +1,9 @@
 """Differential testing of random valid ONNX graphs against onnxruntime (issue 9).
 
-    python tests/fuzz/random_graphs.py --seed 1 --count 1000 [--jobs N] [--out DIR]
+    python tests/fuzz/random_graphs.py --seed 1 --count 1000 [--jobs N] [--out DIR] [--time-limit S]
 
-Graph ``i`` of a run is ``graphgen.generate(seed * 1_000_003 + i)``; each is compiled at O0, O2 and
+Graph ``i`` of a run is ``graphgen.generate(seed * 1_000_003 + i)`` (with zero-sized dims and
+degenerate conv shapes since issue 24; ``--classic`` gives the earlier graphs of a seed); each is compiled at O0, O2 and
 O3 in a child process (an abort or hang is counted, not fatal), run, and compared with
 onnxruntime (``ORT_DISABLE_ALL``) within the bounds of ``fuzz.graphgen``. ``--target "llvm
 -mcpu=znver4"`` compiles for another CPU (AVX-512 on a machine without it) and does not run. Prints the counts of
@@ -57,6 +58,8 @@ def main(argv=None) -> int:
                     help='another CPU, e.g. "llvm -mcpu=znver4" (AVX-512): compile only, count aborts and errors')
     ap.add_argument("--ops", default=None, help="comma-separated generator names (conv,pool,...): draw only these")
     ap.add_argument("--max-nodes", type=int, default=None, help="ops drawn per graph (default: 1 to 6 generators)")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="seconds: start no graph after this (the summary counts the graphs done)")
     ap.add_argument("--classic", action="store_true",
                     help="no zero-sized dimensions and no degenerate conv shapes: the graphs seeds gave before issue 24")
     args = ap.parse_args(argv)
@@ -69,6 +72,8 @@ def main(argv=None) -> int:
     nodes = [0]
 
     def one(i):
+        if args.time_limit is not None and time.time() - t0 > args.time_limit:
+            return
         s = graph_seed(args.seed, i)
         case = generate(s, max_nodes=args.max_nodes, ops=tuple(args.ops.split(',')) if args.ops else None,
                         zeros=not args.classic, degenerate=not args.classic)
@@ -106,6 +111,9 @@ def main(argv=None) -> int:
         for i in idx:
             one(i)
     el = time.time() - t0
+    if done[0] < args.count:
+        print(f"\n--time-limit {args.time_limit:g} s: {done[0]} of {args.count} graphs checked "
+              f"(graphs start in order: --start {args.start + done[0]} resumes)")
     print(f"\n{done[0]} graphs (seed {args.seed}, {nodes[0]} nodes, {nodes[0] / max(done[0], 1):.1f} per graph), "
           f"{el:.0f} s, {el / max(done[0], 1):.2f} s per graph with {args.jobs} job(s)")
     print("level  " + "  ".join(f"{k:>9}" for k in KINDS))
