@@ -26,11 +26,16 @@ What it does, in order:
      Transpose with the same perm, or any other value of the same rank (a Transpose with the
      inverse perm is put on it, which may merge with or cancel against others). C then computes in x's layout (Concat's axis remapped to
      p[axis]) and one Transpose with perm p follows it. A push is kept only when, after the
-     cancellations it allows, the bytes moved by Transposes do not grow (ties must not add
-     Transposes): a push that would strand an extra Transpose (a value with a consumer that
-     must stay NCHW) is not made. A push that alone adds bytes is still made when up to
+     cancellations it allows, it strictly lowers the cost (bytes moved by Transposes, then
+     their number, then how far up the graph they sit: :meth:`_Layout.cost`): a push that
+     would strand an extra Transpose (a value with a consumer that must stay NCHW) is not
+     made, and one that ties in bytes and number is made only when it moves Transposes down
+     towards the outputs. So no state comes back and the pass ends: a residual straight from
+     a graph input into the Add after a Conv once made the Transpose after the Conv and the
+     input's Transpose take turns below that Add until ``MAX_ROUNDS`` (issue 21). A push that
+     alone does not lower the cost is still made when up to
      ``LOOKAHEAD`` further pushes of the Transposes of the chain (the one left after C, and
-     the pushed one while it has other consumers) bring the bytes back down: in
+     the pushed one while it has other consumers) bring it down: in
      Conv -> Tanh -> Mul(tanh, conv) at the graph output, the push below Tanh leaves a
      Transpose on each of Mul's inputs, and the push below Mul merges them into one at the
      output, so the tail computes in NHWC and fuses into the conv's group. Such a chain is
@@ -424,21 +429,43 @@ class _Layout:
         from tensorfuse.compiler.passes.dce import eliminate_dead_nodes
         eliminate_dead_nodes(g)
 
-    def cost(self) -> tuple[int, int]:
-        """(bytes written by Transposes, their number) over the graph's activations; one that
-        moves only size-1 axes costs nothing (it becomes a Reshape)."""
-        b = n = 0
+    def cost(self) -> tuple[int, int, int]:
+        """(bytes written by Transposes, their number, minus the sum of their depths): a push
+        is kept only when it makes this tuple strictly smaller (compared in order). A
+        Transpose that moves only size-1 axes costs nothing (it becomes a Reshape).
+
+        The depth of a Transpose is the number of ops other than Transposes on the longest
+        path from a graph input or constant to it (Transposes pass their input's depth on).
+        Pushes only move Transposes (the ops pushed below are re-made with the same inputs up
+        to Transposes and permuted constants), so an op's depth never changes, and the sum is
+        at most the number of Transposes times the graph's depth. With equal bytes and number
+        a push is thus kept only when it moves Transposes down towards the outputs: a tie that
+        moves one down and another up (a residual from a graph input: the Transpose after a
+        Conv pushed below the Add, then the input's Transpose pushed below it back, ...) is not,
+        no state comes back, and the pass ends (issue 21)."""
+        b = n = d = 0
+        depth: dict[int, int] = {}
         for node in self.g.nodes:
-            if node.op == "Transpose" and not _moves_only_unit_axes(_perm_of(node), node.inputs[0].shape):
-                v = node.outputs[0]
-                b += v.type.numel * v.dtype.itemsize
-                n += 1
-        return b, n
+            if node.op == "Transpose":
+                x = node.inputs[0]
+                dx = depth.get(id(x), 0)
+                depth[id(node.outputs[0])] = dx
+                if not _moves_only_unit_axes(_perm_of(node), x.shape):
+                    v = node.outputs[0]
+                    b += v.type.numel * v.dtype.itemsize
+                    n += 1
+                    d += dx
+                continue
+            dn = 1 + max((depth.get(id(v), 0) for v in node.inputs if v is not None), default=0)
+            for o in node.outputs:
+                depth[id(o)] = dn
+        return b, n, -d
 
     def push_all(self) -> bool:
         """Try each push once per round; keep a push (with its follow-ups, :meth:`push_chain`)
-        when, after the cancellations it allows, the Transposes' bytes do not grow (ties: when
-        their number does not grow either)."""
+        when, after the cancellations it allows, it strictly lowers :meth:`cost`. Each round
+        keeps one (or ends the pass); the cost takes finitely many values (see :meth:`cost`) and
+        never comes back, so the rounds end (``MAX_ROUNDS`` is a guard only)."""
         changed = False
         for _ in range(MAX_ROUNDS):
             done = False
@@ -497,18 +524,18 @@ class _Layout:
         below ``c``, or None when no such chain pays. A push alone may add a Transpose that the
         next ones take away: Conv -> Tanh -> Mul(tanh, conv) needs the Transpose pushed below
         Tanh (now one on each of Mul's inputs: more bytes) and then below Mul (both inputs come
-        through the same perm: one Transpose left, after Mul). So when the push alone adds
-        bytes, the search goes on, at most ``depth`` more pushes, with the Transposes of the
-        chain: the one of ``t_node``'s value (while it has consumers left) and the one after
-        each op pushed below, each below any of its consumers; the first chain whose end does
-        not cost more than the start (the rule of :meth:`push_all`) is returned. Each step is
-        tried on a copy of the graph, ``MAX_TRIALS`` copies at most."""
+        through the same perm: one Transpose left, after Mul). So when the push alone does not
+        lower :meth:`cost`, the search goes on, at most ``depth`` more pushes, with the
+        Transposes of the chain: the one of ``t_node``'s value (while it has consumers left)
+        and the one after each op pushed below, each below any of its consumers; the first
+        chain whose end costs strictly less than the start (the rule of :meth:`push_all`) is
+        returned. Each step is tried on a copy of the graph, ``MAX_TRIALS`` copies at most."""
         trial = self.trial()
         before = trial.cost()
         return trial._chain(t_node.outputs[0].name, c.name, [t_node.outputs[0].name], before, depth,
                             [MAX_TRIALS - 1])
 
-    def _chain(self, value: str, consumer: str, frontier: list, before: tuple[int, int], depth: int,
+    def _chain(self, value: str, consumer: str, frontier: list, before: tuple[int, int, int], depth: int,
                budget: list) -> list | None:
         """Push on this trial copy (mutated), then search on copies of it. ``frontier``: the
         names of the values whose Transposes the chain may push next; ``budget``: [copies
@@ -520,8 +547,7 @@ class _Layout:
         if not self.push_step(value, consumer):
             return None
         self.simplify()
-        after = self.cost()
-        if after[0] < before[0] or (after[0] == before[0] and after[1] <= before[1]):
+        if self.cost() < before:              # strictly: see cost()
             return [(value, consumer)]
         if depth <= 0:
             return None
