@@ -53,8 +53,9 @@ _NATIVE = None
 #: the team record's i64 fields (one 64-byte record per thread, written only by its thread
 #: after the team starts): thread index, team size, the address of the team's shared counters
 #: (``codegen.llvm.emit.phase_helpers``), the count of chunks before this thread's next phase, chunks per
-#: thread of a parallel loop (the team's grain knob), chunks this thread ran (a statistic)
-TEAM_FIELDS = ("tid", "nthreads", "sync", "base", "chunks_per_thread", "chunks_run")
+#: thread of a parallel loop (the team's grain knob), chunks this thread ran (a statistic),
+#: whether it claims chunks (1; 0 makes it only wait: ThreadTeam.set_claims, for tests)
+TEAM_FIELDS = ("tid", "nthreads", "sync", "base", "chunks_per_thread", "chunks_run", "claims")
 #: bytes between two threads' records
 TEAM_RECORD_BYTES = 64
 #: int64 word offsets in the shared counter block: chunks claimed, chunks done (own cache lines)
@@ -213,6 +214,8 @@ class ThreadTeam:
             self._records[t, f("nthreads")] = size
             self._records[t, f("sync")] = self._sync.ctypes.data
             self._records[t, f("chunks_per_thread")] = self.chunks_per_thread
+            self._records[t, f("claims")] = 1
+        self._claims_field = f("claims")
         self._chunks_field = f("chunks_run")
         self._addr = [self._records.ctypes.data + TEAM_RECORD_BYTES * t for t in range(size)]
         # words 0-3: the job (sequence, entry, slot table, base); 8 t: worker t's last finished
@@ -279,6 +282,12 @@ class ThreadTeam:
             fn(slots, None)
         if choice is not None:
             choice.record(team, time.perf_counter() - t0)
+
+    def set_claims(self, thread: int, claims: bool) -> None:
+        """Whether thread ``thread`` claims chunks (the default) or, for tests, only waits for
+        the others to run them (``set_claims(0, False)``: every chunk goes to the workers, so a
+        test knows they ran). Set it between runs."""
+        self._records[thread, self._claims_field] = int(bool(claims))
 
     def chunks_run(self):
         """Chunks each thread has run since the team started (an int64 array, thread 0 first;

@@ -86,20 +86,28 @@ def module_team(mod):
     return mod._pool[-1].team
 
 
-def run_on_team(mod, feeds: dict, check, max_runs: int = 200) -> list:
-    """Run ``mod`` on ``feeds`` until its workers have run at least one chunk of work (at most
-    ``max_runs`` runs, each checked by ``check(outputs, run_index)``); returns the last outputs.
-    Fails when a team of more than one thread never handed a worker a chunk: a threaded test
-    must exercise the workers, not only the calling thread (with dynamic chunks the caller may
-    take them all in one run, say while the worker wakes). Runs in debug mode check the memory
-    plan on the team (``Module._run_checked``) as plain runs do not."""
+def run_on_team(mod, feeds: dict, check, tries: int = 20) -> list:
+    """Run ``mod`` on ``feeds`` (each run's outputs checked by ``check(outputs, run_index)``)
+    until its workers have run at least one chunk of work; returns the last outputs. A threaded
+    test must exercise the workers, not only the calling thread, and with dynamic chunks the
+    caller may take them all (a small job, a worker waiting for a core on a loaded machine):
+    after ``tries`` runs without a worker chunk, one more run where the calling thread claims
+    none (``ThreadTeam.set_claims``), so the workers run every chunk. Runs in debug mode check
+    the memory plan on the team (``Module._run_checked``) as plain runs do."""
     outs = None
-    for i in range(max_runs):
-        outs = mod.run(**feeds)
+    for i in range(tries + 1):
+        team = module_team(mod) if mod._pool else None
+        if team is not None:
+            team.adaptive = False   # every run on the team (not alone: ThreadTeam.run)
+            team.set_claims(0, i < tries)
+        try:
+            outs = mod.run(**feeds)
+        finally:
+            if team is not None:
+                team.set_claims(0, True)
         check(outs, i)
         team = module_team(mod)
         if team is None or team.chunks_run()[1:].sum() > 0:
             return outs
-        team.adaptive = False       # every later run on the team (not alone: ThreadTeam.run)
-    raise AssertionError(f"{max_runs} runs at {mod.num_threads} threads: no worker ran a chunk "
+    raise AssertionError(f"{tries + 1} runs at {mod.num_threads} threads: no worker ran a chunk "
                          f"(chunks per thread: {module_team(mod).chunks_run().tolist()})")

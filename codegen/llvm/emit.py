@@ -419,9 +419,12 @@ class _FnEmitter:
         is a phase of many chunks; a run of statements that store to global memory (with the
         statements between them that fill only locals) is a phase of one chunk; a run of
         statements that fill only locals is executed by every thread (each fills its own copy)
-        once the earlier phases are done. Raises CodegenError where a one-chunk phase fills
-        locals that a later statement reads (they would be set on one thread only)."""
+        once the earlier phases are done. Where a run of one chunk fills locals that a later
+        statement reads (they would be set on one thread only), the whole body is one phase of
+        one chunk."""
         kinds = [_statement_kind(s) for s in body]
+        if self._once_fills_later_locals(body, kinds):
+            kinds = ["once"] * len(kinds)
         i = 0
         while i < len(body):
             if kinds[i] == "parallel":
@@ -433,18 +436,27 @@ class _FnEmitter:
                 j += 1
             run = body[i:j]
             if "once" in kinds[i:j]:
-                self._check_run_locals(run, body[j:])
                 self._phase(ir.Constant(I64, 1), lambda _i, run=run: self.stmts(run))
             else:
                 self._wait_earlier_phases()
                 self.stmts(run)
             i = j
 
-    def _check_run_locals(self, run, later) -> None:
-        written = {id(st.buf) for st in _stores_in(run) if st.buf.scope == "local"}
-        if written and any(id(ld.buf) in written for ld in _loads_in(later)):
-            raise CodegenError(f"kernel {self.k.name}: a statement that runs once (on one thread) fills locals "
-                               f"that a later statement reads on every thread")
+    @staticmethod
+    def _once_fills_later_locals(body, kinds) -> bool:
+        """Whether a run of statements holding a one-chunk phase fills locals that a statement
+        after the run reads."""
+        i = 0
+        while i < len(body):
+            j = i
+            while j < len(body) and kinds[j] != "parallel":
+                j += 1
+            if "once" in kinds[i:j]:
+                written = {id(st.buf) for st in _stores_in(body[i:j]) if st.buf.scope == "local"}
+                if written and any(id(ld.buf) in written for ld in _loads_in(body[j:])):
+                    return True
+            i = max(j, i + 1)
+        return False
 
     def _parallel_phase(self, s) -> None:
         """A perfect nest whose parallel loop is split into chunks; the loops above it (serial)
@@ -712,6 +724,7 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
       (Claimed is at least base: a thread leaves a phase only once its chunks are all claimed.)
       A late thread's base is an old phase's, whose chunks are all claimed: it gets -1.
       Null team: chunk ``mine`` (the chunks this thread ran of the phase) while below ``n``.
+      A thread whose ``claims`` field is 0 (tests: ``ThreadTeam.set_claims``) always gets -1.
     - ``void tf_wait(ptr team, i64 n)``: until done >= base (acquire; the chunk writers
       release), so what every earlier phase wrote is visible and what it read may be
       overwritten; at once when ``n`` > 0 and the phase's ``n`` chunks are all claimed (nothing
@@ -749,7 +762,11 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
     team, n, mine = claim.args
     b = ir.IRBuilder(claim.append_basic_block("entry"))
     solo = claim.append_basic_block("solo")
+    none = claim.append_basic_block("none")
     null_or(claim, b, team, solo)
+    claims = claim.append_basic_block("claims")
+    b.cbranch(b.icmp_signed("==", b.load(_field(b, team, "claims"), typ=I64), zero), none, claims)
+    b.position_at_end(claims)
     base = b.load(_field(b, team, "base"), typ=I64)
     last = b.add(base, n)
     word = counter(b, team, SYNC_CLAIMED)
@@ -757,7 +774,6 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
     pre = b.block
     loop = claim.append_basic_block("loop")
     try_ = claim.append_basic_block("try")
-    none = claim.append_basic_block("none")
     got = claim.append_basic_block("got")
     b.branch(loop)
     b.position_at_end(loop)
