@@ -27,7 +27,7 @@ from tensorfuse.codegen.llvm.jit import compile_ir
 from codegen_util import (calls_fmuladd, entry_calls, float_vectors, function_ir, optimized_ir,
                           parallel_kernels, run_on_team)
 from tensorfuse.compiler.target import Target
-from tensorfuse.ir.kernel import Const, For, KernelBuilder, Buffer, Store, Var
+from tensorfuse.ir.kernel import Const, For, KernelBuilder, Buffer, Store, Var, select
 from tensorfuse.ir.schedule import (MIN_PARALLEL_EXTENT, ScheduleError, default_schedule, parallel_violations,
                          verify_schedule)
 from tensorfuse.ir.types import DType
@@ -312,12 +312,12 @@ def _native(kernel, nslots: int):
     return str(mod), fn, lib
 
 
-def _call(fn, arrays, threads: int = 1):
+def _call(fn, arrays, threads: int = 1, chunks_per_thread: int | None = None):
     table = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
     if threads == 1:
         fn(ctypes.addressof(table), None)
     else:
-        team = ThreadTeam(threads)
+        team = ThreadTeam(threads, chunks_per_thread=chunks_per_thread)
         try:
             team.run(fn, ctypes.addressof(table))
         finally:
@@ -387,6 +387,75 @@ def test_parallel_kernel_split_covers_every_iteration():
         ya = np.full_like(xa, np.nan)
         _call(fn, [xa, ya], threads=n)
         np.testing.assert_array_equal(ya, xa + np.float32(1))
+
+
+def test_parallel_loop_under_serial_loops_keeps_their_order_per_chunk():
+    """A parallel loop inside a serial one: each chunk of j runs every i in order (as each
+    thread ran the outer loop over its own range before), so a column's running sum over i,
+    which reads what the previous i wrote at the same j, is right at 1..4 threads and for
+    several chunk sizes."""
+    x, y = Buffer("x", F32, (8, 1000)), Buffer("y", F32, (8, 1000))
+    kb = KernelBuilder("colsum", [x, y])
+    with kb.loop(8, hint="i") as i:
+        with kb.loop(1000, kind="parallel", hint="j") as j:
+            above = y[[select(i > 0, i - 1, 0), j]]         # y[i - 1, j], read where i > 0
+            kb.store(y, [i, j], x[[i, j]] + select(i > 0, above, 0.0))
+    k = kb.kernel
+    verify_schedule(k)
+    text, fn, _lib = _native(k, 2)
+    assert _phases(function_ir(text, "colsum")) == 1
+    xa = np.random.default_rng(5).standard_normal((8, 1000)).astype(np.float32)
+    want = np.cumsum(xa, axis=0, dtype=np.float32)
+    for n in (1, 2, 3, 4):
+        for cpt in (1, 4, 100):
+            ya = np.full_like(xa, np.nan)
+            _call(fn, [xa, ya], threads=n, chunks_per_thread=cpt)
+            np.testing.assert_allclose(ya, want, rtol=1e-5, atol=1e-5, err_msg=f"{n} threads, {cpt} chunks")
+
+
+def test_parallel_loop_with_bounds_from_an_outer_loop_runs_once():
+    """A parallel loop whose extent reads the loop above it (a triangle) cannot be cut the same
+    way by every thread before the nest: the statement is one phase of one chunk, still right."""
+    x, y = Buffer("x", F32, (64, 64)), Buffer("y", F32, (64, 64))
+    kb = KernelBuilder("tri", [x, y])
+    with kb.loop(64, hint="i") as i:
+        with kb.loop(i + 1, kind="parallel", hint="j") as j:
+            kb.store(y, [i, j], x[[i, j]] * 2.0)
+    k = kb.kernel
+    text, fn, _lib = _native(k, 2)
+    body = function_ir(text, "tri")
+    assert _phases(body) == 1 and 'call i64 @"tf_claim"(ptr %"team", i64 1,' in body
+    xa = np.random.default_rng(6).standard_normal((64, 64)).astype(np.float32)
+    ya = np.zeros_like(xa)
+    _call(fn, [xa, ya], threads=3)
+    np.testing.assert_array_equal(ya, np.tril(xa * np.float32(2)))
+
+
+def test_statement_run_once_filling_locals_read_later_makes_the_kernel_one_phase():
+    """A statement that runs once (it stores to global memory) fills a local that a statement
+    after a parallel one reads: on a team that local would be set on one thread only, so the
+    whole body becomes one phase of one chunk (one thread runs it all), and the outputs are
+    right at 2 threads."""
+    x, y, s, z = (Buffer("x", F32, (64, 256)), Buffer("y", F32, (64, 256)), Buffer("s", F32, (256,)),
+                  Buffer("z", F32, (256,)))
+    kb = KernelBuilder("once_locals", [x, y, s, z])
+    t = kb.local(F32, (256,), hint="t")
+    with kb.loop(256, hint="a") as a:
+        kb.store(t, a, x[[0, a]] * 3.0)
+        kb.store(s, a, x[[0, a]])
+    with kb.loop(64, kind="parallel", hint="i") as i:
+        with kb.loop(256, hint="j") as j:
+            kb.store(y, [i, j], x[[i, j]] + 1.0)
+    with kb.loop(256, hint="b") as c:
+        kb.store(z, c, t[c] + s[c])
+    k = kb.kernel
+    text, fn, _lib = _native(k, 4)
+    assert _phases(function_ir(text, "once_locals")) == 1
+    xa = np.random.default_rng(7).standard_normal((64, 256)).astype(np.float32)
+    ya, sa, za = np.zeros_like(xa), np.zeros(256, np.float32), np.zeros(256, np.float32)
+    _call(fn, [xa, ya, sa, za], threads=2)
+    np.testing.assert_array_equal(ya, xa + np.float32(1))
+    np.testing.assert_array_equal(za, xa[0] * np.float32(3) + xa[0])
 
 
 def test_local_filled_serially_then_read_by_parallel_loop():
