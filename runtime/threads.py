@@ -110,18 +110,26 @@ def team_helpers(library=None) -> dict | None:
     return _NATIVE
 
 
+#: :class:`RunChoice`: weight of a new run in the moving average, and the runs between tries
+#: of the slower mode (from MIN_GAP, doubling to MAX_GAP)
+EWMA_WEIGHT = 0.25
+MIN_GAP, MAX_GAP = 4, 64
+
+
 class RunChoice:
     """Whether the next run of one entry goes to the team or to the calling thread alone: the
     mode whose recent runs were faster (an exponential moving average of wall times, weight
-    :data:`EWMA_WEIGHT` per run), the other mode tried once after :attr:`gap` runs (its time
-    then replaces its average), the gap doubling (up to :data:`MAX_GAP`) while the try
-    confirms it slower and reset to :data:`MIN_GAP` when it wins. On a machine where other processes keep the workers off
+    :data:`EWMA_WEIGHT` per run; the first run of each mode, with cold caches, not counted),
+    the other mode tried once after :attr:`gap` runs (its time then replaces its average), the
+    gap doubling (up to :data:`MAX_GAP`) while the try confirms it slower and reset to
+    :data:`MIN_GAP` when it wins. On a machine where other processes keep the workers off
     their cores, a run waits for every chunk a descheduled worker holds; alone, it waits for
     nobody. Both modes compute the same outputs bit for bit."""
 
     def __init__(self):
         self.times = {True: None, False: None}   # team / alone: the moving average (s)
         self.gap = MIN_GAP
+        self._runs = {True: 0, False: 0}
         self._since = 0
         self._probe = False
 
@@ -130,31 +138,37 @@ class RunChoice:
         t, a = self.times[True], self.times[False]
         return t is None or a is None or t <= a
 
-    def choose(self) -> bool:
-        """True: run on the team; False: alone."""
-        self._probe = False
+    def _next(self) -> tuple[bool, bool]:
+        """(the next run's mode, whether it is a try of the slower one)."""
         for mode in (True, False):
             if self.times[mode] is None:
-                return mode
-        self._since += 1
-        if self._since >= self.gap:
-            self._since, self._probe = 0, True
-            return not self.best()
-        return self.best()
+                return mode, False
+        if self._since + 1 >= self.gap:
+            return not self.best(), True
+        return self.best(), False
+
+    def choose(self) -> bool:
+        """True: run on the team; False: alone."""
+        mode, self._probe = self._next()
+        self._since = 0 if self._probe else self._since + (self.times[True] is not None
+                                                           and self.times[False] is not None)
+        return mode
+
+    def team_next(self) -> bool:
+        """Whether the next run will go to the team (``ThreadTeam.run`` then wakes sleeping
+        workers at the end of a run alone, so a try does not time their wake-up)."""
+        return self._next()[0]
 
     def record(self, team: bool, seconds: float) -> None:
         """The wall time of a run in mode ``team``."""
+        self._runs[team] += 1
+        if self._runs[team] == 1:
+            return                               # cold: first touch of the arena, workers starting
         e = self.times[team]
         # a try replaces the other mode's old average (the load may have changed since)
         self.times[team] = seconds if e is None or self._probe else e + EWMA_WEIGHT * (seconds - e)
         if self._probe:
             self.gap = MIN_GAP if self.best() == team else min(2 * self.gap, MAX_GAP)
-
-
-#: :class:`RunChoice`: weight of a new run in the moving average, and the runs between tries
-#: of the slower mode (from MIN_GAP, doubling to MAX_GAP)
-EWMA_WEIGHT = 0.25
-MIN_GAP, MAX_GAP = 4, 256
 
 
 class ThreadTeam:
@@ -274,14 +288,20 @@ class ThreadTeam:
             self._seq += 2
             fn_addr = self._ctypes.cast(fn, self._ctypes.c_void_p).value
             self._publish(self._ctl_addr, fn_addr, slots, base, self._seq)
-            for t in range(1, self.size):
-                if self._xchg(self._sleeping[t], 0) == 1:
-                    self._go[t].release()
+            self._wake()
             self._lead(fn_addr, slots, self._addr[0], base)
         else:
             fn(slots, None)
         if choice is not None:
             choice.record(team, time.perf_counter() - t0)
+            if not team and choice.team_next():
+                self._wake()
+
+    def _wake(self) -> None:
+        """Release the semaphore of every sleeping worker (they then poll for a job)."""
+        for t in range(1, self.size):
+            if self._xchg(self._sleeping[t], 0) == 1:
+                self._go[t].release()
 
     def set_claims(self, thread: int, claims: bool) -> None:
         """Whether thread ``thread`` claims chunks (the default) or, for tests, only waits for

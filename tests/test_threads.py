@@ -157,20 +157,23 @@ def test_chunks_per_thread_knob(monkeypatch):
 
 def test_run_choice_prefers_the_faster_mode_and_retries_the_other():
     """ThreadTeam.run(adaptive=True) asks a RunChoice whether to run on the team or alone: both
-    are timed first, then the faster is taken and the slower tried after 4, 8, 16 ... runs
-    (up to 256) while it stays slower, every 4 runs again once it wins."""
+    are timed first (twice: the first, cold run of each is not counted), then the faster is
+    taken and the slower tried after 4, 8, 16 ... runs (up to 64) while it stays slower, every
+    4 runs again once it wins."""
     c = threads.RunChoice()
     seq = []
 
     def step(team_s, alone_s):
         mode = c.choose()
+        assert c.team_next() == c._next()[0]
         seq.append(mode)
         c.record(mode, team_s if mode else alone_s)
-    for _ in range(2 + 4 + 8 + 16 + 3):
+    c.record(True, 5.0)                          # a cold first run: ignored
+    for _ in range(3 + 4 + 8 + 16 + 3):
         step(0.010, 0.002)                       # the team is 5x slower (a loaded machine)
-    assert seq[:2] == [True, False]
-    tries = [i for i, m in enumerate(seq) if m and i >= 2]
-    assert tries == [5, 13, 29], seq             # gaps 4, 8, 16
+    assert seq[:3] == [True, False, False]
+    tries = [i for i, m in enumerate(seq) if m and i >= 1]
+    assert tries == [6, 14, 30], seq             # gaps 4, 8, 16
     assert c.gap == 32
     seq.clear()
     for _ in range(40):
@@ -178,7 +181,7 @@ def test_run_choice_prefers_the_faster_mode_and_retries_the_other():
     first = seq.index(True)
     assert first < 32 and c.best() is True       # (alone is then tried at gaps 4, 8, ...)
     assert seq[first:].count(False) <= (40 - first) // 4 + 1      # alone only when tried
-    assert threads.MAX_GAP == 256
+    assert threads.MAX_GAP == 64
 
 
 def test_loaded_team_runs_alone_and_still_matches(monkeypatch):
