@@ -174,9 +174,8 @@ def main() -> int:
     conditions = ([] if args.no_quiet else ["quiet"]) + ["loaded"]
     rows = []
     for label, model in models:
-        src = model if isinstance(model, str) else model
         feeds = feeds_for(model)
-        tf = {t: tensorfuse.compile(src, num_threads=t) for t in (1, n)}
+        tf = {t: tensorfuse.compile(model, num_threads=t) for t in (1, n)}
         ort = {t: ort_session(model, t) for t in (1, n)}
         ref = ort[1].run(None, feeds)
         err = max(float(np.max(np.abs(a - b))) for t in (1, n) for a, b in zip(tf[t].run(**feeds), ref))
