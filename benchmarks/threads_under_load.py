@@ -3,7 +3,7 @@
 For each model, tensorfuse and onnxruntime each at 1 and at ``--threads`` threads (default 2),
 in one process, in two conditions:
 
-* quiet: nothing else started by this script;
+* quiet: nothing else started by this script (measured first);
 * loaded: a busy process (a Python ``while True: pass``) pinned to one core with
   ``os.sched_setaffinity`` (``--load-core``, default the last core this process may use),
   while this process keeps every core it may use, as when another program shares the machine.
@@ -125,9 +125,11 @@ def timed(fn, n: int) -> list[float]:
 
 
 def measure(fns: dict, repeat: int, blocks: int) -> dict:
-    """Median ms of each configuration, timed in interleaved blocks (a warm-up first)."""
+    """Median ms of each configuration, timed in interleaved blocks after 6 warm-up runs each
+    (a tensorfuse team times its first runs on the team and alone: ``RunChoice``)."""
     for fn in fns.values():
-        fn(), fn()
+        for _ in range(6):
+            fn()
     per = max(1, repeat // blocks)
     ts = {k: [] for k in fns}
     for b in range(blocks):
