@@ -97,3 +97,67 @@ def model_inputs(entry: dict, seed: int = 0) -> dict[str, np.ndarray]:
         else:
             out[spec["name"]] = rng.uniform(-1, 1, size=spec["shape"]).astype(dt)
     return out
+
+
+def assert_outputs_depend_on_inputs(outs_a: Sequence[np.ndarray], outs_b: Sequence[np.ndarray], rtol: float,
+                                    atol: float, what: str = "model", factor: float = 20.0,
+                                    every_output: bool = True) -> float:
+    """Guard of a whole-model comparison: the reference outputs for two different inputs
+    (``outs_a``, ``outs_b``: lists of arrays in graph output order, usually onnxruntime's, see
+    :func:`other_inputs`) must differ by much more than the tolerance of the comparison, or
+    the comparison cannot fail (a model whose activations die out with depth gives nearly the
+    same output for any input, so a wrong early layer goes unseen).
+
+    A float output *moves* when its largest ``|a - b|`` exceeds ``factor`` times
+    ``atol + rtol * max|a|`` (the largest error ``assert_allclose(rtol=rtol, atol=atol)`` lets
+    through); an integer or bool output when it changes anywhere. ``every_output``: every
+    output must move (default), else at least one. Returns the smallest ratio
+    ``max|a - b| / (atol + rtol * max|a|)`` over the float outputs that count (inf when there
+    are none). Raises AssertionError naming the output that does not move and by how much."""
+    assert len(outs_a) == len(outs_b), f"{what}: {len(outs_a)} outputs vs {len(outs_b)}"
+    ratios: list[float] = []
+    failures: list[str] = []
+    for i, (a, b) in enumerate(zip(outs_a, outs_b)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape, f"{what} output {i}: shapes {a.shape} and {b.shape} for the two inputs"
+        if a.size == 0:
+            continue
+        if not np.issubdtype(a.dtype, np.floating):
+            if np.any(a != b):
+                ratios.append(float("inf"))
+            else:
+                failures.append(f"{what} output {i}: the same {a.dtype} values for two different inputs")
+            continue
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        tol = atol + rtol * float(np.max(np.abs(a64)))
+        diff = float(np.max(np.abs(a64 - b64)))
+        ratio = diff / tol if tol > 0 else float("inf")
+        if ratio > factor:
+            ratios.append(ratio)
+        else:
+            failures.append(f"{what} output {i}: two different inputs give outputs that differ by at most "
+                            f"{diff:.3g}, {ratio:.3g}x the comparison's tolerance {tol:.3g} (atol {atol:g} + "
+                            f"rtol {rtol:g} * max|y|); under {factor:g}x, a comparison of it cannot see errors")
+    if every_output:
+        assert not failures, "; ".join(failures)
+    else:
+        assert ratios, "no output moves: " + "; ".join(failures)
+    return min(ratios, default=float("inf"))
+
+
+def other_inputs(feeds: dict[str, np.ndarray], seed: int = 1) -> dict[str, np.ndarray]:
+    """A second set of inputs like ``feeds`` (same names, dtypes and shapes) for
+    :func:`assert_outputs_depend_on_inputs`: floats drawn anew from a fixed-seed standard
+    normal distribution (another image), integer and bool arrays shuffled (token ids stay in
+    their range, a mask keeps its count)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, v in feeds.items():
+        v = np.asarray(v)
+        if np.issubdtype(v.dtype, np.floating):
+            out[k] = rng.standard_normal(v.shape).astype(v.dtype)
+        else:
+            flat = v.copy().reshape(-1)
+            rng.shuffle(flat)
+            out[k] = flat.reshape(v.shape)
+    return out
