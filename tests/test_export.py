@@ -79,7 +79,7 @@ import pytest  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from conftest import shared_model_entries, shared_models_dir  # noqa: E402
-from oracle import model_inputs  # noqa: E402
+from oracle import assert_outputs_depend_on_inputs, model_inputs, other_inputs  # noqa: E402
 
 # (activation node(s) after "y0" -> "out", the op's opset) for every activation the fused ops take
 ACTS = {
@@ -187,7 +187,10 @@ def test_every_shared_model_exports_at_o2_and_onnxruntime_matches(entry, tmp_pat
     p = tensorfuse.export_onnx(mod.graph, out)
     assert any(n.domain == "tensorfuse" for n in p.graph.node)         # fused ops are in the file
     feeds = model_inputs(entry, seed=0)
+    feeds2 = other_inputs(feeds)
     got, ours = ort_run(str(out), feeds), mod.run(**feeds)
+    got2 = ort_run(str(out), feeds2)
+    assert_outputs_depend_on_inputs(got, got2, 1e-4, 1e-5, entry["file"])     # else the comparison cannot fail
     assert [o.name for o in p.graph.output] == [o["name"] for o in entry["outputs"]]
-    for g, t in zip(got, ours):
+    for g, t in zip(got + got2, ours + mod.run(**feeds2)):
         np.testing.assert_allclose(g, t, rtol=1e-4, atol=1e-5)

@@ -23,7 +23,7 @@ from tensorfuse.ir.registry import OpPatternKind, find_op, op
 from tensorfuse.ir.text import parse_graph, print_graph
 from tensorfuse.ir.types import DType, TensorType
 from tensorfuse.ir.verify import VerifyError, graph_diff, verify_graph
-from oracle import ort_run, rand
+from oracle import assert_outputs_depend_on_inputs, other_inputs, ort_run, rand
 
 FUSED = "tensorfuse::FusedFunction"
 CONV_RULES = ["FuseConvAdd", "FuseConvActivation"]
@@ -494,13 +494,16 @@ def test_shared_models_match_onnxruntime_with_fewer_kernels(shared_models, case)
     disabled, before, after = MODEL_CASES[case]
     entry = _entry(shared_models, file)
     feeds = _feeds(entry)
+    feeds2 = other_inputs(feeds)
     path = str(shared_models / file)
-    expected = ort_run(onnx.load(path), feeds)
+    expected, expected2 = ort_run(onnx.load(path), feeds), ort_run(onnx.load(path), feeds2)
+    assert_outputs_depend_on_inputs(expected, expected2, 1e-3, 1e-4, file)      # else the comparison cannot fail
     counts = []
     for extra in (["fuse_ops"], []):
         mod = tensorfuse.compile(path, opt_level=2, disabled_rules=list(disabled) + extra)
-        for o, g, e in zip(entry["outputs"], mod.run(**feeds), expected):
-            np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-4, err_msg=f"{case} {o['name']}")
+        for f, want in ((feeds, expected), (feeds2, expected2)):
+            for o, g, e in zip(entry["outputs"], mod.run(**f), want):
+                np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-4, err_msg=f"{case} {o['name']}")
         counts.append(mod.num_kernels)
         fuse_ms = [p.seconds for p in mod.pass_records if p.name == "fuse_ops"]
         assert all(s < 1.0 for s in fuse_ms)

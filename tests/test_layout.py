@@ -565,7 +565,7 @@ def _run_graph(g, feeds):
 @pytest.mark.parametrize("name", ["resnet18.unfolded.onnx", "mobilenet_v2.onnx", "squeezenet1_1.onnx"])
 def test_shared_model_layout(name):
     from conftest import shared_model_entries, shared_models_dir
-    from oracle import model_inputs
+    from oracle import assert_outputs_depend_on_inputs, model_inputs, other_inputs
     from tensorfuse.compiler.frontend.onnx import import_onnx
     from tensorfuse.compiler.pipeline import optimize
     from tensorfuse.compiler.target import Target
@@ -581,8 +581,10 @@ def test_shared_model_layout(name):
     assert not any(n.op in ("Conv", "MaxPool", "GlobalAveragePool") or
                    (n.op == "FusedConv" and n.domain == "tensorfuse") for n in g.nodes)
     feeds = model_inputs(entry, seed=0)
+    want = ort_run(str(path), feeds)
+    assert_outputs_depend_on_inputs(want, ort_run(str(path), other_inputs(feeds)), 1e-3, 1e-4, name)
     got = _run_graph(g, {g.inputs[i].name: feeds[nm] for i, nm in enumerate(names)})
-    for a, b in zip(got, ort_run(str(path), feeds)):
+    for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
 
 
@@ -592,14 +594,17 @@ def test_shared_squeezenet_nhwc_on_llvm(nhwc):
     """End to end through the NHWC kernels on the CPU: compile with the pass forced and run."""
     import json
     from conftest import shared_models_dir
-    from oracle import model_inputs
+    from oracle import assert_outputs_depend_on_inputs, model_inputs, other_inputs
     path = shared_models_dir() / "squeezenet1_1.onnx"
     entry = next(e for e in json.loads((shared_models_dir() / "models.json").read_text())["models"]
                  if e["file"] == "squeezenet1_1.onnx")
     feeds = model_inputs(entry, seed=0)
+    feeds2 = other_inputs(feeds)
+    want, want2 = ort_run(str(path), feeds), ort_run(str(path), feeds2)
+    assert_outputs_depend_on_inputs(want, want2, 1e-3, 1e-4, "squeezenet1_1.onnx")
     mod, rep = nhwc(str(path))
     assert rep.count == 1
-    for a, b in zip(mod.run(**feeds), ort_run(str(path), feeds)):
+    for a, b in zip(mod.run(**feeds) + mod.run(**feeds2), want + want2):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
 
 

@@ -40,15 +40,20 @@ def _feeds(entry):
 
 
 def _assert_matches_ort(path, entry, opt_level=2):
+    """Compile at ``opt_level`` and compare with onnxruntime on two inputs, after checking that
+    onnxruntime's outputs for them differ by far more than the tolerance (rtol 1e-3, atol 1e-4)."""
     import tensorfuse
-    from tests.oracle import ort_run
+    from tests.oracle import assert_outputs_depend_on_inputs, other_inputs, ort_run
     import onnx
     feeds = _feeds(entry)
-    expected = ort_run(onnx.load(str(path)), feeds)
+    feeds2 = other_inputs(feeds)
+    proto = onnx.load(str(path))
+    expected, expected2 = ort_run(proto, feeds), ort_run(proto, feeds2)
+    assert_outputs_depend_on_inputs(expected, expected2, 1e-3, 1e-4, entry["file"])
     mod = tensorfuse.compile(str(path), opt_level=opt_level)
-    got = mod.run(**feeds)
-    for o, g, e in zip(entry["outputs"], got, expected):
-        np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-4, err_msg=f"{entry['file']} output {o['name']}")
+    for f, want in ((feeds, expected), (feeds2, expected2)):
+        for o, g, e in zip(entry["outputs"], mod.run(**f), want):
+            np.testing.assert_allclose(g, e, rtol=1e-3, atol=1e-4, err_msg=f"{entry['file']} output {o['name']}")
     return mod
 
 

@@ -109,3 +109,15 @@ def test_the_demo_runs(tmp_path):
     r = subprocess.run([sys.executable, str(demo), str(p)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "max abs error:" in r.stdout and "time per run:    tensorfuse" in r.stdout
+    assert "output change:" in r.stdout and "warning" not in r.stdout
+    # a model whose output does not depend on its input: its error figure shows nothing (the
+    # bundled MobileNetV2 was such a model: random weights, activations dying out with depth)
+    zero = numpy_helper.from_array(np.zeros((1, 3, 8, 8), np.float32), "zero")
+    g = helper.make_graph([helper.make_node("Mul", ["x", "zero"], ["y"])], "blind",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])], initializer=[zero])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(p))
+    r = subprocess.run([sys.executable, str(demo), str(p)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "output change:   0 between two random inputs" in r.stdout
+    assert "warning:         the output hardly depends on the input" in r.stdout

@@ -12,7 +12,7 @@ import pytest
 
 import tensorfuse
 from conftest import shared_model_entries, shared_models_dir
-from oracle import model_inputs
+from oracle import assert_outputs_depend_on_inputs, model_inputs, other_inputs
 from test_runtime_artifact import load_in_fresh_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared]
@@ -48,6 +48,8 @@ def compiled(request, tmp_path_factory):
         mp.undo()
     assert mod.cache_hit is False and warm_mod.cache_hit is True
     feeds = model_inputs(entry, seed=0)
+    # the bit-exact comparisons below say something only if the outputs move with the inputs
+    assert_outputs_depend_on_inputs(mod.run(**feeds), mod.run(**other_inputs(feeds)), 1e-3, 1e-4, name)
     np.testing.assert_array_equal(warm_mod.run(**feeds)[0], mod.run(**feeds)[0])
     return name, mod, feeds, cold, warm
 
