@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .kernel import (Bin, Broadcast, Cast, Const, FMA, For, If, Kernel, Load, Ramp, Select, Stmt, Store, Un,
-                     Var)
+from .kernel import Bin, Broadcast, Cast, Const, FMA, For, If, Kernel, Load, Ramp, Select, Stmt, Store, Un, Var
+from .schedule import expr_children
 
 Interval = Optional[tuple]
 
@@ -193,14 +193,10 @@ class _Bounds:
                 if id(x) in seen or id(x) not in self.exact:
                     return False
                 seen.add(id(x))
-            elif isinstance(x, Bin):
-                stack += [x.a, x.b]
-            elif isinstance(x, (Un, Cast, Broadcast)):
-                stack.append(x.a)
-            elif isinstance(x, Ramp):
-                stack.append(x.base)
-            elif not isinstance(x, Const):
+            elif isinstance(x, (Load, Select, FMA)):
                 return False
+            else:
+                stack += expr_children(x)
         return True
 
     def access(self, buf, index, lanes: int, stride: int, what: str) -> None:
@@ -215,6 +211,7 @@ class _Bounds:
                 f"({lanes} lane(s), stride {stride}): out of bounds")
 
     def expr_loads(self, e, checked: bool) -> None:
+        """Check every load inside ``e`` (its index's loads too)."""
         stack = [e]
         seen: set[int] = set()
         while stack:
@@ -222,20 +219,9 @@ class _Bounds:
             if id(x) in seen:
                 continue
             seen.add(id(x))
-            if isinstance(x, Load):
-                if checked:
-                    self.access(x.buf, x.index, x.lanes, x.stride, "load")
-                stack.append(x.index)
-            elif isinstance(x, Bin):
-                stack += [x.a, x.b]
-            elif isinstance(x, (Un, Cast, Broadcast)):
-                stack.append(x.a)
-            elif isinstance(x, Ramp):
-                stack.append(x.base)
-            elif isinstance(x, Select):
-                stack += [x.cond, x.a, x.b]
-            elif isinstance(x, FMA):
-                stack += [x.a, x.b, x.c]
+            if isinstance(x, Load) and checked:
+                self.access(x.buf, x.index, x.lanes, x.stride, "load")
+            stack += expr_children(x)
 
     def stmts(self, body: list[Stmt], checked: bool) -> None:
         for s in body:
