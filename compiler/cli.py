@@ -743,7 +743,16 @@ def _one_line(e: BaseException) -> str:
 
 def _hint(e: BaseException, command: str) -> str:
     from tensorfuse.compiler.errors import CompileError, ModelLoadError, UnsupportedModelError
-    from tensorfuse.runtime.artifact import ArtifactError
+    from tensorfuse.runtime.artifact import ArtifactError, CPUFeaturesArtifactError
+    from tensorfuse.runtime.module import CPUFeaturesError
+    if isinstance(e, CPUFeaturesError):
+        target = e.target or "llvm -mcpu=CPU"
+        return (f"this CPU cannot run code for that target: write it to a file with "
+                f"'{PROG} compile MODEL --target \"{target}\" -o OUT.tfm' and run OUT.tfm on a CPU that has "
+                f"these features ('{PROG} {command}' here needs a --target this CPU can run, e.g. the default)")
+    if isinstance(e, CPUFeaturesArtifactError):
+        return ("run the saved module on a CPU that has these features, or compile the model for this CPU: "
+                f"'{PROG} compile MODEL -o OUT.tfm' (without --target's -mcpu/-mattr for another CPU)")
     if isinstance(e, ModelLoadError):
         return "MODEL must be an ONNX file (.onnx)" + ("; 'run' also takes a saved module (.tfm)" if command == "run" else "")
     if isinstance(e, UnsupportedModelError):
@@ -772,7 +781,25 @@ def _hint(e: BaseException, command: str) -> str:
     return f"see '{PROG} {command} --help'" if command else f"see '{PROG} --help'"
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """tensorfuse's own warnings (the compile cache's, a declared shape's) as one line
+    ``tensorfuse: warning: MESSAGE`` without Python's source-line echo; others as Python shows them."""
+    if getattr(category, "__module__", "").startswith("tensorfuse"):
+        print(f"{PROG}: warning: {' '.join(str(message).split())}", file=file or sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -784,6 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     from tensorfuse.compiler import progress
     from tensorfuse.compiler.errors import TensorfuseError
     from tensorfuse.runtime.artifact import ArtifactError
+    from tensorfuse.runtime.module import CPUFeaturesError
     show = sys.stderr.isatty() and not args.quiet
     try:
         with progress.enabled(show):
@@ -797,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return EXIT_OK
-    except (UsageError, TensorfuseError, ArtifactError, ValueError, OSError) as e:
+    except (UsageError, TensorfuseError, ArtifactError, CPUFeaturesError, ValueError, OSError) as e:
         if args.debug:
             traceback.print_exc()
         print(f"{PROG} {args.command}: error: {_one_line(e)}", file=sys.stderr)

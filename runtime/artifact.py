@@ -52,6 +52,16 @@ class ArtifactError(Exception):
     (not a tensorfuse file, truncated or corrupt, another tensorfuse version, another CPU)."""
 
 
+class CPUFeaturesArtifactError(ArtifactError):
+    """A saved module's code needs CPU features this CPU lacks (the message names them).
+    ``cannot_run``: what running such a module, once loaded, says (see ``load(...,
+    other_cpu=True)``)."""
+
+    def __init__(self, message: str, cannot_run: str | None = None):
+        super().__init__(message)
+        self.cannot_run = cannot_run or message
+
+
 def tensorfuse_version() -> str:
     """``tensorfuse.__version__`` (the package's root module defines it and imports nothing of the
     compiler, so a process that only loads saved modules never imports the compiler)."""
@@ -176,15 +186,22 @@ def check_compatible(meta: dict, path: str = "the file") -> None:
     _backend(str(meta.get("backend", "llvm")), path).check_compatible(meta, path)
 
 
-def read_artifact(path) -> tuple[dict, bytes, np.ndarray]:
-    """(metadata, object code, constants blob) of a saved module, all checks done."""
+def read_artifact(path, other_cpu: bool = False) -> tuple[dict, bytes, np.ndarray]:
+    """(metadata, object code, constants blob) of a saved module, all checks done. With
+    ``other_cpu``, code that needs CPU features this CPU lacks passes the check, and
+    ``meta["_cannot_run"]`` says why it cannot run here."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ArtifactError(f"no such tensorfuse module file: {path}")
     try:
         with zipfile.ZipFile(path) as z:
             meta = _read_meta(z, path)
-            check_compatible(meta, path)
+            try:
+                check_compatible(meta, path)
+            except CPUFeaturesArtifactError as e:
+                if not other_cpu:
+                    raise
+                meta["_cannot_run"] = e.cannot_run
             member = _code_member(meta)
             code = z.read(member)
             info = z.getinfo(CONSTS)
@@ -241,14 +258,17 @@ def _read_stored(path: str, info: zipfile.ZipInfo) -> np.ndarray:
     return blob
 
 
-def load(path):
+def load(path, other_cpu: bool = False):
     """Load a module written by ``Module.save``: the backend that made it (recorded in the file)
     turns its code back into a runnable module (``runtime.module.Module`` for llvm: the object
     code is linked into this process, no LLVM code generation; ``runtime.cuda_module.CudaModule``
     for cuda). Raises ArtifactError (missing, truncated or corrupt file; another tensorfuse
-    version; an incompatible CPU; no GPU or simulator for a cuda module)."""
+    version; an incompatible CPU (CPUFeaturesArtifactError); no GPU or simulator for a cuda
+    module). ``other_cpu``: load code that needs CPU features this CPU lacks anyway (the
+    compile cache serves such modules to be saved); running it raises
+    ``runtime.module.CPUFeaturesError``."""
     path = os.fspath(path)
-    meta, code, blob = read_artifact(path)
+    meta, code, blob = read_artifact(path, other_cpu=other_cpu)
     try:
         slots = [SlotInfo(s["index"], s["name"], s["kind"], np.dtype(s["dtype"]), tuple(s["shape"]))
                  for s in meta["slots"]]
@@ -267,4 +287,7 @@ def load(path):
     except (KeyError, TypeError, ValueError) as e:
         raise ArtifactError(f"{path} is corrupt: its metadata is incomplete ({type(e).__name__}: {e})") from None
     backend = _backend(str(meta.get("backend", "llvm")), path)
-    return backend.load(meta, code, prog, plan, in_names, out_names, path)
+    module = backend.load(meta, code, prog, plan, in_names, out_names, path)
+    if meta.get("_cannot_run"):
+        module._cannot_run = meta["_cannot_run"]
+    return module

@@ -256,7 +256,8 @@ class CacheEntry:
 def lookup(parts: dict, d: pathlib.Path | None = None, external: bool = False,
            need_report: bool = True) -> CacheEntry | None:
     """The cache entry for this key, or None: missing, stale external data, no report when
-    ``need_report``, or corrupt (then dropped with a warning). Imports nothing of the compiler."""
+    ``need_report``, or corrupt (then dropped with a warning). A module compiled for another CPU
+    is served (it cannot run here, and says so when run). Imports nothing of the compiler."""
     from .artifact import ArtifactError, load
     d = d or cache_dir()
     digest = key_digest(parts)
@@ -272,7 +273,7 @@ def lookup(parts: dict, d: pathlib.Path | None = None, external: bool = False,
             report = _read_report(rpath)
         elif need_report:
             return None
-        return CacheEntry(load(path), report)
+        return CacheEntry(load(path, other_cpu=True), report)     # compiled for another CPU: served
     except (ArtifactError, OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         warnings.warn(f"tensorfuse compile cache: dropped a corrupt entry and rebuilding it ({e})", CacheWarning,
                       stacklevel=3)

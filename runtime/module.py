@@ -28,6 +28,17 @@ from .memory_plan import MemoryPlan, plan_memory
 _ENTRY_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 
 
+class CPUFeaturesError(RuntimeError):
+    """The module's code needs CPU features this CPU lacks (it was compiled for another CPU, e.g.
+    ``target="llvm -mcpu=graniterapids"``): running it would die of an illegal instruction. The
+    message names the target and the missing features; ``target`` is the target string. Save
+    the module and run it on a CPU that has them."""
+
+    def __init__(self, message: str, target: str | None = None):
+        super().__init__(message)
+        self.target = target
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """Name, dtype (numpy) and static shape of a graph input or output."""
@@ -259,9 +270,9 @@ class ModuleBase:
     def _check_inputs(self, arrays, named) -> list:
         """The inputs of a run in graph input order: positional then named, each checked by
         :meth:`_check_input`. Raises ValueError for too many, unknown, repeated or missing
-        inputs, RuntimeError when this machine cannot run the code."""
+        inputs, :class:`CPUFeaturesError` (a RuntimeError) when this CPU cannot run the code."""
         if self._cannot_run:            # running it would die of an illegal instruction
-            raise RuntimeError(self._cannot_run)
+            raise CPUFeaturesError(self._cannot_run, self.target)
         infos = self.input_info
         if len(arrays) > len(infos):
             raise ValueError(f"run() got {len(arrays)} positional inputs, the model has {len(infos)}: "
@@ -358,7 +369,7 @@ class Module(ModuleBase):
         ``object_code``: its relocatable object code (what ``save`` writes); ``host``: what it
         was generated for, as saved; ``report``: the compile report, which the compiler passes
         (None for a module loaded from a file); ``cannot_run``: why this machine cannot run the
-        code (the backend says; ``run`` then raises RuntimeError with it), or None."""
+        code (the backend says; ``run`` then raises :class:`CPUFeaturesError` with it), or None."""
         super().__init__(lowered, input_names, output_names, target, plan=plan, report=report)
         self._lib = library
         self._entry_name = entry

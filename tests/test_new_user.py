@@ -271,3 +271,69 @@ def test_a_saved_module_holds_only_the_constants_its_code_reads(tmp_path):
     (want,) = ort_run(model, {"x": x})
     assert float(np.abs(want).max()) > 0.1
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- another CPU
+def _other_cpu_target() -> str | None:
+    """A target whose code needs a CPU feature this CPU lacks, or None."""
+    from tensorfuse.codegen.llvm import jit
+    have = {f[1:] for f in jit.host_info()["features"].split(",") if f.startswith("+")}
+    lacking = [f for f in ("amx-tile", "avx512fp16", "avx10.2", "sm4", "sve2", "sme") if f not in have]
+    return f"llvm -mattr=+{lacking[0]}" if lacking else None
+
+
+OTHER_CPU = _other_cpu_target()
+needs_other_cpu = pytest.mark.skipif(OTHER_CPU is None, reason="this CPU has every feature the test could ask for")
+
+
+@needs_other_cpu
+def test_running_code_for_another_cpu_is_a_usage_error_with_the_compile_hint(small, tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    from tensorfuse.runtime.module import CPUFeaturesError
+    mod = tensorfuse.compile(small, target=OTHER_CPU, cache=False)
+    with pytest.raises(CPUFeaturesError, match="which this CPU lacks") as e:
+        mod.run(np.zeros((2, 3), np.float32))
+    assert isinstance(e.value, RuntimeError)
+    for command in ("run", "bench", "verify"):
+        r = cli(command, small, "--target", OTHER_CPU)
+        err = r.stderr.splitlines()
+        assert r.returncode == 2, (command, r.stderr)
+        assert err[0].startswith(f"tensorfuse {command}: error: this module was compiled for target "
+                                 f"'{OTHER_CPU}'") and "which this CPU lacks" in err[0], r.stderr
+        assert err[1].startswith("hint: ") and "bug" not in err[1], r.stderr
+        assert f"tensorfuse compile MODEL --target \"{OTHER_CPU}\" -o OUT.tfm" in err[1], r.stderr
+    assert cli("compile", small, "--target", OTHER_CPU, "-o", tmp_path / "other.tfm").returncode == 0
+    r = cli("run", tmp_path / "other.tfm")
+    assert r.returncode == 2 and "lacks" in r.stderr.splitlines()[0], r.stderr
+    hint = r.stderr.splitlines()[1]
+    assert "CPU that has these features" in hint and "version" not in hint, hint
+
+
+@needs_other_cpu
+def test_the_cache_serves_a_module_compiled_for_another_cpu(small, tmp_path, monkeypatch):
+    import warnings
+    from tensorfuse.runtime.module import CPUFeaturesError
+    monkeypatch.setenv("TENSORFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no "dropped a corrupt entry"
+        first = tensorfuse.compile(small, target=OTHER_CPU)
+        second = tensorfuse.compile(small, target=OTHER_CPU)
+    assert first.cache_hit is False and second.cache_hit is True
+    assert len(list((tmp_path / "cache").glob("*.tfm"))) == 1
+    with pytest.raises(CPUFeaturesError, match="which this CPU lacks"):
+        second.run(np.zeros((2, 3), np.float32))
+    second.save(tmp_path / "s.tfm")             # what it is served for
+    with zipfile.ZipFile(tmp_path / "s.tfm") as z:
+        assert json.loads(z.read("tensorfuse.json"))["target"] == OTHER_CPU
+
+
+def test_a_cache_warning_is_one_line_on_the_command_line(small, tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    assert cli("compile", small, "-o", tmp_path / "a.tfm").returncode == 0
+    (entry,) = (tmp_path / "cache").glob("*.tfm")
+    entry.write_bytes(entry.read_bytes()[:100])             # truncated
+    r = run_cli("compile", small, "-o", tmp_path / "b.tfm")
+    assert r.returncode == 0, r.stderr
+    err = r.stderr.splitlines()
+    assert len(err) == 1 and err[0].startswith("tensorfuse: warning: tensorfuse compile cache: dropped a corrupt "
+                                               "entry and rebuilding it ("), r.stderr

@@ -202,17 +202,20 @@ class LLVMBackend(Backend):
 
     def check_compatible(self, meta: dict, path: str = "the file") -> None:
         """The triple is this machine's and this CPU has every feature the code needs (the
-        message names the missing ones); ArtifactError otherwise."""
-        from tensorfuse.runtime.artifact import ArtifactError
+        message names the missing ones); ArtifactError otherwise (CPUFeaturesArtifactError for
+        missing features)."""
+        from tensorfuse.runtime.artifact import ArtifactError, CPUFeaturesArtifactError
         saved, host = meta.get("host") or {}, host_info()
         if saved.get("triple") != host["triple"]:
             raise ArtifactError(f"{path} holds machine code for {saved.get('triple')}, this machine is {host['triple']}")
         lacking = lacking_features(saved)
         if lacking:
             target = saved.get("target") or meta.get("target") or "llvm"
-            raise ArtifactError(f"{path}: this module was compiled for {saved.get('cpu')} (target {target!r}) and "
-                                f"needs {', '.join(lacking)}; this CPU ({host['cpu']}) lacks "
-                                f"{'them' if len(lacking) > 1 else 'it'}: recompile it here")
+            raise CPUFeaturesArtifactError(
+                f"{path}: this module was compiled for {saved.get('cpu')} (target {target!r}) and "
+                f"needs {', '.join(lacking)}; this CPU ({host['cpu']}) lacks "
+                f"{'them' if len(lacking) > 1 else 'it'}: recompile it here",
+                cannot_run=cannot_run_reason(dict(saved, target=target)))
 
     def load(self, meta, blob, program, plan, input_names, output_names, path="the file"):
         """Link the object code into this process (no LLVM code generation): a
