@@ -284,6 +284,20 @@ def _ort_values(proto, inputs: dict[str, np.ndarray], extra: Sequence[str]) -> t
 
 
 # ----------------------------------------------------------------------------- the checks
+def _checked_inputs(mod, inputs: dict) -> dict:
+    """``inputs`` as ``mod.run`` would take them, checked before onnxruntime sees them (its
+    message is cut off): ValueError naming an unknown or missing input, or one whose dtype or
+    shape is not the model's (``input 'x': expected shape [1, 3, 224, 224], got [1, 3, 112, 112]``)."""
+    infos = mod.input_info
+    unknown = sorted(set(inputs) - {i.name for i in infos})
+    if unknown:
+        raise ValueError(f"verify() got unknown input(s) {unknown}; the model's inputs are {[i.name for i in infos]}")
+    missing = [i.name for i in infos if i.name not in inputs]
+    if missing:
+        raise ValueError(f"verify() lacks the model's input(s) {missing}")
+    return {i.name: mod._check_input(i, inputs[i.name]) for i in infos}
+
+
 def _check_outputs(mod, inputs, ref: dict, rtol: float, atol: float) -> list[OutputCheck]:
     got = mod.run(**inputs)
     return [compare(name, g, ref[name], rtol, atol) for name, g in zip(mod.output_names, got)]
@@ -404,7 +418,8 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
     Returns a :class:`VerifyResult` (``str()`` is the report, ``.ok``, ``.culprit``,
     ``.first_bad_group``); prints nothing. Raises ModelLoadError / UnsupportedModelError /
     CompileError as ``compile`` does, TensorfuseError when onnxruntime cannot run the model,
-    ValueError for a bad opt_level or tolerance.
+    ValueError for a bad opt_level or tolerance, or for ``inputs`` with an unknown or missing
+    name or a dtype or shape that is not the model's (naming the input, expected and got).
     """
     from tensorfuse.compiler import progress
     from tensorfuse.compiler.driver import compile as tf_compile
@@ -442,6 +457,8 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
         mod0 = build(0)
     if inputs is None:
         inputs = random_inputs(mod0.input_info, seed, index_limits(proto))
+    else:
+        inputs = _checked_inputs(mod0, inputs)
     progress.status(f"verify: compiling at O{opt_level}")
     mod = build(opt_level)
     log = list(getattr(mod, "rewrite_log", None) or [])

@@ -337,3 +337,18 @@ def test_a_cache_warning_is_one_line_on_the_command_line(small, tmp_path, monkey
     err = r.stderr.splitlines()
     assert len(err) == 1 and err[0].startswith("tensorfuse: warning: tensorfuse compile cache: dropped a corrupt "
                                                "entry and rebuilding it ("), r.stderr
+
+
+# ----------------------------------------------------------------------------- verify --inputs
+def test_verify_checks_given_inputs_before_onnxruntime(small, tmp_path):
+    with pytest.raises(ValueError, match=re.escape("input 'x': expected shape [2, 3], got [1, 3]")):
+        tensorfuse.verify(small, inputs={"x": np.zeros((1, 3), np.float32)})
+    with pytest.raises(ValueError, match=re.escape("input 'x': expected dtype float32, got float64")):
+        tensorfuse.verify(small, inputs={"x": np.zeros((2, 3), np.float64)})
+    np.savez(tmp_path / "in.npz", x=np.zeros((1, 3), np.float32))
+    r = cli("verify", small, "--inputs", tmp_path / "in.npz")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines()[0] == "tensorfuse verify: error: input 'x': expected shape [2, 3], got [1, 3]"
+    assert "onnxruntime" not in r.stderr
+    x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
+    assert tensorfuse.verify(small, inputs={"x": x}).ok
