@@ -589,15 +589,43 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     pass
 
 
-def _common(p: argparse.ArgumentParser, compile_opts: bool = True, level_default: int = 2) -> None:
+def _int_at_least(low: int):
+    """An argparse type: an integer >= ``low`` (argparse names the option in its error)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+    return parse
+
+
+def _float_at_least_0(text: str) -> float:
+    """An argparse type: a number >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+NONNEG, POSITIVE = _int_at_least(0), _int_at_least(1)
+
+
+def _common(p: argparse.ArgumentParser, compile_opts: bool = True, level_default: int = 2,
+            min_level: int = 0) -> None:
     g = p.add_argument_group("general")
     g.add_argument("--debug", action="store_true", help="show the traceback of an error")
     g.add_argument("-q", "--quiet", action="store_true", help="no progress bars or notes on stderr")
     if not compile_opts:
         return
     c = p.add_argument_group("compile options")
-    c.add_argument("-O", "--opt-level", type=int, choices=range(0, 4), default=level_default, metavar="N",
-                   help=f"optimisation level 0..3 (default {level_default})")
+    c.add_argument("-O", "--opt-level", type=int, choices=range(min_level, 4), default=level_default, metavar="N",
+                   help=f"optimisation level {min_level}..3 (default {level_default})")
     c.add_argument("--target", default="llvm",
                    help="'llvm' (this CPU; default), e.g. 'llvm -mcpu=znver3', or 'cuda' (an NVIDIA GPU, "
                         "or numba's CUDA simulator with NUMBA_ENABLE_CUDASIM=1)")
@@ -661,19 +689,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--inputs", metavar="IN.npz", help="inputs by name (numpy.savez); default random, fixed seed")
     s.add_argument("-o", "--output", metavar="OUT.npz", help="write the outputs by name (numpy.savez; .npz is appended "
                                                              "to a name without it). " + OUTPUT_RULES)
-    s.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    s.add_argument("--threads", type=int, metavar="N", help="threads per kernel (default: the cores this process may use)")
+    s.add_argument("--seed", type=NONNEG, default=0, help="seed of the random inputs (default 0)")
+    s.add_argument("--threads", type=POSITIVE, metavar="N", help="threads per kernel (default: the cores this process may use)")
     _common(s)
 
     s = add("bench", cmd_bench, "time tensorfuse against onnxruntime (optimisations on) in this process: "
                                 "median/min/max and percentiles, the ratio, the top kernels",
             f"{PROG} bench {EXAMPLE} --threads 1 --repeat 50")
     s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
-    s.add_argument("--threads", type=int, metavar="N", help="threads for both (default: the cores this process may use)")
-    s.add_argument("--repeat", type=int, default=30, metavar="N", help="timed runs of each, interleaved (default 30)")
-    s.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed runs first (default 3)")
-    s.add_argument("--top", type=int, default=10, metavar="K", help="kernels to list by time (default 10; 0: none)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    s.add_argument("--threads", type=POSITIVE, metavar="N", help="threads for both (default: the cores this process may use)")
+    s.add_argument("--repeat", type=POSITIVE, default=30, metavar="N", help="timed runs of each, interleaved (default 30)")
+    s.add_argument("--warmup", type=NONNEG, default=3, metavar="N", help="untimed runs first (default 3)")
+    s.add_argument("--top", type=NONNEG, default=10, metavar="K", help="kernels to list by time (default 10; 0: none)")
+    s.add_argument("--seed", type=NONNEG, default=0, help="seed of the random inputs (default 0)")
     s.add_argument("--inputs", metavar="IN.npz", help="inputs by name instead of random ones")
     _common(s)
 
@@ -709,13 +737,13 @@ def build_parser() -> argparse.ArgumentParser:
             f"{PROG} verify {EXAMPLE} -O 2 --rtol 1e-3 --atol 1e-4\n"
             f"  {PROG} verify model.onnx --rules my_rules.py:FoldMyPattern   # a rule under test")
     s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
-    s.add_argument("--rtol", type=float, default=1e-3, help="relative tolerance (default 1e-3)")
-    s.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    s.add_argument("--rtol", type=_float_at_least_0, default=1e-3, help="relative tolerance (default 1e-3)")
+    s.add_argument("--atol", type=_float_at_least_0, default=1e-4, help="absolute tolerance (default 1e-4)")
+    s.add_argument("--seed", type=NONNEG, default=0, help="seed of the random inputs (default 0)")
     s.add_argument("--inputs", metavar="IN.npz", help="inputs by name instead of random ones")
     s.add_argument("--no-bisect", action="store_true", help="do not look for the rule application")
     s.add_argument("--no-groups", action="store_true", help="do not compare the fused groups")
-    _common(s)
+    _common(s, min_level=1)
 
     s = add("graph", cmd_graph, "draw the fused graph: one cluster per kernel, coloured by op pattern kind, "
                                 "labelled with the kernel name (and its time with --profile)",
@@ -724,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.svg, FILE.html, FILE.dot or FILE.gv. "
                                                                           + OUTPUT_RULES)
     s.add_argument("--profile", action="store_true", help="time each kernel and show it in its cluster")
-    s.add_argument("--seed", type=int, default=0, help="seed of the random inputs for --profile")
+    s.add_argument("--seed", type=NONNEG, default=0, help="seed of the random inputs for --profile (default 0)")
     s.add_argument("--inputs", metavar="IN.npz", help="inputs for --profile instead of random ones")
     _common(s)
     return p

@@ -352,3 +352,29 @@ def test_verify_checks_given_inputs_before_onnxruntime(small, tmp_path):
     assert "onnxruntime" not in r.stderr
     x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
     assert tensorfuse.verify(small, inputs={"x": x}).ok
+
+
+# ----------------------------------------------------------------------------- number options
+@pytest.mark.parametrize("args,message", [
+    (("run", "--seed", "-1"), "argument --seed: must be >= 0, got -1"),
+    (("bench", "--seed", "-2"), "argument --seed: must be >= 0, got -2"),
+    (("verify", "--seed", "-1"), "argument --seed: must be >= 0, got -1"),
+    (("bench", "--top", "-1"), "argument --top: must be >= 0, got -1"),
+    (("bench", "--repeat", "0"), "argument --repeat: must be >= 1, got 0"),
+    (("bench", "--warmup", "-1"), "argument --warmup: must be >= 0, got -1"),
+    (("run", "--threads", "0"), "argument --threads: must be >= 1, got 0"),
+    (("verify", "--rtol=-0.001"), "argument --rtol: must be >= 0, got -0.001"),
+    (("verify", "-O", "0"), "argument -O/--opt-level: invalid choice: 0"),
+])
+def test_number_options_are_checked_by_the_parser(small, args, message):
+    r = cli(args[0], small, *args[1:])
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_help_texts_give_levels_and_defaults(capsys):
+    for command in ("verify", "bench", "compile"):
+        with pytest.raises(SystemExit):
+            tensorfuse.compiler.cli.build_parser().parse_args([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "optimisation level 1..3 (default 2)" in out                  # verify refuses -O 0
+    assert out.count("seed of the random inputs (default 0)") == 2      # verify's and bench's
