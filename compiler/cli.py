@@ -769,10 +769,17 @@ def _one_line(e: BaseException) -> str:
     return "\n".join([" ".join(lines[0].split())] + rest)
 
 
-def _hint(e: BaseException, command: str) -> str:
+def _hint(e: BaseException, command: str, random_seed: int | None = None) -> str:
+    """The hint line under the error ``e`` of ``tensorfuse COMMAND``; ``random_seed``: the seed of
+    the random inputs the command ran the model on (None: it was given inputs, or ran none)."""
     from tensorfuse.compiler.errors import CompileError, ModelLoadError, UnsupportedModelError
     from tensorfuse.runtime.artifact import ArtifactError, CPUFeaturesArtifactError
-    from tensorfuse.runtime.module import CPUFeaturesError
+    from tensorfuse.runtime.module import CPUFeaturesError, RunCheckError
+    if random_seed is not None and (isinstance(e, RunCheckError) or (
+            str(e).startswith("onnxruntime cannot run the model") and any(w in str(e) for w in ("indices", "bounds")))):
+        return (f"the values came from random inputs (integers drawn from 0..9, seed {random_seed}); an input "
+                f"that holds indices needs real ones: give the inputs with --inputs IN.npz "
+                f"(numpy.savez(path, name=array, ...))")
     if isinstance(e, CPUFeaturesError):
         target = e.target or "llvm -mcpu=CPU"
         return (f"this CPU cannot run code for that target: write it to a file with "
@@ -857,7 +864,9 @@ def _main(argv: list[str] | None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"{PROG} {args.command}: error: {_one_line(e)}", file=sys.stderr)
-        hint = getattr(e, "hint", None) or _hint(e, args.command)
+        random_seed = getattr(args, "seed", None) if args.command in ("run", "bench", "verify", "graph") \
+            and not getattr(args, "inputs", None) else None
+        hint = getattr(e, "hint", None) or _hint(e, args.command, random_seed)
         print(f"hint: {hint}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as e:          # noqa: BLE001 - a bug: say so, traceback only with --debug

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from .memory_plan import MemoryPlan
-from .module import ModuleBase, TensorInfo
+from .module import ModuleBase, RunCheckError, TensorInfo
 
 #: byte alignment of every device view (the plan's offsets and the extra slots'); at least
 #: what cudaMalloc gives and what vector loads of any dtype need
@@ -370,7 +370,7 @@ class CudaModule(ModuleBase):
         if prog.status_slot is not None:
             code, value = (int(v) for v in args[prog.status_slot].copy_to_host())
             if code:
-                raise ValueError(f"{prog.messages[code - 1]}: got {value}")
+                raise RunCheckError(f"{prog.messages[code - 1]}: got {value}")
         outs = []
         for s, info in zip(prog.outputs, self.output_info):
             dev = args[s]

@@ -28,6 +28,12 @@ from .memory_plan import MemoryPlan, plan_memory
 _ENTRY_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 
 
+class RunCheckError(ValueError):
+    """A run-time check of the input values failed: an index (Gather, ScatterND, ...) outside
+    its axis, as onnxruntime refuses it too. The message names the node, the input and the
+    offending value."""
+
+
 class CPUFeaturesError(RuntimeError):
     """The module's code needs CPU features this CPU lacks (it was compiled for another CPU, e.g.
     ``target="llvm -mcpu=graniterapids"``): running it would die of an illegal instruction. The
@@ -460,7 +466,7 @@ class Module(ModuleBase):
         finally:
             self._release(arena)
         if code:
-            raise ValueError(f"{self._program.messages[code - 1]}: got {value}")
+            raise RunCheckError(f"{self._program.messages[code - 1]}: got {value}")
         return outs
 
     __call__ = run

@@ -378,3 +378,30 @@ def test_help_texts_give_levels_and_defaults(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "optimisation level 1..3 (default 2)" in out                  # verify refuses -O 0
     assert out.count("seed of the random inputs (default 0)") == 2      # verify's and bench's
+
+
+# ----------------------------------------------------------------------------- random indices
+def test_an_index_out_of_range_from_random_inputs_says_so(tmp_path):
+    from tensorfuse.runtime.module import RunCheckError
+    d = helper.make_tensor_value_info("data", TensorProto.FLOAT, [4, 3])
+    i = helper.make_tensor_value_info("idx", TensorProto.INT64, [5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 3])
+    g = helper.make_graph([helper.make_node("Gather", ["data", "idx"], ["y"], name="gather")], "g", [d, i], [y])
+    model = tmp_path / "gather.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    mod = tensorfuse.compile(model, cache=False)
+    data = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with pytest.raises(RunCheckError, match=r"Gather node 'gather': index in input 'idx' out of range \[-4, 3\]: got 8"):
+        mod.run(data=data, idx=np.array([0, 8, 1, 2, 3]))
+    for command in ("run", "bench", "verify"):
+        r = cli(command, model, "--seed", "3")          # seed 3 draws an index >= 4
+        err = r.stderr.splitlines()
+        assert r.returncode == 2 and "out of" in err[0], (command, r.stderr)
+        assert err[-1].startswith("hint: the values came from random inputs (integers drawn from 0..9, seed 3)") \
+            and "--inputs IN.npz" in err[-1], (command, r.stderr)
+    idx = np.array([3, 0, -1, 2, 1])
+    np.savez(tmp_path / "in.npz", data=data, idx=idx)
+    r = cli("run", model, "--inputs", tmp_path / "in.npz")
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(mod.run(data=data, idx=idx)[0], ort_run(onnx.load(str(model)),
+                                                                          {"data": data, "idx": idx})[0])
