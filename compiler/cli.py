@@ -475,6 +475,26 @@ def _ir_without_dumps(ses: _Session, args) -> bool:
     return True
 
 
+def _check_pass_name(ses, args) -> None:
+    """UsageError unless ``--after`` names a pass of the pipeline at this level (listing them)."""
+    from tensorfuse.compiler.pipeline import build_passes, resolve_layout
+    try:
+        passes = build_passes(args.opt_level, disabled_rules=ses.disabled, rules=ses.rules,
+                              layout=resolve_layout(args.target))
+    except Exception:       # noqa: BLE001 - a bad rule or target: the compile says what is wrong
+        return
+    names: list[str] = []
+    for name, p in passes:
+        names += [n for n, _ in p] if isinstance(p, list) else [name]
+    names = list(dict.fromkeys(names))
+    if not names:
+        raise UsageError(f"-O {args.opt_level} runs no graph passes, so there is no pass {args.after!r}",
+                         f"--after needs -O 1 or more, e.g. {PROG} ir MODEL -O 2 --after fuse")
+    if args.after not in names:
+        raise UsageError(f"unknown pass {args.after!r}; passes at O{args.opt_level}: {', '.join(names)}",
+                         f"for example: {PROG} ir MODEL --after {names[-1]}")
+
+
 def cmd_ir(args) -> int:
     ses = _Session(args)
     if args.level in ("kernel", "asm") and args.diff:
@@ -483,6 +503,8 @@ def cmd_ir(args) -> int:
     if args.after and args.level not in ("graph", "fused"):
         raise UsageError(f"--after names a graph pass; it goes with --level graph or fused, not {args.level}",
                          f"{PROG} ir MODEL --after fold_rules")
+    if args.after:
+        _check_pass_name(ses, args)
     if not args.after and not (args.diff and args.level in ("graph", "fused")):
         # no per-pass dumps needed: the compile cache serves the module and its report
         if _ir_without_dumps(ses, args):

@@ -405,3 +405,15 @@ def test_an_index_out_of_range_from_random_inputs_says_so(tmp_path):
     assert r.returncode == 0, r.stderr
     np.testing.assert_array_equal(mod.run(data=data, idx=idx)[0], ort_run(onnx.load(str(model)),
                                                                           {"data": data, "idx": idx})[0])
+
+
+# ----------------------------------------------------------------------------- ir --after
+def test_ir_after_an_unknown_pass_lists_the_passes(small):
+    r = cli("ir", small, "--after", "nosuchpass")
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == ("tensorfuse ir: error: unknown pass 'nosuchpass'; passes at O2: "
+                                        "fold_constants, dce, cse, simplify, fold_rules, fuse, fuse_ops"), r.stderr
+    r = cli("ir", small, "-O", "1", "--after", "fuse_ops")
+    assert r.returncode == 2 and "passes at O1: fold_constants, dce, cse, simplify\n" in r.stderr, r.stderr
+    r = cli("ir", small, "--after", "fuse_ops")                  # a pass of the pipeline that changed it
+    assert r.returncode == 0 and "Relu" in r.stdout and "Tanh" in r.stdout, r.stderr
