@@ -126,7 +126,7 @@ def test_ir_levels(bn_model):
     r = cli("ir", bn_model, "--level", "asm")
     assert r.returncode == 0 and "\nfusedconv_0:" in r.stdout and ".globl\tfusedconv_0" in r.stdout
     r = cli("ir", bn_model, "--after", "nope")
-    assert r.returncode == 2 and "no pass 'nope'" in _one_line_error(r, "ir")
+    assert r.returncode == 2 and "unknown pass 'nope'; passes at O2:" in _one_line_error(r, "ir")
     r = cli("ir", bn_model, "--level", "asm", "--diff")
     assert r.returncode == 2 and "--diff is for" in _one_line_error(r, "ir")
 
