@@ -53,7 +53,7 @@ class DotGraph:
         """Write to ``path`` by its extension: ``.dot``/``.gv`` the text; ``.svg`` rendered
         (graphviz package, else the ``dot`` binary); ``.html`` a page holding the SVG. Without
         a renderer, an ``.svg``/``.html`` request writes ``<path>.dot`` instead and warns
-        (UserWarning) saying so. Returns
+        (UserWarning) saying so (and that it replaced a file of that name). Returns
         (the path written, a one-line note for the user). Raises ValueError for another
         extension, OSError (``runtime.outfile.OutputError``) when the file cannot be written,
         e.g. when its folder does not exist (none is created). A symbolic link is written
@@ -62,16 +62,18 @@ class DotGraph:
         ext = os.path.splitext(path)[1].lower()
         if ext in (".dot", ".gv"):
             _write_text(path, self.source)
-            return path, f"wrote {path} ({len(self.clusters)} clusters); render it with: dot -Tsvg {path} -o " \
+            return path, f"wrote {path} ({_clusters(self.clusters)}); render it with: dot -Tsvg {path} -o " \
                          f"{os.path.splitext(path)[0]}.svg"
         if ext not in (".svg", ".html"):
             raise ValueError(f"graph output must end in .svg, .dot, .gv or .html, got {path!r}")
         svg = render_svg(self.source)
         if svg is None:
             alt = os.path.splitext(path)[0] + ".dot"
+            replaced = os.path.lexists(alt)
             _write_text(alt, self.source)
             note = (f"neither the graphviz Python package nor the 'dot' binary is installed, so wrote "
-                    f"{alt} instead of {path}; render it with: dot -Tsvg {alt} -o "
+                    f"{alt} instead of {path}{' (it replaced the file that was there)' if replaced else ''}; "
+                    f"render it with: dot -Tsvg {alt} -o "
                     f"{os.path.splitext(path)[0]}.svg (apt install graphviz), or paste it into any "
                     f"Graphviz viewer")
             warnings.warn(note, UserWarning, stacklevel=2)     # a caller that ignores the note still hears
@@ -83,7 +85,11 @@ class DotGraph:
             _write_text(path, page)
         else:
             _write_text(path, svg)
-        return path, f"wrote {path} ({len(self.clusters)} clusters)"
+        return path, f"wrote {path} ({_clusters(self.clusters)})"
+
+
+def _clusters(clusters) -> str:
+    return f"{len(clusters)} cluster{'' if len(clusters) == 1 else 's'}"
 
 
 def _write_text(path: str, text: str) -> None:

@@ -417,3 +417,19 @@ def test_ir_after_an_unknown_pass_lists_the_passes(small):
     assert r.returncode == 2 and "passes at O1: fold_constants, dce, cse, simplify\n" in r.stderr, r.stderr
     r = cli("ir", small, "--after", "fuse_ops")                  # a pass of the pipeline that changed it
     assert r.returncode == 0 and "Relu" in r.stdout and "Tanh" in r.stdout, r.stderr
+
+
+# ----------------------------------------------------------------------------- graph without graphviz
+def test_graph_without_graphviz_says_it_replaced_the_dot_file(small, tmp_path, monkeypatch):
+    import tensorfuse.compiler.dot as dotmod
+    monkeypatch.setattr(dotmod, "render_svg", lambda source: None)
+    r = cli("graph", small, "-o", tmp_path / "g.html")
+    assert r.returncode == 0 and f"wrote {tmp_path / 'g.dot'} instead of {tmp_path / 'g.html'};" in r.stdout, r.stdout
+    (tmp_path / "g.dot").write_text("the user's own file")
+    r = cli("graph", small, "-o", tmp_path / "g.html")
+    assert r.returncode == 0, r.stderr
+    assert (f"wrote {tmp_path / 'g.dot'} instead of {tmp_path / 'g.html'} (it replaced the file that was there);"
+            in r.stdout), r.stdout
+    assert (tmp_path / "g.dot").read_text().startswith("digraph")
+    r = cli("graph", small, "-o", tmp_path / "one.dot")         # Relu + Tanh: one fused kernel
+    assert r.returncode == 0 and f"wrote {tmp_path / 'one.dot'} (1 cluster);" in r.stdout, r.stdout
