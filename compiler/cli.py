@@ -194,6 +194,23 @@ def _check_output(path: str) -> None:
         raise _write_error(e, path) from None
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 rule application', '2 rule applications'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _check_dump_dir(path: str) -> None:
+    """--dump-ir DIR: create it (with its parents) before the compile; UsageError naming the
+    reason when it cannot be (a part of the path is a file, no permission)."""
+    if path == "":
+        raise UsageError("--dump-ir '' names no folder", "give a folder, e.g. --dump-ir ir_dump")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        err = _write_error(e, path)
+        raise UsageError(f"--dump-ir {path}: cannot create the folder: {e.strerror or e}", err.hint) from None
+
+
 def _compiled_how(mod) -> str:
     """' (from the compile cache)' for a module the compile cache served, else ''."""
     return " (from the compile cache)" if getattr(mod, "cache_hit", None) else ""
@@ -264,8 +281,12 @@ def _summary(name: str, a: np.ndarray) -> str:
 def cmd_compile(args) -> int:
     ses = _Session(args)
     from tensorfuse.runtime.artifact import ArtifactError
+    if args.output == "":
+        raise UsageError("-o '' names no file", "give the saved module's path, e.g. -o model.tfm")
     out = args.output or os.path.splitext(os.path.basename(args.model))[0] + ".tfm"
     _check_output(out)
+    if args.dump_ir is not None:
+        _check_dump_dir(args.dump_ir)
     mod, secs = ses.compile(args.model, dump_ir=args.dump_ir, cache=not ses.rules and not args.dump_ir)
     try:
         mod.save(out)
@@ -276,11 +297,14 @@ def cmd_compile(args) -> int:
     plan = mod.memory_plan
     distinct = len({c.kernel for c in mod.calls})
     _say(f"compiled {args.model} at O{args.opt_level} for {mod.target} in {secs:.2f} s{_compiled_how(mod)}: "
-         f"{mod.num_kernels} kernel calls ({distinct} distinct kernels), "
-         f"{len(getattr(mod, 'rewrite_log', None) or [])} rule applications, arena {plan.arena_bytes / 2**20:.2f} MiB")
+         f"{_count(mod.num_kernels, 'kernel call')} ({_count(distinct, 'distinct kernel')}), "
+         f"{_count(len(getattr(mod, 'rewrite_log', None) or []), 'rule application')}, "
+         f"arena {plan.arena_bytes / 2**20:.2f} MiB")
     _say(f"inputs:  {', '.join(str(i) for i in mod.input_info)}")
     _say(f"outputs: {', '.join(str(o) for o in mod.output_info)}")
-    _say(f"wrote {out} (run it with: {PROG} run {out})")
+    from tensorfuse.runtime.outfile import classify
+    regular = classify(out)[0] == "regular"     # not /dev/null or a FIFO: a file to run
+    _say(f"wrote {out}" + (f" (run it with: {PROG} run {out})" if regular else ""))
     if args.dump_ir:
         _say(f"wrote the IR dumps to {args.dump_ir}/ (graph after each pass, kernels/, module.ll, module.opt.ll, module.s)")
     return EXIT_OK
@@ -393,9 +417,9 @@ def cmd_bench(args) -> int:
             t0 = clock()
             sess.run(None, inputs)
             ort_ms.append((clock() - t0) * 1e3)
-    _say(f"{args.model}: O{args.opt_level}, {threads} thread{'s' if threads > 1 else ''}, {args.repeat} runs "
+    _say(f"{args.model}: O{args.opt_level}, {threads} thread{'s' if threads > 1 else ''}, {_count(args.repeat, 'run')} "
          f"after {args.warmup} warm-up (compiled in {secs:.2f} s{', from the compile cache' if _compiled_how(mod) else ''}, "
-         f"{mod.num_kernels} kernel calls)")
+         f"{_count(mod.num_kernels, 'kernel call')})")
     _say(f"  tensorfuse   {_stats(tf_ms)}")
     if sess is not None:
         _say(f"  onnxruntime  {_stats(ort_ms)}  (optimisations on, {ort.__version__})")
@@ -697,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("compile", cmd_compile, "compile an ONNX model into a saved module (load it with tensorfuse.load)",
             f"{PROG} compile {EXAMPLE} -o mobilenet.tfm -O 2 --input-shape input=1,3,224,224")
     s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
-    s.add_argument("-o", "--output", metavar="OUT", help="the saved module to write (default: MODEL's name .tfm). "
+    s.add_argument("-o", "--output", metavar="OUT", help="the saved module to write (default: MODEL's base name with .tfm, in the current folder). "
                                                          + OUTPUT_RULES)
     s.add_argument("--dump-ir", metavar="DIR", help="write the graph after every pass, the kernels, the LLVM IR "
                                                     "(emitted and optimised) and the assembly into DIR (created "

@@ -357,8 +357,9 @@ class FusionReport:
     def __str__(self) -> str:
         filt = "".join([f", rule {self.rule}" if self.rule else "", f", node {self.node}" if self.node else ""])
         napps = sum(len(p.applied) for p in self.passes)
-        lines = [f"fusion report for {self.model} at O{self.opt_level}{filt}: {napps} rule applications, "
-                 f"{sum(1 for g in self.groups if g.fused)} fused groups",
+        nfused = sum(1 for g in self.groups if g.fused)
+        lines = [f"fusion report for {self.model} at O{self.opt_level}{filt}: {napps} rule application{'' if napps == 1 else 's'}, "
+                 f"{nfused} fused group{'' if nfused == 1 else 's'}",
                  "rule passes (each rule tried at every node its pattern can root at; first applicable rule wins):"]
         lines += [str(p) for p in self.passes] or ["  (none at this level)"]
         lines.append("groups (fuse_ops):")

@@ -169,6 +169,18 @@ class Task:
                          f"{time.perf_counter() - self._t0:5.1f} s {stage}")
         sys.stderr.flush()
 
+    def finish(self) -> None:
+        """The job is done: draw the bar's last frame at 100% (steps it skipped, e.g. code
+        generation on a compile-cache hit, and updates tqdm held back count as done)."""
+        self.total = max(self.total, self.n, 1)
+        self.n = self.total
+        if self._bar is not None:
+            self._bar.total = self.total
+            self._bar.n = self.total
+            with contextlib.suppress(Exception):
+                self._bar.refresh()
+        self._draw()
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -194,6 +206,7 @@ def task(desc: str) -> Iterator[Task | None]:
     token = _TASK.set(t)
     try:
         yield t
+        t.finish()
     finally:
         _TASK.reset(token)
         t.close()

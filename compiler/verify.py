@@ -220,7 +220,8 @@ class VerifyResult:
         for lvl, checks in ((0, self.o0), (self.opt_level, self.level)):
             lines.append(f"O{lvl}:")
             lines += [f"  {c}" for c in checks]
-        lines.append(f"{self.applications} rule applications at O{self.opt_level}")
+        lines.append(f"{self.applications} rule application{'' if self.applications == 1 else 's'} "
+                     f"at O{self.opt_level}")
         for r, n in self.rule_counts.items():
             lines.append(f"rule under test {r}: applied {n} time{'' if n == 1 else 's'}")
         for r in self.rules_not_fired:

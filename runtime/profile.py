@@ -114,7 +114,7 @@ class Benchmark:
 
     def __str__(self) -> str:
         return (f"median {self.median_ms:.3f} ms, min {self.min_ms:.3f} ms, max {self.max_ms:.3f} ms "
-                f"over {self.repeat} runs")
+                f"over {self.repeat} run{'' if self.repeat == 1 else 's'}")
 
 
 def trace_sources(nodes: list[str], log) -> list[str]:

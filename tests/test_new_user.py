@@ -433,3 +433,43 @@ def test_graph_without_graphviz_says_it_replaced_the_dot_file(small, tmp_path, m
     assert (tmp_path / "g.dot").read_text().startswith("digraph")
     r = cli("graph", small, "-o", tmp_path / "one.dot")         # Relu + Tanh: one fused kernel
     assert r.returncode == 0 and f"wrote {tmp_path / 'one.dot'} (1 cluster);" in r.stdout, r.stdout
+
+
+# ----------------------------------------------------------------------------- compile's outputs
+def test_compile_outputs_said_plainly(small, tmp_path, capsys):
+    r = cli("compile", small, "-o", os.devnull)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == f"wrote {os.devnull}", r.stdout   # nothing to run
+    assert "1 kernel call (1 distinct kernel), 0 rule applications," in r.stdout.splitlines()[0], r.stdout
+    r = cli("compile", small, "-o", "")
+    assert r.returncode == 2 and r.stderr.startswith("tensorfuse compile: error: -o '' names no file"), r.stderr
+    (tmp_path / "afile").write_text("x")
+    r = cli("compile", small, "-o", tmp_path / "m.tfm", "--dump-ir", tmp_path / "afile" / "x")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines()[0] == (f"tensorfuse compile: error: --dump-ir {tmp_path / 'afile' / 'x'}: cannot "
+                                        f"create the folder: Not a directory"), r.stderr
+    assert not (tmp_path / "m.tfm").exists()
+    with pytest.raises(SystemExit):
+        tensorfuse.compiler.cli.build_parser().parse_args(["compile", "--help"])
+    assert "(default: MODEL's base name with .tfm, in the current folder)" in " ".join(capsys.readouterr().out.split())
+    r = cli("bench", small, "--repeat", "1", "--warmup", "0")
+    assert r.returncode == 0 and ", 1 run after 0 warm-up (" in r.stdout and "1 kernel call)" in r.stdout, r.stdout
+
+
+def test_the_fusion_rule_guide_counts_its_rule_right():
+    text = (ROOT / "docs" / "writing-a-fusion-rule.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    said = int(re.search(r"That is the whole rule \((\d+) lines of code\)", text).group(1))
+    assert said == sum(1 for ln in block.splitlines() if ln.strip())
+
+
+@pytest.mark.parametrize("tqdm_there", [True, False], ids=["tqdm", "simple"])
+def test_the_progress_bar_ends_at_100_percent(tqdm_there, monkeypatch, capsys):
+    from tensorfuse.compiler import progress
+    if not tqdm_there:
+        monkeypatch.setitem(sys.modules, "tqdm", None)          # import fails: the simple bar
+    with progress.enabled(True), progress.task("compiling m") as t:
+        t.expect(25)
+        t.advance(12)                   # 48%; the rest skipped (a cache hit) or not yet drawn
+    frames = [f for f in re.split(r"[\r\n]", capsys.readouterr().err) if "compiling m:" in f]
+    assert frames and "100%" in frames[-1], frames
+    assert t.n == t.total == 25
