@@ -10,7 +10,9 @@ The public API, imported lazily so that a process which only loads saved modules
   graph as Graphviz), :func:`export_onnx`, :func:`cache_info`; ``backend`` (the ONNX backend);
   ``testing`` (checking rules and models against onnxruntime: ``tensorfuse.testing.check_rule``);
 - the error classes :class:`TensorfuseError`, :class:`CompileError`, :class:`ModelLoadError`,
-  :class:`UnsupportedModelError`, :class:`ArtifactError`.
+  :class:`UnsupportedModelError`, :class:`ArtifactError`, :class:`CPUFeaturesError` (running code
+  compiled for a CPU with features this one lacks), :class:`RunCheckError` (an index out of range
+  at run time).
 
 The sub-packages keep the layout of the repository: ``tensorfuse.compiler`` (frontend, rewrites,
 passes, driver), ``tensorfuse.ir`` (graph IR, op registry, kernel IR, lowerings),
@@ -44,6 +46,8 @@ _API = {
     "ModelLoadError": ("tensorfuse.compiler.errors", "ModelLoadError"),
     "UnsupportedModelError": ("tensorfuse.compiler.errors", "UnsupportedModelError"),
     "ArtifactError": ("tensorfuse.runtime.artifact", "ArtifactError"),
+    "CPUFeaturesError": ("tensorfuse.runtime.module", "CPUFeaturesError"),
+    "RunCheckError": ("tensorfuse.runtime.module", "RunCheckError"),
 }
 
 __all__ = sorted(_API) + ["__version__"]
