@@ -159,6 +159,14 @@ def profile_module(mod, arrays, named, repeat: int = 10, warmup: int = 1, show: 
         for c in prog.calls:
             args = (ctypes.c_void_p * max(len(c.slots), 1))(*[arena.table[s] for s in c.slots])
             calls.append((mod._kernel_fn(c.kernel), ctypes.addressof(args), args))
+        # one untimed pass that stops at a failed run-time check (an index out of range) as run()
+        # does: the kernels after it would read out of bounds
+        arena.status[0] = 0
+        for fn, addr, _a in calls:
+            fn(addr, None)
+            if prog.status_slot is not None and arena.status[0]:
+                from .module import RunCheckError
+                raise RunCheckError(f"{prog.messages[int(arena.status[0]) - 1]}: got {int(arena.status[1])}")
         for _ in range(warmup):
             for fn, addr, _a in calls:
                 fn(addr, None)

@@ -473,3 +473,16 @@ def test_the_progress_bar_ends_at_100_percent(tqdm_there, monkeypatch, capsys):
     frames = [f for f in re.split(r"[\r\n]", capsys.readouterr().err) if "compiling m:" in f]
     assert frames and "100%" in frames[-1], frames
     assert t.n == t.total == 25
+
+
+def test_profile_stops_at_an_index_out_of_range(tmp_path):
+    from tensorfuse.runtime.module import RunCheckError
+    d = helper.make_tensor_value_info("data", TensorProto.FLOAT, [4, 3])
+    i = helper.make_tensor_value_info("idx", TensorProto.INT64, [5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 3])
+    g = helper.make_graph([helper.make_node("Gather", ["data", "idx"], ["y"], name="gather")], "g", [d, i], [y])
+    mod = tensorfuse.compile(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), cache=False)
+    data = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with pytest.raises(RunCheckError, match=r"index in input 'idx' out of range \[-4, 3\]: got 1000000"):
+        mod.profile(data=data, idx=np.array([0, 1000000, 1, 2, 3]), repeat=1)
+    assert len(mod.profile(data=data, idx=np.array([0, 3, 1, 2, -1]), repeat=2).rows) == len(mod.calls)
