@@ -315,3 +315,26 @@ def test_lrn_defaults_reference_and_errors():
     g = Graph()
     with pytest.raises(ShapeError, match="size"):
         Builder(g).LRN(g.add_input("x", TensorType(DType.f32, (1, 3, 2))), size=0)
+
+
+@pytest.mark.parametrize("n", [7, 31, 32, 33, 100])
+def test_layernorm_row_sums_at_each_vector_width(vector_width, n):
+    """f32 rows of at least two vectors sum their statistics in L partial sums over whole
+    vectors (norm.row_sum_lanes), then the lanes and the scalar tail; shorter rows keep one
+    running sum. At 4, the host's and 16 lanes, rows with and without a tail match onnxruntime
+    (LayerNormalization, opset 17), with inputs offset by 3 so a wrong mean shows."""
+    import tensorfuse
+    from tensorfuse.ir.ops.norm import row_sum_lanes
+    from tensorfuse.ir.kernel import Buffer
+    from tensorfuse.ir.types import DType
+    target, lanes = vector_width
+    x = rand(3, 5, n, seed=n) + 3.0
+    inputs = {"x": x}
+    consts = {"s": rand(n, seed=1), "b": rand(n, seed=2)}
+    model = node_model("LayerNormalization", inputs, {"axis": -1, "epsilon": 1e-5}, initializers=consts)
+    mod = tensorfuse.compile(model, target=target, cache=False)
+    (k,) = [k for k in mod.kernels if "LayerNormalization" in k.comment]
+    want_lanes = lanes if n >= 2 * lanes else 1
+    assert row_sum_lanes(Buffer("x", DType.f32, x.shape), n, DType.f32, target) == want_lanes
+    assert any(b.name.startswith("part") and b.shape == (lanes,) for b in k.locals) == (want_lanes > 1)
+    np.testing.assert_allclose(mod.run(**inputs)[0], ort_run(model, inputs)[0], rtol=1e-5, atol=1e-5)

@@ -63,7 +63,8 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
                   ct: DType, post, mean_out: Buffer | None = None, inv_out: Buffer | None = None,
                   target=None) -> None:
     """For each of ``rows`` contiguous rows of ``n`` elements of ``x``: mean and inverse std
-    dev (two passes, in ``ct``), then ``y[o*n + j] = post(o, j, (x - mean) * inv)``; the one
+    dev (two passes, in ``ct``; f32 rows on a CPU target sum in L partial sums over whole
+    vectors, :func:`row_sum_lanes`), then ``y[o*n + j] = post(o, j, (x - mean) * inv)``; the one
     store to ``y`` per element. Optional per-row stats outputs. For the cuda ``target`` the
     kernel (which must hold nothing else) is a GPU hand schedule: one thread block per row,
     the sums reduced in shared memory."""
@@ -72,16 +73,18 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
     from tensorfuse.ir.schedule_cuda import use_block_rows
     if use_block_rows(n, target):
         return _row_norm_cuda(kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, target, m, v)
+    L = row_sum_lanes(x, n, ct, target)
+    part = kb.local(ct, (L,), hint="part") if L > 1 else None
     with kb.loop(rows, hint="o", role="spatial") as o:       # rows are independent
         base = o * n
-        kb.store(m, 0, as_expr(0.0, ct))
-        with kb.loop(n, hint="j") as j:
-            kb.store(m, 0, m[0] + x.flat(base + j).cast(ct))
+        _row_sum(kb, m, part, n, lambda j, lanes: (x.vload(base + j, lanes) if lanes > 1 else x.flat(base + j)).cast(ct))
         kb.store(m, 0, m[0] / as_expr(float(n), ct))
-        kb.store(v, 0, as_expr(0.0, ct))
-        with kb.loop(n, hint="j") as j:
-            d = x.flat(base + j).cast(ct) - m[0]
-            kb.store(v, 0, v[0] + d * d)
+
+        def sq(j, lanes):
+            d = (x.vload(base + j, lanes) if lanes > 1 else x.flat(base + j)).cast(ct) - \
+                (kb.broadcast(m[0], lanes) if lanes > 1 else m[0])
+            return d * d
+        _row_sum(kb, v, part, n, sq)
         kb.store(v, 0, as_expr(1.0, ct) / unop("sqrt", v[0] / as_expr(float(n), ct) + as_expr(eps, ct)))
         with kb.loop(n, kind="vectorize", hint="j") as j:
             kb.store(y, base + j, post(o, j, (x.flat(base + j).cast(ct) - m[0]) * v[0]))
@@ -89,6 +92,39 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
             kb.store(mean_out, o, m[0].cast(mean_out.dtype))
         if inv_out is not None:
             kb.store(inv_out, o, v[0].cast(inv_out.dtype))
+
+
+def row_sum_lanes(x: Buffer, n: int, ct: DType, target) -> int:
+    """Lanes of the partial sums of :func:`emit_row_norm`'s statistics: the target's f32 vector
+    width for f32 rows of at least two vectors on a CPU target, else 1 (one running sum, in
+    order)."""
+    if target is None or target.kind == "cuda" or ct != DType.f32 or x.dtype != DType.f32:
+        return 1
+    L = target.lanes(DType.f32)
+    return L if L > 1 and n >= 2 * L else 1
+
+
+def _row_sum(kb: KernelBuilder, acc: Buffer, part: Buffer | None, n: int, term) -> None:
+    """acc[0] = the sum over j < n of ``term(j, lanes)``: with ``part`` (L lanes) L partial sums
+    of whole vectors, then the lanes and the scalar tail added in order; else one running sum."""
+    ct = acc.dtype
+    if part is None:
+        kb.store(acc, 0, as_expr(0.0, ct))
+        with kb.loop(n, hint="j") as j:
+            kb.store(acc, 0, acc[0] + term(j, 1))
+        return
+    L = part.shape[0]
+    nv = n // L
+    kb.store(part, 0, kb.broadcast(as_expr(0.0, ct), L))
+    with kb.loop(nv, hint="jv") as jv:
+        kb.store(part, 0, part.vload(0, L) + term(jv * L, L))
+    total = part[0]
+    for ln in range(1, L):
+        total = total + part[ln]
+    kb.store(acc, 0, total)
+    if n % L:
+        with kb.loop(n, start=nv * L, hint="j") as j:
+            kb.store(acc, 0, acc[0] + term(j, 1))
 
 
 def _row_norm_cuda(kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, target, m, v) -> None:
