@@ -29,11 +29,11 @@ Usage::
     .venv/bin/python benchmarks/threads_under_load.py [--quick] [--threads 2] [--repeat 40]
         [--blocks 5] [--load-core K] [--no-quiet] [model.onnx ...]
     .venv/bin/python benchmarks/threads_under_load.py --quick      # ~1-2 min: fewer runs
-    TENSORFUSE_ADAPTIVE_TEAM=0 .venv/bin/python benchmarks/threads_under_load.py   # every run on the team
+    TENSORFUSE_ADAPTIVE_TEAM=1 .venv/bin/python benchmarks/threads_under_load.py   # runs alone when faster
 
-By default a tensorfuse module's team times whole runs on the team and on the calling thread
-alone and takes the faster (``runtime.threads.RunChoice``); ``TENSORFUSE_ADAPTIVE_TEAM=0``
-measures the phase protocol itself, every run on the team. ``TENSORFUSE_CHUNKS_PER_THREAD``
+By default every run of a tensorfuse module goes to its team (the phase protocol itself); with
+``TENSORFUSE_ADAPTIVE_TEAM=1`` the team times whole runs on the team and on the calling thread
+alone and takes the faster (``runtime.threads.RunChoice``). ``TENSORFUSE_CHUNKS_PER_THREAD``
 sets the chunks per thread of a parallel loop (default 4).
 """
 from __future__ import annotations

@@ -242,7 +242,10 @@ class ThreadTeam:
         self._go = [threading.Semaphore(0) for _ in range(size)]
         self._closed = False
         #: whether ``run(..., adaptive=True)`` may run a job on the calling thread alone
-        self.adaptive = os.environ.get("TENSORFUSE_ADAPTIVE_TEAM", "1").strip() != "0"
+        #: (off by default: on a quiet 2-core machine it kept runs alone that the team ran in
+        #: 0.52-0.64x the time, and under load the phases alone kept 2 threads within 1.06x
+        #: of 1; benchmarks/threads_under_load.py, issue 24)
+        self.adaptive = os.environ.get("TENSORFUSE_ADAPTIVE_TEAM", "0").strip() not in ("", "0")
         self._choices: dict = {}                         # id(fn) -> RunChoice
         self._threads = [threading.Thread(target=self._work, args=(t,), daemon=True,
                                           name=f"tensorfuse-worker-{t}") for t in range(1, size)]
@@ -270,7 +273,7 @@ class ThreadTeam:
         thread of the team; returns when every chunk of its work is done (workers that have
         not finished passing over its phases may still be in it; they claim nothing more).
 
-        ``adaptive`` (and :attr:`adaptive`, default ``$TENSORFUSE_ADAPTIVE_TEAM``, on): when
+        ``adaptive`` (and :attr:`adaptive`, default ``$TENSORFUSE_ADAPTIVE_TEAM``, off): when
         runs of ``fn`` on the team have been slower than runs on the calling thread alone
         (``fn(slots, None)``; the machine's other load keeps the workers from running), run it
         alone, trying the team again now and then (:class:`RunChoice`)."""
