@@ -186,8 +186,15 @@ def test_run_choice_prefers_the_faster_mode_and_retries_the_other():
 
 def test_loaded_team_runs_alone_and_still_matches(monkeypatch):
     """A whole run whose team mode was timed slower goes to the calling thread alone, with the
-    same outputs bit for bit; debug mode's kernel-by-kernel runs always use the team."""
+    same outputs bit for bit; debug mode's kernel-by-kernel runs always use the team. The
+    choice is opt-in ($TENSORFUSE_ADAPTIVE_TEAM=1); by default every run goes to the team."""
     model = mlp_model(n=64, d=256, seed=10)
+    monkeypatch.delenv("TENSORFUSE_ADAPTIVE_TEAM", raising=False)
+    plain = tensorfuse.compile(model, num_threads=2, cache=False)
+    plain.check_memory = False
+    plain.run(x_input(11, n=64))
+    assert module_team(plain).adaptive is False and not module_team(plain)._choices
+    monkeypatch.setenv("TENSORFUSE_ADAPTIVE_TEAM", "1")
     mod = tensorfuse.compile(model, num_threads=2, cache=False)
     mod.check_memory = False
     x = x_input(11, n=64)
