@@ -201,10 +201,10 @@ class _Bounds:
 
     def access(self, buf, index, lanes: int, stride: int, what: str) -> None:
         r = self.iv(index)
-        if r is None or not (r[0] < 0 or r[1] + (lanes - 1) * stride >= buf.numel) or not self.attained(index):
+        if r is None:
             return
         lo, hi = r[0], r[1] + (lanes - 1) * stride
-        if lo < 0 or hi >= buf.numel:
+        if (lo < 0 or hi >= buf.numel) and self.attained(index):
             raise BoundsError(
                 f"kernel {self.kernel.name} ({self.kernel.comment.strip()[:160]}): {what} of "
                 f"{buf.name} [{buf.numel} elements, shape {list(buf.shape)}] at elements {lo}..{hi} "

@@ -525,8 +525,8 @@ def pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo, group: int = 1) -> bo
     """Whether a blocked-eligible convolution is a pointwise one (1x1, no padding) whose
     epilogue operands (:func:`epilogue_operands`) all broadcast over the spatial dims as a
     whole (right-aligned to Y [N, M, OH, OW]: spatial dims [OH, OW] or [1, 1]; not [OW] nor
-    [OH, 1]), so one flat pixel index (:class:`~ir.kernel.PixelIndex`) addresses them. A strided one (resnet's downsample)
-    qualifies where its pixel tiles are packed (:func:`strided_pointwise_ok`)."""
+    [OH, 1]), so one flat pixel index (:class:`~ir.kernel.PixelIndex`) addresses them. A
+    strided one (resnet's downsample) qualifies where its pixel tiles are packed (:func:`strided_pointwise_ok`)."""
     if not unpadded_1x1(geo):
         return False
     if geo.strides != [1, 1] and not strided_pointwise_ok(ctx, x, y, group):

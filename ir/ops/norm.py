@@ -77,12 +77,13 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
     part = kb.local(ct, (L,), hint="part") if L > 1 else None
     with kb.loop(rows, hint="o", role="spatial") as o:       # rows are independent
         base = o * n
-        _row_sum(kb, m, part, n, lambda j, lanes: (x.vload(base + j, lanes) if lanes > 1 else x.flat(base + j)).cast(ct))
+        def row(j, lanes):                   # x[base + j : +lanes] (one element for 1 lane)
+            return x.vload(base + j, lanes).cast(ct)
+        _row_sum(kb, m, part, n, row)
         kb.store(m, 0, m[0] / as_expr(float(n), ct))
 
         def sq(j, lanes):
-            d = (x.vload(base + j, lanes) if lanes > 1 else x.flat(base + j)).cast(ct) - \
-                (kb.broadcast(m[0], lanes) if lanes > 1 else m[0])
+            d = row(j, lanes) - kb.broadcast(m[0], lanes)
             return d * d
         _row_sum(kb, v, part, n, sq)
         kb.store(v, 0, as_expr(1.0, ct) / unop("sqrt", v[0] / as_expr(float(n), ct) + as_expr(eps, ct)))
