@@ -36,6 +36,14 @@ class Backend(ABC):
 
     name: str = ""
     code_member: str = "code.o"
+    #: the module whose import registers this backend's schedules in ``ir.strategy`` ("" for none)
+    schedules_module: str = ""
+
+    def load_schedules(self) -> None:
+        """Import :attr:`schedules_module`, registering the backend's schedules (once)."""
+        if self.schedules_module:
+            import importlib
+            importlib.import_module(self.schedules_module)
 
     @abstractmethod
     def target_key(self, target) -> dict:

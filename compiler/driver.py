@@ -176,9 +176,11 @@ def _structural_key(kernel) -> str:
         for i, b in enumerate(kernel.locals):
             b.name = f"l{i}"
         kernel.comment, comment = "", kernel.comment
+        kernel.schedule, schedule = "", kernel.schedule    # two schedules may emit the same code
         return str(kernel)
     finally:
         kernel.comment = comment
+        kernel.schedule = schedule
         kernel.name = saved[0]
         for b, n in zip(bufs, saved[1]):
             b.name = n

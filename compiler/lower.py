@@ -15,6 +15,7 @@ import numpy as np
 from tensorfuse.compiler.errors import CompileError, UnsupportedModelError
 from tensorfuse.ir.graph import Graph, Node, Value
 from tensorfuse.ir.kernel import Buffer, Kernel, KernelBuilder
+from tensorfuse.ir.knobs import KnobConfig, knob_config, workload_key, workload_summary
 from tensorfuse.ir.lowering import LowerCtx, lowering_target
 from tensorfuse.ir.registry import OpPatternKind, get_op
 from tensorfuse.ir.schedule import ScheduleError, default_schedule, verify_schedule
@@ -64,6 +65,27 @@ class LoweredGraph:
     consts: dict[int, np.ndarray] = field(default_factory=dict)
     status_slot: int | None = None                      # i64[2] run-time check word, if any
     messages: list[str] = field(default_factory=list)   # check error k is messages[k-1]
+    #: workload key -> :class:`Workload`, one per distinct workload lowered (first node of each)
+    workloads: dict[str, "Workload"] = field(default_factory=dict)
+
+
+@dataclass
+class Workload:
+    """A distinct workload of a lowered graph (``ir.knobs.workload_key``): the first ``node``
+    that has it, a one-line ``summary``, the knob ``space`` its lowering declared
+    (``ir.knobs.Knob`` list), the ``knobs`` values used, the ``schedule`` name, whether those
+    values came from a tuning record (``tuned``), the names of the ``kernels`` of every node
+    with this workload, and ``count``, the number of such nodes."""
+
+    key: str
+    node: Node
+    summary: str
+    space: list
+    knobs: dict
+    schedule: str
+    tuned: bool = False
+    kernels: list[str] = field(default_factory=list)
+    count: int = 0
 
 
 def _ident(name: str) -> str:
@@ -90,16 +112,21 @@ def _check_dtypes(graph: Graph) -> None:
         raise UnsupportedModelError("the llvm target does not support these tensor dtypes yet:\n" + "\n".join(lines))
 
 
-def lower_graph(graph: Graph, target=None) -> LoweredGraph:
+def lower_graph(graph: Graph, target=None, tuning=None) -> LoweredGraph:
     """Lower every node through its registry entry for ``target`` (a ``compiler.target.Target``;
-    default: the host CPU). Raises CompileError naming the node, and UnsupportedModelError for
-    tensors of a dtype the llvm target cannot hold (bfloat16)."""
+    default: the host CPU). ``tuning``: None, or an object whose ``knobs_for(workload_key)``
+    gives the knob values to use for a workload (a dict) or None (``compiler.tuning.TuningRecords``
+    for its target). Raises CompileError naming the node, and UnsupportedModelError for tensors
+    of a dtype the llvm target cannot hold (bfloat16)."""
+    from tensorfuse.codegen.base import get_backend
     from tensorfuse.compiler.target import Target
-    with lowering_target(Target.parse(target if target is not None else "llvm")):
-        return _lower_graph(graph)
+    tgt = Target.parse(target if target is not None else "llvm")
+    get_backend(tgt.kind).load_schedules()
+    with lowering_target(tgt):
+        return _lower_graph(graph, tuning)
 
 
-def _lower_graph(graph: Graph) -> LoweredGraph:
+def _lower_graph(graph: Graph, tuning=None) -> LoweredGraph:
     _check_dtypes(graph)
     lg = LoweredGraph()
     slot_of: dict[int, int] = {}
@@ -155,8 +182,12 @@ def _lower_graph(graph: Graph) -> LoweredGraph:
         if n.outputs and all(v.type.numel == 0 for v in n.outputs):
             continue        # every output empty (a zero-sized dim): nothing to compute, no kernel
         ctx = LowerCtx(n, ins, outs, f"{_ident(n.op).lower()}_{i}", status, lg.messages)
+        wkey = workload_key(n)
+        fixed = tuning.knobs_for(wkey) if tuning is not None else None
+        cfg = KnobConfig(fixed or {})
         try:
-            od.lower(ctx)
+            with knob_config(cfg):
+                od.lower(ctx)
         except (UnsupportedModelError, CompileError):
             raise
         except Exception as e:
@@ -179,7 +210,14 @@ def _lower_graph(graph: Graph) -> LoweredGraph:
         covered = [n]
         if isinstance(n.attrs.get("body"), Graph):     # a fused function covers its body's nodes
             covered = n.attrs["body"].nodes
+        wl = lg.workloads.get(wkey)
+        if wl is None:
+            wl = lg.workloads[wkey] = Workload(wkey, n, workload_summary(n), cfg.space, dict(cfg.values),
+                                               cfg.schedule, fixed is not None)
+        wl.count += 1
         for j, k in enumerate(ctx.kernels):
+            k.schedule, k.knobs, k.workload = cfg.schedule, dict(cfg.values), wkey
+            wl.kernels.append(k.name)
             default_schedule(k)
             try:
                 verify_schedule(k)

@@ -543,6 +543,12 @@ class Kernel:
     locals: list[Buffer] = field(default_factory=list)
     comment: str = ""
     launch: "LaunchShape | None" = None
+    #: the schedule that emitted it (``"<backend>.<name>"``, "generic" for the generic loop
+    #: nest), the values of the knobs its node declared (``ir.knobs``) and its node's workload
+    #: key; set by ``compiler.lower.lower_graph``
+    schedule: str = ""
+    knobs: dict = field(default_factory=dict)
+    workload: str = ""
 
     def __str__(self) -> str:
         from .kernel_text import print_kernel

@@ -69,9 +69,16 @@ def _buf(b: Buffer) -> str:
     return f"{b.name}: {b.dtype.value}[{','.join(map(str, b.shape))}]"
 
 
+def _knob_text(v) -> str:
+    return "x".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
 def print_kernel(k: Kernel) -> str:
     head = f"kernel {k.name}({', '.join(_buf(b) for b in k.params)}):"
     out = [head + (f"    # {k.comment}" if k.comment else "")]
+    if k.schedule:
+        knobs = ", ".join(f"{n}={_knob_text(v)}" for n, v in k.knobs.items())
+        out.append(f"  # schedule {k.schedule}" + (f" {{{knobs}}}" if knobs else ""))
     if k.launch is not None:
         out.append(f"  launch {k.launch}")
     for b in k.locals:

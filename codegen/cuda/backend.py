@@ -41,6 +41,7 @@ class CUDABackend(Backend):
     ``runtime.cuda_module.CudaModule``."""
 
     name = "cuda"
+    schedules_module = "tensorfuse.codegen.cuda.schedules"
     code_member = "library.cuda"
 
     def target_key(self, target) -> dict:

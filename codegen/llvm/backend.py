@@ -129,6 +129,7 @@ class LLVMBackend(Backend):
     """CPUs through LLVM (target kind ``"llvm"``); modules are ``runtime.module.Module``."""
 
     name = "llvm"
+    schedules_module = "tensorfuse.codegen.llvm.schedules"
     code_member = "code.o"
 
     def target_key(self, target) -> dict:

@@ -1,0 +1,2 @@
+"""The cuda backend's schedules: importing this package registers each of them in
+``ir.strategy`` (see docs/architecture.md, "Adding a schedule")."""
