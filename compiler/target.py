@@ -40,6 +40,26 @@ def _jit():
 
 
 @dataclass(frozen=True)
+class KindTraits:
+    """What passes and lowerings need to know about a target kind's backend, as data (so no
+    code tests the kind's name): ``layout``, the graph layout its convolutions prefer ("NCHW"
+    or "NHWC"; the layout pass converts to it); ``simt``, whether code runs one thread per output
+    element (a GPU: scalar per-thread code, no SIMD vectors, no CPU register tiles);
+    ``thread_team``, whether parallel loops run on tensorfuse's CPU thread team
+    (``runtime.threads``); ``gpu``, whether tensors live in device memory."""
+
+    layout: str
+    simt: bool
+    thread_team: bool
+    gpu: bool
+
+
+#: the traits of each target kind (a new backend adds its row)
+KIND_TRAITS = {"llvm": KindTraits(layout="NCHW", simt=False, thread_team=True, gpu=False),
+               "cuda": KindTraits(layout="NHWC", simt=True, thread_team=False, gpu=True)}
+
+
+@dataclass(frozen=True)
 class Target:
     """A code generation target; make one with :meth:`parse`.
 
@@ -86,6 +106,21 @@ class Target:
 
     def __str__(self) -> str:
         return " ".join((self.kind,) + self.options)
+
+    @property
+    def traits(self) -> KindTraits:
+        """The :class:`KindTraits` of this target's kind."""
+        return KIND_TRAITS[self.kind]
+
+    @property
+    def layout(self) -> str:
+        """The graph layout this target's convolutions prefer: "NCHW" (llvm) or "NHWC" (cuda)."""
+        return self.traits.layout
+
+    @property
+    def simt(self) -> bool:
+        """One thread per output element, scalar code per thread (cuda); False for CPUs."""
+        return self.traits.simt
 
     @staticmethod
     def cpu_names() -> list[str]:
