@@ -39,6 +39,19 @@ def infer_broadcast(node, out_dtype: DType | None = None) -> list[TensorType]:
     return [TensorType(out_dtype or ins[0].dtype, broadcast_shapes(*[v.shape for v in ins]))]
 
 
+#: the float dtypes of ONNX (tensor(float16), tensor(bfloat16), tensor(float), tensor(double))
+FLOAT_DTYPES = (DType.f16, DType.bf16, DType.f32, DType.f64)
+
+
+def check_float(v, what: str, allowed: Sequence[DType] = FLOAT_DTYPES) -> None:
+    """Raise ShapeError unless the value ``v``'s dtype is one of ``allowed`` (the op's type
+    constraint, default every float dtype): "X has dtype i32; only f16, f32 and f64 are allowed"."""
+    if v.dtype not in allowed:
+        names = [d.value for d in allowed]
+        listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        raise ShapeError(f"{what} has dtype {v.dtype}; only {listed} {'is' if len(names) == 1 else 'are'} allowed")
+
+
 def norm_axis(axis: int, rank: int, what: str = "axis") -> int:
     if not -rank <= axis < max(rank, 1):
         raise ShapeError(f"{what} {axis} is out of range for rank {rank}")

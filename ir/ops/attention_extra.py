@@ -45,17 +45,13 @@ import numpy as np
 
 from tensorfuse.ir.kernel import as_expr, maximum, minimum, select, unop
 from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import check_float
 from tensorfuse.ir.ops.attention import _to_4d
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
 from tensorfuse.ir.types import DType, TensorType
 
 _FLOATS = (DType.f16, DType.bf16, DType.f32)
 _LOWP = (DType.f16, DType.bf16)
-
-
-def _check_float(v, what: str) -> None:
-    if v.dtype not in _FLOATS:
-        raise ShapeError(f"{what} has dtype {v.dtype}; only f16, bf16 and f32 are allowed")
 
 
 def _same_dtype(ref, pairs) -> None:
@@ -81,7 +77,7 @@ class _RopeGeo:
         x, cos, sin, pos = (node.input(i) for i in range(4))
         if cos is None or sin is None:
             raise ShapeError("inputs cos_cache and sin_cache are required")
-        _check_float(x, "X")
+        check_float(x, "X", _FLOATS)
         _same_dtype(x, (("cos_cache", cos), ("sin_cache", sin)))
         r = x.type.rank
         if r == 4:
@@ -242,7 +238,7 @@ class _LinGeo:
         if hq <= 0 or hkv <= 0 or hq % hkv:
             raise ShapeError(f"q_num_heads ({hq}) must be a positive multiple of kv_num_heads ({hkv})")
         for name, x in (("query", q), ("key", k), ("value", v)):
-            _check_float(x, name)
+            check_float(x, name, _FLOATS)
             if x.type.rank != 3:
                 raise ShapeError(f"{name} must be 3-D [B, T, heads*size], got {list(x.shape)}")
         _same_dtype(q, (("key", k), ("value", v), ("decay", decay), ("beta", beta)))
@@ -276,7 +272,7 @@ class _LinGeo:
                 raise ShapeError(f"beta must be [{self.B}, {self.T}, {hkv}] or [{self.B}, {self.T}, 1], got {list(beta.shape)}")
         self.state_dtype = q.dtype
         if past is not None:
-            _check_float(past, "past_state")
+            check_float(past, "past_state", _FLOATS)
             if past.shape != (self.B, hkv, self.dk, self.dv):
                 raise ShapeError(f"past_state {list(past.shape)} must be [{self.B}, {hkv}, {self.dk}, {self.dv}]")
             self.state_dtype = past.dtype
@@ -423,7 +419,7 @@ class _ConvGeo:
         x, w, bias, past = (node.input(i) for i in range(4))
         if w is None:
             raise ShapeError("input 1 (weight) is required")
-        _check_float(x, "input")
+        check_float(x, "input", _FLOATS)
         _same_dtype(x, (("weight", w), ("bias", bias), ("past_state", past)))
         if x.type.rank != 3:
             raise ShapeError(f"input must be 3-D [batch, channels, length], got {list(x.shape)}")

@@ -23,6 +23,7 @@ import numpy as np
 
 from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, as_expr, maximum, minimum, unop
 from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops._common import check_float
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
 from tensorfuse.ir.types import DType, TensorType
 
@@ -164,11 +165,6 @@ def flat_offset(shape: Sequence[int], idx: Sequence) -> Expr:
 
 
 # ----------------------------------------------------------------------------- Conv
-def _check_float(node, v, what: str) -> None:
-    if v.dtype not in FLOAT_TYPES:
-        raise ShapeError(f"{what} has dtype {v.dtype}; {node.op} takes f16, bf16, f32 or f64")
-
-
 def conv_kernel_shape(node, w_shape: Sequence[int]) -> list[int]:
     """kernel_shape attribute, else W's spatial dims; ShapeError if they disagree."""
     ks = node.attr("kernel_shape")
@@ -354,7 +350,7 @@ class Conv:
         x, w, b = node.input(0), node.input(1), node.input(2)
         for v, what in ((x, "X"), (w, "W"), (b, "B")):
             if v is not None:
-                _check_float(node, v, what)
+                check_float(v, what)
                 if v.dtype != x.dtype:
                     raise ShapeError(f"{what} has dtype {v.dtype}, X has {x.dtype}; they must match")
         return [TensorType(x.dtype, _infer_conv_shape(node, x, w, b))]
@@ -538,7 +534,7 @@ class ConvTranspose:
         x, w, b = node.input(0), node.input(1), node.input(2)
         for v, what in ((x, "X"), (w, "W"), (b, "B")):
             if v is not None:
-                _check_float(node, v, what)
+                check_float(v, what)
                 if v.dtype != x.dtype:
                     raise ShapeError(f"{what} has dtype {v.dtype}, X has {x.dtype}; they must match")
         group = _check_ranks_and_group(node, x, w)

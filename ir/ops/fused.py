@@ -30,7 +30,7 @@ import numpy as np
 
 from tensorfuse.ir.graph import Node, Value
 from tensorfuse.ir.kernel import Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum, select, unop
-from tensorfuse.ir.ops._common import broadcast_shapes, erf_np, norm_axis
+from tensorfuse.ir.ops._common import broadcast_shapes, check_float, erf_np, norm_axis
 from tensorfuse.ir.ops.gather import np_wrap
 from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, op
 from tensorfuse.ir.types import DType, TensorType
@@ -155,11 +155,6 @@ ACTIVATION_ATTRS = {
 def _compute_dtype(dt: DType) -> DType:
     """Normalisation statistics are computed in f32 (ONNX stash_type=1), f64 stays f64."""
     return DType.f64 if dt == DType.f64 else DType.f32
-
-
-def _check_float(v: Value, what: str) -> None:
-    if not v.dtype.is_float:
-        raise ShapeError(f"{what} must be a float tensor, got {v.type}")
 
 
 def _same_dtype(vals: list[tuple[str, Value]]) -> DType:
@@ -295,7 +290,7 @@ class Attention:
         mask = node.input(3)
         named = [("Q", q), ("K", k), ("V", v)] + ([("mask", mask)] if mask is not None else [])
         dt = _same_dtype(named)
-        _check_float(q, "Q")
+        check_float(q, "Q")
         if node.attr("scale") is None:
             raise ShapeError("attribute 'scale' is required")
         for nm, t in named[:3]:
@@ -505,7 +500,7 @@ class SkipLayerNormalization:
         named = [("X", x), ("skip", skip), ("scale", scale)]
         named += [(n, v) for n, v in (("B", bias_ln), ("bias", bias)) if v is not None]
         dt = _same_dtype(named)
-        _check_float(x, "X")
+        check_float(x, "X")
         shape = broadcast_shapes(x.shape, skip.shape, *([bias.shape] if bias is not None else []))
         norm_axis(node.attr("axis"), len(shape))
         _unidirectional(scale.shape, shape, "scale")
@@ -579,7 +574,7 @@ class EmbedLayerNormalization:
         named += [("B", b)] if b is not None else []
         named += [(f"addend_{i}", a) for i, a in enumerate(addends)]
         dt = _same_dtype(named)
-        _check_float(scale, "scale")
+        check_float(scale, "scale")
         shapes = []
         for i, (t, ids) in enumerate(gathers):
             if ids.dtype not in (DType.i32, DType.i64):

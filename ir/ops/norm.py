@@ -12,7 +12,7 @@ import numpy as np
 
 from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
 from tensorfuse.ir.lowering import LowerCtx
-from tensorfuse.ir.ops._common import norm_axis
+from tensorfuse.ir.ops._common import check_float, norm_axis
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
 from tensorfuse.ir.types import DType, TensorType
 
@@ -22,11 +22,6 @@ _FLOATS = (DType.f16, DType.f32, DType.f64)
 
 def _compute(dt: DType) -> DType:
     return DType.f32 if dt == DType.f16 else dt
-
-
-def _check_float(v, what: str) -> None:
-    if v.dtype not in _FLOATS:
-        raise ShapeError(f"{what} dtype {v.dtype} is not supported (f16, f32, f64)")
 
 
 def _check_unidirectional(v, target: Sequence[int], what: str) -> None:
@@ -205,7 +200,7 @@ class LayerNormalization:
 
     def infer(node):
         x, scale, b = node.inputs[0], node.input(1), node.input(2)
-        _check_float(x, "X")
+        check_float(x, "X", _FLOATS)
         if scale is None:
             raise ShapeError("Scale (input 1) is required")
         for v, what in ((scale, "Scale"), (b, "B")):
@@ -269,7 +264,7 @@ class InstanceNormalization:
 
     def infer(node):
         x = node.inputs[0]
-        _check_float(x, "input")
+        check_float(x, "input", _FLOATS)
         if x.type.rank < 3:
             raise ShapeError(f"input must be [N, C, D1, ...] (rank >= 3), got {list(x.shape)}")
         _check_channel_param(node.input(1), x.shape[1], x, "scale")
@@ -321,7 +316,7 @@ class GroupNormalization:
 
     def infer(node):
         x = node.inputs[0]
-        _check_float(x, "X")
+        check_float(x, "X", _FLOATS)
         if x.type.rank < 2:
             raise ShapeError(f"X must be [N, C, ...], got {list(x.shape)}")
         g = node.attr("num_groups")
@@ -396,7 +391,7 @@ class LpNormalization:
 
     def infer(node):
         x = node.inputs[0]
-        _check_float(x, "input")
+        check_float(x, "input", _FLOATS)
         norm_axis(node.attr("axis", -1), x.type.rank)
         if node.attr("p", 2) not in (1, 2):
             raise ShapeError(f"p must be 1 or 2, got {node.attr('p')}")
@@ -455,7 +450,7 @@ class MeanVarianceNormalization:
 
     def infer(node):
         x = node.inputs[0]
-        _check_float(x, "input")
+        check_float(x, "input", _FLOATS)
         _mvn_axes(node)
         return [x.type]
 
@@ -502,7 +497,7 @@ class LRN:
 
     def infer(node):
         x = node.inputs[0]
-        _check_float(x, "input")
+        check_float(x, "input", _FLOATS)
         if x.type.rank < 2:
             raise ShapeError(f"input must be [N, C, ...], got {list(x.shape)}")
         size = node.attr("size")

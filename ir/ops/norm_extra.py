@@ -18,18 +18,12 @@ import numpy as np
 
 from tensorfuse.ir.kernel import as_expr, unop
 from tensorfuse.ir.lowering import LowerCtx
-from tensorfuse.ir.ops._common import norm_axis
+from tensorfuse.ir.ops._common import check_float, norm_axis
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
 from tensorfuse.ir.types import DType, TensorType
 
-_FLOATS = (DType.f16, DType.bf16, DType.f32, DType.f64)
 _LOWP = (DType.f16, DType.bf16)
 _STASH = {1: DType.f32, 11: DType.f64, 10: DType.f16, 16: DType.bf16}
-
-
-def _check_float(v, what: str) -> None:
-    if v.dtype not in _FLOATS:
-        raise ShapeError(f"{what} has dtype {v.dtype}; only f16, bf16, f32 and f64 are allowed")
 
 
 # ----------------------------------------------------------------------------- RMSNormalization
@@ -45,8 +39,8 @@ def _rms_infer(node) -> list[TensorType]:
     x, scale = node.inputs[0], node.input(1)
     if scale is None:
         raise ShapeError("input 1 (scale) is required")
-    _check_float(x, "X")
-    _check_float(scale, "scale")
+    check_float(x, "X")
+    check_float(scale, "scale")
     r = x.type.rank
     if r == 0:
         raise ShapeError("X must have rank >= 1")
@@ -132,7 +126,7 @@ def _swish_np(a: np.ndarray, alpha: float) -> np.ndarray:
 
 
 def _swish_infer(node) -> list[TensorType]:
-    _check_float(node.inputs[0], "X")
+    check_float(node.inputs[0], "X")
     return [node.inputs[0].type]
 
 
@@ -153,7 +147,7 @@ def _swiglu_infer(node) -> list[TensorType]:
     a, b = node.inputs[0], node.input(1)
     if b is None:
         raise ShapeError("input 1 (B) is required")
-    _check_float(a, "A")
+    check_float(a, "A")
     if a.dtype != b.dtype:
         raise ShapeError(f"A ({a.dtype}) and B ({b.dtype}) must have the same dtype")
     if a.shape != b.shape:
