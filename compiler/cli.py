@@ -126,6 +126,7 @@ class _Session:
         self.rules = load_rules(getattr(args, "rules", None))
         self.shapes = parse_shapes(getattr(args, "input_shape", None))
         self.disabled = list(getattr(args, "disable_rule", None) or [])
+        self.tuning = tuning_paths(getattr(args, "tuning", None))
 
     def compile(self, model: str, opt_level: int | None = None, **kw):
         import tensorfuse
@@ -136,7 +137,7 @@ class _Session:
         t0 = time.perf_counter()
         mod = tensorfuse.compile(model, target=getattr(a, "target", "llvm"), opt_level=level,
                                  input_shapes=self.shapes, disabled_rules=self.disabled, rules=self.rules,
-                                 num_threads=getattr(a, "threads", None), **kw)
+                                 num_threads=getattr(a, "threads", None), tuning=self.tuning, **kw)
         from tensorfuse.compiler.specialize import SpecializingModule
         if isinstance(mod, SpecializingModule):
             mod = self.specialized(mod)
@@ -165,6 +166,26 @@ class _Session:
         mod._cli_consumed = set(names)
         mod._cli_model = smod.specialized_model(**{n: given[n] for n in names})    # what onnxruntime runs
         return mod
+
+
+def tuning_paths(paths: list[str] | None) -> list[str] | None:
+    """``--tuning`` files (repeatable), checked to exist: UsageError naming a missing one."""
+    if not paths:
+        return None
+    for p in paths:
+        if not os.path.isfile(p):
+            raise UsageError(f"no such tuning records file: {p}",
+                             f"write one with '{PROG} tune MODEL -o {p}'")
+    return list(paths)
+
+
+def _tuned_summary(mod) -> list[str]:
+    """'kernels with tuned schedules: N of K' and one line per tuned workload with its knobs."""
+    rep = getattr(mod, "report", None)
+    if rep is None:
+        return []
+    k = rep.num_distinct_kernels if rep.num_distinct_kernels is not None else len({c.kernel for c in mod.calls})
+    return [f"kernels with tuned schedules: {rep.num_tuned_kernels} of {k}"] + rep.tuned_lines()
 
 
 def _write_error(e: OSError, path: str) -> UsageError:
@@ -300,6 +321,9 @@ def cmd_compile(args) -> int:
          f"{_count(mod.num_kernels, 'kernel call')} ({_count(distinct, 'distinct kernel')}), "
          f"{_count(len(getattr(mod, 'rewrite_log', None) or []), 'rule application')}, "
          f"arena {plan.arena_bytes / 2**20:.2f} MiB")
+    if ses.tuning:
+        for line in _tuned_summary(mod):
+            _say(line)
     _say(f"inputs:  {', '.join(str(i) for i in mod.input_info)}")
     _say(f"outputs: {', '.join(str(o) for o in mod.output_info)}")
     from tensorfuse.runtime.outfile import classify
@@ -322,7 +346,8 @@ def _load_module(path: str, args):
                                        ("-O", getattr(args, "opt_level", 2) != 2),
                                        ("--input-shape", getattr(args, "input_shape", None)),
                                        ("--disable-rule", getattr(args, "disable_rule", None)),
-                                       ("--rules", getattr(args, "rules", None))) if on]
+                                       ("--rules", getattr(args, "rules", None)),
+                                       ("--tuning", getattr(args, "tuning", None))) if on]
         if given:       # they were ignored without a word
             _note(f"{path} is a saved module: it runs as it was compiled (target {mod.target!r}); "
                   f"{', '.join(given)} {'do' if len(given) > 1 else 'does'} not apply", args)
@@ -353,6 +378,8 @@ def cmd_run(args) -> int:
     ms = (time.perf_counter() - t0) * 1e3
     src = args.inputs or f"random inputs, seed {args.seed}"
     _say(f"{how} {args.model} in {secs:.2f} s{_compiled_how(mod)}; ran it once on {src} in {ms:.2f} ms")
+    if how == "compiled" and getattr(args, "tuning", None):
+        _say("  " + _tuned_summary(mod)[0])
     for i in mod.input_info:
         _say(f"  input  {_summary(i.name, inputs[i.name])}")
     for name, a in zip(mod.output_names, outs):
@@ -420,6 +447,8 @@ def cmd_bench(args) -> int:
     _say(f"{args.model}: O{args.opt_level}, {threads} thread{'s' if threads > 1 else ''}, {_count(args.repeat, 'run')} "
          f"after {args.warmup} warm-up (compiled in {secs:.2f} s{', from the compile cache' if _compiled_how(mod) else ''}, "
          f"{_count(mod.num_kernels, 'kernel call')})")
+    if ses.tuning:
+        _say("  " + _tuned_summary(mod)[0])
     _say(f"  tensorfuse   {_stats(tf_ms)}")
     if sess is not None:
         _say(f"  onnxruntime  {_stats(ort_ms)}  (optimisations on, {ort.__version__})")
@@ -587,7 +616,8 @@ def cmd_explain(args) -> int:
     ses = _Session(args)
     _check_model_path(args.model)
     rep = explain_report(args.model, opt_level=args.opt_level, rule=args.rule, node=args.node,
-                         input_shapes=ses.shapes, disabled_rules=ses.disabled, rules=ses.rules)
+                         input_shapes=ses.shapes, disabled_rules=ses.disabled, rules=ses.rules,
+                         target=args.target, tuning=ses.tuning)
     _say(str(rep))
     return EXIT_OK
 
@@ -602,7 +632,7 @@ def cmd_verify(args) -> int:
         inputs = _inputs_for(mod0, args)
         model = getattr(mod0, "_cli_model", None) or model     # a specialisation's model
     res = verify(model, args.opt_level, rtol=args.rtol, atol=args.atol, inputs=inputs, seed=args.seed,
-                 input_shapes=ses.shapes, disabled_rules=ses.disabled, rules=ses.rules,
+                 input_shapes=ses.shapes, disabled_rules=ses.disabled, rules=ses.rules, tuning=ses.tuning,
                  target=args.target, bisect=not args.no_bisect, groups=not args.no_groups)
     _say(str(res))
     return EXIT_OK if res.ok else EXIT_MISMATCH
@@ -683,6 +713,10 @@ def _common(p: argparse.ArgumentParser, compile_opts: bool = True, level_default
                         ":NAME every rule the module defines. A rule joins the set named by its 'rule_set' "
                         "attribute (simplify, fold, fuse, o3; default fuse), before the built-in rules "
                         "(repeatable; skips the compile cache)")
+    c.add_argument("--tuning", action="append", metavar="RECORDS.jsonl",
+                   help="tuning records written by 'tensorfuse tune' (repeatable): each workload with a record "
+                        "measured on this CPU by this version uses the knobs of its fastest one; 'explain "
+                        "--tuning' says which records were used and why others were ignored")
 
 
 EXAMPLE = "examples/models/mobilenet_v2.onnx"

@@ -20,7 +20,7 @@ from tensorfuse.compiler.target import Target
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
             input_shapes: dict[str, Any] | None = None, disabled_rules=(), dump_ir=None,
             cache: bool = True, num_threads: int | None = None, max_memory: int | str | None = None,
-            rules=()):
+            rules=(), tuning=None):
     """Compile an ONNX model into an executable module: a :class:`tensorfuse.runtime.Module`
     for "llvm", a :class:`tensorfuse.runtime.cuda_module.CudaModule` for "cuda" (both
     :class:`~tensorfuse.runtime.module.ModuleBase`), or, for a model whose shapes depend on
@@ -49,7 +49,13 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     attribute names ("simplify", "fold", "fuse" or "o3"; default "fuse") and is tried *before*
     that set's built-in rules, in the order given, so it can claim nodes a built-in rule would
     rewrite; their applications are in ``rewrite_log`` and ``disabled_rules`` may name them.
-    The cache key includes them (names and source code).
+    The cache key includes them (names and source code). tuning: tuning records
+    (``compiler.tuning``; written by ``tensorfuse tune``): a JSON-lines file path, a list of
+    paths or records, or a ``TuningRecords``. Each workload with a usable record (status "ok",
+    measured on this target's CPU and features by this tensorfuse version) lowers with the
+    knobs of its fastest one (preferring records measured at the module's thread count); the
+    others keep their default schedules. The cache key includes the chosen records' digest;
+    ``report.tuned`` lists the workloads that used one.
 
     The module's ``report`` (``compiler.report.CompileReport``) says what the compiler did:
     ``graph`` (the optimised graph IR), ``kernels``, ``llvm_ir``, ``rewrite_log`` (the rule
@@ -62,7 +68,8 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     listed with node names; dynamic shapes), CompileError (an internal failure, naming the pass
     or node; an unavailable target), ValueError (opt_level not 0..3, num_threads below 1, an
     unknown rule name, a rules= entry that is not a Rule or has a built-in rule's name),
-    TypeError (disabled_rules or input_shapes of the wrong kind).
+    TypeError (disabled_rules, input_shapes or tuning of the wrong kind), FileNotFoundError /
+    ValueError for a missing or corrupt tuning records file (naming the file and line).
 
     When shapes depend on the values of graph inputs (Reshape's shape, reduction axes ... given
     as inputs), the result is a ``compiler.specialize.SpecializingModule`` that compiles at its
@@ -70,7 +77,7 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     """
     opts = CompileOptions.create(target, opt_level, input_shapes=input_shapes, disabled_rules=disabled_rules,
                                  dump_ir=dump_ir, cache=cache, num_threads=num_threads,
-                                 max_memory=max_memory, rules=rules)
+                                 max_memory=max_memory, rules=rules, tuning=tuning)
     return compile_with(model, opts)
 
 
@@ -105,7 +112,8 @@ def _cached_build(model: Any, options: CompileOptions):
     if entry is not None:
         try:
             m = entry.module
-            m.report = CompileReport.from_stored(entry.report, m, options, _lowerer(options.target))
+            m.report = CompileReport.from_stored(entry.report, m, options,
+                                                 _lowerer(options.target, options.tuning))
             m.layout_report = m.report.layout
             m.cache_hit = True
             return m
@@ -120,11 +128,11 @@ def _cached_build(model: Any, options: CompileOptions):
     return m
 
 
-def _lowerer(target: str):
-    """The kernel IR of a graph as ``compile`` makes it (lowered, duplicates dropped): what a
-    cache-hit report's ``kernels`` is computed with."""
+def _lowerer(target: str, tuning=None):
+    """The kernel IR of a graph as ``compile`` makes it (lowered with the same tuning records,
+    duplicates dropped): what a cache-hit report's ``kernels`` is computed with."""
     def lower(graph):
-        lowered = lower_graph(graph, Target.parse(target))
+        lowered = lower_graph(graph, Target.parse(target), tuning=tuning)
         dedupe_kernels(lowered)
         return lowered.kernels
     return lower
@@ -154,10 +162,11 @@ def _build_steps(model: Any, options: CompileOptions):
     opt = optimize(graph, options.opt_level, disabled_rules=options.disabled_rules, dump_ir=options.dump_ir,
                    target=tgt, rules=options.rules)
     progress.stage("lowering")
-    lowered = lower_graph(graph, tgt)
+    lowered = lower_graph(graph, tgt, tuning=options.tuning)
     progress.stage("generating code")
     m = build_module(lowered, graph, input_names, output_names, tgt, options=options, log=opt.log,
                      passes=opt.passes)
+    m.report.tuned, m.report.num_distinct_kernels = tuned_workloads(lowered), len(lowered.kernels)
     m.layout_report = m.report.layout = opt.layout_report
     if options.dump_ir is not None:
         dump_kernels(options.dump_ir, m)
@@ -204,6 +213,19 @@ def dedupe_kernels(lowered) -> int:
     dropped = len(lowered.kernels) - len(kept)
     lowered.kernels = kept
     return dropped
+
+
+def tuned_workloads(lowered) -> list[dict]:
+    """The workloads of a lowered graph (``LoweredGraph.workloads``; after
+    :func:`dedupe_kernels`) that took their knobs from a tuning record, as JSON: ``workload``
+    (key), ``summary``, ``schedule``, ``knobs`` (the values used), ``nodes`` (how many nodes
+    have it) and ``kernels`` (its distinct kernels in the module)."""
+    from tensorfuse.compiler.tuning import _json_value
+    kept = {k.name for k in lowered.kernels}
+    return [{"workload": wl.key, "summary": wl.summary, "schedule": wl.schedule,
+             "knobs": {n: _json_value(v) for n, v in wl.knobs.items()}, "nodes": wl.count,
+             "kernels": len([k for k in wl.kernels if k in kept])}
+            for wl in lowered.workloads.values() if wl.tuned]
 
 
 def build_module(lowered, graph, input_names, output_names, target=None, *, options: CompileOptions | None = None,

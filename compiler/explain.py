@@ -13,7 +13,7 @@ from typing import Any
 from tensorfuse.compiler.rewrite import Application, Fail, Rule, try_rule
 from tensorfuse.ir.graph import Graph, Node
 
-__all__ = ["explain", "Explanation", "ExplainRecord", "explain_report", "FusionReport"]
+__all__ = ["explain", "Explanation", "ExplainRecord", "explain_report", "FusionReport", "TuningReport"]
 
 
 @dataclass
@@ -342,6 +342,91 @@ class AnchorFate:
         return f"  {self.op} '{self.node}' -> {self.final_op} '{self.final}': {rules}{others}"
 
 
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+@dataclass
+class TuningReport:
+    """What tuning records did for a model (``explain_report(..., tuning=)``): ``records``
+    (``compiler.tuning.TuningRecords`` for the target), the lowered graph's ``workloads``
+    (``LoweredGraph.workloads``), ``used`` (workload key -> record applied), ``not_applied``
+    (usable records that did not fully apply: a workload not in this model, a knob value no
+    longer among the candidates; ``(record, reason)``) and ``ignored`` (records for another
+    target or version; ``(record, reason)``). ``str`` is the text."""
+
+    source: str
+    records: Any
+    workloads: dict
+    used: dict
+    not_applied: list
+    ignored: list
+
+    #: lines listed per section before "... and N more"
+    MAX_LINES = 12
+
+    def __str__(self) -> str:
+        r = self.records
+        ident = r.identity
+        where = f"{ident.get('target')}" + (f" (CPU {ident['cpu']})" if "cpu" in ident else "")
+        tunable = sum(1 for w in self.workloads.values() if w.space)
+        lines = [f"tuning records ({self.source}) for {where}, tensorfuse {r.version}: "
+                 f"{_plural(len(r.records), 'record')}, {_plural(r.n_failed, 'failed trial')} (not usable)",
+                 f"  used: records for {len(self.used)} of the {_plural(tunable, 'workload')} with knobs "
+                 f"({_plural(len(self.workloads), 'workload')} in all)"]
+        for key, rec in self.used.items():
+            wl = self.workloads.get(key)
+            summary = wl.summary if wl is not None else rec.summary
+            nodes = f", {_plural(wl.count, 'node')}" if wl is not None else ""
+            schedule = wl.schedule if wl is not None else rec.schedule
+            knobs = " ".join(f"{k}={v}" for k, v in (wl.knobs if wl is not None else rec.knobs).items())
+            speed = ""
+            if rec.median_ms is not None:
+                speed = f" ({rec.median_ms:.4g} ms"
+                if rec.default_ms:
+                    speed += f", default {rec.default_ms:.4g} ms: {rec.default_ms / rec.median_ms:.2f}x"
+                speed += f", {_plural(rec.threads, 'thread')})"
+            lines.append(f"    {summary} [{key}{nodes}]: {schedule} {knobs or '(default knobs)'}{speed}")
+        if self.not_applied:
+            lines.append(f"  usable but not applied: {_plural(len(self.not_applied), 'record')}")
+            for rec, why in self.not_applied[:self.MAX_LINES]:
+                lines.append(f"    {rec.workload} {rec.summary} {rec.describe_knobs()}: {why}")
+            if len(self.not_applied) > self.MAX_LINES:
+                lines.append(f"    ... and {len(self.not_applied) - self.MAX_LINES} more")
+        if self.ignored:
+            by_reason: dict[str, list] = {}
+            for rec, why in self.ignored:
+                by_reason.setdefault(why, []).append(rec)
+            lines.append(f"  ignored: {_plural(len(self.ignored), 'record')}")
+            for why, recs in list(by_reason.items())[:self.MAX_LINES]:
+                keys = list(dict.fromkeys(x.workload for x in recs))
+                in_model = sum(1 for k in keys if k in self.workloads)
+                lines.append(f"    {_plural(len(recs), 'record')} of {_plural(len(keys), 'workload')} "
+                             f"({in_model} in this model): {why}")
+            if len(by_reason) > self.MAX_LINES:
+                lines.append(f"    ... and {len(by_reason) - self.MAX_LINES} more reasons")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def tuning_report(graph: Graph, target, tuning, source: str | None = None) -> TuningReport:
+    """Lower the optimised ``graph`` for ``target`` with ``tuning`` (a records path, list or
+    ``compiler.tuning.TuningRecords``) and say which records were used, which did not apply
+    and which were ignored, and why (:class:`TuningReport`)."""
+    import os
+
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.compiler.tuning import as_tuning
+    records = as_tuning(tuning, target)
+    if source is None:
+        paths = tuning if isinstance(tuning, (list, tuple)) else [tuning]
+        source = ", ".join(os.fspath(p) for p in paths if isinstance(p, (str, os.PathLike))) or "given records"
+    lowered = lower_graph(graph, records.target, tuning=records)
+    return TuningReport(source, records, lowered.workloads, dict(records.used), records.audit(lowered.workloads),
+                        list(records.ignored))
+
+
 @dataclass
 class FusionReport:
     """What :func:`explain_report` found; ``str``/``repr`` is the report."""
@@ -353,6 +438,8 @@ class FusionReport:
     anchors: list[AnchorFate]
     rule: str | None = None
     node: str | None = None
+    #: what tuning records did (``explain_report(..., tuning=)``), else None
+    tuning: TuningReport | None = None
 
     def __str__(self) -> str:
         filt = "".join([f", rule {self.rule}" if self.rule else "", f", node {self.node}" if self.node else ""])
@@ -366,6 +453,8 @@ class FusionReport:
         lines += [str(g) for g in self.groups] or ["  (none)"]
         lines.append("anchor ops of the model and the rules that fused them:")
         lines += [str(a) for a in self.anchors] or ["  (none)"]
+        if self.tuning is not None:
+            lines.append(str(self.tuning))
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -433,7 +522,8 @@ def _why_not_grouped(pl, grp, n) -> str:
 
 
 def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, node: str | None = None,
-                   input_shapes: dict | None = None, disabled_rules=(), rules=()) -> FusionReport:
+                   input_shapes: dict | None = None, disabled_rules=(), rules=(), target="llvm",
+                   tuning=None) -> FusionReport:
     """The fusion report of a model: for each rule pass of ``opt_level``, in pipeline order,
     every rule application (with the ONNX nodes it matched and the other rules that matched
     the same root but lost, the first in pipeline order winning), and for every candidate node
@@ -446,7 +536,11 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
     model: a path, bytes or ``onnx.ModelProto``. rule / node: keep only the entries of that
     rule / of that (ONNX or IR) node name. input_shapes, disabled_rules: as for
     ``tensorfuse.compile``; rules: rules under test, as for ``tensorfuse.compile`` (each tried
-    before the built-in rules of its set).
+    before the built-in rules of its set). target: as for ``tensorfuse.compile`` (it chooses the
+    layout the pipeline converts to, and the schedules). tuning: tuning records, as for
+    ``tensorfuse.compile``: the report then lowers the graph with them and ends with a
+    :class:`TuningReport` (which records were used, which ignored and why: another CPU or
+    version, a workload not in this model, knob values no longer among the candidates).
     Returns a :class:`FusionReport` (``str``/``repr`` is the text); prints nothing; the
     model is imported and optimised here, nothing is compiled to code. Raises ModelLoadError /
     UnsupportedModelError as ``compile`` does, ValueError for an unknown rule name or level.
@@ -469,7 +563,11 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
     label = os.fspath(model) if isinstance(model, (str, os.PathLike)) else (proto.graph.name or "model")
     g = import_onnx(proto, input_shapes=input_shapes)
     res = PipelineResult(opt_level)
-    passes = build_passes(opt_level, disabled_rules=disabled_rules, log=res.log, rules=rules)
+    from tensorfuse.compiler.pipeline import resolve_layout
+    from tensorfuse.compiler.target import Target
+    tgt = Target.parse(target)
+    passes = build_passes(opt_level, disabled_rules=disabled_rules, log=res.log, rules=rules,
+                          layout=resolve_layout(tgt))
     # an ONNX node without a name is labelled as the frontend names its IR node ("Conv_0": op type
     # and index), found through the value it computes, so that every part of the report (rule
     # applications, groups, anchors, --node) uses one label for it
@@ -609,6 +707,8 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
             anchors.append(AnchorFate(lab, n.op_type, f[0], f[1], list(f[2]), others))
 
     report = FusionReport(label, opt_level, reports, groups, anchors, rule, node)
+    if tuning is not None:
+        report.tuning = tuning_report(g, tgt, tuning)
     if rule is not None:
         for p in report.passes:
             p.applied = [a for a in p.applied if a.rule == rule or rule in a.also_matched]

@@ -61,7 +61,10 @@ class CompileOptions:
     compile cache; ``num_threads``: the requested thread count (None: the default);
     ``max_memory``: the resolved memory cap in bytes (``compiler.limits.resolve_max_memory``);
     ``rules``: the rules under test, a tuple of Rule classes or instances in the order given
-    (``compiler.pipeline.rules_under_test``), each tried before the built-in rules of its set.
+    (``compiler.pipeline.rules_under_test``), each tried before the built-in rules of its set;
+    ``tuning``: the tuning records (``compiler.tuning.TuningRecords``) chosen for ``target`` and
+    the thread count, or None; the key holds their ``digest()`` (the knobs they choose), not
+    the file's path.
     """
 
     target: str = "llvm"
@@ -73,15 +76,20 @@ class CompileOptions:
     num_threads: int | None = field(default=None, compare=False)
     max_memory: int | None = None
     rules: tuple = ()
+    tuning: Any = field(default=None, compare=False)
+    #: ``tuning.digest()`` (None without records): what the records change in the code
+    tuning_digest: str | None = None
 
     @classmethod
     def create(cls, target: str = "llvm", opt_level: int = 2, *, input_shapes=None, disabled_rules=(),
                dump_ir=None, cache: bool = True, num_threads: int | None = None,
-               max_memory: int | str | None = None, rules=()) -> "CompileOptions":
-        """Check and normalise. Raises ValueError (opt_level not 0..3, a bad shape, a bad rule
-        under test),
-        TypeError (disabled_rules or input_shapes of the wrong kind), CompileError (a target
-        that does not parse or is not available)."""
+               max_memory: int | str | None = None, rules=(), tuning=None) -> "CompileOptions":
+        """Check and normalise. ``tuning``: None, a records file path, a list of paths or
+        records, or ``compiler.tuning.TuningRecords`` (chosen again for this target and the
+        thread count ``num_threads`` resolves to). Raises ValueError (opt_level not 0..3, a
+        bad shape, a bad rule under test, a corrupt records file), TypeError (disabled_rules,
+        input_shapes or tuning of the wrong kind), FileNotFoundError (a records file that does
+        not exist), CompileError (a target that does not parse or is not available)."""
         import os
 
         from tensorfuse.compiler.errors import CompileError
@@ -96,9 +104,15 @@ class CompileOptions:
             reason = cuda_unavailable_reason()
             if reason is not None:
                 raise CompileError(f"target 'cuda' is not available here: {reason}")
+        records = None
+        if tuning is not None:
+            from tensorfuse.compiler.tuning import as_tuning
+            from tensorfuse.runtime.threads import resolve_num_threads
+            records = as_tuning(tuning, tgt, resolve_num_threads(num_threads))
         return cls(str(tgt), int(opt_level), _shapes(input_shapes), rule_names(disabled_rules),
                    None if dump_ir is None else os.fspath(dump_ir), bool(cache), num_threads,
-                   resolve_max_memory(max_memory), rules_under_test(rules))
+                   resolve_max_memory(max_memory), rules_under_test(rules), records,
+                   records.digest() if records is not None else None)
 
     @property
     def input_shapes_dict(self) -> dict[str, tuple[int, ...]] | None:
@@ -108,16 +122,22 @@ class CompileOptions:
         """The keyword arguments of ``tensorfuse.compile`` (but ``target``) these options stand for."""
         return {"opt_level": self.opt_level, "input_shapes": self.input_shapes_dict,
                 "disabled_rules": self.disabled_rules, "dump_ir": self.dump_ir, "cache": self.cache,
-                "num_threads": self.num_threads, "max_memory": self.max_memory, "rules": self.rules}
+                "num_threads": self.num_threads, "max_memory": self.max_memory, "rules": self.rules,
+                "tuning": self.tuning}
 
     def key_options(self) -> dict[str, Any]:
         """The options part of the cache key: every option but :data:`NOT_IN_KEY`, as JSON values
-        (the rules under test by name here; their code is in the key's pipeline part)."""
-        return {"opt_level": self.opt_level,
+        (the rules under test by name here; their code is in the key's pipeline part; tuning
+        records by :attr:`tuning_digest`, present only with records, so that the key of a
+        compile without them is what it was before records existed)."""
+        d = {"opt_level": self.opt_level,
                 "input_shapes": None if self.input_shapes is None else {k: list(v) for k, v in self.input_shapes},
                 "disabled_rules": list(self.disabled_rules), "dump_ir": self.dump_ir,
                 "max_memory": self.max_memory,
                 "rules": [r.__name__ if isinstance(r, type) else r.name for r in self.rules]}
+        if self.tuning_digest is not None:
+            d["tuning"] = self.tuning_digest
+        return d
 
     def key(self, model: Any) -> dict:
         """The compile cache key of compiling ``model`` with these options (:func:`cache_key`)."""

@@ -5,7 +5,9 @@ one per distinct kernel), the LLVM IR text (``llvm_ir``), the rule applications 
 (``rewrite_log``, ``compiler.rewrite.Application``), the pass runs (``passes``,
 ``compiler.pipeline.PassRecord``), the options (``options``, ``compiler.options.CompileOptions``)
 and, per native kernel call in run order, the ONNX node names it computes (``sources``, traced
-back through the rule log by ``runtime.profile.trace_sources``).
+back through the rule log by ``runtime.profile.trace_sources``), and the workloads whose knobs
+came from tuning records (``tuned``, ``compiler.driver.tuned_workloads``: key, summary,
+schedule, knobs, nodes, kernels) with ``num_distinct_kernels``, the kernels of the module.
 
 On a compile-cache hit the report comes from the cache entry (``runtime.cache``), not from a
 recompile: the rule log, pass records, LLVM IR and sources are read with the entry; the graph is
@@ -38,6 +40,10 @@ class CompileReport:
     #: the layout pass's report (``compiler.passes.layout.LayoutReport``) where the target runs
     #: it (cuda), else None
     layout: Any = None
+    #: the workloads that used a tuning record (``compiler.driver.tuned_workloads``), one dict each
+    tuned: list = field(default_factory=list)
+    #: distinct kernels of the module (None: not recorded, a report of an older entry)
+    num_distinct_kernels: int | None = None
     _graph: Any = field(default=None, repr=False)
     _kernels: list | None = field(default=None, repr=False)
     _load_graph: Callable[[], Any] | None = field(default=None, repr=False)
@@ -57,6 +63,20 @@ class CompileReport:
             self._kernels, self._load_kernels = self._load_kernels(self.graph), None
         return self._kernels if self._kernels is not None else []
 
+    @property
+    def num_tuned_kernels(self) -> int:
+        """Distinct kernels whose schedule's knobs came from a tuning record."""
+        return sum(t["kernels"] for t in self.tuned)
+
+    def tuned_lines(self) -> list[str]:
+        """One line per tuned workload: its summary, schedule, knobs and kernel count."""
+        out = []
+        for t in self.tuned:
+            knobs = " ".join(f"{k}={v}" for k, v in t["knobs"].items()) or "(default knobs)"
+            out.append(f"  {t['summary']}  [{t['workload']}, {t['nodes']} node{'' if t['nodes'] == 1 else 's'}]: "
+                       f"{t['schedule']} {knobs}")
+        return out
+
     def __str__(self) -> str:
         counts: dict[str, int] = {}
         for a in self.rewrite_log:
@@ -66,6 +86,10 @@ class CompileReport:
                  f"{len(self.passes)} pass runs, {len(self.rewrite_log)} rule applications, "
                  f"{len(self.sources)} kernel calls"]
         lines += [f"  {n:>4} x {r}" for r, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+        if getattr(self.options, "tuning", None) is not None or self.tuned:
+            of = f" of {self.num_distinct_kernels}" if self.num_distinct_kernels is not None else ""
+            lines.append(f"kernels with tuned schedules: {self.num_tuned_kernels}{of}")
+            lines += self.tuned_lines()
         return "\n".join(lines)
 
     # -- the cache's form ---------------------------------------------------------------
@@ -95,7 +119,8 @@ class CompileReport:
                 "rewrite_log": [{"rule": a.rule, "nodes": list(a.nodes), "created": list(a.created)}
                                 for a in self.rewrite_log],
                 "passes": [asdict(p) for p in self.passes], "sources": self.sources,
-                "layout": self.layout.to_dict() if self.layout is not None else None}
+                "layout": self.layout.to_dict() if self.layout is not None else None,
+                "tuned": self.tuned, "num_distinct_kernels": self.num_distinct_kernels}
         return data, arrays
 
     @classmethod
@@ -129,7 +154,9 @@ class CompileReport:
             from tensorfuse.compiler.passes.layout import LayoutReport
             layout = LayoutReport.from_dict(data["layout"])
         return cls(options, data.get("llvm_ir"), log, passes, [list(s) for s in data["sources"]], True,
-                   layout=layout, _load_graph=load_graph, _load_kernels=lower)
+                   layout=layout, tuned=list(data.get("tuned") or []),
+                   num_distinct_kernels=data.get("num_distinct_kernels"),
+                   _load_graph=load_graph, _load_kernels=lower)
 
 
 def _graphs(graph):
