@@ -241,8 +241,6 @@ def _trial(g: Graph, r: Rule, node_name: str) -> "Application | Fail":
 
 
 # ============================================================================ the fusion report
-#: ops whose fate the report's last section lists (what users ask about: "was my Conv fused?")
-ANCHOR_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
 @dataclass
@@ -697,7 +695,10 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
             fate.setdefault(leaf, (n.name, n.qualified_op, rules_seen, leaves))
     anchors = []
     for lab, n in zip(onnx_labels, proto.graph.node):
-        if n.op_type not in ANCHOR_OPS or n.domain not in ("", "ai.onnx"):
+        # the report's last section lists the fusion anchors (``OpDef.fusion_anchor``: Conv,
+        # ConvTranspose, Gemm, MatMul), what users ask about: "was my Conv fused?"
+        od = find_op(n.op_type, n.domain)
+        if od is None or od.domain or not od.fusion_anchor:
             continue
         f = fate.get(lab)
         if f is None:

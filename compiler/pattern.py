@@ -51,11 +51,15 @@ import numpy as np
 from tensorfuse.ir.graph import Graph, Node, Value
 from tensorfuse.ir.types import DType
 
-__all__ = ["Pattern", "Any", "Op", "Const", "OneOf", "Optional", "P", "Match", "MatchFailure",
-           "COMMUTATIVE"]
+__all__ = ["Pattern", "Any", "Op", "Const", "OneOf", "Optional", "P", "Match", "MatchFailure"]
 
-#: binary ops whose two operands commute (ONNX semantics); Op patterns of these try both orders
-COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal"})
+
+def _commutes(qualified_op: str) -> bool:
+    """Is the op (``"Add"``, ``"domain::Op"``) registered commutative (``OpDef.commutative``)?"""
+    from tensorfuse.ir.registry import find_op
+    domain, _, name = qualified_op.rpartition("::")
+    od = find_op(name, domain)
+    return od is not None and od.commutative
 
 
 # --------------------------------------------------------------------------- match state
@@ -438,7 +442,7 @@ class Op(Pattern):
         self._inputs = tuple(ins)
         self._attr_preds: tuple = ()
         self._output = 0
-        self._commutative = len(ins) == 2 and bool(self._ops) and self._ops <= COMMUTATIVE
+        self._commutative: bool | None = None      # None: as the registry says (is_commutative)
         self._through: int | None = None
 
     # -- builders ------------------------------------------------------------------------
@@ -456,12 +460,22 @@ class Op(Pattern):
         return p
 
     def commutative(self, flag: bool = True) -> "Op":
-        """Try both operand orders (on by default for binary ops in ``COMMUTATIVE``)."""
+        """Try both operand orders (on by default for two-input patterns of ops registered
+        ``commutative``: Add, Mul, Max, ...; see :meth:`is_commutative`)."""
         if flag and len(self._inputs) != 2:
             raise ValueError("only two-input patterns can be commutative")
         p = copy.copy(self)
         p._commutative = flag
         return p
+
+    def is_commutative(self) -> bool:
+        """Whether matching tries both operand orders: as set by :meth:`commutative`, else
+        whether the pattern has two inputs and every op it names is registered
+        ``commutative`` (``ir.registry.OpDef.commutative``)."""
+        if self._commutative is None:
+            self._commutative = (len(self._inputs) == 2 and bool(self._ops)
+                                 and all(_commutes(o) for o in self._ops))
+        return self._commutative
 
     def optional(self, through: int = 0) -> "Op":
         """Make the node optional: the value is this node's output, or - without the node -
@@ -555,7 +569,7 @@ class Op(Pattern):
             st.nodes.append(n)
             st.node_ids = st.node_ids | {id(n)}
         orders = [tuple(range(k))]
-        if self._commutative:
+        if self.is_commutative():
             orders.append((1, 0))
         for order in orders:
             yield from self._match_inputs(n, order, 0, st, ctx)

@@ -83,8 +83,17 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, rtol: float, atol: floa
     return OutputCheck(name, score <= 1.0, float(diff.max()), score)
 
 
-#: ops through which an integer graph input still indexes a Gather's table unchanged
-_INDEX_PASSTHROUGH = ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity")
+#: ops through which an integer graph input still indexes a Gather's table unchanged, besides
+#: the reshapes (``OpDef.reshape_only``: Reshape, Flatten, Squeeze, Unsqueeze)
+_INDEX_PASSTHROUGH = ("Cast", "Identity")
+
+
+def _passes_indices(node) -> bool:
+    from tensorfuse.ir.registry import find_op
+    if node.op_type in _INDEX_PASSTHROUGH and node.domain in ("", "ai.onnx"):
+        return True
+    od = find_op(node.op_type, node.domain)
+    return od is not None and od.reshape_only
 
 
 def index_limits(model) -> dict[str, int]:
@@ -99,7 +108,7 @@ def index_limits(model) -> dict[str, int]:
     inputs = {vi.name for vi in g.input} - set(inits)
     source = {n: n for n in inputs}           # value -> the graph input it passes through from
     for node in g.node:
-        if node.op_type in _INDEX_PASSTHROUGH and node.input and node.input[0] in source:
+        if _passes_indices(node) and node.input and node.input[0] in source:
             for o in node.output:
                 source[o] = source[node.input[0]]
     limits: dict[str, int] = {}

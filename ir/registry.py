@@ -81,6 +81,17 @@ class OpDef:
     #: Bernoulli ...): such nodes are never constant-folded (compiler/passes/fold.py) and never
     #: merged by CSE (compiler/passes/cse.py); see :func:`is_deterministic`
     deterministic: bool = True
+    #: op(a, b) == op(b, a) for all inputs (ONNX semantics; variadic ops: any order of two):
+    #: a two-input pattern of such an op tries both operand orders (compiler/pattern.py)
+    commutative: bool = False
+    #: output 0 is input 0's row-major elements unchanged, under another shape (Reshape,
+    #: Flatten, Squeeze, Unsqueeze; TVM's ``TReshapeOp``): the simplify rules collapse chains of
+    #: them and remove one that keeps the shape (compiler/passes/simplify.py)
+    reshape_only: bool = False
+    #: an op the fusion catalogue builds around (Conv, ConvTranspose, Gemm, MatMul: BatchNorm
+    #: folds into it, bias/residual/activation epilogues make it a tensorfuse::Fused* op); the
+    #: fusion report of ``explain`` lists what became of each one (compiler/explain.py)
+    fusion_anchor: bool = False
     doc: str = ""
 
     def __post_init__(self):
@@ -159,6 +170,15 @@ def is_deterministic(node) -> bool:
 
 
 _LOADED = False
+
+
+def op_names(flag: str, domain: str = "") -> tuple[str, ...]:
+    """Names of the ops of ``domain`` (default: ONNX's) whose OpDef attribute ``flag`` is true
+    (``"commutative"``, ``"reshape_only"``, ``"fusion_anchor"``), sorted. AttributeError for
+    a name that is not an OpDef field."""
+    if flag not in OpDef.__dataclass_fields__:
+        raise AttributeError(f"OpDef has no field {flag!r}")
+    return tuple(o.name for o in all_ops() if o.domain == domain and getattr(o, flag))
 
 
 def _ensure_loaded() -> None:

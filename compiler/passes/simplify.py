@@ -9,9 +9,11 @@ import numpy as np
 from tensorfuse.compiler.pattern import Any, Const, OneOf, Optional, P
 from tensorfuse.compiler.rewrite import Fail, Rule, apply_rules
 from tensorfuse.ir.graph import Graph
+from tensorfuse.ir.registry import op_names
 
-#: ops that only reinterpret row-major data with a new shape
-RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+#: ops that only reinterpret row-major data with a new shape (``OpDef.reshape_only``: Flatten,
+#: Reshape, Squeeze, Unsqueeze)
+RESHAPES = op_names("reshape_only")
 
 
 def _perm(node) -> list[int]:

@@ -336,7 +336,7 @@ def conv_flops(node) -> float:
     return 2.0 * macs + (y.type.numel if node.input(2) is not None else 0)
 
 
-@op("Conv", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+@op("Conv", OpPatternKind.OUT_ELEMWISE_FUSABLE, fusion_anchor=True)
 class Conv:
     """N-D grouped convolution. ONNX spec: Conv-22 (same semantics since Conv-1).
 
@@ -520,7 +520,7 @@ def emit_conv_transpose(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     return kb
 
 
-@op("ConvTranspose", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+@op("ConvTranspose", OpPatternKind.OUT_ELEMWISE_FUSABLE, fusion_anchor=True)
 class ConvTranspose:
     """N-D grouped transposed convolution. ONNX spec: ConvTranspose-22.
 

@@ -222,7 +222,7 @@ class Relu:
 
 
 # ----------------------------------------------------------------------------- binary arithmetic
-@op("Add", BC)
+@op("Add", BC, commutative=True)
 class Add:
     """c = a + b, numpy broadcasting; a, b same dtype (any numeric). ONNX spec: Add-14."""
     infer = infer_ew
@@ -248,7 +248,7 @@ class Sub:
         return a - b
 
 
-@op("Mul", BC)
+@op("Mul", BC, commutative=True)
 class Mul:
     """c = a * b, numpy broadcasting; a, b same dtype (any numeric). ONNX spec: Mul-14."""
     infer = infer_ew
@@ -358,7 +358,7 @@ def _variadic(name: str, doc: str, np_fn, expr_fn) -> None:
 
     def scalar(node, *xs):
         return functools.reduce(expr_fn, xs)
-    register(OpDef(name=name, kind=BC, infer=infer_ew, reference=reference, scalar=scalar,
+    register(OpDef(name=name, kind=BC, infer=infer_ew, reference=reference, scalar=scalar, commutative=True,
                    doc=f"{doc} One or more inputs of one dtype, numpy broadcasting. {_spec(name)}"))
 
 
@@ -367,7 +367,7 @@ _variadic("Max", "y = elementwise maximum; NaN propagates (as onnxruntime).", np
 _variadic("Min", "y = elementwise minimum; NaN propagates (as onnxruntime).", np.minimum, minimum)
 
 
-@op("Mean", BC)
+@op("Mean", BC, commutative=True)
 class Mean:
     """y = (x0 + x1 + ...) / n; one or more float inputs of one dtype, numpy broadcasting;
     f16 sums in f32. ONNX spec: Mean-13."""

@@ -272,7 +272,7 @@ def _matmul_ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a, b)
 
 
-@op("MatMul", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+@op("MatMul", OpPatternKind.OUT_ELEMWISE_FUSABLE, fusion_anchor=True)
 class MatMul:
     """Y = A @ B with numpy.matmul semantics. ONNX spec: MatMul-13.
 
@@ -310,7 +310,7 @@ def _gemm_dims(node) -> tuple[int, int, int]:
     return M, N, K
 
 
-@op("Gemm", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+@op("Gemm", OpPatternKind.OUT_ELEMWISE_FUSABLE, fusion_anchor=True)
 class Gemm:
     """Y = alpha * A' @ B' + beta * C. ONNX spec: Gemm-13.
 

@@ -19,17 +19,17 @@ from tensorfuse.ir.types import DType, TensorType
 I64 = DType.i64
 
 
-def _binary(name: str, doc: str, np_fn, expr_fn) -> None:
+def _binary(name: str, doc: str, np_fn, expr_fn, commutative: bool = False) -> None:
     def reference(node, ins):
         with np.errstate(all="ignore"):
             return [np.asarray(np_fn(node, ins[0], ins[1]))]
-    register(OpDef(name=name, kind=BC, infer=infer_ew, reference=reference,
+    register(OpDef(name=name, kind=BC, infer=infer_ew, reference=reference, commutative=commutative,
                    scalar=lambda node, a, b: expr_fn(node, a, b), doc=f"{doc} {_spec(name)}"))
 
 
 # ----------------------------------------------------------------------------- comparisons
 _binary("Equal", "c = (a == b) as bool; a, b same dtype (bool, ints, floats); NaN == NaN is false.",
-        lambda n, a, b: np.equal(a, b), lambda n, a, b: a.eq(b))
+        lambda n, a, b: np.equal(a, b), lambda n, a, b: a.eq(b), commutative=True)
 _binary("Less", "c = a < b as bool; a, b same numeric dtype.", lambda n, a, b: np.less(a, b), lambda n, a, b: a < b)
 _binary("LessOrEqual", "c = a <= b as bool; a, b same numeric dtype.",
         lambda n, a, b: np.less_equal(a, b), lambda n, a, b: a <= b)
@@ -39,18 +39,21 @@ _binary("GreaterOrEqual", "c = a >= b as bool; a, b same numeric dtype.",
         lambda n, a, b: np.greater_equal(a, b), lambda n, a, b: a >= b)
 
 # ----------------------------------------------------------------------------- logical (bool)
-_binary("And", "c = a and b; bool inputs.", lambda n, a, b: np.logical_and(a, b), lambda n, a, b: a & b)
-_binary("Or", "c = a or b; bool inputs.", lambda n, a, b: np.logical_or(a, b), lambda n, a, b: a | b)
-_binary("Xor", "c = a xor b; bool inputs.", lambda n, a, b: np.logical_xor(a, b), lambda n, a, b: a ^ b)
+_binary("And", "c = a and b; bool inputs.", lambda n, a, b: np.logical_and(a, b), lambda n, a, b: a & b,
+        commutative=True)
+_binary("Or", "c = a or b; bool inputs.", lambda n, a, b: np.logical_or(a, b), lambda n, a, b: a | b,
+        commutative=True)
+_binary("Xor", "c = a xor b; bool inputs.", lambda n, a, b: np.logical_xor(a, b), lambda n, a, b: a ^ b,
+        commutative=True)
 unary("Not", "y = not x; bool input.", lambda n, x: np.logical_not(x), lambda n, x: ~x, f32=False)
 
 # ----------------------------------------------------------------------------- bitwise (ints)
 _binary("BitwiseAnd", "c = a & b; a, b same integer dtype.", lambda n, a, b: np.bitwise_and(a, b),
-        lambda n, a, b: a & b)
+        lambda n, a, b: a & b, commutative=True)
 _binary("BitwiseOr", "c = a | b; a, b same integer dtype.", lambda n, a, b: np.bitwise_or(a, b),
-        lambda n, a, b: a | b)
+        lambda n, a, b: a | b, commutative=True)
 _binary("BitwiseXor", "c = a ^ b; a, b same integer dtype.", lambda n, a, b: np.bitwise_xor(a, b),
-        lambda n, a, b: a ^ b)
+        lambda n, a, b: a ^ b, commutative=True)
 unary("BitwiseNot", "y = ~x; integer input.", lambda n, x: np.invert(x), lambda n, x: ~x, f32=False)
 
 

@@ -102,7 +102,7 @@ def reshape_shape(in_shape: Sequence[int], shape: Sequence[int], allowzero: int)
     return tuple(out)
 
 
-@op("Reshape", INJ, const_inputs=(1,))
+@op("Reshape", INJ, const_inputs=(1,), reshape_only=True)
 class Reshape:
     """Reshape(data, shape) -> data with a new shape, same row-major elements.
 
@@ -132,7 +132,7 @@ def flatten_shape(shape: Sequence[int], axis: int) -> tuple[int, int]:
     return prod(shape[:axis]), prod(shape[axis:])
 
 
-@op("Flatten", INJ)
+@op("Flatten", INJ, reshape_only=True)
 class Flatten:
     """Flatten(input) -> 2-D [prod(dims[:axis]), prod(dims[axis:])], axis in [-r, r] (default 1).
 
@@ -165,7 +165,7 @@ def _squeeze_import(ctx, proto, version):
     return import_axes_attr_as_input(ctx, proto, "axes", 1)
 
 
-@op("Squeeze", INJ, const_inputs=(1,))
+@op("Squeeze", INJ, const_inputs=(1,), reshape_only=True)
 class Squeeze:
     """Squeeze(data, axes?) -> data without the listed size-1 axes (all size-1 axes if omitted).
 
@@ -192,7 +192,7 @@ def unsqueeze_shape(shape: Sequence[int], axes) -> tuple[int, ...]:
     return tuple(1 if i in ax else next(it) for i in range(r))
 
 
-@op("Unsqueeze", INJ, const_inputs=(1,))
+@op("Unsqueeze", INJ, const_inputs=(1,), reshape_only=True)
 class Unsqueeze:
     """Unsqueeze(data, axes) -> data with size-1 axes inserted at ``axes`` of the output.
 
