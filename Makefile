@@ -1,5 +1,6 @@
 # Two entry points (see README): `make demo` and `make test`. Both create .venv when missing, with
-# the test tools and the GPU stack (the extras test and cuda: make test-cuda and the PTX gate need it).
+# the test tools, the GPU stack and Ray (the extras test, cuda and ray: make test-cuda and the PTX gate need
+# cuda, tests/test_tune_ray.py needs ray).
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -11,7 +12,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -e '.[test,cuda]'
+	$(VENV)/bin/python -m pip install -q -e '.[test,cuda,ray]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -4,6 +4,8 @@ The public API, imported lazily so that a process which only loads saved modules
 (``tensorfuse.load``) never imports the compiler:
 
 - :func:`compile` (``tensorfuse.compiler.driver.compile``): ONNX model -> executable module;
+- :func:`tune` (``tensorfuse.compiler.tuner.tune``): measure schedule knobs per workload into a
+  tuning-records file that ``compile(..., tuning=...)`` uses;
 - :func:`load`: a module saved with ``Module.save``;
 - :func:`explain` (one rule), :func:`explain_report` (the whole fusion report), :func:`verify`
   (against onnxruntime, naming the rewrite that changed the numbers), :func:`to_dot` (the fused
@@ -28,6 +30,7 @@ __version__ = "0.1.0"
 # public name -> (module, attribute)
 _API = {
     "compile": ("tensorfuse.compiler.driver", "compile"),
+    "tune": ("tensorfuse.compiler.tuner", "tune"),
     "explain": ("tensorfuse.compiler.explain", "explain"),
     "explain_report": ("tensorfuse.compiler.explain", "explain_report"),
     "verify": ("tensorfuse.compiler.verify", "verify"),

@@ -7,6 +7,7 @@
     tensorfuse explain MODEL [--rule NAME] [--node NAME]
     tensorfuse verify  MODEL [--rtol R] [--atol A] [-O N]
     tensorfuse graph   MODEL -o FILE.svg|.dot|.html [--profile]
+    tensorfuse tune    MODEL -o RECORDS.jsonl [--time-budget S] [--trials N] [--threads T] [--executor local|ray]
 
 Each wraps a library call (``tensorfuse.compile``, ``load``, ``verify``, ``explain_report``,
 ``to_dot``) and uses only the public compile options and Module attributes. Exit codes: 0
@@ -638,6 +639,45 @@ def cmd_verify(args) -> int:
     return EXIT_OK if res.ok else EXIT_MISMATCH
 
 
+def _positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def cmd_tune(args) -> int:
+    import tensorfuse
+    from tensorfuse.compiler import progress
+    _check_model_path(args.model)
+    if args.output == "":
+        raise UsageError("-o '' names no file", "give the records file, e.g. -o RECORDS.jsonl")
+    _check_output(args.output)
+    if args.ray_address and args.executor != "ray":
+        raise UsageError("--ray-address is for --executor ray", "add --executor ray, or drop --ray-address")
+    try:
+        res = tensorfuse.tune(args.model, args.output, target=args.target, time_budget=args.time_budget,
+                              trials=args.trials, num_threads=args.threads, executor=args.executor,
+                              ray_address=args.ray_address, seed=args.seed, progress=progress.active(),
+                              opt_level=args.opt_level, input_shapes=parse_shapes(args.input_shape),
+                              timeout=args.timeout)
+    except ImportError as e:
+        hint = ("install it: pip install 'tensorfuse[ray]'" if "ray" in str(e).lower()
+                else "check the modules named in $TENSORFUSE_TUNE_PLUGINS")
+        raise UsageError(str(e), hint) from e
+    except RuntimeError as e:
+        if "tensorfuse_measure" not in str(e):
+            raise
+        raise UsageError(str(e), "declare the resource on every node that measures") from e
+    _say(str(res))
+    _say(f"use them: {PROG} compile {args.model} --tuning {args.output} -o OUT.tfm")
+    return EXIT_OK
+
+
 def cmd_graph(args) -> int:
     from tensorfuse.compiler.dot import to_dot
     ses = _Session(args)
@@ -744,7 +784,8 @@ def build_parser() -> argparse.ArgumentParser:
              "ir": "print the IR at a level (graph, fused, kernel, llvm, asm)",
              "explain": "the fusion report: which rules fired where, and why not",
              "verify": "compare with onnxruntime; name the rewrite that broke the numbers",
-             "graph": "draw the fused graph (svg, dot, html)"}
+             "graph": "draw the fused graph (svg, dot, html)",
+             "tune": "measure schedule knobs per workload into tuning records"}
 
     def add(name, fn, help_, example, **kw):
         sp = sub.add_parser(name, help=short[name], description=help_, formatter_class=_Formatter,
@@ -835,6 +876,41 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=NONNEG, default=0, help="seed of the random inputs for --profile (default 0)")
     s.add_argument("--inputs", metavar="IN.npz", help="inputs for --profile instead of random ones")
     _common(s)
+
+    s = add("tune", cmd_tune, "measure candidate schedule knobs for each workload of the model (heaviest first, "
+                              "each candidate compiled alone and run in a child process with a timeout; crashes, "
+                              "hangs and wrong results are recorded as failed) and append one JSON line per "
+                              "candidate to the records file. A run resumes: candidates already in the file for "
+                              "this CPU, version and thread count are not measured again. Compile with the "
+                              "records: --tuning RECORDS.jsonl",
+            f"{PROG} tune {EXAMPLE} -o mobilenet.records.jsonl --time-budget 900 --threads 2\n"
+            f"  {PROG} compile {EXAMPLE} --tuning mobilenet.records.jsonl -o mobilenet.tfm\n"
+            f"  {PROG} tune model.onnx -o R.jsonl --executor ray --ray-address HEAD:6379   # a Ray cluster")
+    s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
+    s.add_argument("-o", "--output", required=True, metavar="RECORDS.jsonl",
+                   help="the tuning records file to append to (created when missing; its folder must exist)")
+    s.add_argument("--time-budget", type=_positive_seconds, metavar="S",
+                   help="seconds for the whole run, shared among the workloads by their weight (default: no limit)")
+    s.add_argument("--trials", type=POSITIVE, metavar="N",
+                   help="candidates per workload, the default knobs and earlier records included (default: 32 "
+                        "without --time-budget, else no limit)")
+    s.add_argument("--threads", type=POSITIVE, metavar="T",
+                   help="threads the candidates run with: the count the tuned model will run with (default: the "
+                        "cores this process may use)")
+    s.add_argument("--executor", choices=("local", "ray"), default="local",
+                   help="local: a child process of this one (default); ray: Ray tasks, one measurement per node "
+                        "that declares the resource tensorfuse_measure (pip install 'tensorfuse[ray]')")
+    s.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (default: a local Ray instance)")
+    s.add_argument("--timeout", type=_positive_seconds, default=60.0, metavar="S",
+                   help="seconds a candidate may take (compile, check, time) before it counts as hung (default 60)")
+    s.add_argument("--seed", type=NONNEG, default=0, help="seed of the inputs and the search (default 0)")
+    c = s.add_argument_group("compile options (as for the compile that will use the records)")
+    c.add_argument("-O", "--opt-level", type=int, choices=range(0, 4), default=2, metavar="N",
+                   help="optimisation level 0..3 (default 2)")
+    c.add_argument("--target", default="llvm", help="'llvm' (this CPU; default) or another target string")
+    c.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                   help="shape of an input with dynamic dimensions (repeatable)")
+    _common(s, compile_opts=False)
     return p
 
 

@@ -1,0 +1,241 @@
+"""The tuner (compiler/tuner, ``tensorfuse.tune``, ``tensorfuse tune``): records written as
+candidates are measured, failed candidates (an exception, a crash, a hang, wrong values) recorded
+with their status while tuning goes on, a second run measuring nothing new, the tuned model
+compiled with the records matching onnxruntime, an interrupted run resuming; the search (exhaustive, random and evolutionary,
+define-by-run spaces, no repeats) and the workload extraction keeping workload keys.
+
+Candidates fail on purpose through the test-only schedules of tests/tune_plugin.py, which the
+tuner and its worker processes load from ``$TENSORFUSE_TUNE_PLUGINS``. Small workloads, a few
+trials each, no timed assertions."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tensorfuse
+from oracle import assert_outputs_depend_on_inputs, ort_run
+from tensorfuse.compiler.tuner import PLUGINS_ENV
+from tensorfuse.compiler.tuner.plugins import load_plugins
+from tensorfuse.compiler.tuner.search import Search, canonical
+from tensorfuse.compiler.tuning import read_records
+
+PLUGIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tune_plugin.py")
+#: seconds per candidate: the "hang" candidate costs this much; the others take well under a second
+TIMEOUT = 6.0
+
+
+@pytest.fixture
+def plugin(monkeypatch):
+    """tests/tune_plugin.py installed in this process and named for the tuner's workers."""
+    mod = load_plugins([PLUGIN])[0]
+    mod.install()
+    monkeypatch.setenv(PLUGINS_ENV, PLUGIN)
+    yield mod
+    mod.uninstall()
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def two_matmuls() -> onnx.ModelProto:
+    """y1 = a[3,37] @ b[37,5] (the plugin's faulty schedule), y2 = c[4,16] @ d[16,6] (its three
+    equal variants): two workloads."""
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["y1"]), helper.make_node("MatMul", ["c", "d"], ["y2"])]
+    g = helper.make_graph(nodes, "two_matmuls", [_vi("a", [3, 37]), _vi("b", [37, 5]), _vi("c", [4, 16]),
+                                                 _vi("d", [16, 6])], [_vi("y1", [3, 5]), _vi("y2", [4, 6])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _feeds(model, seed):
+    rng = np.random.default_rng(seed)
+    return {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+            for i in model.graph.input}
+
+
+def assert_tuned_matches_ort(model, path, records):
+    """The model compiled with the records matches onnxruntime on two inputs whose outputs
+    differ (and used the records)."""
+    m = tensorfuse.compile(path, tuning=records, cache=False)
+    assert m.report.tuned, "no workload took its knobs from the records"
+    a, b = _feeds(model, 1), _feeds(model, 2)
+    want_a, want_b = ort_run(model, a), ort_run(model, b)
+    assert_outputs_depend_on_inputs(want_a, want_b, 1e-5, 1e-5)
+    for feeds, want in ((a, want_a), (b, want_b)):
+        for got, w in zip(m.run(**feeds), want):
+            np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5)
+    return m
+
+
+def test_tune_records_failures_resume_and_tuned_compile(tmp_path, plugin, capsys):
+    model = two_matmuls()
+    path = str(tmp_path / "two_matmuls.onnx")
+    onnx.save(model, path)
+    rec = str(tmp_path / "records.jsonl")
+    res = tensorfuse.tune(path, rec, trials=5, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False)
+    records = read_records(rec)
+    by_wl: dict[str, list] = {}
+    for r in records:
+        by_wl.setdefault(r.summary, []).append(r)
+    faulty = by_wl.pop("MatMul [3,37] [37,5] -> [3,5]")
+    variants = by_wl.pop("MatMul [4,16] [16,6] -> [4,6]")
+    assert not by_wl
+    # every fault value tried once (a space of 5 <= 5 trials: exhaustive), each failure recorded
+    # with its status and the tuner going on past it (the crash and the hang killed the worker)
+    assert {r.knobs["fault"]: r.status for r in faulty} == {
+        "none": "ok", "raise": "error", "exit": "crash", "wrong": "wrong", "hang": "timeout"}
+    assert len(faulty) == 5
+    why = {r.knobs["fault"]: r.error for r in faulty}
+    assert "injected failure" in why["raise"]
+    assert "exited with code 3" in why["exit"]
+    assert f"no answer after {TIMEOUT:.0f} s" in why["hang"]
+    assert "max abs difference" in why["wrong"]
+    assert [r.knobs["fault"] for r in faulty][0] == "none", "the default knobs are measured first"
+    assert sorted(r.knobs["variant"] for r in variants) == [0, 1, 2]
+    assert all(r.status == "ok" and r.median_ms > 0 and r.spread_ms >= 0 and r.runs >= 5 for r in variants)
+    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.knobs import target_identity
+    ident = target_identity(Target.parse("llvm"))
+    for r in records:
+        assert r.threads == 1 and r.target == ident and r.version == tensorfuse.__version__
+        assert r.default_ms == faulty[0].median_ms if r in faulty else r.default_ms == variants[0].median_ms
+    assert (res.measured, res.failed) == (8, 4)
+    best = min(variants, key=lambda r: r.median_ms)
+    wl = next(w for w in res.workloads if w.summary.startswith("MatMul [4,16]"))
+    assert wl.best_knobs == best.knobs and wl.known == 3 and wl.default_ms == variants[0].median_ms
+
+    # a second run (the command line) measures nothing: every candidate is in the file
+    before = open(rec).read()
+    from tensorfuse.compiler.cli import main
+    assert main(["tune", path, "-o", rec, "--trials", "5", "--threads", "1", "--timeout", str(TIMEOUT), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "0 candidates measured" in out and f"--tuning {rec}" in out
+    assert open(rec).read() == before
+
+    # an interrupted run (its last record never written) resumes: only that candidate is
+    # measured again, the default's time comes from the file
+    lines = before.splitlines(keepends=True)
+    lost = json.loads(lines[-1])
+    with open(rec, "w") as f:
+        f.writelines(lines[:-1])
+    again = tensorfuse.tune(path, rec, trials=5, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False)
+    assert (again.measured, again.failed) == (1, 0)
+    last = read_records(rec)[-1]
+    assert last.knobs == lost["knobs"] and last.status == "ok" and last.default_ms == variants[0].median_ms
+    records = read_records(rec)
+    assert len(records) == 8 and len({(r.workload, canonical(r.knobs)) for r in records}) == 8
+    variants = [r for r in records if r.summary == "MatMul [4,16] [16,6] -> [4,6]"]
+    best = min(variants, key=lambda r: r.median_ms)
+
+    # the records compile into the model: the fastest variant's knobs, the same numbers
+    m = assert_tuned_matches_ort(model, path, rec)
+    tuned = {t["summary"]: t["knobs"] for t in m.report.tuned}
+    assert tuned["MatMul [4,16] [16,6] -> [4,6]"] == best.knobs
+    assert tuned["MatMul [3,37] [37,5] -> [3,5]"] == {"fault": "none"}
+
+
+def test_tune_bad_arguments(tmp_path):
+    from tensorfuse.compiler.cli import main
+    model = str(tmp_path / "none.onnx")
+    with pytest.raises(ValueError, match="trials must be an integer >= 1"):
+        tensorfuse.tune(model, str(tmp_path / "r.jsonl"), trials=0)
+    with pytest.raises(ValueError, match="executor must be 'local' or 'ray'"):
+        tensorfuse.tune(model, str(tmp_path / "r.jsonl"), executor="slurm")
+    with pytest.raises(ValueError, match="time_budget must be"):
+        tensorfuse.tune(model, str(tmp_path / "r.jsonl"), time_budget=-1)
+    onnx.save(two_matmuls(), model)
+    assert main(["tune", model, "-o", str(tmp_path / "r.jsonl"), "--ray-address", "h:1", "-q"]) == 2
+    assert main(["tune", model, "-o", str(tmp_path / "no" / "r.jsonl"), "-q"]) == 2
+
+
+# ----------------------------------------------------------------------------- the search
+def _space(**knobs):
+    return [{"name": k, "candidates": list(v), "default": v[0]} for k, v in knobs.items()]
+
+
+def test_search_exhaustive_small_space_default_first():
+    s = Search(_space(a=[2, 1, 3], b=["x", "y"]), trials=6, seed=0, key="w")
+    got = []
+    while not s.done():
+        props = s.propose(1)
+        if not props:
+            break
+        got += props
+        s.tell(props[0], "ok", 1.0 + len(got))
+    assert got[0] == {"a": 2, "b": "x"}
+    assert len(got) == 6 and len({canonical(g) for g in got}) == 6
+    assert s.propose(1) == [] and s.exhausted
+
+
+def test_search_large_space_random_then_mutations_seeded_no_repeats():
+    space = _space(p=list(range(1, 13)), q=list(range(1, 9)), r=[True, False])     # 192 points
+
+    def run(seed):
+        s = Search(space, trials=40, seed=seed, key="w")
+        s.tell({"p": 1, "q": 1, "r": True}, "ok", 10.0)
+        out = []
+        while not s.done():
+            (c,) = s.propose(1)
+            out.append(c)
+            # a cost with its optimum at p=7, q=3: mutations should find their way there
+            s.tell(c, "ok", 1.0 + abs(c["p"] - 7) + abs(c["q"] - 3) + (0.5 if c["r"] else 0.0))
+        return s, out
+
+    s1, a = run(0)
+    _s2, b = run(0)
+    _s3, c = run(1)
+    assert a == b and a != c                                # seeded
+    assert len({canonical(x) for x in a}) == len(a) == 39   # never proposed twice
+    best = s1.best(1)[0]
+    assert abs(best["p"] - 7) + abs(best["q"] - 3) <= 2     # the evolutionary step got close
+
+
+def test_search_learns_knobs_revealed_by_another_schedule():
+    s = Search(_space(schedule=["rows", "flat"], tile=[4, 8]), trials=10, seed=0, key="w")
+    assert s.size == 4
+    assert s.add_space(_space(chunk=[1, 2, 3]))             # the "flat" schedule's own knob
+    assert not s.add_space(_space(tile=[4, 8]))
+    assert s.size == 12
+    s.tell({"schedule": "flat", "chunk": 1}, "ok", 1.0)
+    assert s.known({"chunk": 1, "schedule": "flat"})
+    props = s.propose(12)
+    assert all(canonical(p) != canonical({"schedule": "flat", "chunk": 1}) for p in props)
+
+
+# ----------------------------------------------------------------------------- workloads
+def test_workloads_keep_keys_weights_and_run_alone(tmp_path):
+    """A Conv+Relu residual model: each workload's extracted one-node graph has the workload's
+    key (model_tasks asserts it), the weights sum to the shares, and a workload compiled alone
+    computes what onnxruntime computes for that node."""
+    from tensorfuse.compiler.tuner.worker import build_candidate, make_inputs
+    from tensorfuse.compiler.tuner.workloads import model_tasks
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.2).astype(np.float32), "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "x"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    g = helper.make_graph(nodes, "res", [_vi("x", [1, 8, 10, 10])], [_vi("y", [1, 8, 10, 10])], [w1, w2])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    tasks, info = model_tasks(model, "llvm")
+    assert info["weights_from"] == "profile" and len(tasks) >= 2
+    assert abs(sum(t.share for t in tasks) - 1.0) < 1e-9
+    assert [t.weight_ms for t in tasks] == sorted((t.weight_ms for t in tasks), reverse=True)
+    first = next(t for t in tasks if t.graph.nodes[0].inputs[0].name.startswith("x"))
+    assert first.graph.constants, "the weights stay constants"
+    mod, wl = build_candidate(first.graph, "llvm", {}, 1)
+    assert wl.key == first.key
+    xs = make_inputs(first.graph, 0)
+    got = mod.run(*xs)
+    # the first Conv (+ Relu fused) alone, by onnxruntime
+    sub = helper.make_graph(nodes[:2], "first", [_vi("x", [1, 8, 10, 10])], [_vi("r1", [1, 8, 10, 10])], [w1])
+    want = ort_run(helper.make_model(sub, opset_imports=[helper.make_opsetid("", 17)]), {"x": xs[0]})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    json.dumps(first.space)     # the space is JSON
