@@ -45,6 +45,25 @@ class Backend(ABC):
             import importlib
             importlib.import_module(self.schedules_module)
 
+    def unavailable_reason(self) -> str | None:
+        """Why code of this backend cannot run on this machine (one line), or None when it can.
+        Default None (a CPU backend runs wherever tensorfuse does); the compiler refuses a
+        target whose backend gives a reason, before compiling."""
+        return None
+
+    def schedule_kernel(self, kernel, target):
+        """Schedule one kernel of a lowered graph for ``target`` (an ``ir.target.Target``), in
+        place, and return it: called by ``compiler.lower.lower_graph`` for every kernel, while
+        the kernel's node lowers (so knobs declared here are the node's, ``ir.knobs``). The
+        default is the generic schedule every backend shares, ``ir.schedule.default_schedule``
+        (a parallel spatial loop per nest, marked for a thread team or a GPU grid); a backend
+        may add its own. Raises ``ir.schedule.ScheduleError`` for a schedule the kernel's
+        semantics forbid (``ir.schedule.verify_schedule``)."""
+        from tensorfuse.ir.schedule import default_schedule, verify_schedule
+        default_schedule(kernel)
+        verify_schedule(kernel)
+        return kernel
+
     @abstractmethod
     def target_key(self, target) -> dict:
         """The compile cache key's target part for ``target`` (a ``compiler.target.Target``):

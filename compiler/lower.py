@@ -18,7 +18,7 @@ from tensorfuse.ir.kernel import Buffer, Kernel, KernelBuilder
 from tensorfuse.ir.knobs import KnobConfig, knob_config, workload_key, workload_summary
 from tensorfuse.ir.lowering import LowerCtx, lowering_target
 from tensorfuse.ir.registry import OpPatternKind, get_op
-from tensorfuse.ir.schedule import ScheduleError, default_schedule, verify_schedule
+from tensorfuse.ir.schedule import ScheduleError
 from tensorfuse.ir.types import DType, TensorType
 
 
@@ -121,12 +121,15 @@ def lower_graph(graph: Graph, target=None, tuning=None) -> LoweredGraph:
     from tensorfuse.codegen.base import get_backend
     from tensorfuse.compiler.target import Target
     tgt = Target.parse(target if target is not None else "llvm")
-    get_backend(tgt.kind).load_schedules()
+    backend = get_backend(tgt.kind)
+    backend.load_schedules()
     with lowering_target(tgt):
-        return _lower_graph(graph, tuning)
+        return _lower_graph(graph, tuning, lambda k: backend.schedule_kernel(k, tgt))
 
 
-def _lower_graph(graph: Graph, tuning=None) -> LoweredGraph:
+def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
+    """:func:`lower_graph` within its target; ``schedule(kernel)`` is the backend's
+    ``schedule_kernel`` for that target."""
     _check_dtypes(graph)
     lg = LoweredGraph()
     slot_of: dict[int, int] = {}
@@ -188,6 +191,10 @@ def _lower_graph(graph: Graph, tuning=None) -> LoweredGraph:
         try:
             with knob_config(cfg):
                 od.lower(ctx)
+                for k in ctx.kernels:        # the backend's schedule may declare knobs of the node
+                    schedule(k)
+        except ScheduleError as e:
+            raise CompileError(f"{n.qualified_op} node '{n.name}': {e}") from e
         except (UnsupportedModelError, CompileError):
             raise
         except Exception as e:
@@ -218,11 +225,6 @@ def _lower_graph(graph: Graph, tuning=None) -> LoweredGraph:
         for j, k in enumerate(ctx.kernels):
             k.schedule, k.knobs, k.workload = cfg.schedule, dict(cfg.values), wkey
             wl.kernels.append(k.name)
-            default_schedule(k)
-            try:
-                verify_schedule(k)
-            except ScheduleError as e:
-                raise CompileError(f"{n.qualified_op} node '{n.name}': {e}") from e
             lg.kernels.append(k)
             n_in = sum(1 for b in k.params if not any(b is o for o in outs))
             lg.calls.append(KernelCall(k.name, [slot_by_buf[id(b)] for b in k.params],
@@ -236,7 +238,7 @@ def _lower_graph(graph: Graph, tuning=None) -> LoweredGraph:
         kb = KernelBuilder(f"copy_output_{out_slot}", [src, dst], comment="copy to graph output")
         with kb.grid([src.numel]) as (j,):
             kb.store(dst, j, src.flat(j))
-        lg.kernels.append(default_schedule(kb.kernel))
+        lg.kernels.append(schedule(kb.kernel))
         lg.calls.append(KernelCall(kb.kernel.name, [slot_of[id(v)], out_slot], [], ["copy"], writes=[1]))
     # a module holds only the constants its calls read: a weight that a lowering packed into a
     # blocked layout of its own (ctx.packed) is read in that form only, so the original would

@@ -99,11 +99,10 @@ class CompileOptions:
         if isinstance(opt_level, bool) or opt_level not in (0, 1, 2, 3):
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         tgt = Target.parse(target)
-        if tgt.kind == "cuda":
-            from tensorfuse.compiler.target import cuda_unavailable_reason
-            reason = cuda_unavailable_reason()
-            if reason is not None:
-                raise CompileError(f"target 'cuda' is not available here: {reason}")
+        from tensorfuse.codegen.base import get_backend
+        reason = get_backend(tgt.kind).unavailable_reason()     # e.g. cuda without a GPU or simulator
+        if reason is not None:
+            raise CompileError(f"target '{tgt.kind}' is not available here: {reason}")
         records = None
         if tuning is not None:
             from tensorfuse.compiler.tuning import as_tuning

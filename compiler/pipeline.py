@@ -8,7 +8,8 @@
   remaining elementwise chains and anchor epilogues grouped into fused functions.
 - O3: O2 + ``O3_RULES`` and rules marked ``numerics_changing``.
 
-Layout (``compiler/passes/layout.py``): for a cuda target (``target.kind == "cuda"``), or when
+Layout (``compiler/passes/layout.py``): for a target whose preferred layout is NHWC
+(``target.layout``, from the kind's ``KindTraits``: cuda), or when
 forced with ``layout="NHWC"`` (any target: the NHWC ops lower for llvm too), the ``layout``
 pass runs at O1 and above after the rule rewrites (BatchNorm folded, FusedConv made) and
 before ``fuse_ops``, so grouping sees the NHWC ops; its :class:`LayoutReport` is
@@ -166,7 +167,8 @@ def _select(rules: Iterable, level: int, disabled: set[str]) -> list:
 
 def resolve_layout(target=None, layout: str | None = None) -> str:
     """The layout the pipeline converts to: ``layout`` when given ("NHWC" or "NCHW"), else
-    "NHWC" for a cuda target and "NCHW" (no layout pass) otherwise. ``target``: None, a target
+    the target's preferred layout (``Target.layout``: "NHWC" for cuda; "NCHW", no layout pass,
+    for llvm) and "NCHW" without a target. ``target``: None, a target
     string or a ``compiler.target.Target``. Raises ValueError for an unknown layout."""
     from tensorfuse.compiler.passes.layout import LAYOUTS
     if layout is not None:
@@ -175,11 +177,8 @@ def resolve_layout(target=None, layout: str | None = None) -> str:
         return layout
     if target is None:
         return "NCHW"
-    kind = getattr(target, "kind", None)
-    if kind is None:
-        from tensorfuse.compiler.target import Target
-        kind = Target.parse(target).kind
-    return "NHWC" if kind == "cuda" else "NCHW"
+    from tensorfuse.compiler.target import Target
+    return Target.parse(target).layout
 
 
 def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log: list | None = None,

@@ -1,6 +1,6 @@
 """GPU additions to the kernel IR: loop kinds bound to block and thread indices, shared
 buffers, barriers and launch shapes; how they print; the LLVM backend refusing them; the
-generic cuda schedule's launches (ir/schedule_cuda.py). No numba needed."""
+generic cuda schedule's launches (codegen/cuda/launches.py). No numba needed."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +10,7 @@ from tensorfuse.codegen.llvm.emit import CodegenError, emit_kernel
 from tensorfuse.compiler.target import Target
 from tensorfuse.ir.kernel import Buffer, For, KernelBuilder, LaunchShape, MAX_SHARED_BYTES
 from tensorfuse.ir.schedule import default_schedule
-from tensorfuse.ir.schedule_cuda import cuda_launches, launch_shape
+from tensorfuse.codegen.cuda.launches import cuda_launches, launch_shape
 from tensorfuse.ir.types import DType
 
 F32 = DType.f32

@@ -49,6 +49,23 @@ class CUDABackend(Backend):
         a GPU only)."""
         return {"target": str(target), **_device_key()}
 
+    def unavailable_reason(self) -> str | None:
+        """Why the cuda target cannot run here, or None when it can (the simulator,
+        ``NUMBA_ENABLE_CUDASIM=1``, first; then a GPU with libNVVM):
+        ``runtime.cuda_module.cuda_unavailable_reason``."""
+        from tensorfuse.runtime.cuda_module import cuda_unavailable_reason
+        return cuda_unavailable_reason()
+
+    def schedule_kernel(self, kernel, target):
+        """The generic schedule (``Backend.schedule_kernel``), then, for a kernel without a hand
+        schedule, the knob ``launch_threads`` of the grid-stride launches it will be built with
+        (``codegen.cuda.launches.declare_launch_knob``); the launches themselves are made when
+        the library is built (``jit.build_library``), so the kernel IR stays serial."""
+        from tensorfuse.codegen.cuda.launches import declare_launch_knob
+        super().schedule_kernel(kernel, target)
+        declare_launch_knob(kernel, target)
+        return kernel
+
     def build(self, lowered, graph, input_names, output_names, target, *, options=None, log=None, passes=None):
         """Compile every kernel with ``codegen.cuda.jit.build_library`` and make the
         :class:`~runtime.cuda_module.CudaModule` (constants uploaded), with its compile report.

@@ -1,6 +1,6 @@
 """Building and launching cuda kernels: kernel IR -> source files -> ``cuda.jit``.
 
-:func:`build_library` schedules each kernel for the GPU (:func:`tensorfuse.ir.schedule_cuda.cuda_launches`),
+:func:`build_library` schedules each kernel for the GPU (:func:`tensorfuse.codegen.cuda.launches.cuda_launches`),
 emits its Python source (:mod:`tensorfuse.codegen.cuda.emit`), writes it to a content-addressed
 file (``<sha256 of the text>.py`` under the cache directory: files rather than ``exec``, so that
 ``cuda.jit(cache=True)`` can cache the compiled code beside them) and imports it. Each launch
@@ -225,10 +225,12 @@ def build_library(kernels: list[Kernel], *, cache_dir: str | None = None, block:
     ``max_blocks``: the generic schedule's threads per block and grid cap (defaults: the cuda
     target's, 256 and 65535; under the simulator :data:`SIM_BLOCK_THREADS` and
     :data:`SIM_MAX_BLOCKS`, so the launch shapes differ there; the grid of a hand-scheduled
-    kernel is capped at ``max_blocks`` too, which its block-stride loops allow). ``cache_dir``:
+    kernel is capped at ``max_blocks`` too, which its block-stride loops allow); a kernel whose
+    node set the knob ``launch_threads`` to another value than its default takes that block
+    size instead (``launches.launch_block``). ``cache_dir``:
     where the source files go (default :func:`default_cache_dir`). Raises CompileError naming
     the kernel when one cannot be emitted or its source does not import."""
-    from tensorfuse.ir.schedule_cuda import BLOCK_THREADS, MAX_BLOCKS, cuda_launches
+    from tensorfuse.codegen.cuda.launches import BLOCK_THREADS, MAX_BLOCKS, cuda_launches, launch_block
     sim = simulator_enabled()
     block = block or (SIM_BLOCK_THREADS if sim else BLOCK_THREADS)
     max_blocks = max_blocks or (SIM_MAX_BLOCKS if sim else MAX_BLOCKS)
@@ -238,7 +240,7 @@ def build_library(kernels: list[Kernel], *, cache_dir: str | None = None, block:
             raise CompileError(f"cuda kernel name {k.name} given twice")
         seen.add(k.name)
         try:
-            launches = cuda_launches(k, block, max_blocks)
+            launches = cuda_launches(k, launch_block(k, block), max_blocks)
             src = emit_source(k.name, launches)
             # GPU loops are block- and grid-stride loops, so a smaller grid gives the same
             # results: hand schedules' grids are capped like the generic ones

@@ -33,6 +33,7 @@ from tensorfuse.ir.kernel import Expr, KernelBuilder, Ramp, as_expr, fma, maximu
 from tensorfuse.ir.ops._common import broadcast_shapes, check_float, erf_np, norm_axis
 from tensorfuse.ir.ops.gather import np_wrap
 from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, op
+from tensorfuse.ir.strategy import NO_SCHEDULE, dispatch
 from tensorfuse.ir.types import DType, TensorType
 
 DOMAIN = "tensorfuse"
@@ -186,11 +187,12 @@ def _layernorm_np(s: np.ndarray, axis: int, eps: float, scale, bias) -> np.ndarr
 
 
 def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, eps: float,
-                         addend, y, scale, bias, sum_out=None, target=None) -> None:
+                         addend, y, scale, bias, sum_out=None, ctx=None) -> None:
     """Shared LayerNorm kernel body: per outer index, s = addend(idx) over the normalised dims is
     stored into ``sum_out`` (or ``y`` as scratch), then mean, variance (two passes) and the
-    normalisation with scale and bias are written to ``y``. For the cuda ``target`` (the kernel
-    holding nothing else): one thread block per row, the sums reduced in shared memory."""
+    normalisation with scale and bias are written to ``y``. ``ctx``: the node's lowering
+    context; a backend schedule registered for ``"layernorm_rows"`` (``ir.strategy``) may emit
+    the kernel (holding nothing else) instead: the cuda one runs a thread block per row."""
     ct = _compute_dtype(y.dtype)
     outer, inner = shape[:axis], shape[axis:]
     n = 1
@@ -199,9 +201,10 @@ def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, e
     tmp = sum_out if sum_out is not None else y
     acc = kb.local(ct, (1,), hint="mean")
     var = kb.local(ct, (1,), hint="var")
-    from tensorfuse.ir.schedule_cuda import use_block_rows
-    if use_block_rows(n, target):
-        return _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, ct, acc, var, target)
+    if ctx is not None and dispatch("layernorm_rows", ctx, kb=kb, outer=outer, inner=inner, n=n, eps=eps,
+                                    addend=addend, y=y, scale=scale, bias=bias, tmp=tmp, ct=ct, acc=acc,
+                                    var=var) is not NO_SCHEDULE:
+        return
     with kb.grid(outer, kind="serial") as oidx:
         kb.store(acc, 0, 0.0)
         with kb.grid(inner) as iidx:
@@ -222,53 +225,6 @@ def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, e
             if bias is not None:
                 yv = yv + bias.bcast(idx)
             kb.store(y, idx, yv)
-
-
-def _layernorm_rows_cuda(kb, outer, inner, n, eps, addend, y, scale, bias, tmp, ct, acc, var, target) -> None:
-    """The fused LayerNorms on cuda: a block per row; the first
-    :func:`~tensorfuse.ir.schedule_cuda.block_row_reduce` also stores the row's addend into
-    ``tmp``, the second sums the squared deviations, then every thread writes its elements."""
-    from tensorfuse.ir.kernel import LaunchShape
-    from tensorfuse.ir.schedule_cuda import block_row_reduce, block_strided, block_threads_for
-    from tensorfuse.ir.schedule_cuda import unravel as _unravel
-    rows = 1
-    for d in outer:
-        rows *= d
-    T = block_threads_for(n, target)
-    sh = kb.shared(ct, (T,), hint="red")
-    part = kb.local(ct, (1,), hint="part")
-    zero = as_expr(0.0, ct)
-
-    def add(a, b):
-        return a + b
-
-    with kb.loop(rows, kind="blockIdx.x", hint="o") as o:
-        oidx = _unravel(o, list(outer))
-
-        def at(c):
-            return oidx + _unravel(c, list(inner))
-
-        def first(a, c):
-            idx = at(c)
-            kb.store(tmp, idx, as_expr(addend(idx), y.dtype))
-            return a + tmp[idx].cast(ct)
-        block_row_reduce(kb, sh, part, T, n, zero, first, add, acc, final=lambda s: s / float(n))
-
-        def second(a, c):
-            d = tmp[at(c)].cast(ct) - acc[0]
-            return a + d * d
-        block_row_reduce(kb, sh, part, T, n, zero, second, add, var,
-                         final=lambda s: 1.0 / unop("sqrt", s / float(n) + eps))
-        with kb.loop(T, kind="threadIdx.x", hint="t") as t:
-            def third(c):
-                idx = at(c)
-                yv = ((tmp[idx].cast(ct) - acc[0]) * var[0]).cast(y.dtype) * scale.bcast(idx)
-                if bias is not None:
-                    yv = yv + bias.bcast(idx)
-                kb.store(y, idx, yv)
-            block_strided(kb, T, t, n, third)
-    kb.kernel.launch = LaunchShape((max(1, min(rows, target.max_blocks)),), (T,))
-    kb.kernel.comment += f"  [cuda: a block of {T} threads per row, shared-memory reductions]"
 
 
 # ----------------------------------------------------------------------------- Attention
@@ -350,8 +306,9 @@ class Attention:
 
         # K^T of one batch entry in a local buffer when small enough, so that a row of scores
         # accumulates over contiguous keys (vectorisable) instead of one dot product per key
-        # on a GPU a thread per (batch, query row) instead: no per-batch K^T copy in each thread
-        gpu = ctx.target.kind == "cuda"
+        # on a SIMT target (a GPU) a thread per (batch, query row) instead: no per-batch K^T
+        # copy in each thread
+        gpu = ctx.target.simt
         transpose_k = not gpu and sk * d <= ATTENTION_KT_LOCAL
         kt = kb.local(ct, (d * sk,), hint="kt") if transpose_k else None
 
@@ -532,7 +489,7 @@ class SkipLayerNormalization:
 
         kb = ctx.kernel()
         _emit_layernorm_rows(kb, y.shape, axis, float(ctx.attr("epsilon")), addend, y, scale, b, s_out,
-                             target=ctx.target)
+                             ctx=ctx)
 
     def flops(node):
         return 10.0 * node.outputs[0].type.numel
@@ -645,7 +602,7 @@ class EmbedLayerNormalization:
 
         kb = ctx.kernel()
         _emit_layernorm_rows(kb, y.shape, axis, float(ctx.attr("epsilon")), addend, y, scale, b, s_out,
-                             target=ctx.target)
+                             ctx=ctx)
 
     def flops(node):
         return 10.0 * node.outputs[0].type.numel

@@ -41,6 +41,7 @@ from tensorfuse.ir.ops.conv import FLOAT_TYPES, Geometry, conv_geometry, conv_re
 from tensorfuse.ir.ops.fused import (ACTIVATION_ATTRS, DOMAIN, _check_addend, _epilogue, activation_np,
                                      activation_params)
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, get_op, onnx_attr_specs, op
+from tensorfuse.ir.strategy import NO_SCHEDULE, dispatch
 from tensorfuse.ir.types import DType, TensorType
 
 #: activation NCHW -> NHWC and back; Conv weights OIHW -> HWIO and back
@@ -139,27 +140,14 @@ def emit_conv_nhwc(ctx, x, w, b, y, group: int, geo: Geometry):
     clamped) and the input channels of the group as reductions into a one-element accumulator
     (x's float type; f32 for f16/bf16).
 
-    On the cuda target two hand schedules replace that generic form (one GPU thread per output
-    element, its whole reduction serial) where they pay:
-
-    - :func:`_conv_tiled_cuda`, an implicit GEMM through shared-memory tiles, when the GEMM of
-      one group fills a tile: output pixels N*OH*OW, output channels per group M/group and
-      K = KH*KW*C/group all at least ``CONV_TILE`` (a smaller extent would leave most of a
-      tile's threads idle or its K slice mostly zeros);
-    - :func:`_conv_depthwise_cuda` for a depthwise conv (group == C == M), when its weight
-      tile fits :data:`DEPTHWISE_SHARED_BYTES` of shared memory.
-
-    Every other conv (few channels, 1-channel groups of a channel multiplier, tiny images)
-    keeps the one-thread-per-output form."""
+    A backend schedule registered for ``"conv2d_nhwc"`` (``ir.strategy``) replaces this form
+    where it applies: on cuda an implicit GEMM through shared-memory tiles, or a depthwise
+    schedule with the weights in shared memory (``codegen/cuda/schedules/conv_nhwc.py``)."""
+    kb = dispatch("conv2d_nhwc", ctx, x=x, w=w, b=b, y=y, group=group, geo=geo)
+    if kb is not NO_SCHEDULE:
+        return kb
     (n_, h_, w_, c_), (kh_, kw_, cg, m_), (oh_, ow_), mg, acc_dt, (sh, sw), (dh, dw), (ph, pw) = \
         _conv_dims(x, w, group, geo)
-    if ctx.target.kind == "cuda":
-        P, K = n_ * oh_ * ow_, kh_ * kw_ * cg
-        if P >= CONV_TILE and mg >= CONV_TILE and K >= CONV_TILE:
-            return _conv_tiled_cuda(ctx, x, w, b, y, group, geo, CONV_TILE)
-        if group > 1 and cg == 1 and mg == 1 and \
-                kh_ * kw_ * min(DEPTHWISE_CHANNELS, c_) * acc_dt.itemsize <= DEPTHWISE_SHARED_BYTES:
-            return _conv_depthwise_cuda(ctx, x, w, b, y, geo)
     kb = ctx.kernel()
     acc = kb.local(acc_dt, (1,), hint="acc")
     with kb.loop(n_ * oh_, kind="parallel", hint="nh") as nh:
@@ -182,129 +170,6 @@ def emit_conv_nhwc(ctx, x, w, b, y, group: int, geo: Geometry):
                 v = v + b[oc].cast(acc_dt)
             idx = [n, oh, ow, oc]
             kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
-    return kb
-
-
-#: the cuda implicit-GEMM conv schedule's square output tile (pixels x output channels), and
-#: its K slice: a block of CONV_TILE^2 threads (see ir/schedule_cuda.py MATMUL_TILE)
-CONV_TILE = 16
-#: the cuda depthwise schedule: channels per block (one warp's worth of consecutive channels,
-#: so its loads and stores coalesce), threads per block, and the most shared memory its
-#: [KH, KW, channel tile] weight tile may take (larger kernels keep the generic form)
-DEPTHWISE_CHANNELS = 32
-DEPTHWISE_THREADS = 256
-DEPTHWISE_SHARED_BYTES = 16 * 1024
-
-
-def _clamp(e, hi: int):
-    """``e`` clamped to 0..hi (an in-range index for a load whose value a select may drop)."""
-    return maximum(minimum(e, hi), 0)
-
-
-def _conv_tiled_cuda(ctx, x, w, b, y, group: int, geo: Geometry, T: int):
-    """ConvNHWC on cuda as an implicit GEMM (:func:`tensorfuse.ir.schedule_cuda.tiled_gemm`):
-    per group g, A [P, K] with rows the output pixels p = (n, oh, ow) flattened and columns
-    k = (kh, kw, ic) (ic innermost), gathered im2col-style from x (zero outside the input: pads,
-    any stride and dilation); B [K, M/group] = w[kh, kw, ic, g*M/group + j], which for the HWIO
-    layout is w's memory read as a row-major [K, M] matrix. A thread block per T x T tile of
-    (pixels, channels), block-stride over groups x tiles; K staged in T-wide slices through
-    shared memory; each thread's accumulator (f32 for f16/bf16) gets the bias, then
-    ``ctx.apply_epilogue`` (folded BatchNorm arrives as bias and scaled weights; activation,
-    residual Z), before its one store."""
-    from tensorfuse.ir.schedule_cuda import tiled_gemm, unravel
-    (n_, h_, w_, c_), (kh_, kw_, cg, m_), (oh_, ow_), mg, acc_dt, (sh, sw), (dh, dw), (ph, pw) = \
-        _conv_dims(x, w, group, geo)
-    P, K = n_ * oh_ * ow_, kh_ * kw_ * cg
-    kb = ctx.kernel()
-
-    def group_of(bidx):
-        return bidx[0] if group > 1 else as_expr(0)
-
-    def load_a(bidx, i, k):
-        n, oh, ow = unravel(i, [n_, oh_, ow_])
-        kh, kw, ic = unravel(k, [kh_, kw_, cg])
-        ih, iw = oh * sh - ph + kh * dh, ow * sw - pw + kw * dw
-        c = group_of(bidx) * cg + ic if group > 1 else ic
-        v = x[[n, _clamp(ih, h_ - 1), _clamp(iw, w_ - 1), c]].cast(acc_dt)
-        if not any((ph, pw, geo.pads_end[0], geo.pads_end[1])) and \
-                (oh_ - 1) * sh + (kh_ - 1) * dh < h_ and (ow_ - 1) * sw + (kw_ - 1) * dw < w_:
-            return v                      # every tap inside the input
-        inside = (ih >= 0) & (ih < h_) & (iw >= 0) & (iw < w_)
-        return select(inside, v, as_expr(0, acc_dt))
-
-    def load_b(bidx, k, j):
-        return w.flat(k * m_ + (group_of(bidx) * mg + j if group > 1 else j)).cast(acc_dt)
-
-    def store(bidx, i, j, v):
-        n, oh, ow = unravel(i, [n_, oh_, ow_])
-        oc = group_of(bidx) * mg + j if group > 1 else j
-        if b is not None:
-            v = v + b[oc].cast(acc_dt)
-        idx = [n, oh, ow, oc]
-        kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
-
-    tiled_gemm(ctx, kb, P, mg, K, (group,) if group > 1 else (), load_a, load_b, store, acc_dt, T)
-    kb.kernel.comment += f"  [implicit GEMM {P}x{mg}x{K}" + (f", {group} groups]" if group > 1 else "]")
-    return kb
-
-
-def _conv_depthwise_cuda(ctx, x, w, b, y, geo: Geometry):
-    """Depthwise ConvNHWC (group == C == M) on cuda: one thread per output (pixel, channel),
-    channels innermost so neighbouring threads load neighbouring channels of x and w and store
-    neighbouring channels of y (coalesced). A block covers CT = min(DEPTHWISE_CHANNELS, C)
-    channels times DEPTHWISE_THREADS / CT pixels (block-stride over channel tiles x pixel
-    tiles); its weights w[:, :, 0, channel tile] are staged once into shared memory
-    ([KH*KW, CT], acc dtype), then each thread sums the taps inside the input (ranges clamped,
-    as the generic form) in tap order, adds the bias and applies ``ctx.apply_epilogue`` before
-    its one store."""
-    from tensorfuse.ir.schedule_cuda import block_strided, unravel
-    n_, h_, w_, c_ = x.shape
-    kh_, kw_, _, m_ = w.shape
-    oh_, ow_ = geo.out_shape
-    acc_dt = _acc_dtype(x.dtype)
-    (sh, sw), (dh, dw), (ph, pw) = geo.strides, geo.dilations, geo.pads_begin
-    P, taps = n_ * oh_ * ow_, kh_ * kw_
-    CT = min(DEPTHWISE_CHANNELS, c_)
-    PT = max(1, min(DEPTHWISE_THREADS // CT, P))
-    NT = CT * PT
-    ctn, ptn = -(-c_ // CT), -(-P // PT)
-    kb = ctx.kernel()
-    wsh = kb.shared(acc_dt, (taps * CT,), hint="wt")
-    acc = kb.local(acc_dt, (1,), hint="acc")
-    zero = as_expr(0, acc_dt)
-
-    def threads():
-        return kb.loop(NT, kind="threadIdx.x", hint="t")
-
-    with kb.loop(ctn * ptn, kind="blockIdx.x", hint="blk") as blk:
-        c0 = (blk / ptn) * CT if ctn > 1 else as_expr(0)
-        p0 = (blk % ptn) * PT if ctn > 1 else blk * PT
-        with threads() as t:
-            def stage(e):
-                ch = c0 + e % CT
-                v = w.flat((e / CT) * m_ + minimum(ch, c_ - 1)).cast(acc_dt)
-                kb.store(wsh, e, v if c_ % CT == 0 else select(ch < c_, v, zero))
-            block_strided(kb, NT, t, taps * CT, stage)
-        kb.barrier()
-        with threads() as t:
-            cc = t % CT
-            c, p = c0 + cc, p0 + t / CT
-            with kb.if_((c < c_) & (p < P)):
-                n, oh, ow = unravel(p, [n_, oh_, ow_])
-                kb.store(acc, 0, zero)
-                ih0, iw0 = oh * sh - ph, ow * sw - pw
-                with kb.reduce(window_hi(h_ - ih0, dh, kh_), start=window_lo(-ih0, dh), hint="kh") as kh:
-                    with kb.reduce(window_hi(w_ - iw0, dw, kw_), start=window_lo(-iw0, dw), hint="kw") as kw:
-                        xv = x[[n, ih0 + kh * dh, iw0 + kw * dw, c]].cast(acc_dt)
-                        kb.store(acc, 0, acc[0] + xv * wsh[(kh * kw_ + kw) * CT + cc])
-                v = acc[0]
-                if b is not None:
-                    v = v + b[c].cast(acc_dt)
-                idx = [n, oh, ow, c]
-                kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
-        kb.barrier()                      # every thread has read the weights before the next tile's
-    kb.kernel.launch = LaunchShape((max(1, min(ctn * ptn, ctx.target.max_blocks)),), (NT,))
-    kb.kernel.comment += f"  [cuda depthwise: blocks of {CT} channels x {PT} pixels, shared-memory weights]"
     return kb
 
 
@@ -443,13 +308,15 @@ def emit_pool_nhwc(ctx, x, y, geo: Geometry, kind: str, count_include_pad: int =
 
 def emit_global_pool_nhwc(ctx, x, y, kind: str):
     """y[n, 0, 0, c] = mean ("avg") or maxNum ("max") of x[n, :, :, c]: (n, c) parallel with c
-    innermost, the H*W positions as a reduction. On cuda, planes of at least
-    :data:`GLOBAL_POOL_MIN_PLANE` positions take :func:`_global_pool_nhwc_cuda`."""
+    innermost, the H*W positions as a reduction. A backend schedule registered for
+    ``"global_pool_nhwc"`` (``ir.strategy``) may emit the kernel instead: on cuda, planes of at
+    least 16 positions take blocks of channel tiles (``codegen/cuda/schedules/pool.py``)."""
     n_, h_, w_, c_ = x.shape
     plane = h_ * w_
     acc_dt = x.dtype if kind == "max" else _acc_dtype(x.dtype)
-    if ctx.target.kind == "cuda" and plane >= GLOBAL_POOL_MIN_PLANE:
-        return _global_pool_nhwc_cuda(ctx, x, y, kind, acc_dt)
+    kb = dispatch("global_pool_nhwc", ctx, x=x, y=y, kind=kind, acc_dt=acc_dt)
+    if kb is not NO_SCHEDULE:
+        return kb
     kb = ctx.kernel()
     acc = kb.local(acc_dt, (1,), hint="acc")
     with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
@@ -464,70 +331,6 @@ def emit_global_pool_nhwc(ctx, x, y, kind: str):
             v = v / as_expr(float(plane), acc_dt)
         idx = [n, as_expr(0), as_expr(0), c]
         kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
-    return kb
-
-
-#: the cuda channels-last global pool: at most this many channels per block (a warp's worth,
-#: so each row of loads is contiguous), threads per block at most, and the smallest plane it
-#: takes (lower than the row schedules' 64: its threads over channels are never idle, and a
-#: 7x7 plane of 512 channels would otherwise run 512 threads in all)
-GLOBAL_POOL_CHANNELS = 32
-GLOBAL_POOL_THREADS = 256
-GLOBAL_POOL_MIN_PLANE = 16
-
-
-def _global_pool_nhwc_cuda(ctx, x, y, kind: str, acc_dt: DType):
-    """:func:`emit_global_pool_nhwc` on cuda. The H*W positions of one channel lie C apart, so a
-    block takes a tile of CT channels (the smallest power of two >= C, at most
-    ``GLOBAL_POOL_CHANNELS``) of one image, and its threads form RT rows (GLOBAL_POOL_THREADS /
-    CT, at most the largest power of two <= H*W): thread (r, cc) folds positions r, r+RT, ... of channel c0+cc, so each row of the block
-    reads CT consecutive channels (coalesced). The RT partials per channel meet in shared memory
-    (:func:`~tensorfuse.ir.schedule_cuda.block_reduce` down to CT values: maxNum for "max",
-    NaN skipped as in the CPU kernel, sums for "avg", accumulated in ``acc_dt``); the first CT
-    threads divide (avg), apply the epilogue and store. Block-stride over (n, channel tile)."""
-    from tensorfuse.ir.schedule_cuda import block_reduce, block_strided
-    n_, h_, w_, c_ = x.shape
-    plane = h_ * w_
-    CT = 1
-    while CT < min(c_, GLOBAL_POOL_CHANNELS):
-        CT *= 2
-    RT = GLOBAL_POOL_THREADS // CT
-    while RT > plane:
-        RT //= 2
-    T = CT * RT
-    ctn = -(-c_ // CT)
-    kb = ctx.kernel()
-    sh = kb.shared(acc_dt, (T,), hint="red")
-    part = kb.local(acc_dt, (1,), hint="part")
-    comb = maxnum if kind == "max" else (lambda a, b: a + b)
-
-    def threads():
-        return kb.loop(T, kind="threadIdx.x", hint="t")
-
-    with kb.loop(n_ * ctn, kind="blockIdx.x", hint="blk") as blk:
-        n = blk / ctn if ctn > 1 else blk
-        c0 = (blk % ctn) * CT if ctn > 1 else as_expr(0)
-        with threads() as t:
-            c = minimum(c0 + t % CT, c_ - 1)       # a channel past C reads a real one, unstored
-            kb.store(part, 0, as_expr(float("nan") if kind == "max" else 0.0, acc_dt))
-
-            def step(hw):
-                xv = x.flat((n * plane + hw) * c_ + c)
-                kb.store(part, 0, maxnum(part[0], xv) if kind == "max" else part[0] + xv.cast(acc_dt))
-            block_strided(kb, RT, t / CT, plane, step)
-            kb.store(sh, t, part[0])
-        block_reduce(kb, sh, T, comb, keep=CT)
-        with threads() as t:
-            c = c0 + t
-            with kb.if_((t < CT) & (c < c_)):
-                v = sh[t]
-                if kind == "avg":
-                    v = v / as_expr(float(plane), acc_dt)
-                idx = [n, as_expr(0), as_expr(0), c]
-                kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
-        kb.barrier()                          # sh read before the next tile's partials
-    kb.kernel.launch = LaunchShape((max(1, min(n_ * ctn, ctx.target.max_blocks)),), (T,))
-    kb.kernel.comment += f"  [cuda: blocks of {CT} channels x {RT} position rows, shared-memory reduction]"
     return kb
 
 

@@ -77,7 +77,7 @@ def emit_matmul_core(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, *, M: int, N: 
     # output element per GPU thread, one accumulator
     gpu = ctx.target.kind == "cuda"
     if gpu and not kb.kernel.body:
-        from tensorfuse.ir.schedule_cuda import MATMUL_TILE, tiled_gemm
+        from tensorfuse.codegen.cuda.schedules.gemm import MATMUL_TILE, tiled_gemm
         if M >= MATMUL_TILE and N >= MATMUL_TILE and K >= MATMUL_TILE:
             return tiled_gemm(ctx, kb, M, N, K, batch, load_a, load_b, store, acc, MATMUL_TILE)
     with kb.grid(batch) as bidx:

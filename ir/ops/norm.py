@@ -14,6 +14,7 @@ from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, ma
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops._common import check_float, norm_axis
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.strategy import NO_SCHEDULE, dispatch
 from tensorfuse.ir.types import DType, TensorType
 
 I64 = DType.i64
@@ -56,18 +57,20 @@ def _row_loader(buf: Buffer | None, shape: Sequence[int], axis: int):
 # ----------------------------------------------------------------------------- row statistics
 def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, eps: float,
                   ct: DType, post, mean_out: Buffer | None = None, inv_out: Buffer | None = None,
-                  target=None) -> None:
+                  ctx: LowerCtx | None = None) -> None:
     """For each of ``rows`` contiguous rows of ``n`` elements of ``x``: mean and inverse std
     dev (two passes, in ``ct``; f32 rows on a CPU target sum in L partial sums over whole
     vectors, :func:`row_sum_lanes`), then ``y[o*n + j] = post(o, j, (x - mean) * inv)``; the one
-    store to ``y`` per element. Optional per-row stats outputs. For the cuda ``target`` the
-    kernel (which must hold nothing else) is a GPU hand schedule: one thread block per row,
-    the sums reduced in shared memory."""
+    store to ``y`` per element. Optional per-row stats outputs. ``ctx``: the node's lowering
+    context (its target; None: the host CPU's generic form). A backend schedule registered for
+    ``"row_norm"`` (``ir.strategy``) may emit the kernel instead (which then must hold nothing
+    else): the cuda one runs a thread block per row."""
     m = kb.local(ct, (1,), hint="mean")
     v = kb.local(ct, (1,), hint="var")
-    from tensorfuse.ir.schedule_cuda import use_block_rows
-    if use_block_rows(n, target):
-        return _row_norm_cuda(kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, target, m, v)
+    target = ctx.target if ctx is not None else None
+    if ctx is not None and dispatch("row_norm", ctx, kb=kb, x=x, y=y, rows=rows, n=n, eps=eps, ct=ct, post=post,
+                                    mean_out=mean_out, inv_out=inv_out, m=m, v=v) is not NO_SCHEDULE:
+        return
     L = row_sum_lanes(x, n, ct, target)
     part = kb.local(ct, (L,), hint="part") if L > 1 else None
     with kb.loop(rows, hint="o", role="spatial") as o:       # rows are independent
@@ -94,7 +97,7 @@ def row_sum_lanes(x: Buffer, n: int, ct: DType, target) -> int:
     """Lanes of the partial sums of :func:`emit_row_norm`'s statistics: the target's f32 vector
     width for f32 rows of at least two vectors on a CPU target, else 1 (one running sum, in
     order)."""
-    if target is None or target.kind == "cuda" or ct != DType.f32 or x.dtype != DType.f32:
+    if target is None or target.simt or ct != DType.f32 or x.dtype != DType.f32:
         return 1
     L = target.lanes(DType.f32)
     return L if L > 1 and n >= 2 * L else 1
@@ -123,41 +126,6 @@ def _row_sum(kb: KernelBuilder, acc: Buffer, part: Buffer | None, n: int, term) 
             kb.store(acc, 0, acc[0] + term(j, 1))
 
 
-def _row_norm_cuda(kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, target, m, v) -> None:
-    """:func:`emit_row_norm` on cuda: a block per row, the sum and the sum of squared
-    deviations each a :func:`~tensorfuse.ir.schedule_cuda.block_row_reduce`."""
-    from tensorfuse.ir.kernel import LaunchShape
-    from tensorfuse.ir.schedule_cuda import block_row_reduce, block_strided, block_threads_for
-    T = block_threads_for(n, target)
-    sh = kb.shared(ct, (T,), hint="red")
-    part = kb.local(ct, (1,), hint="part")
-    zero = as_expr(0.0, ct)
-
-    def add(a, b):
-        return a + b
-
-    with kb.loop(rows, kind="blockIdx.x", hint="o") as o:
-        base = o * n
-        block_row_reduce(kb, sh, part, T, n, zero, lambda a, c: a + x.flat(base + c).cast(ct), add, m,
-                         final=lambda s: s / as_expr(float(n), ct))
-
-        def sq(a, c):
-            d = x.flat(base + c).cast(ct) - m[0]
-            return a + d * d
-        block_row_reduce(kb, sh, part, T, n, zero, sq, add, v,
-                         final=lambda s: as_expr(1.0, ct) / unop("sqrt", s / as_expr(float(n), ct) + as_expr(eps, ct)))
-        with kb.loop(T, kind="threadIdx.x", hint="t") as t:
-            block_strided(kb, T, t, n, lambda c: kb.store(y, base + c, post(o, c, (x.flat(base + c).cast(ct) - m[0]) * v[0])))
-            if mean_out is not None or inv_out is not None:
-                with kb.if_(t.eq(0)):
-                    if mean_out is not None:
-                        kb.store(mean_out, o, m[0].cast(mean_out.dtype))
-                    if inv_out is not None:
-                        kb.store(inv_out, o, v[0].cast(inv_out.dtype))
-    kb.kernel.launch = LaunchShape((max(1, min(rows, target.max_blocks)),), (T,))
-    kb.kernel.comment += f"  [cuda: a block of {T} threads per row, shared-memory reductions]"
-
-
 # ----------------------------------------------------------------------------- LayerNormalization
 def emit_layernorm(ctx: LowerCtx, x: Buffer, scale: Buffer, bias: Buffer | None, y: Buffer,
                    mean_out: Buffer | None, inv_out: Buffer | None, axis: int, eps: float,
@@ -174,7 +142,7 @@ def emit_layernorm(ctx: LowerCtx, x: Buffer, scale: Buffer, bias: Buffer | None,
         r = normed.cast(y.dtype) * ld_s(o, j)
         return r + ld_b(o, j) if ld_b is not None else r
 
-    emit_row_norm(kb, x, y, outer, n, eps, stash, post, mean_out, inv_out, target=ctx.target)
+    emit_row_norm(kb, x, y, outer, n, eps, stash, post, mean_out, inv_out, ctx=ctx)
 
 
 def _stash(node) -> DType:
@@ -295,7 +263,7 @@ class InstanceNormalization:
             c = o % C
             return (normed * s.flat(c).cast(ct) + b.flat(c).cast(ct)).cast(y.dtype)
 
-        emit_row_norm(kb, x, y, N * C, n, float(ctx.attr("epsilon", 1e-5)), ct, post, target=ctx.target)
+        emit_row_norm(kb, x, y, N * C, n, float(ctx.attr("epsilon", 1e-5)), ct, post, ctx=ctx)
 
     def flops(node):
         return 8.0 * node.inputs[0].type.numel
@@ -354,7 +322,7 @@ class GroupNormalization:
             c = (o % G) * (C // G) + j / spatial
             return (normed * s.flat(c).cast(ct) + b.flat(c).cast(ct)).cast(y.dtype)
 
-        emit_row_norm(kb, x, y, N * G, n, float(ctx.attr("epsilon", 1e-5)), ct, post, target=ctx.target)
+        emit_row_norm(kb, x, y, N * G, n, float(ctx.attr("epsilon", 1e-5)), ct, post, ctx=ctx)
 
     def importer(ctx, proto, version):
         if version >= 21:

@@ -28,6 +28,7 @@ from tensorfuse.ir.ops._common import const_input
 from tensorfuse.ir.ops.conv import (FLOAT_TYPES, ROW_TILE, Geometry, _tiles, conv_geometry, flat_offset,
                          window_hi, window_lo)
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.strategy import NO_SCHEDULE, dispatch
 from tensorfuse.ir.types import DType, TensorType
 
 POOL = OpPatternKind.OUT_ELEMWISE_FUSABLE
@@ -218,29 +219,20 @@ def emit_pool(ctx: LowerCtx, x: Buffer, y: Buffer, geo: Geometry, kind: str, *,
     return kb
 
 
-#: partial vector accumulators per plane of the vectorised global pool (independent add chains)
-GLOBAL_ACCUMULATORS = 4
-
-
 def emit_global_pool(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int = 2,
                      params: list[Buffer] | None = None):
-    """Reduce every (n, c) plane of x to one value: "avg", "max" or "lp". Parallel over (n, c).
-
-    float32 planes of at least L = ``ctx.target.lanes(f32)`` elements (LpPool: p 1 or 2) are
-    read as L-lane vectors into up to :data:`GLOBAL_ACCUMULATORS` partial accumulators (sums:
-    another order of the additions than one running sum; max: NaN-propagating), combined,
-    reduced across lanes, then the tail elements one at a time; other planes take one scalar
-    running accumulator. On cuda, planes of at least ``schedule_cuda.BLOCK_ROW_MIN`` elements
-    take :func:`_global_pool_cuda` (a block per plane)."""
-    from tensorfuse.ir.schedule_cuda import use_block_rows
+    """Reduce every (n, c) plane of x to one value: "avg", "max" or "lp". Parallel over (n, c),
+    one scalar running accumulator per plane (the generic nest). A backend schedule registered
+    for ``"global_pool"`` (``ir.strategy``) may emit the kernel instead: on llvm, float32
+    planes of at least one vector are read as vectors into partial accumulators
+    (``codegen/llvm/schedules/pool.py``); on cuda, planes of at least 64 elements take a block
+    per plane (``codegen/cuda/schedules/pool.py``)."""
     n_, c_ = x.shape[:2]
     plane = math.prod(x.shape[2:])
     acc_dt = x.dtype if (kind == "max" or x.dtype in (DType.f32, DType.f64)) else DType.f32
-    if use_block_rows(plane, ctx.target):
-        return _global_pool_cuda(ctx, x, y, kind, p, acc_dt, params)
-    L = ctx.target.lanes(DType.f32)
-    if x.dtype == DType.f32 and plane >= L and (kind != "lp" or p in (1, 2)):
-        return _emit_global_pool_vec(ctx, x, y, kind, p, L, params)
+    kb = dispatch("global_pool", ctx, x=x, y=y, kind=kind, p=p, acc_dt=acc_dt, params=params)
+    if kb is not NO_SCHEDULE:
+        return kb
     kb = ctx.kernel(params=params)
     acc = kb.local(acc_dt, (1,), hint="acc")
     with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
@@ -276,86 +268,6 @@ def _global_store(ctx, kb, y: Buffer, x: Buffer, nc, c_: int, v) -> None:
     """Store plane ``nc``'s result ``v`` at y[n, c, 0, ...] through the epilogue."""
     out_idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0)] + [as_expr(0)] * (len(x.shape) - 2)
     kb.store(y, out_idx, ctx.apply_epilogue(v.cast(y.dtype), out_idx))
-
-
-def _global_pool_cuda(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int, acc_dt: DType,
-                      params: list[Buffer] | None):
-    """:func:`emit_global_pool` on cuda: a thread block per contiguous (n, c) plane
-    (block-stride), each thread folding a strided part (coalesced across the block), the
-    partials combined in shared memory (:func:`~tensorfuse.ir.schedule_cuda.block_row_reduce`:
-    maxNum for "max", NaN skipped as on the CPU; sums for "avg" and "lp", in ``acc_dt``), then
-    thread 0 finishes (mean, p-th root), applies the epilogue and stores."""
-    from tensorfuse.ir.kernel import LaunchShape
-    from tensorfuse.ir.schedule_cuda import block_row_reduce, block_threads_for
-    n_, c_ = x.shape[:2]
-    plane = math.prod(x.shape[2:])
-    T = block_threads_for(plane, ctx.target)
-    kb = ctx.kernel(params=params)
-    sh = kb.shared(acc_dt, (T,), hint="red")
-    part = kb.local(acc_dt, (1,), hint="part")
-    tot = kb.local(acc_dt, (1,), hint="tot")
-    with kb.loop(n_ * c_, kind="blockIdx.x", hint="nc") as nc:
-        def step(a, i):
-            return _global_step(kind, p, acc_dt, a, x.flat(nc * plane + i).cast(acc_dt))
-        init = as_expr(_max_init(acc_dt) if kind == "max" else 0, acc_dt)
-        block_row_reduce(kb, sh, part, T, plane, init, step,
-                         maxnum if kind == "max" else (lambda a, b: a + b), tot)
-        with kb.loop(T, kind="threadIdx.x", hint="t") as t:
-            with kb.if_(t.eq(0)):
-                _global_store(ctx, kb, y, x, nc, c_, _global_finish(kind, p, plane, acc_dt, tot[0]))
-    kb.kernel.launch = LaunchShape((max(1, min(n_ * c_, ctx.target.max_blocks)),), (T,))
-    kb.kernel.comment += f"  [cuda: a block of {T} threads per plane, shared-memory reduction]"
-    return kb
-
-
-def _emit_global_pool_vec(ctx: LowerCtx, x: Buffer, y: Buffer, kind: str, p: int, L: int,
-                          params: list[Buffer] | None):
-    """:func:`emit_global_pool` for float32 planes of at least L elements (see there)."""
-    n_, c_ = x.shape[:2]
-    plane = math.prod(x.shape[2:])
-    nvec = plane // L
-    U = max(1, min(GLOBAL_ACCUMULATORS, nvec))
-    f32 = DType.f32
-    init = as_expr(float("nan") if kind == "max" else 0.0, f32)
-
-    def red(a, b):
-        return maxnum(a, b) if kind == "max" else a + b
-
-    def term(v):
-        if kind == "lp":
-            return v * v if p == 2 else unop("abs", v)
-        return v
-
-    kb = ctx.kernel(params=params)
-    acc = kb.local(f32, (U * L,), hint="acc")
-    tot = kb.local(f32, (1,), hint="tot")
-    with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
-        base = nc * plane
-        for u in range(U):
-            kb.store(acc, u * L, kb.broadcast(init, L))
-        if nvec // U:
-            with kb.reduce(nvec // U, hint="g") as g:
-                for u in range(U):
-                    v = x.vload(base + (g * U + u) * L, L)
-                    kb.store(acc, u * L, red(acc.vload(u * L, L), term(v)))
-        for r in range((nvec // U) * U, nvec):          # vectors left over: the first accumulators
-            u = r % U
-            kb.store(acc, u * L, red(acc.vload(u * L, L), term(x.vload(base + r * L, L))))
-        for u in range(1, U):
-            kb.store(acc, 0, red(acc.vload(0, L), acc.vload(u * L, L)))
-        kb.store(tot, 0, acc[0])
-        for ln in range(1, L):
-            kb.store(tot, 0, red(tot[0], acc[ln]))
-        for t in range(nvec * L, plane):
-            kb.store(tot, 0, red(tot[0], term(x.flat(base + t))))
-        v = tot[0]
-        if kind == "avg":
-            v = v / as_expr(float(plane), f32)
-        elif kind == "lp" and p == 2:
-            v = unop("sqrt", v)
-        out_idx = [nc / c_ if c_ > 1 else nc, nc % c_ if c_ > 1 else as_expr(0)] + [as_expr(0)] * (len(x.shape) - 2)
-        kb.store(y, out_idx, ctx.apply_epilogue(v.cast(y.dtype), out_idx))
-    return kb
 
 
 def _pool_flops(node) -> float:

@@ -20,6 +20,7 @@ from tensorfuse.ir.kernel import KernelBuilder, as_expr, maximum, minimum, selec
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops._common import norm_axis
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.strategy import NO_SCHEDULE, dispatch
 from tensorfuse.ir.types import DType, TensorType
 
 CHUNK = 1024
@@ -68,10 +69,9 @@ def _lower_softmax(ctx: LowerCtx, log: bool) -> None:
         return
     axis = norm_axis(ctx.attr("axis", -1), len(x.shape))
     acc = _acc(x.dtype)
-    from tensorfuse.ir.schedule_cuda import use_block_rows
-    _, n_axis, inner = split_axis(x.shape, axis)
-    if inner == 1 and use_block_rows(n_axis, ctx.target):
-        return _lower_softmax_cuda(ctx, log, axis, acc)
+    # a backend schedule of "softmax" (ir.strategy; cuda: a block per row) or the generic nest
+    if dispatch("softmax", ctx, log=log, axis=axis, acc=acc) is not NO_SCHEDULE:
+        return
     kb = ctx.kernel()
     chunk = min(split_axis(x.shape, axis)[2], CHUNK)
     m = kb.local(acc, (chunk,), hint="max")
@@ -109,65 +109,6 @@ def _lower_softmax(ctx: LowerCtx, log: bool) -> None:
                 kb.store(y, at(j, t), v.cast(y.dtype))
 
     axis_blocks(kb, x.shape, axis, body)
-
-
-def _lower_softmax_cuda(ctx: LowerCtx, log: bool, axis: int, acc: DType) -> None:
-    """Softmax over a contiguous last axis on a GPU: one thread block per row (block-stride
-    over rows), each thread reducing a strided part of the row, the row max and sum reduced
-    in shared memory (:func:`tensorfuse.ir.schedule_cuda.block_reduce`). Same results as the
-    CPU form up to the order of the sum."""
-    from tensorfuse.ir.kernel import LaunchShape
-    from tensorfuse.ir.schedule_cuda import block_reduce, block_strided, block_threads_for
-    x, y = ctx.inputs[0], ctx.outputs[0]
-    rows, n, _ = split_axis(x.shape, axis)
-    T = block_threads_for(n, ctx.target)
-    kb = ctx.kernel()
-    sh = kb.shared(acc, (T,), hint="red")
-    part = kb.local(acc, (1,), hint="part")
-    m = kb.local(acc, (1,), hint="max")
-    s = kb.local(acc, (1,), hint="sum")
-    keep_exp = not log and acc == y.dtype
-
-    def threads():
-        return kb.loop(T, kind="threadIdx.x", hint="t")
-
-    with kb.loop(rows, kind="blockIdx.x", hint="row") as r:
-        base = r * n
-        with threads() as t:
-            kb.store(part, 0, as_expr(-math.inf, acc))
-            block_strided(kb, T, t, n, lambda c: kb.store(part, 0, maximum(part[0], x.flat(base + c).cast(acc))))
-            kb.store(sh, t, part[0])
-        block_reduce(kb, sh, T, maximum)
-        with threads() as t:
-            kb.store(m, 0, sh[0])
-            kb.store(part, 0, as_expr(0.0, acc))
-
-            def add_exp(c):
-                e = unop("exp", x.flat(base + c).cast(acc) - m[0])
-                if keep_exp:
-                    kb.store(y, base + c, e)
-                    e = y.flat(base + c)
-                kb.store(part, 0, part[0] + e)
-            block_strided(kb, T, t, n, add_exp)
-        kb.barrier()                     # every thread has read sh[0] before it is overwritten
-        with threads() as t:
-            kb.store(sh, t, part[0])
-        block_reduce(kb, sh, T, lambda a, b: a + b)
-        with threads() as t:
-            kb.store(s, 0, m[0] + unop("log", sh[0]) if log else sh[0])
-
-            def write(c):
-                if log:
-                    v = x.flat(base + c).cast(acc) - s[0]
-                elif keep_exp:
-                    v = y.flat(base + c) / s[0]
-                else:
-                    v = unop("exp", x.flat(base + c).cast(acc) - m[0]) / s[0]
-                kb.store(y, base + c, v.cast(y.dtype))
-            block_strided(kb, T, t, n, write)
-        kb.barrier()                     # sh[0] read by all before the next row's partials
-    kb.kernel.launch = LaunchShape((max(1, min(rows, ctx.target.max_blocks)),), (T,))
-    kb.kernel.comment += f"  [cuda: a block of {T} threads per row, shared-memory reductions]"
 
 
 def _ref_softmax(node, x: np.ndarray, log: bool) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The cuda hand schedules of ir/schedule_cuda.py users under numba's CUDA simulator, against
+"""The cuda hand schedules (codegen/cuda/schedules/) under numba's CUDA simulator, against
 onnxruntime (ORT_DISABLE_ALL): the implicit-GEMM ConvNHWC / FusedConvNHWC tile schedule, the
 depthwise ConvNHWC schedule, and the block reductions (Reduce*, global pools).
 

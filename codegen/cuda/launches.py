@@ -23,15 +23,20 @@ Block size and the grid cap are parameters (defaults from the target: 256 thread
 blocks); a launch of ``n`` iterations takes ``min(block, n)`` threads per block and
 ``min(ceil(n / block), max_blocks)`` blocks. A kernel that already has a launch shape (a hand
 schedule with GPU loop kinds) is one launch as it stands.
+
+The block size is a knob of each node whose kernels take this schedule, ``launch_threads``
+(:func:`declare_launch_knob`, declared by the cuda backend's ``schedule_kernel`` while the node
+lowers): a value other than its default (the target's ``block_threads``) replaces the block
+size the library is built with (``jit.build_library``), for that kernel's launches.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import fields, replace
 
-from .kernel import (GPU_LOOP_KINDS, Buffer, Const, Expr, For, If, Kernel, LaunchShape, Load,
-                     Store, Var, binop)
-from .schedule import _first_access, _nest, _stores, all_loops, expr_nodes, parallel_violations
+from tensorfuse.ir.kernel import (GPU_LOOP_KINDS, Buffer, Const, Expr, For, If, Kernel, LaunchShape, Load,
+                                  Store, Var, binop)
+from tensorfuse.ir.schedule import _first_access, _nest, _stores, all_loops, expr_nodes, parallel_violations
 
 #: defaults of the generic schedule (the cuda target's block_threads and max_blocks)
 BLOCK_THREADS = 256
@@ -217,140 +222,24 @@ def cuda_launches(kernel: Kernel, block: int = BLOCK_THREADS, max_blocks: int = 
     return launches
 
 
-# ----------------------------------------------------------------------------- hand schedules
-#: rows shorter than this stay one thread per row (the generic schedule): a block per row
-#: would leave most of its threads idle and pay a barrier per reduction step
-BLOCK_ROW_MIN = 64
+#: the candidates of the generic schedule's ``launch_threads`` knob
+LAUNCH_THREADS = (32, 64, 128, 256, 512, 1024)
 
 
-def use_block_rows(n: int, target) -> bool:
-    """Whether rows of ``n`` elements take a block-per-row cuda hand schedule."""
-    return target is not None and target.kind == "cuda" and n >= BLOCK_ROW_MIN
+def declare_launch_knob(kernel: Kernel, target) -> int | None:
+    """Declare the knob ``launch_threads`` (threads per block of the generic schedule's
+    launches; candidates :data:`LAUNCH_THREADS` up to ``target.max_threads_per_block``, default
+    ``target.block_threads``) for ``kernel`` when :func:`cuda_launches` will schedule it (no
+    launch shape, no GPU loops), and return its value; None for a hand-scheduled kernel."""
+    from tensorfuse.ir.knobs import knob
+    if kernel.launch is not None or any(f.kind in GPU_LOOP_KINDS for f in all_loops(kernel.body)):
+        return None
+    return knob("launch_threads", [t for t in LAUNCH_THREADS if t <= target.max_threads_per_block],
+                target.block_threads, doc="threads per block of the generic grid-stride launches")
 
 
-def block_threads_for(n: int, target=None) -> int:
-    """Threads per block for a block that cooperates on ``n`` elements: the smallest power of
-    two >= ``n``, at least a warp (32) and at most the target's ``block_threads`` (256)."""
-    cap = target.block_threads if target is not None and target.kind == "cuda" else BLOCK_THREADS
-    t = 32
-    while t < n and t < cap:
-        t *= 2
-    return t
-
-
-def block_strided(kb, T: int, t, n: int, body) -> None:
-    """``body(c)`` for each ``c = t, t+T, t+2T ... < n`` (the elements thread ``t`` of a block
-    of ``T`` threads handles, coalesced across the block); a reduce loop, since the thread's
-    iterations accumulate into its own partials."""
-    steps = -(-n // T)
-    with kb.reduce(steps, hint="it") as it:
-        c = it * T + t
-        if n % T == 0:
-            body(c)
-        else:
-            with kb.if_(c < n):
-                body(c)
-
-
-def block_reduce(kb, sh, T: int, combine, hint: str = "t", keep: int = 1) -> None:
-    """Tree reduction of the shared buffer ``sh[0:T]`` (``T`` a power of two, one value per
-    thread already stored, no barrier needed before) into ``sh[0]`` with ``combine(a, b)``:
-    log2(T) steps, each a ``threadIdx.x`` loop and a barrier; every thread may read ``sh[0]``
-    afterwards. With ``keep`` (a power of two dividing ``T``) the reduction stops at
-    ``sh[0:keep]``: ``sh[c]`` combines ``sh[c], sh[c + keep], sh[c + 2 keep] ...`` (``keep``
-    independent reductions whose values are interleaved, e.g. one per channel of a tile)."""
-    kb.barrier()
-    s = T // 2
-    while s >= keep:
-        with kb.loop(T, kind="threadIdx.x", hint=hint) as t:
-            with kb.if_(t < s):
-                kb.store(sh, t, combine(sh[t], sh[t + s]))
-        kb.barrier()
-        s //= 2
-
-
-def block_row_reduce(kb, sh, part, T: int, n: int, init, step, combine, result, final=None) -> None:
-    """One reduction of ``n`` elements by a block of ``T`` threads (``T`` a power of two), inside
-    a ``blockIdx.x`` loop: each thread folds ``step(partial, c)`` over its elements
-    ``c = t, t+T, ...`` (:func:`block_strided`) into the local ``part`` from ``init``, the
-    partials meet in the shared ``sh[0:T]`` (:func:`block_reduce` with ``combine``), and every
-    thread stores the total (``final(total)`` with ``final``) into its local ``result`` (a
-    1-element buffer). Ends with a barrier, so ``sh`` may be reused at once. ``combine`` must be
-    the fold ``step`` makes (sums: the order of the additions changes; maxNum, min, products:
-    same results); ``step`` may emit stores of its own before returning the new partial."""
-    with kb.loop(T, kind="threadIdx.x", hint="t") as t:
-        kb.store(part, 0, init)
-        block_strided(kb, T, t, n, lambda c: kb.store(part, 0, step(part[0], c)))
-        kb.store(sh, t, part[0])
-    block_reduce(kb, sh, T, combine)
-    with kb.loop(T, kind="threadIdx.x", hint="t") as t:
-        kb.store(result, 0, sh[0] if final is None else final(sh[0]))
-    kb.barrier()                       # every thread has read sh[0] before it is overwritten
-
-
-#: the square output tile of the cuda matmul schedule: a block of MATMUL_TILE^2 threads, one
-#: output element each, A and B staged through shared memory in MATMUL_TILE-wide K slices
-MATMUL_TILE = 16
-
-
-def unravel(i, dims) -> list:
-    """Index list of flat index ``i`` (an Expr) over ``dims`` (row-major)."""
-    out, stride = [], 1
-    for k in range(len(dims) - 1, -1, -1):
-        q = i / stride if stride > 1 else i
-        out.append(q if k == 0 else q % dims[k])
-        stride *= dims[k]
-    return out[::-1]
-
-
-def tiled_gemm(ctx, kb, M: int, N: int, K: int, batch, load_a, load_b, store, acc, T: int = MATMUL_TILE) -> None:
-    """The cuda shared-memory GEMM schedule, into the empty kernel of ``kb``:
-    ``store(bidx, i, j, sum over k of load_a(bidx, i, k) * load_b(bidx, k, j))`` for every
-    ``bidx`` over ``batch`` (a shape; () for none), i < M, j < N.
-
-    A thread block of T*T threads per T x T output tile (block-stride over batch x tiles, so
-    any grid cap is fine), one output element per thread; the K dimension runs in slices of T,
-    each slice of A [T rows, T k] and B [T k, T cols] staged through shared memory (``acc``
-    dtype, 2 T^2 elements) with zeros beyond M, N and K; one accumulator per thread summing k in
-    order; ``store`` only for i < M and j < N. ``load_a``/``load_b`` get in-range indices (they
-    are clamped before the call) and return Exprs of dtype ``acc``; they may gather (an
-    implicit GEMM's im2col loads) and return zero themselves for padding. Sets the kernel's
-    launch shape. Used by MatMul/Gemm (ir/ops/linalg.py) and ConvNHWC (ir/ops/layout_nhwc.py)."""
-    from .kernel import as_expr, minimum, select
-    mt, nt = -(-M // T), -(-N // T)
-    nb = math.prod(batch) if batch else 1
-    sa = kb.shared(acc, (T * T,), hint="ta")
-    sb = kb.shared(acc, (T * T,), hint="tb")
-    part = kb.local(acc, (1,), hint="acc")
-    zero = as_expr(0, acc)
-
-    def threads():
-        return kb.loop(T * T, kind="threadIdx.x", hint="t")
-
-    with kb.loop(nb * mt * nt, kind="blockIdx.x", hint="blk") as blk:
-        tile = blk % (mt * nt) if nb > 1 else blk
-        bidx = unravel(blk / (mt * nt), list(batch)) if batch else []
-        i0 = (tile / nt) * T if nt > 1 else tile * T
-        j0 = (tile % nt) * T if nt > 1 else as_expr(0)
-        with threads() as t:
-            kb.store(part, 0, zero)
-        with kb.reduce(-(-K // T), hint="kt") as kt:
-            k0 = kt * T
-            with threads() as t:
-                ty, tx = t / T, t % T
-                i, k = i0 + ty, k0 + tx
-                kb.store(sa, t, select((i < M) & (k < K), load_a(bidx, minimum(i, M - 1), minimum(k, K - 1)), zero))
-                kk, j = k0 + ty, j0 + tx
-                kb.store(sb, t, select((kk < K) & (j < N), load_b(bidx, minimum(kk, K - 1), minimum(j, N - 1)), zero))
-            kb.barrier()
-            with threads() as t:
-                ty, tx = t / T, t % T
-                with kb.reduce(T, hint="q") as q:
-                    kb.store(part, 0, part[0] + sa[ty * T + q] * sb[q * T + tx])
-            kb.barrier()
-        with threads() as t:
-            i, j = i0 + t / T, j0 + t % T
-            with kb.if_((i < M) & (j < N)):
-                store(bidx, i, j, part[0])
-    kb.kernel.launch = LaunchShape((max(1, min(nb * mt * nt, ctx.target.max_blocks)),), (T * T,))
-    kb.kernel.comment += f"  [cuda: {T}x{T} output tiles, shared-memory A and B slices]"
+def launch_block(kernel: Kernel, block: int) -> int:
+    """The block size to build ``kernel``'s generic launches with: its node's ``launch_threads``
+    knob where that is not the default (a tuned value), else ``block`` (the build's default)."""
+    v = kernel.knobs.get("launch_threads") if kernel.knobs else None
+    return int(v) if isinstance(v, int) and v != BLOCK_THREADS else block
