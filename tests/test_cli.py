@@ -11,7 +11,7 @@ import tensorfuse
 from cli_util import WRONG_RULE, bn_chain, cli, parse_dot, run_cli, shared_consumer_model
 from oracle import ort_run
 
-COMMANDS = ("compile", "run", "bench", "ir", "explain", "verify", "graph")
+COMMANDS = ("compile", "run", "bench", "ir", "explain", "verify", "graph", "tune")
 
 
 @pytest.fixture(scope="module")

@@ -215,7 +215,7 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
          time_budget: float | None = None, trials: int | None = None, num_threads: int | None = None,
          executor: str = "local", ray_address: str | None = None, seed: int = 0, progress: bool = True,
          opt_level: int = 2, input_shapes: dict | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-         repeat: int = 15) -> TuneResult:
+         repeat: int = 25) -> TuneResult:
     """Tune ``model``'s workloads and append the measurements to ``records`` (module docstring).
 
     model: an ONNX model (path, bytes or ``onnx.ModelProto``). records: the JSON-lines file
@@ -253,7 +253,10 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     if trials is None and time_budget is None:
         trials = DEFAULT_TRIALS
     deadline = t_start + float(time_budget) if time_budget is not None else None
-    tasks, info = model_tasks(model, tgt, opt_level, input_shapes, seed)
+    from tensorfuse.compiler import progress as pg
+    show = bool(progress) and sys.stderr.isatty()
+    with pg.enabled(show), pg.task("tuning: compiling and profiling the model (default knobs)"):
+        tasks, info = model_tasks(model, tgt, opt_level, input_shapes, seed)
     identity = target_identity(tgt)
     prior = _prior_records(records, identity, tensorfuse_version(), threads)
     result = TuneResult(records, str(tgt), threads, executor, weights_from=info["weights_from"])

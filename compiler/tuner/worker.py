@@ -157,7 +157,7 @@ def compare(got: list[np.ndarray], want: list[np.ndarray], rtol: float, atol: fl
     return None
 
 
-def time_module(mod, inputs: list[np.ndarray], repeat: int = 15, min_sample_s: float = 1e-3,
+def time_module(mod, inputs: list[np.ndarray], repeat: int = 25, min_sample_s: float = 2e-3,
                 max_measure_s: float = 2.0, settle_s: float = 0.15) -> dict:
     """Wall time of whole runs of ``mod`` (one-node modules: the kernel's time plus the call),
     in the care of ``benchmarks/bench_models.py``: warm-up runs first, then ``settle_s`` of
@@ -273,7 +273,7 @@ class Worker:
         if why is not None:
             return {**res, "status": "wrong", "error": why}
         try:
-            t = time_module(mod, self.inputs, int(m.get("repeat", 15)), float(m.get("min_sample_s", 1e-3)),
+            t = time_module(mod, self.inputs, int(m.get("repeat", 25)), float(m.get("min_sample_s", 2e-3)),
                             float(m.get("max_measure_s", 2.0)), float(m.get("settle_s", 0.15)))
         except Exception as e:          # noqa: BLE001
             return {**res, "status": "error", "error": "timing: " + _error_text(e)}

@@ -92,6 +92,7 @@ def model_tasks(model, target, opt_level: int = 2, input_shapes: dict | None = N
     Raises what ``tensorfuse.compile`` raises for a model it cannot compile, and
     UnsupportedModelError for a model whose shapes depend on input values (tune one compiled
     for given values: export it with those shapes fixed)."""
+    from tensorfuse.compiler import progress
     from tensorfuse.compiler.driver import build_module
     from tensorfuse.compiler.errors import UnsupportedModelError
     from tensorfuse.compiler.frontend.onnx import import_onnx
@@ -102,10 +103,13 @@ def model_tasks(model, target, opt_level: int = 2, input_shapes: dict | None = N
     from tensorfuse.ir.knobs import workload_key
     tgt = Target.parse(target)
     try:
+        progress.stage("importing")
         graph = import_onnx(model, input_shapes=input_shapes)
         output_names = list(graph.output_names or [v.name for v in graph.outputs])
         input_names = [v.name for v in graph.inputs]
+        progress.stage("optimising")
         optimize(graph, opt_level, target=tgt)
+        progress.stage("lowering")
         lg = lower_graph(graph, tgt)
     except InputValuesNeeded as e:
         raise UnsupportedModelError(f"tuning needs a model whose shapes do not depend on input values: {e}") from e
@@ -117,8 +121,10 @@ def model_tasks(model, target, opt_level: int = 2, input_shapes: dict | None = N
     if profile:
         try:
             from tensorfuse.compiler.verify import index_limits, random_inputs
+            progress.stage("generating code")
             mod = build_module(lg, graph, input_names, output_names, tgt)
             mod.num_threads = 1
+            progress.stage("profiling")
             try:
                 limits = index_limits(model)
             except Exception:       # noqa: BLE001 - bytes of another kind: no limits
