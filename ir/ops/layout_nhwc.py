@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from tensorfuse.ir.graph import Node, Value
-from tensorfuse.ir.kernel import LaunchShape, as_expr, maximum, maxnum, minimum, select, unop
+from tensorfuse.ir.kernel import as_expr, maxnum, unop
 from tensorfuse.ir.ops.conv import FLOAT_TYPES, Geometry, conv_geometry, conv_reference, window_hi, window_lo
 from tensorfuse.ir.ops.fused import (ACTIVATION_ATTRS, DOMAIN, _check_addend, _epilogue, activation_np,
                                      activation_params)
@@ -224,7 +224,7 @@ class FusedConvNHWC:
 
     Inputs: X [N, H, W, C], W [KH, KW, C/group, M], B [M] (optional), Z (optional residual,
     unidirectionally broadcastable to Y [N, OH, OW, M]); one float dtype. Attributes: Conv's
-    plus ``activation`` / ``activation_params`` (see ``ir.ops.fused.ACTIVATIONS``). Z and the
+    plus ``activation`` / ``activation_params`` (see ``ir.ops.activations.FUSED_ACTIVATIONS``). Z and the
     activation run in the kernel's epilogue before its single store. Raises ShapeError as
     ConvNHWC does, and for an unknown activation or a Z that does not broadcast to Y.
     """

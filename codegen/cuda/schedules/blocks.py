@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from tensorfuse.ir.knobs import knob
 
+from ..launches import BLOCK_THREADS     # the cap of block_threads_for without a target
+
 #: rows shorter than this stay one thread per row (the generic schedule): a block per row
 #: would leave most of its threads idle and pay a barrier per reduction step
 BLOCK_ROW_MIN = 64
-#: the cap of :func:`block_threads_for` without a target (the cuda target's ``block_threads``)
-BLOCK_THREADS = 256
 #: the smallest block of a row schedule: one warp
 WARP = 32
 
