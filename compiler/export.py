@@ -13,9 +13,9 @@ frontend inlines them too):
 - ``SkipLayerNormalization``: Add(X, skip, bias) -> LayerNormalization (stash_type 1), the sum
   as the optional second output; ``EmbedLayerNormalization``: Gather(axis 0) of each table,
   the addends summed -> LayerNormalization;
-- activations: Relu, Clip (bounds as Constant inputs), LeakyRelu, Sigmoid, HardSigmoid,
-  HardSwish, Tanh as the ONNX ops; SiLU as Mul(x, Sigmoid(x)); Gelu and GeluTanh by their
-  formulas with Erf / Tanh (the ONNX Gelu-20 definition);
+- activations (``ir.ops.activations.FUSED_ACTIVATIONS``) as the ONNX ops they stand for: Relu,
+  Clip (bounds as Constant inputs), LeakyRelu, Sigmoid, HardSigmoid, HardSwish, Tanh, Gelu
+  (GeluTanh: approximate="tanh"); SiLU as Mul(x, Sigmoid(x));
 - a fuse_ops group (``FusedFunction``) as a function whose body is the group's nodes (fused ops
   in it call their own functions).
 
@@ -27,7 +27,6 @@ intermediate gets a ``value_info`` with its type, so a viewer shows shapes.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 
@@ -252,35 +251,25 @@ class _Body:
 
 
 def _activation(b: _Body, x: str) -> str:
-    """The node's activation (``ir.ops.fused.ACTIVATIONS``) applied to ``x``."""
-    from tensorfuse.ir.ops.fused import activation_params
+    """The node's activation (``ir.ops.activations.FUSED_ACTIVATIONS``) applied to ``x``: the
+    op it stands for, its parameters as attributes or (Clip) Constant inputs, "" for an
+    omitted one; SiLU as Mul(x, Sigmoid(x))."""
+    from tensorfuse.ir.ops.activations import activation_params, fused_activation
     name, params = activation_params(b.node)
     if name == "":
         return x
-    if name in ("Relu", "Sigmoid", "HardSwish", "Tanh"):
-        return b.op(name, x)
-    if name == "Clip":
-        lo, hi = params
-        return b.op("Clip", x, b.const(lo) if lo != -math.inf else "", b.const(hi) if hi != math.inf else "")
-    if name == "LeakyRelu":
-        return b.op("LeakyRelu", x, alpha=float(params[0]))
-    if name == "HardSigmoid":
-        return b.op("HardSigmoid", x, alpha=float(params[0]), beta=float(params[1]))
-    if name == "SiLU":
-        return b.op("Mul", x, b.op("Sigmoid", x))
-    if name == "Gelu":        # x * 0.5 * (1 + erf(x / sqrt(2)))
-        e = b.op("Erf", b.op("Div", x, b.const(math.sqrt(2.0))))
-        return b.op("Mul", b.op("Mul", x, b.const(0.5)), b.op("Add", e, b.const(1.0)))
-    if name == "GeluTanh":    # x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3)))
-        x3 = b.op("Mul", b.op("Mul", x, x), x)
-        inner = b.op("Mul", b.op("Add", x, b.op("Mul", x3, b.const(0.044715))), b.const(math.sqrt(2.0 / math.pi)))
-        return b.op("Mul", b.op("Mul", x, b.const(0.5)), b.op("Add", b.op("Tanh", inner), b.const(1.0)))
-    raise ValueError(f"export: no decomposition of activation {name!r}")
+    act = fused_activation(name)
+    attrs, extra = act.call(params)
+    ins = [""] * (len(act.params) if act.params_are_inputs else 0)
+    for i, v in extra:
+        ins[i - 1] = b.const(v)
+    y = b.op(act.op, x, *ins, **{k: float(v) if isinstance(v, (int, float)) else v for k, v in attrs.items()})
+    return b.op("Mul", x, y) if act.times_x else y
 
 
 
 def _anchor_attrs(n: Node) -> list[onnx.AttributeProto]:
-    from tensorfuse.ir.ops.fused import ACTIVATION_ATTRS
+    from tensorfuse.ir.ops.activations import ACTIVATION_ATTRS
     return [_attribute(n, k, v) for k, v in sorted(n.attrs.items()) if k not in ACTIVATION_ATTRS]
 
 

@@ -137,3 +137,69 @@ def test_explain_report_lists_each_anchor_and_nothing_else():
 def test_op_names_rejects_an_unknown_flag():
     with pytest.raises(AttributeError, match="no field 'anchor'"):
         op_names("anchor")
+
+
+# ----------------------------------------------------------------------------- fused activations
+def test_each_fused_activation_is_a_registered_op_with_the_onnx_defaults():
+    """The table's ops exist with a scalar and a reference; a parameter that is an attribute is
+    one of the op's, with the ONNX spec's default (as float32, the attribute type)."""
+    from tensorfuse.ir.ops.activations import FUSED_ACTIVATIONS
+    assert list(FUSED_ACTIVATIONS) == ["Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish",
+                                       "SiLU", "Tanh", "Gelu", "GeluTanh"]
+    for act in FUSED_ACTIVATIONS.values():
+        od = get_op(act.op)
+        assert od.scalar is not None and len(act.params) == len(act.defaults), act.name
+        for k, v in act.attrs:
+            assert k in od.attrs, act.name
+        if act.params_are_inputs:
+            assert act.defaults == (-np.inf, np.inf)
+            continue
+        for p, d in zip(act.params, act.defaults):
+            assert np.float32(od.attrs[p].default) == np.float32(d), (act.name, p)
+
+
+@pytest.mark.parametrize("name,params", [("Clip", [-0.5, 0.7]), ("Clip", [-np.inf, 0.7]), ("LeakyRelu", [0.2]),
+                                         ("HardSigmoid", [0.3, 0.4]), ("SiLU", []), ("GeluTanh", [])])
+def test_activation_np_is_the_unfused_ops_result(name, params):
+    """activation_np through the table equals the unfused ONNX op(s) run by onnx.reference."""
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+    from tensorfuse.ir.ops.activations import activation_np
+    x = rand(4, 5, seed=7, low=-4, high=4)
+    inits, ins, attrs = [], ["x"], {}
+    if name == "Clip":
+        for nm, v in zip(("lo", "hi"), params):
+            ins.append(nm if np.isfinite(v) else "")
+            inits += [numpy_helper.from_array(np.float32(v), nm)] if np.isfinite(v) else []
+    elif name in ("LeakyRelu", "HardSigmoid"):
+        attrs = dict(zip(("alpha", "beta"), params))
+    op = {"SiLU": "Sigmoid", "GeluTanh": "Gelu"}.get(name, name)
+    if name == "GeluTanh":
+        attrs = {"approximate": "tanh"}
+    nodes = [helper.make_node(op, ins, ["s" if name == "SiLU" else "y"], **attrs)]
+    if name == "SiLU":
+        nodes.append(helper.make_node("Mul", ["x", "s"], ["y"]))
+    vi = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [4, 5]) for n in ("x", "y")]
+    m = helper.make_model(helper.make_graph(nodes, "g", vi[:1], vi[1:], inits),
+                          opset_imports=[helper.make_opsetid("", 20)])
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_allclose(activation_np(name, params, x), want, rtol=1e-6, atol=1e-6)
+
+
+def test_activation_pattern_has_one_alternative_per_op_form_and_reads_gelu_modes_apart():
+    from tensorfuse.compiler.rules._activation import activation, activation_of
+    assert len(activation(Any())._alts) == 9           # Gelu and GeluTanh share the Gelu pattern
+    g = G("""
+  %a: f32[2,3] = Gelu(%x) {approximate="tanh"} @gt
+  %b: f32[2,3] = Gelu(%x) @ge
+  %s: f32[2,3] = Sigmoid(%x) @sg
+  %c: f32[2,3] = Mul(%s, %x) @silu
+  %d: f32[2,3] = LeakyRelu(%x) {alpha=0.25} @lr
+  return %a, %b, %c, %d""")
+    assert activation_of(g.value("a")) == ("GeluTanh", [])
+    assert activation_of(g.value("b")) == ("Gelu", [])
+    assert activation_of(g.value("c")) == ("SiLU", [])
+    assert activation_of(g.value("d")) == ("LeakyRelu", [0.25])
+    assert "Exp is not an activation" in str(activation_of(G("""
+  %e: f32[2,3] = Exp(%x) @ex
+  return %e""").value("e")))

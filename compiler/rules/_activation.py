@@ -1,37 +1,39 @@
 """Activation patterns shared by the anchor fusion rules (fuse_conv, fuse_matmul).
 
 :func:`activation` wraps an anchor pattern in every activation that a fused anchor op takes
-(see ``ir.ops.fused.ACTIVATIONS``); :func:`activation_of` reads the matched activation back as
-(name, parameters) for the fused op's ``activation`` / ``activation_params`` attributes.
+(``ir.ops.activations.FUSED_ACTIVATIONS``, the one description of them); :func:`activation_of`
+reads the matched activation back as (name, parameters) for the fused op's ``activation`` /
+``activation_params`` attributes.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from tensorfuse.compiler.pattern import Const, OneOf, Optional, P, Pattern
 from tensorfuse.compiler.rewrite import Fail
 from tensorfuse.ir.graph import Value
+from tensorfuse.ir.ops.activations import FUSED_ACTIVATIONS, FusedActivation
 from tensorfuse.ir.registry import ShapeError
 
 
-def activation(x: Pattern) -> Pattern:
-    """The activation ops applied to ``x``, captured as ``act`` (the activation's output).
+def _op_pattern(act: FusedActivation, x: Pattern) -> Pattern:
+    if act.params_are_inputs:      # Clip(x, min?, max?): constant bounds, captured as clip_min ...
+        bounds = [Optional(Const(), name=f"{act.op.lower()}_{p}") for p in act.params]
+        return P.__getattr__(act.op)(x, *bounds)
+    if act.times_x:                # SiLU: Mul(x, Sigmoid(x)), x bound once (DAG semantics)
+        return P.Mul(x, P.__getattr__(act.op)(x).single_use())
+    return P.__getattr__(act.op)(x)
 
-    SiLU is Mul(x, Sigmoid(x)) (x bound once: DAG semantics); Gelu is the ONNX op (the
-    decomposed forms become it first, see fuse_gelu)."""
-    return OneOf(
-        P.Relu(x),
-        P.Clip(x, Optional(Const(), name="clip_min"), Optional(Const(), name="clip_max")),
-        P.LeakyRelu(x),
-        P.Sigmoid(x),
-        P.HardSigmoid(x),
-        P.HardSwish(x),
-        P.Mul(x, P.Sigmoid(x).single_use()),
-        P.Tanh(x),
-        P.Gelu(x),
-        name="act")
+
+def activation(x: Pattern) -> Pattern:
+    """The activation ops applied to ``x``, captured as ``act`` (the activation's output): one
+    alternative per op form of :data:`FUSED_ACTIVATIONS`, in its order (Gelu and GeluTanh are
+    one Gelu pattern, told apart by :func:`activation_of`; the decomposed forms of Gelu become
+    the op first, see fuse_gelu)."""
+    forms: dict = {}
+    for act in FUSED_ACTIVATIONS.values():
+        forms.setdefault((act.op, act.times_x), _op_pattern(act, x))
+    return OneOf(*forms.values(), name="act")
 
 
 def _scalar(v: Value | None, what: str, default: float):
@@ -46,29 +48,28 @@ def _scalar(v: Value | None, what: str, default: float):
 def activation_of(act: Value):
     """(activation name, parameters) for the ``act`` value matched by :func:`activation`, or Fail."""
     n = act.producer
-    if n.op == "Relu":
-        return "Relu", []
-    if n.op == "Clip":
-        lo = _scalar(n.input(1), "min", -math.inf)
-        hi = _scalar(n.input(2), "max", math.inf)
-        for b in (lo, hi):
-            if isinstance(b, Fail):
-                return b
-        return "Clip", [lo, hi]
-    if n.op == "LeakyRelu":
-        return "LeakyRelu", [float(n.attr("alpha"))]
-    if n.op == "HardSigmoid":
-        return "HardSigmoid", [float(n.attr("alpha")), float(n.attr("beta"))]
-    if n.op == "Mul":
-        return "SiLU", []
-    if n.op == "Gelu":
-        mode = n.attr("approximate", "none")
-        if mode not in ("none", "tanh"):
-            return Fail(f"{n.name}: Gelu approximate={mode!r} is not handled")
-        return ("GeluTanh" if mode == "tanh" else "Gelu"), []
-    if n.op in ("Sigmoid", "HardSwish", "Tanh"):
-        return n.op, []
-    return Fail(f"{n.name}: {n.op} is not an activation the fused ops take")
+    for a in FUSED_ACTIVATIONS.values():
+        core = n
+        if a.times_x:
+            if n.op != "Mul":
+                continue
+            core = next((v.producer for v in n.inputs if v is not None and v.producer is not None
+                         and v.producer.op == a.op), None)
+            if core is None:
+                continue
+        if core.op != a.op or any(core.attr(k) != v for k, v in a.attrs):
+            continue
+        if a.params_are_inputs:
+            params = [_scalar(core.input(i + 1), p, d) for i, (p, d) in enumerate(zip(a.params, a.defaults))]
+            fail = next((p for p in params if isinstance(p, Fail)), None)
+            if fail is not None:
+                return fail
+        else:
+            params = [float(core.attr(p)) for p in a.params]
+        return a.name, params
+    attrs = ", ".join(f"{k}={n.attr(k)!r}" for k in sorted({k for a in FUSED_ACTIVATIONS.values() for k, _ in a.attrs
+                                                           if a.op == n.op}))
+    return Fail(f"{n.name}: {n.op}{' with ' + attrs if attrs else ''} is not an activation the fused ops take")
 
 
 def build_or_fail(build, op: str, *inputs, expect: Value | None = None, **attrs):

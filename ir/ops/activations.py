@@ -5,18 +5,27 @@ ONNX type constraints of the newest opset (float16/float/double/bfloat16 for mos
 Clip and Shrink also take integers); ShapeError for other dtypes, bad attributes, or (PRelu,
 Clip) auxiliary inputs of the wrong shape. float16 computes in float32 and rounds once.
 Float attributes (alpha, beta, ...) are ONNX float32 values, used at the input's precision.
+
+The activations that the fused anchor ops of ``ir/ops/fused.py`` take (``activation`` /
+``activation_params``) are described once here, as the ops they stand for:
+:data:`FUSED_ACTIVATIONS`, with :func:`activation_expr` (kernel IR) and :func:`activation_np`
+(numpy) evaluating them through those ops' own scalar and reference functions.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
-from tensorfuse.ir.kernel import as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.graph import Node, Value
+from tensorfuse.ir.kernel import Expr, as_expr, maximum, minimum, select, unop
 from tensorfuse.ir.ops._common import broadcast_shapes
 from tensorfuse.ir.ops._common import erf_np
 from tensorfuse.ir.ops.elementwise import BC, EW, F64, check_types, in_f32, infer_ew, np_in_f32, unary
-from tensorfuse.ir.registry import ShapeError, op
+from tensorfuse.ir.registry import AttrSpec, ShapeError, get_op, op
+from tensorfuse.ir.types import DType, TensorType
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -226,3 +235,122 @@ class Clip:
         lo = ctx.builder.const(np.asarray(attrs.get("min", -fmax), dtype=x.dtype.numpy), "clip_min")
         hi = ctx.builder.const(np.asarray(attrs.get("max", fmax), dtype=x.dtype.numpy), "clip_max")
         return ctx.default_import(proto, inputs=[x, lo, hi], attrs={})
+
+
+# ----------------------------------------------------------------------------- fused activations
+@dataclass(frozen=True)
+class FusedActivation:
+    """An activation that a fused anchor op applies to its result (``tensorfuse::FusedConv``,
+    ``FusedMatMul``, ``FusedGemm``, ``FusedConvNHWC``): attribute ``activation`` = ``name``,
+    ``activation_params`` = the parameters in the order of ``params`` (``defaults`` fill the
+    ones left off).
+
+    It means the registry op ``op`` on the anchor's result x, with the fixed attributes
+    ``attrs`` and each parameter as the attribute of its name; with ``params_are_inputs``
+    (Clip), the parameters are the op's inputs 1, 2 ... instead, and one equal to its default
+    (an infinite bound) is an omitted input; ``times_x``: x * op(x) (SiLU). This table is the
+    one description: the fusion rules match it (compiler/rules/_activation.py), the fused ops
+    compute it by the op's own scalar and reference functions (:func:`activation_expr`,
+    :func:`activation_np`) and export writes it back as the op (compiler/export.py)."""
+
+    name: str
+    op: str
+    params: tuple[str, ...] = ()
+    defaults: tuple[float, ...] = ()
+    attrs: tuple[tuple[str, Any], ...] = ()
+    params_are_inputs: bool = False
+    times_x: bool = False
+
+    def call(self, params: Sequence[float]) -> tuple[dict, list[tuple[int, float]]]:
+        """The op's attributes and its present extra inputs [(input index, value)] for the full
+        parameter list ``params``."""
+        attrs = dict(self.attrs)
+        if not self.params_are_inputs:
+            attrs.update(zip(self.params, params))
+            return attrs, []
+        return attrs, [(i + 1, p) for i, (p, d) in enumerate(zip(params, self.defaults)) if p != d]
+
+
+#: activation name -> :class:`FusedActivation`, in the order the fusion rules try them; the
+#: names are the ONNX op names (SiLU is x * Sigmoid(x), GeluTanh is Gelu with approximate="tanh")
+FUSED_ACTIVATIONS: dict[str, FusedActivation] = {a.name: a for a in (
+    FusedActivation("Relu", "Relu"),
+    FusedActivation("Clip", "Clip", ("min", "max"), (-math.inf, math.inf), params_are_inputs=True),
+    FusedActivation("LeakyRelu", "LeakyRelu", ("alpha",), (0.01,)),
+    FusedActivation("Sigmoid", "Sigmoid"),
+    FusedActivation("HardSigmoid", "HardSigmoid", ("alpha", "beta"), (0.2, 0.5)),
+    FusedActivation("HardSwish", "HardSwish"),
+    FusedActivation("SiLU", "Sigmoid", times_x=True),
+    FusedActivation("Tanh", "Tanh"),
+    FusedActivation("Gelu", "Gelu", attrs=(("approximate", "none"),)),
+    FusedActivation("GeluTanh", "Gelu", attrs=(("approximate", "tanh"),)),
+)}
+
+#: the attributes a fused anchor op takes for its activation ("": none)
+ACTIVATION_ATTRS = {
+    "activation": AttrSpec("string", ""),
+    "activation_params": AttrSpec("floats", []),
+}
+
+
+def fused_activation(name: str) -> FusedActivation:
+    """The activation called ``name``; ShapeError naming the known ones for any other."""
+    act = FUSED_ACTIVATIONS.get(name)
+    if act is None:
+        raise ShapeError(f"unknown activation {name!r}; known: {sorted(FUSED_ACTIVATIONS)}")
+    return act
+
+
+def activation_params(node: Node) -> tuple[str, list[float]]:
+    """(activation, full parameter list with defaults filled in) of a fused node ("" and []
+    without one). Raises ShapeError for an unknown activation or too many parameters."""
+    name = node.attr("activation", "")
+    given = [float(p) for p in (node.attr("activation_params", []) or [])]
+    act = fused_activation(name) if name else FusedActivation("", "")
+    if len(given) > len(act.params):
+        raise ShapeError(f"activation {name} takes {len(act.params)} parameters {list(act.params)}, got {len(given)}")
+    return name, given + list(act.defaults[len(given):])
+
+
+def _activation_node(op_name: str, attrs: dict, dt: DType, n_inputs: int, present=()) -> Node:
+    """A detached node of a registry op on scalars of dtype ``dt`` (inputs beyond the first are
+    there when listed in ``present``), so its own scalar and reference functions can be asked."""
+    t = TensorType(dt, ())
+    ins = [Value("x", t)] + [Value(f"in{i}", t) if i in present else None for i in range(1, n_inputs)]
+    return Node(op_name, ins, [Value("y", t)], attrs, f"activation_{op_name}")
+
+
+def _op_node(act: FusedActivation, params: Sequence[float], dt: DType) -> tuple[Node, list[tuple[int, float]]]:
+    attrs, extra = act.call(params)
+    n_inputs = 1 + len(act.params) if act.params_are_inputs else 1
+    return _activation_node(act.op, attrs, dt, n_inputs, {i for i, _ in extra}), extra
+
+
+def activation_expr(name: str, params: Sequence[float], x: Expr) -> Expr:
+    """The activation applied to one kernel-IR value, by the registry op's own scalar function
+    (``OpDef.scalar``: float16 computes in float32 and rounds once, as the unfused op and
+    fuse_ops epilogues do), so a fused op's numerics never depend on the fusion mechanism."""
+    if name == "":
+        return x
+    act = fused_activation(name)
+    node, extra = _op_node(act, params, x.dtype)
+    y = get_op(act.op).scalar(node, x, *[as_expr(v, x.dtype) for _, v in extra])
+    if act.times_x:
+        y = get_op("Mul").scalar(_activation_node("Mul", {}, x.dtype, 2, {1}), x, y)
+    return y
+
+
+def activation_np(name: str, params: Sequence[float], x: np.ndarray) -> np.ndarray:
+    """The activation on a numpy array, by the registry op's own reference function (the ONNX
+    op's semantics; dtype kept; float16 in float32, rounded once)."""
+    if name == "":
+        return x
+    act = fused_activation(name)
+    node, extra = _op_node(act, params, DType.from_numpy(x.dtype))
+    ins: list = [x] + [None] * (len(node.inputs) - 1)
+    for i, v in extra:
+        ins[i] = np.asarray(v, dtype=x.dtype)
+    y = get_op(act.op).reference(node, ins)[0]
+    if act.times_x:
+        y = get_op("Mul").reference(_activation_node("Mul", {}, node.inputs[0].dtype, 2, {1}), [x, np.asarray(y)])[0]
+    return np.asarray(y).astype(x.dtype, copy=False)

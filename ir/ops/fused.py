@@ -17,10 +17,10 @@ Ops here:
 - ``FusedFunction`` (attribute ``body``: a graph): a group made by the fuse_ops pass, one kernel
   (lowered by ``ir/fused_lowering.py``).
 
-Activations shared by the anchored ops: :data:`ACTIVATIONS` (name -> parameters), with
-:func:`activation_expr` (kernel IR) and :func:`activation_np` (numpy) evaluating them through
-the registry's own scalar and reference functions of the ops they stand for (Relu, Clip,
-Sigmoid, Gelu ...), so that float16 computes in float32 and rounds once however it was fused.
+The activations the anchored ops take are ``ir.ops.activations.FUSED_ACTIVATIONS``, evaluated
+through the registry's own scalar and reference functions of the ops they stand for (Relu,
+Clip, Sigmoid, Gelu ...), so that float16 computes in float32 and rounds once however it was
+fused.
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ import math
 import numpy as np
 
 from tensorfuse.ir.graph import Node, Value
-from tensorfuse.ir.kernel import Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum, select, unop
+from tensorfuse.ir.kernel import KernelBuilder, Ramp, as_expr, fma, maximum, minimum, select, unop
 from tensorfuse.ir.ops._common import broadcast_shapes, check_float, erf_np, norm_axis
+from tensorfuse.ir.ops.activations import ACTIVATION_ATTRS, activation_expr, activation_np, activation_params
 from tensorfuse.ir.ops.gather import np_wrap
 from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, op
 from tensorfuse.ir.strategy import NO_SCHEDULE, dispatch
@@ -39,118 +40,6 @@ from tensorfuse.ir.types import DType, TensorType
 DOMAIN = "tensorfuse"
 #: Attention keeps K^T of one batch entry in a local (stack) buffer up to this many elements
 ATTENTION_KT_LOCAL = 16384
-
-# ----------------------------------------------------------------------------- activations
-#: activation name -> (parameter names, default values). The names are the ONNX op names (SiLU
-#: is x*Sigmoid(x), GeluTanh is Gelu with approximate="tanh"); "" means no activation.
-ACTIVATIONS: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
-    "": ((), ()),
-    "Relu": ((), ()),
-    "Clip": (("min", "max"), (-math.inf, math.inf)),
-    "LeakyRelu": (("alpha",), (0.01,)),
-    "Sigmoid": ((), ()),
-    "HardSigmoid": (("alpha", "beta"), (0.2, 0.5)),
-    "HardSwish": ((), ()),
-    "SiLU": ((), ()),
-    "Tanh": ((), ()),
-    "Gelu": ((), ()),
-    "GeluTanh": ((), ()),
-}
-
-
-def activation_params(node: Node) -> tuple[str, list[float]]:
-    """(activation, full parameter list with defaults filled in) of a fused node.
-
-    Raises ShapeError for an unknown activation or too many parameters."""
-    name = node.attr("activation", "")
-    if name not in ACTIVATIONS:
-        raise ShapeError(f"unknown activation {name!r}; known: {sorted(k for k in ACTIVATIONS if k)}")
-    names, defaults = ACTIVATIONS[name]
-    given = [float(p) for p in (node.attr("activation_params", []) or [])]
-    if len(given) > len(names):
-        raise ShapeError(f"activation {name} takes {len(names)} parameters {list(names)}, got {len(given)}")
-    return name, given + list(defaults[len(given):])
-
-
-#: each activation as the registry ops it stands for: (op, attributes from the parameters).
-#: Clip's parameters are its min/max inputs (infinite: the input is left out); SiLU is
-#: x * Sigmoid(x), the form fuse_conv/fuse_matmul match.
-_ACTIVATION_OPS = {
-    "Relu": lambda p: ("Relu", {}),
-    "Clip": lambda p: ("Clip", {}),
-    "LeakyRelu": lambda p: ("LeakyRelu", {"alpha": p[0]}),
-    "Sigmoid": lambda p: ("Sigmoid", {}),
-    "HardSigmoid": lambda p: ("HardSigmoid", {"alpha": p[0], "beta": p[1]}),
-    "HardSwish": lambda p: ("HardSwish", {}),
-    "SiLU": lambda p: ("Sigmoid", {}),
-    "Tanh": lambda p: ("Tanh", {}),
-    "Gelu": lambda p: ("Gelu", {"approximate": "none"}),
-    "GeluTanh": lambda p: ("Gelu", {"approximate": "tanh"}),
-}
-
-
-def _activation_node(op_name: str, attrs: dict, dt: DType, n_inputs: int, present=()) -> Node:
-    """A detached node of a registry op on scalars of dtype ``dt`` (inputs beyond the first are
-    there when listed in ``present``), so its own scalar and reference functions can be asked."""
-    t = TensorType(dt, ())
-    ins = [Value("x", t)] + [Value(f"in{i}", t) if i in present else None for i in range(1, n_inputs)]
-    return Node(op_name, ins, [Value("y", t)], attrs, f"activation_{op_name}")
-
-
-def _clip_bounds(params: list[float]) -> list[tuple[int, float]]:
-    """Clip's (input index, bound) pairs: a min of -inf or a max of +inf is an omitted input."""
-    return [(i, b) for i, b in ((1, params[0]), (2, params[1]))
-            if not ((i == 1 and b == -math.inf) or (i == 2 and b == math.inf))]
-
-
-def activation_expr(name: str, params: list[float], x: Expr) -> Expr:
-    """The activation applied to one kernel-IR value, by the registry op's own scalar function
-    (``OpDef.scalar``: float16 computes in float32 and rounds once, as the unfused op and
-    fuse_ops epilogues do), so a fused op's numerics never depend on the fusion mechanism."""
-    from tensorfuse.ir.registry import get_op
-    if name == "":
-        return x
-    if name not in _ACTIVATION_OPS:
-        raise ShapeError(f"unknown activation {name!r}")
-    op_name, attrs = _ACTIVATION_OPS[name](params)
-    if name == "Clip":
-        bounds = _clip_bounds(params)
-        node = _activation_node("Clip", {}, x.dtype, 3, {i for i, _ in bounds})
-        return get_op("Clip").scalar(node, x, *[as_expr(b, x.dtype) for _, b in bounds])
-    y = get_op(op_name).scalar(_activation_node(op_name, attrs, x.dtype, 1), x)
-    if name == "SiLU":
-        y = get_op("Mul").scalar(_activation_node("Mul", {}, x.dtype, 2, {1}), x, y)
-    return y
-
-
-def activation_np(name: str, params: list[float], x: np.ndarray) -> np.ndarray:
-    """The activation on a numpy array, by the registry op's own reference function (the ONNX
-    op's semantics; dtype kept; float16 in float32, rounded once)."""
-    from tensorfuse.ir.registry import get_op
-    if name == "":
-        return x
-    if name not in _ACTIVATION_OPS:
-        raise ShapeError(f"unknown activation {name!r}")
-    dt = DType.from_numpy(x.dtype)
-    op_name, attrs = _ACTIVATION_OPS[name](params)
-    if name == "Clip":
-        bounds = _clip_bounds(params)
-        node = _activation_node("Clip", {}, dt, 3, {i for i, _ in bounds})
-        ins = [x, None, None]
-        for i, b in bounds:
-            ins[i] = np.asarray(b, dtype=x.dtype)
-        return np.asarray(get_op("Clip").reference(node, ins)[0]).astype(x.dtype, copy=False)
-    y = get_op(op_name).reference(_activation_node(op_name, attrs, dt, 1), [x])[0]
-    if name == "SiLU":
-        y = get_op("Mul").reference(_activation_node("Mul", {}, dt, 2, {1}), [x, np.asarray(y)])[0]
-    return np.asarray(y).astype(x.dtype, copy=False)
-
-
-ACTIVATION_ATTRS = {
-    "activation": AttrSpec("string", ""),
-    "activation_params": AttrSpec("floats", []),
-}
-
 
 # ----------------------------------------------------------------------------- helpers
 def _compute_dtype(dt: DType) -> DType:
@@ -673,7 +562,7 @@ class FusedConv:
 
     Inputs: X [N, C, D1..Dn], W [M, C/group, k1..kn], B [M] (optional), Z (optional residual,
     unidirectionally broadcastable to Y); one float dtype. Attributes: every Conv attribute
-    (ONNX spec: Conv-22) plus ``activation`` (one of :data:`ACTIVATIONS`, "" for none) and
+    (ONNX spec: Conv-22) plus ``activation`` (one of ``ir.ops.activations.FUSED_ACTIVATIONS``, "" for none) and
     ``activation_params`` (Clip: min, max; LeakyRelu: alpha; HardSigmoid: alpha, beta).
     Means Conv -> Add(Z) -> activation op (Relu-14, Clip-13, LeakyRelu-16, Sigmoid-13,
     HardSigmoid-6, HardSwish-14, x*Sigmoid(x), Tanh-13, Gelu-20). The anchor kernel is Conv's
