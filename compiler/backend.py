@@ -105,10 +105,8 @@ class TensorfuseBackend(Backend):
             target = _target(device)
         except ValueError:
             return False
-        if target == "cuda":
-            from tensorfuse.compiler.target import cuda_available
-            return cuda_available()
-        return True
+        from tensorfuse.codegen.base import get_backend
+        return get_backend(target).unavailable_reason() is None     # cuda: a GPU or the simulator
 
 
 prepare = TensorfuseBackend.prepare
