@@ -23,9 +23,9 @@ Grouping asks the registry only (``OpDef.kind``, ``OpDef.scalar``); it keeps no 
 - Groups never merge into a cycle (a path that leaves a group and comes back through other
   groups): each merge is checked on the graph of groups.
 
-A group of two or more nodes becomes a ``tensorfuse::FusedFunction`` node (``ir/ops/fused.py``)
-whose ``body`` graph holds the group's nodes; a group of one stays a plain node. Its lowering
-is ``ir/fused_lowering.py``; its kernel call names the body's nodes, so profiles trace kernels
+A group of two or more nodes becomes a ``tensorfuse::FusedFunction`` node whose ``body`` graph
+holds the group's nodes (defined and lowered in ``ir/ops/fused_function.py``); a group of one
+stays a plain node; its kernel call names the body's nodes, so profiles trace kernels
 back to the model. ``fuse_ops(graph, log)`` can also log each group like a rule application
 (``fuse_ops: members -> fused node``); the pipeline keeps its rule log for rules.
 """

@@ -14,8 +14,8 @@ Ops here:
   the sum of embedding Gathers and dense addends (BERT's embedding block).
 - ``FusedConv``, ``FusedMatMul``, ``FusedGemm`` (anchor + bias + residual + activation) reuse
   the anchor kernels through ``LowerCtx.epilogue``; see the second half of this module.
-- ``FusedFunction`` (attribute ``body``: a graph): a group made by the fuse_ops pass, one kernel
-  (lowered by ``ir/fused_lowering.py``).
+- ``FusedFunction`` (attribute ``body``: a graph), a group made by the fuse_ops pass, one
+  kernel, is defined and lowered in ``ir/ops/fused_function.py``.
 
 The activations the anchored ops take are ``ir.ops.activations.FUSED_ACTIVATIONS``, evaluated
 through the registry's own scalar and reference functions of the ops they stand for (Relu,
@@ -647,73 +647,3 @@ class FusedGemm:
     def flops(node):
         from tensorfuse.ir.registry import get_op
         return get_op("Gemm").flops(_proxy(node, "Gemm", 3)) + 2.0 * node.outputs[0].type.numel
-
-
-# ----------------------------------------------------------------------------- FusedFunction
-def _fused_body(node: Node):
-    from tensorfuse.ir.graph import Graph
-    body = node.attrs.get("body")
-    if not isinstance(body, Graph):
-        raise ShapeError("attribute 'body' must be a graph (the group's subgraph)")
-    return body
-
-
-@op("FusedFunction", OpPatternKind.OPAQUE, domain=DOMAIN,
-    attrs={"body": AttrSpec("graph", None, required=True), "kind": AttrSpec("string", "OPAQUE"),
-           "anchor": AttrSpec("string", "")})
-class FusedFunction:
-    """A group made by the ``fuse_ops`` pass (docs/architecture.md "Grouping"), computed by one kernel.
-
-    Attribute ``body`` is a graph: its inputs are the group's external inputs (this node's
-    inputs, in order, same types), its outputs the values the group materialises (this node's
-    outputs: values used outside the group, graph outputs, an anchor's extra outputs). ``kind``
-    names the group's op pattern kind (``ir.registry.OpPatternKind``: ELEMWISE, BROADCAST or
-    OUT_ELEMWISE_FUSABLE); ``anchor`` names the body node whose kernel computes the group
-    ("" for none): the body nodes after it form its epilogue. Without an anchor, every body
-    node is an elementwise/broadcast op with a ``scalar`` function and the group is one loop
-    nest. The meaning is the body's (the numpy reference evaluates it node by node); the
-    lowering is ``ir.fused_lowering.lower_fused_function``. Raises ShapeError when the inputs do
-    not match the body's inputs in number and type, the body has no outputs, or ``kind`` /
-    ``anchor`` name nothing.
-    """
-
-    def infer(node):
-        from tensorfuse.ir.registry import OpPatternKind as K
-        body = _fused_body(node)
-        if len(node.inputs) != len(body.inputs):
-            raise ShapeError(f"{len(node.inputs)} inputs but the body takes {len(body.inputs)}")
-        for i, (v, b) in enumerate(zip(node.inputs, body.inputs)):
-            if v is None:
-                raise ShapeError(f"input {i} is omitted; a fused function takes every input")
-            if v.type != b.type:
-                raise ShapeError(f"input {i} %{v.name} is {v.type} but body input %{b.name} is {b.type}")
-        if not body.outputs:
-            raise ShapeError("the body has no outputs")
-        kind = node.attr("kind")
-        if kind not in K.__members__:
-            raise ShapeError(f"kind {kind!r} is not an op pattern kind ({', '.join(K.__members__)})")
-        anchor = node.attr("anchor", "")
-        if anchor and not any(n.name == anchor for n in body.nodes):
-            raise ShapeError(f"anchor {anchor!r} names no node of the body")
-        return [v.type for v in body.outputs]
-
-    def reference(node, ins):
-        from tensorfuse.ir.registry import run_reference
-        body = _fused_body(node)
-        env = {id(b): a for b, a in zip(body.inputs, ins)}
-        env.update({id(v): v.data for v in body.constants.values()})
-        for n in body.nodes:
-            outs = run_reference(n, [None if v is None else env[id(v)] for v in n.inputs])
-            env.update({id(o): a for o, a in zip(n.outputs, outs)})
-        return [env[id(v)] for v in body.outputs]
-
-    def lower(ctx):
-        from tensorfuse.ir.fused_lowering import lower_fused_function
-        lower_fused_function(ctx)
-
-    def flops(node):
-        total = 0.0
-        for n in _fused_body(node).nodes:
-            od = n.opdef
-            total += od.flops(n) if od.flops is not None else float(n.outputs[0].type.numel if n.outputs else 0)
-        return total

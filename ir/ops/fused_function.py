@@ -1,4 +1,5 @@
-"""Lowering of ``tensorfuse::FusedFunction`` nodes (the groups ``fuse_ops`` makes) to one kernel.
+"""``tensorfuse::FusedFunction``: a group made by the ``fuse_ops`` pass (compiler/passes/fuse_ops.py),
+its definition (the meaning is the body graph's) and its lowering to one kernel.
 
 A group's body nodes after the anchor (or all of them, without an anchor) are elementwise or
 broadcast ops with a ``scalar`` function in the registry; they are composed into one kernel-IR
@@ -31,7 +32,8 @@ import numpy as np
 from tensorfuse.ir.graph import Node, Value
 from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, Load, as_expr, copy_index
 from tensorfuse.ir.lowering import LowerCtx
-from tensorfuse.ir.registry import ShapeError, get_op
+from tensorfuse.ir.ops.fused import DOMAIN
+from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, get_op, op
 from tensorfuse.ir.types import DType
 
 #: dtypes of one-element constant inputs that are inlined as immediates
@@ -241,3 +243,71 @@ def _lower_anchored(ctx: LowerCtx, g: _Group, anchor_name: str) -> None:
                          f"calls ctx.apply_epilogue; it cannot anchor a fused group")
     ctx.kernels.extend(sub.kernels)
     ctx.packed.extend(sub.packed)
+
+
+# ----------------------------------------------------------------------------- FusedFunction
+def _fused_body(node: Node):
+    from tensorfuse.ir.graph import Graph
+    body = node.attrs.get("body")
+    if not isinstance(body, Graph):
+        raise ShapeError("attribute 'body' must be a graph (the group's subgraph)")
+    return body
+
+
+@op("FusedFunction", OpPatternKind.OPAQUE, domain=DOMAIN,
+    attrs={"body": AttrSpec("graph", None, required=True), "kind": AttrSpec("string", "OPAQUE"),
+           "anchor": AttrSpec("string", "")})
+class FusedFunction:
+    """A group made by the ``fuse_ops`` pass (docs/architecture.md "Grouping"), computed by one kernel.
+
+    Attribute ``body`` is a graph: its inputs are the group's external inputs (this node's
+    inputs, in order, same types), its outputs the values the group materialises (this node's
+    outputs: values used outside the group, graph outputs, an anchor's extra outputs). ``kind``
+    names the group's op pattern kind (``ir.registry.OpPatternKind``: ELEMWISE, BROADCAST or
+    OUT_ELEMWISE_FUSABLE); ``anchor`` names the body node whose kernel computes the group
+    ("" for none): the body nodes after it form its epilogue. Without an anchor, every body
+    node is an elementwise/broadcast op with a ``scalar`` function and the group is one loop
+    nest. The meaning is the body's (the numpy reference evaluates it node by node); the
+    lowering is :func:`lower_fused_function`. Raises ShapeError when the inputs do
+    not match the body's inputs in number and type, the body has no outputs, or ``kind`` /
+    ``anchor`` name nothing.
+    """
+
+    def infer(node):
+        from tensorfuse.ir.registry import OpPatternKind as K
+        body = _fused_body(node)
+        if len(node.inputs) != len(body.inputs):
+            raise ShapeError(f"{len(node.inputs)} inputs but the body takes {len(body.inputs)}")
+        for i, (v, b) in enumerate(zip(node.inputs, body.inputs)):
+            if v is None:
+                raise ShapeError(f"input {i} is omitted; a fused function takes every input")
+            if v.type != b.type:
+                raise ShapeError(f"input {i} %{v.name} is {v.type} but body input %{b.name} is {b.type}")
+        if not body.outputs:
+            raise ShapeError("the body has no outputs")
+        kind = node.attr("kind")
+        if kind not in K.__members__:
+            raise ShapeError(f"kind {kind!r} is not an op pattern kind ({', '.join(K.__members__)})")
+        anchor = node.attr("anchor", "")
+        if anchor and not any(n.name == anchor for n in body.nodes):
+            raise ShapeError(f"anchor {anchor!r} names no node of the body")
+        return [v.type for v in body.outputs]
+
+    def reference(node, ins):
+        from tensorfuse.ir.registry import run_reference
+        body = _fused_body(node)
+        env = {id(b): a for b, a in zip(body.inputs, ins)}
+        env.update({id(v): v.data for v in body.constants.values()})
+        for n in body.nodes:
+            outs = run_reference(n, [None if v is None else env[id(v)] for v in n.inputs])
+            env.update({id(o): a for o, a in zip(n.outputs, outs)})
+        return [env[id(v)] for v in body.outputs]
+
+    lower = lower_fused_function
+
+    def flops(node):
+        total = 0.0
+        for n in _fused_body(node).nodes:
+            od = n.opdef
+            total += od.flops(n) if od.flops is not None else float(n.outputs[0].type.numel if n.outputs else 0)
+        return total
