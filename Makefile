@@ -42,7 +42,7 @@ test-cuda: $(STAMP)
 ptx-gate: $(STAMP)
 	env -u NUMBA_ENABLE_CUDASIM TENSORFUSE_PTX_TESTS=1 $(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider \
 		tests/test_codegen_cuda_ptx.py tests/test_ptx_gate.py tests/test_cuda_models.py
-	env -u NUMBA_ENABLE_CUDASIM $(VENV)/bin/python -m tensorfuse.codegen.cuda.ptx_gate --sources $(CUDA_SOURCES) \
+	env -u NUMBA_ENABLE_CUDASIM $(VENV)/bin/python -m tensorfuse.compiler.ptx_gate --sources $(CUDA_SOURCES) \
 		--shared-models --cache build/ptx-gate-cache
 
 # the ONNX backend tests of the core subset on device CUDA under numba's CUDA simulator, then their

@@ -44,10 +44,10 @@ _API = {
     "ModuleBase": ("tensorfuse.runtime.module", "ModuleBase"),        # what both have in common
     "backend": ("tensorfuse.backend", None),              # onnx.backend.base.Backend, "CPU"/"CUDA"
     "testing": ("tensorfuse.testing", None),              # check_rule, assert_matches_ort (onnxruntime)
-    "TensorfuseError": ("tensorfuse.compiler.errors", "TensorfuseError"),
-    "CompileError": ("tensorfuse.compiler.errors", "CompileError"),
-    "ModelLoadError": ("tensorfuse.compiler.errors", "ModelLoadError"),
-    "UnsupportedModelError": ("tensorfuse.compiler.errors", "UnsupportedModelError"),
+    "TensorfuseError": ("tensorfuse.ir.errors", "TensorfuseError"),
+    "CompileError": ("tensorfuse.ir.errors", "CompileError"),
+    "ModelLoadError": ("tensorfuse.ir.errors", "ModelLoadError"),
+    "UnsupportedModelError": ("tensorfuse.ir.errors", "UnsupportedModelError"),
     "ArtifactError": ("tensorfuse.runtime.artifact", "ArtifactError"),
     "CPUFeaturesError": ("tensorfuse.runtime.module", "CPUFeaturesError"),
     "RunCheckError": ("tensorfuse.runtime.module", "RunCheckError"),

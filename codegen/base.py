@@ -66,16 +66,20 @@ class Backend(ABC):
 
     @abstractmethod
     def target_key(self, target) -> dict:
-        """The compile cache key's target part for ``target`` (a ``compiler.target.Target``):
+        """The compile cache key's target part for ``target`` (an ``ir.target.Target``):
         JSON values, including the canonical target string under ``"target"`` and whatever
         else changes the generated code (CPU features, compute capability ...)."""
 
     @abstractmethod
     def build(self, lowered, graph, input_names: list[str], output_names: list[str], target, *,
-              options=None, log: list | None = None, passes: list | None = None):
+              log: list | None = None) -> tuple:
         """Generate code for a lowered graph (``compiler.lower.LoweredGraph``, duplicates of
-        kernels already dropped or not) and return the runnable module
-        (``runtime.module.ModuleBase``) with its compile report. Raises CompileError when code
+        kernels already dropped or not) of ``graph`` for ``target`` (an ``ir.target.Target``,
+        or None for the backend's default). Returns (the runnable module,
+        ``runtime.module.ModuleBase``, its program made by :func:`program_of` with ``log``;
+        the generated code as text for the compile report: LLVM IR, or None). The module's
+        ``report`` is None: the compiler, which knows what it did, attaches its compile report
+        (``compiler.driver.build_module``). Raises ``ir.errors.CompileError`` when code
         generation fails."""
 
     @abstractmethod
@@ -137,22 +141,14 @@ def get_backend(kind: str) -> Backend:
         return b
 
 
-def program_and_report(lowered, graph, target, *, options=None, log: list | None = None,
-                       passes: list | None = None, llvm_ir: str | None = None):
-    """(``runtime.module.Program``, ``compiler.report.CompileReport``) of a lowered graph, as
-    every backend's :meth:`Backend.build` makes them: each call's ONNX nodes traced through the
-    rule ``log``; ``llvm_ir`` the LLVM IR text (None for backends without one). Imports the
-    compiler's report module (build time only)."""
-    from tensorfuse.compiler.options import CompileOptions
-    from tensorfuse.compiler.report import CompileReport
+def program_of(lowered, log: list | None = None):
+    """The ``runtime.module.Program`` of a lowered graph, as every backend's
+    :meth:`Backend.build` makes it: each call's ONNX nodes traced back through the rule ``log``
+    (``runtime.profile.trace_sources``)."""
     from tensorfuse.runtime.module import Program
     from tensorfuse.runtime.profile import trace_sources
     log = list(log or [])
     program = Program.from_lowered(lowered)
     for c in program.calls:
         c.sources = trace_sources(c.nodes, log)
-    if options is None:
-        options = CompileOptions.create(str(target) if target is not None else "llvm", 0, cache=False)
-    report = CompileReport(options, llvm_ir, log, list(passes or []), [list(c.sources) for c in program.calls],
-                           _graph=graph, _kernels=list(lowered.kernels))
-    return program, report
+    return program

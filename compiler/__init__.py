@@ -2,7 +2,7 @@
 
 The one public entry point is :func:`compile`. The names below are imported when first used
 (PEP 562), so that importing a sub-module (``tensorfuse.compiler.cli`` for ``tensorfuse
---help``, ``tensorfuse.compiler.progress``) does not import onnx, numpy or LLVM.
+--help``, ``tensorfuse.compiler.target``) does not import onnx, numpy or LLVM.
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ _API = {
     "CompileOptions": ("tensorfuse.compiler.options", "CompileOptions"),
     "CompileReport": ("tensorfuse.compiler.report", "CompileReport"),
     "export_onnx": ("tensorfuse.compiler.export", "export_onnx"),
-    "CompileError": ("tensorfuse.compiler.errors", "CompileError"),
-    "ModelLoadError": ("tensorfuse.compiler.errors", "ModelLoadError"),
-    "TensorfuseError": ("tensorfuse.compiler.errors", "TensorfuseError"),
-    "UnsupportedModelError": ("tensorfuse.compiler.errors", "UnsupportedModelError"),
+    "CompileError": ("tensorfuse.ir.errors", "CompileError"),
+    "ModelLoadError": ("tensorfuse.ir.errors", "ModelLoadError"),
+    "TensorfuseError": ("tensorfuse.ir.errors", "TensorfuseError"),
+    "UnsupportedModelError": ("tensorfuse.ir.errors", "UnsupportedModelError"),
 }
 
 __all__ = ["compile", "cache_info", "CompileOptions", "CompileReport", "export_onnx", "CompileError",

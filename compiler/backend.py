@@ -15,7 +15,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 from tensorfuse import compiler
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 
 _TARGETS = {DeviceType.CPU: "llvm", DeviceType.CUDA: "cuda"}
 

@@ -233,13 +233,20 @@ def build_module(lowered, graph, input_names, output_names, target=None, *, opti
     """Generate code for a lowered graph with the target's backend (``codegen.base.get_backend``
     of ``target.kind``; the host CPU's LLVM backend when ``target`` is None): the module, with
     its compile report (``log`` and ``passes`` from the pipeline; each kernel call's ONNX nodes
-    traced through ``log``). Duplicate kernels are dropped first (:func:`dedupe_kernels`).
-    Raises CompileError when code generation fails."""
+    traced through ``log``; ``options`` default to ``target`` at O0 without the cache).
+    Duplicate kernels are dropped first (:func:`dedupe_kernels`). Raises CompileError when
+    code generation fails."""
     from tensorfuse.codegen.base import get_backend
     tgt = Target.parse(target) if target is not None else None
     dedupe_kernels(lowered)
     backend = get_backend(tgt.kind if tgt is not None else "llvm")
-    return backend.build(lowered, graph, input_names, output_names, tgt, options=options, log=log, passes=passes)
+    module, code_text = backend.build(lowered, graph, input_names, output_names, tgt, log=log)
+    if options is None:
+        options = CompileOptions.create(str(tgt) if tgt is not None else "llvm", 0, cache=False)
+    module.report = CompileReport(options, code_text, list(log or []), list(passes or []),
+                                  [list(c.sources) for c in module.calls], _graph=graph,
+                                  _kernels=list(lowered.kernels))
+    return module
 
 
 def cache_info(model: Any, *args, **kwargs):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 
 #: the cap where the physical memory size is unknown
 FALLBACK_MAX_MEMORY = 64 << 30

@@ -35,7 +35,7 @@ import contextvars
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-from tensorfuse.compiler.errors import CompileError
+from tensorfuse.ir.errors import CompileError
 from tensorfuse.compiler.pattern import Match, MatchFailure, _Ctx, capture_names, match_at, root_ops
 from tensorfuse.ir.builder import Builder
 from tensorfuse.ir.graph import Graph, Node, Value

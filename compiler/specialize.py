@@ -14,7 +14,7 @@ compile cache) and runs it. Later runs with the same values of those inputs reus
 module; new values compile a new specialisation (the most recent :data:`MAX_SPECIALIZATIONS`
 are kept). Inputs that carry data stay runtime inputs. Errors that the specialised model still
 has (an unsupported attribute, a bad value) are raised by that first ``run``, as the
-:class:`~compiler.errors.UnsupportedModelError` or :class:`~compiler.errors.CompileError` the
+:class:`~ir.errors.UnsupportedModelError` or :class:`~ir.errors.CompileError` the
 compiler gives.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 
 #: compiled specialisations a module keeps (least recently used dropped first)
 MAX_SPECIALIZATIONS = 16

@@ -109,9 +109,9 @@ class Record:
     def create(cls, workload: str, knobs: dict, status: str, *, target, summary: str = "", schedule: str = "",
                error: str | None = None, median_ms: float | None = None, spread_ms: float | None = None,
                runs: int = 0, default_ms: float | None = None, threads: int = 1) -> "Record":
-        """A record of a trial measured now, on ``target`` (a ``compiler.target.Target`` or
+        """A record of a trial measured now, on ``target`` (an ``ir.target.Target`` or
         target string; its ``ir.knobs.target_identity`` is stored) by this tensorfuse version."""
-        from tensorfuse.compiler.target import Target
+        from tensorfuse.ir.target import Target
         from tensorfuse.ir.knobs import target_identity
         return cls(workload, dict(knobs), status, summary, schedule, error, median_ms, spread_ms, runs,
                    default_ms, threads, target_identity(Target.parse(target)), tensorfuse_version(), utc_now())
@@ -266,7 +266,7 @@ class TuningRecords:
     """Tuning records for one target: per workload the best usable record.
 
     ``paths_or_records``: a records file path, a :class:`Record`, a TuningRecords, or a list of
-    any of these (read in order). ``target``: the ``compiler.target.Target`` (or string)
+    any of these (read in order). ``target``: the ``ir.target.Target`` (or string)
     compiled for (default: the host, "llvm"). ``version``: the tensorfuse version records must
     have (default: this one). ``threads``: the thread count the module will run with; when a
     workload has usable records at that count, the best of those is taken, else the best at
@@ -284,7 +284,7 @@ class TuningRecords:
     """
 
     def __init__(self, paths_or_records, target=None, version: str | None = None, threads: int | None = None):
-        from tensorfuse.compiler.target import Target
+        from tensorfuse.ir.target import Target
         from tensorfuse.ir.knobs import target_identity
         self.records: list[Record] = _as_records(paths_or_records if paths_or_records is not None else [])
         self.target = Target.parse(target if target is not None else "llvm")

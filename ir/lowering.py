@@ -13,7 +13,7 @@ from .kernel import Buffer, Kernel, KernelBuilder, copy_index
 from .types import DType
 
 
-#: the target being lowered for (a ``compiler.target.Target``); set by ``compiler.lower.lower_graph``
+#: the target being lowered for (an ``ir.target.Target``); set by ``compiler.lower.lower_graph``
 _TARGET: contextvars.ContextVar = contextvars.ContextVar("tensorfuse_lower_target", default=None)
 
 
@@ -71,7 +71,7 @@ class LowerCtx:
         building one LowerCtx) it is the host CPU target."""
         t = _TARGET.get()
         if t is None:
-            from tensorfuse.compiler.target import Target   # the default only; lower_graph passes its own
+            from tensorfuse.ir.target import Target   # the default only; lower_graph passes its own
             t = Target.parse("llvm")
         return t
 

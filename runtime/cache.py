@@ -13,7 +13,7 @@ that a miss can be explained (``tensorfuse.cache_info``). The key is built in on
   ModelProto: its serialization). External data files of a model path are hashed when the
   entry is written and checked when it is found;
 - ``target``: the canonical target string, and for "llvm" the triple, CPU name and feature
-  string the code is generated for (``compiler.target.Target``: this CPU's, or ``-mcpu``'s with
+  string the code is generated for (``ir.target.Target``: this CPU's, or ``-mcpu``'s with
   the ``-mattr`` changes) and the L1d/L2 cache sizes;
 - ``options``: every compile option but ``cache`` and ``num_threads`` (``opt_level``,
   ``input_shapes`` ...), canonicalised (dicts sorted, tuples as lists);

@@ -89,7 +89,7 @@ def width_target(name: str, monkeypatch):
     16-lane layout after the test)."""
     import numpy as np
 
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     if name == "sse-4-lanes":
         return Target.parse("llvm -mattr=-avx,-avx2,-fma"), 4
     if name == "avx512-16-lanes":

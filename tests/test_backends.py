@@ -16,7 +16,7 @@ import tensorfuse
 from tensorfuse.codegen import base
 from tensorfuse.codegen.llvm.backend import LLVMBackend
 from tensorfuse.compiler.options import target_part
-from tensorfuse.compiler.target import Target
+from tensorfuse.ir.target import Target
 from tensorfuse.runtime.artifact import ArtifactError
 from test_runtime_module import mlp_model, x_input
 

@@ -101,7 +101,7 @@ def _kernels(model, opt_level):
     from tensorfuse.compiler.frontend.onnx import import_onnx
     from tensorfuse.compiler.lower import lower_graph
     from tensorfuse.compiler.pipeline import optimize
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     tgt = Target.parse("cuda")      # as compile(target="cuda"): at O2 the layout pass (NHWC ops)
     g = import_onnx(model)
     optimize(g, opt_level, target=tgt)

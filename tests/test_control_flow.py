@@ -11,7 +11,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.compiler.frontend import control_flow
 from tensorfuse.compiler.frontend.onnx import import_onnx, unsupported_ops
 from tensorfuse.compiler.specialize import InputValuesNeeded, SpecializingModule

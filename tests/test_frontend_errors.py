@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import tensorfuse
-from tensorfuse.compiler.errors import ModelLoadError, UnsupportedModelError
+from tensorfuse.ir.errors import ModelLoadError, UnsupportedModelError
 from tensorfuse.compiler.limits import parse_size, resolve_max_memory
 from oracle import assert_matches_ort, rand
 
@@ -194,7 +194,7 @@ def _relu(out_dims, elem=TensorProto.FLOAT):
 def test_declared_output_shape_contradiction_warns():
     # a warning, not an error: onnx shape inference writes such declarations for valid models
     # (see DeclaredShapeWarning) and onnxruntime runs them with the computed shape
-    from tensorfuse.compiler.errors import DeclaredShapeWarning
+    from tensorfuse.ir.errors import DeclaredShapeWarning
     x = rand(2, 3)
     with pytest.warns(DeclaredShapeWarning, match=r"graph output 'y' is declared with shape \[2, 4\], but its shape is \[2, 3\]"):
         m = _relu([2, 4])
@@ -219,7 +219,7 @@ def test_symbolic_and_unknown_declared_dims_are_fine():
 def test_value_info_contradiction():
     m = _relu([2, 3])
     m.graph.value_info.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, [3, 2]))
-    from tensorfuse.compiler.errors import DeclaredShapeWarning
+    from tensorfuse.ir.errors import DeclaredShapeWarning
     with pytest.warns(DeclaredShapeWarning, match=r"value_info 'h' is declared with shape \[3, 2\], but its shape is \[2, 3\]"):
         _compile(m)
     m = _relu([2, 3])

@@ -171,7 +171,7 @@ def test_large_loop_groups_are_vectorised_and_parallel(case):
     target's width (flat loops and the broadcast grid's contiguous rows alike); its results
     match onnxruntime at 1 and 2 threads. No timing: benchmarks measure bandwidth."""
     from codegen_util import float_vectors, function_ir, optimized_ir, parallel_kernels
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     shape = (1, 16, 64, 64)
     x = rand(*shape)
     feeds, inits = {"x": x}, {}
@@ -306,7 +306,7 @@ if find_op("NoEpilogue", _TEST_DOMAIN) is None:
 
 
 def test_anchor_that_never_applies_the_epilogue_is_a_clear_error():
-    from tensorfuse.compiler.errors import CompileError
+    from tensorfuse.ir.errors import CompileError
     from tensorfuse.compiler.lower import lower_graph
     g = parse_graph("""graph g(%x: f32[4]) {
   %c: f32[4] = test.fuse_ops::NoEpilogue(%x) @copy

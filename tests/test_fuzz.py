@@ -56,7 +56,7 @@ def test_isolation_counts_an_abort_and_a_hang():
 def test_classify_names_internal_errors():
     """A TensorfuseError is documented; one raised from an AttributeError is not; a TypeError
     is internal and says where."""
-    from tensorfuse.compiler.errors import CompileError, ModelLoadError
+    from tensorfuse.ir.errors import CompileError, ModelLoadError
 
     def wrapped():
         try:

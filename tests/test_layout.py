@@ -518,7 +518,7 @@ def test_non_const_weights_get_a_transpose(nhwc):
 # ----------------------------------------------------------------------------- pipeline hook
 def test_pipeline_runs_layout_for_cuda_only():
     from tensorfuse.compiler.pipeline import build_passes, resolve_layout
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     rng = np.random.default_rng(17)
     model = _conv_relu_conv(rng)
     g, r = _optimized(model, 2, layout=None)
@@ -568,7 +568,7 @@ def test_shared_model_layout(name):
     from oracle import assert_outputs_depend_on_inputs, model_inputs, other_inputs
     from tensorfuse.compiler.frontend.onnx import import_onnx
     from tensorfuse.compiler.pipeline import optimize
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     path = shared_models_dir() / name
     entry = next(e for e in shared_model_entries() if e["file"] == name)
     g = import_onnx(str(path))

@@ -173,7 +173,7 @@ def test_inputs_file_with_a_wrongly_named_array_is_an_error(small, tmp_path):
 @pytest.mark.parametrize("jobs,min_size", [("2", 0), ("1", 10 ** 9)], ids=["parallel", "one-process"])
 def test_a_compile_shows_one_bar_over_its_code_generation(jobs, min_size, monkeypatch, capsys):
     from tensorfuse.codegen.llvm import backend
-    from tensorfuse.compiler import progress
+    from tensorfuse import progress
     monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", jobs)
     monkeypatch.setattr(backend, "PARALLEL_MIN_SIZE", min_size)     # split even this small model
     with progress.enabled(True), progress.task("compiling g") as t:
@@ -464,7 +464,7 @@ def test_the_fusion_rule_guide_counts_its_rule_right():
 
 @pytest.mark.parametrize("tqdm_there", [True, False], ids=["tqdm", "simple"])
 def test_the_progress_bar_ends_at_100_percent(tqdm_there, monkeypatch, capsys):
-    from tensorfuse.compiler import progress
+    from tensorfuse import progress
     if not tqdm_there:
         monkeypatch.setitem(sys.modules, "tqdm", None)          # import fails: the simple bar
     with progress.enabled(True), progress.task("compiling m") as t:

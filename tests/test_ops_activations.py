@@ -5,7 +5,7 @@ import onnx
 import pytest
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tests.oracle import node_model, rand
 from tests.test_ops_elementwise import FLOATS, check, check_model
 

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.ir import Builder, Graph
 from tensorfuse.ir.registry import run_reference
 from tensorfuse.ir.types import TensorType

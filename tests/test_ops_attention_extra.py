@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.ir import Builder, Graph
 from tensorfuse.ir.registry import get_op, run_reference
 from tensorfuse.ir.types import TensorType

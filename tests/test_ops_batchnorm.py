@@ -6,7 +6,7 @@ import pytest
 from onnx import helper
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.ir.registry import ShapeError, get_op
 from tests.oracle import node_model, ort_run, rand
 from tests.test_ops_conv import _check, _ref

@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.compiler.specialize import SpecializingModule
 from tensorfuse.ir.builder import Builder
 from tensorfuse.ir.graph import Graph

@@ -9,7 +9,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.compiler.frontend.onnx import import_onnx
 from tensorfuse.ir.registry import run_reference
 from tests.oracle import node_model, ort_run, rand

@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.ir.builder import Builder
 from tensorfuse.ir.graph import Graph
 from tensorfuse.ir.registry import run_reference

@@ -7,7 +7,7 @@ import pytest
 from onnx import helper
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tests.oracle import node_model, rand
 from tests.test_ops_elementwise import FLOATS, INTS, check, check_model
 

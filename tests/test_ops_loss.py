@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.ir import Builder, Graph
 from tensorfuse.ir.registry import run_reference
 from tensorfuse.ir.types import TensorType

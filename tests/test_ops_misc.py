@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.compiler.specialize import SpecializingModule
 from tensorfuse.ir.builder import Builder
 from tensorfuse.ir.graph import Graph

@@ -202,7 +202,7 @@ def test_global_pool_vectorised(op, attrs, shape):
     """float32 planes: partial vector accumulators, lanes and tail combined at the end; 1 and 2
     threads against onnxruntime. A plane of at least one vector of the host's lanes (8 with
     AVX2, 16 with AVX-512: the two smallest shapes are below 16) is read with vector loads."""
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     x = _x(*shape, seed=9)
     m = node_model(op, {"x": x}, attrs)
     expected = ort_run(m, {"x": x})[0]
@@ -449,7 +449,7 @@ def test_pool_rows_schedule():
     the generic kernel stays for what the rows schedule does not cover (f16, 1-D, 3-D, the
     Indices output, kernels wider than ROWS_MAX_KW, LpPool), which still match onnxruntime."""
     from tensorfuse.codegen.llvm.emit import kernel_is_parallel
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     from tensorfuse.ir.kernel import For
     from tests.codegen_util import float_vectors, function_ir, optimized_ir, parallel_kernels
     L = Target.parse("llvm").lanes(np.float32)

@@ -9,7 +9,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 import tensorfuse
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.ir.builder import Builder
 from tensorfuse.ir.graph import Graph
 from tensorfuse.ir.registry import ShapeError, run_reference

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 import tensorfuse
 from tensorfuse import compiler
 from tensorfuse.compiler.frontend.onnx import import_onnx
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.ir.builder import Builder
 from tensorfuse.ir.graph import Graph
 from tensorfuse.ir.registry import ShapeError, run_reference
@@ -341,7 +341,7 @@ def test_concat_row_copies(shapes, axis, dt):
     m = node_model("Concat", ins, {"axis": axis})
     for nt in (1, 2):
         got = assert_matches_ort(m, ins, rtol=0, atol=0, num_threads=nt)
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     L = Target.parse("llvm").lanes(dt)
     a = axis % len(shapes[0])
     vector = all(int(np.prod(sh[a:])) >= L for sh in shapes)       # else the per-element loops
@@ -361,7 +361,7 @@ def test_split_row_copies(shape, axis, split, dt):
     m = node_model("Split", {"x": x}, {"axis": axis}, initializers={"s": np.array(split, I64)}, outputs=outs)
     for nt in (1, 2):
         assert_matches_ort(m, {"x": x}, rtol=0, atol=0, num_threads=nt)
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     L, a = Target.parse("llvm").lanes(dt), axis % len(shape)
     vector = all(c * int(np.prod(shape[a + 1:])) >= L for c in split if c)
     _, loops = _row_copy_kernel(tensorfuse.compile(m, opt_level=2))
@@ -371,7 +371,7 @@ def test_split_row_copies(shape, axis, split, dt):
 def test_concat_row_copies_vector_width():
     """The copies use the target's vector width for the dtype; runs shorter than a vector and
     bool keep the per-element loops."""
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     from tensorfuse.ir.kernel import For, If, Store
     t = Target.parse("llvm")
 

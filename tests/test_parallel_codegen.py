@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 
 import tensorfuse
 from tensorfuse.codegen.llvm import jit
-from tensorfuse.compiler.errors import CompileError
+from tensorfuse.ir.errors import CompileError
 
 
 def _model() -> onnx.ModelProto:

@@ -11,7 +11,7 @@ from tensorfuse import compiler
 import tensorfuse
 from tensorfuse import compiler
 import tensorfuse.compiler.rules  # noqa: F401  (the rule sets, as compiler.rules)
-from tensorfuse.compiler.errors import CompileError
+from tensorfuse.ir.errors import CompileError
 from tensorfuse.compiler.passes import PassError
 from tensorfuse.compiler.pattern import Any, P
 from tensorfuse.compiler.pipeline import build_passes, optimize

@@ -1,9 +1,9 @@
-"""compiler.progress: bars on stderr only when enabled (the command line: a terminal, no --quiet)."""
+"""tensorfuse.progress: bars on stderr only when enabled (the command line: a terminal, no --quiet)."""
 from __future__ import annotations
 
 import sys
 
-from tensorfuse.compiler import progress
+from tensorfuse import progress
 
 
 def test_off_by_default_and_for_short_iterables(capsys):

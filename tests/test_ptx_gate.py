@@ -1,6 +1,6 @@
-"""The PTX gate (``codegen.cuda.ptx_gate``): kernels exported by ``codegen.cuda.jit`` compile to
-PTX for sm_90 with ``numba.cuda.compile_ptx`` (no GPU), failures are reported and make the exit
-status 1, and the regressions the gate found stay fixed.
+"""The PTX gate (``compiler.ptx_gate``, its library ``codegen.cuda.ptx_gate``): kernels exported
+by ``codegen.cuda.jit`` compile to PTX for sm_90 with ``numba.cuda.compile_ptx`` (no GPU),
+failures are reported and make the exit status 1, and the regressions the gate found stay fixed.
 
 Runs in the default suite, where numba is imported without the simulator; skipped under it.
 """
@@ -25,7 +25,7 @@ def _kernels(nodes, inputs, outputs):
     from tensorfuse.compiler.frontend.onnx import import_onnx
     from tensorfuse.compiler.lower import lower_graph
     from tensorfuse.compiler.pipeline import optimize
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     m = helper.make_model(helper.make_graph(nodes, "m", inputs, outputs), opset_imports=[helper.make_opsetid("", 20)])
     m.ir_version = 10
     g = import_onnx(m)
@@ -103,7 +103,7 @@ def test_f16_isnan_isinf_cast_bool_compile_without_extern_functions(tmp_path):
 @needs_nvvm
 def test_gate_passes_good_kernels_and_fails_bad_ones(tmp_path, capsys):
     from tensorfuse.codegen.cuda.jit import build_library, export_sources
-    from tensorfuse.codegen.cuda.ptx_gate import main
+    from tensorfuse.compiler.ptx_gate import main
     good = tmp_path / "good"
     export_sources(build_library(_relu_kernels(), cache_dir=str(tmp_path / "cache")), str(good))
     assert main(["--sources", str(good), "--jobs", "1", "--no-ptxas", "--cache", str(tmp_path / "ok")]) == 0

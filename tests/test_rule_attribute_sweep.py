@@ -31,7 +31,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import tensorfuse
-from tensorfuse.compiler.errors import TensorfuseError
+from tensorfuse.ir.errors import TensorfuseError
 from tensorfuse.compiler.explain import explain
 from tensorfuse.compiler.pipeline import all_rules
 from tests.fusion_util import graph_model

@@ -260,7 +260,7 @@ def test_file_without_needs_is_checked_on_its_features(mlp, tmp_path):
 def test_system_only_features_are_not_needed(mlp, tmp_path):
     # CPU features virtual machines hide (Zen's mwaitx, rdpru) that the code never uses are
     # not a reason to refuse a module compiled for that CPU
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     info = jit.target_info(Target.parse("llvm -mcpu=znver3"))
     assert "+mwaitx" in info["features"].split(",") and "mwaitx" not in info["needs"] and "avx2" in info["needs"]
     _, mod = mlp

@@ -12,7 +12,8 @@ import pytest
 import tensorfuse
 import tensorfuse.runtime.cache as rc
 from tensorfuse.codegen.llvm import jit
-from tensorfuse.compiler.errors import ModelLoadError
+from tensorfuse.ir import cpu as cpu_info
+from tensorfuse.ir.errors import ModelLoadError
 from test_runtime_memory_plan import residual_model, residual_ref
 
 SHAPE = (4, 64)
@@ -219,14 +220,14 @@ def test_a_replaced_pass_is_part_of_the_key(cache, model, monkeypatch):
 def test_cache_info_target_and_host_parts(cache, model, monkeypatch):
     tensorfuse.compile(model)
     host = dict(jit.host_info())
-    monkeypatch.setattr(jit, "host_info", lambda: dict(host, cpu="othercpu"))
+    monkeypatch.setattr(cpu_info, "host_info", lambda: dict(host, cpu="othercpu"))
     info = tensorfuse.cache_info(model)
     assert [d.split(":")[0] for d in info.differences] == ["target.cpu"]
 
 
 def test_target_cpu_and_features_split_entries(cache, model):
     """A module compiled for other CPU features is never served for plain "llvm" (and back)."""
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     other = "llvm -mattr=-avx2" if "+avx2" in jit.host_info()["features"].split(",") else "llvm -mattr=+avx2"
     m1 = tensorfuse.compile(model, target=other)
     assert m1.cache_hit is False

@@ -26,7 +26,7 @@ from tensorfuse.codegen.llvm.emit import CodegenError, emit_entry, emit_kernel, 
 from tensorfuse.codegen.llvm.jit import compile_ir
 from codegen_util import (calls_fmuladd, entry_calls, float_vectors, function_ir, optimized_ir,
                           parallel_kernels, run_on_team)
-from tensorfuse.compiler.target import Target
+from tensorfuse.ir.target import Target
 from tensorfuse.ir.kernel import Const, For, KernelBuilder, Buffer, Store, Var, select
 from tensorfuse.ir.schedule import (MIN_PARALLEL_EXTENT, ScheduleError, default_schedule, parallel_violations,
                          verify_schedule)

@@ -1,4 +1,4 @@
-"""Targets (compiler.target): parsing and canonical strings, CPU features LLVM gives a named CPU
+"""Targets (ir.target): parsing and canonical strings, CPU features LLVM gives a named CPU
 (vector width, FMA, AVX-512 derived from them), errors for unknown CPUs, features and options,
 code generated without the instructions a target turns off, and one end-to-end compile for a
 target without AVX. The tests hold on AVX2 and AVX-512 machines alike."""
@@ -14,7 +14,7 @@ import tensorfuse
 from tensorfuse import compiler
 import tensorfuse.compiler.driver as driver
 from tensorfuse.codegen.llvm import jit
-from tensorfuse.compiler.target import Target, _cache_sizes, _parse_size
+from tensorfuse.ir.target import Target, _cache_sizes, _parse_size
 from tensorfuse.ir.types import DType
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")

@@ -7,7 +7,7 @@ same format and version checks as a CPU module; loading needs a GPU or the CUDA 
 """
 from __future__ import annotations
 
-from tensorfuse.codegen.base import Backend, program_and_report
+from tensorfuse.codegen.base import Backend, program_of
 
 
 def _device_key() -> dict:
@@ -17,7 +17,7 @@ def _device_key() -> dict:
     from tensorfuse.runtime.cuda_module import gpu_stack_missing
     missing = gpu_stack_missing()
     if missing is not None:
-        from tensorfuse.compiler.errors import CompileError
+        from tensorfuse.ir.errors import CompileError
         raise CompileError(missing)
     from numba.core import config
     try:
@@ -66,12 +66,12 @@ class CUDABackend(Backend):
         declare_launch_knob(kernel, target)
         return kernel
 
-    def build(self, lowered, graph, input_names, output_names, target, *, options=None, log=None, passes=None):
+    def build(self, lowered, graph, input_names, output_names, target, *, log=None):
         """Compile every kernel with ``codegen.cuda.jit.build_library`` and make the
-        :class:`~runtime.cuda_module.CudaModule` (constants uploaded), with its compile report.
-        Raises CompileError when the cuda code generator is missing or fails, or when no GPU
+        :class:`~runtime.cuda_module.CudaModule` (constants uploaded); (the module, None: no
+        code text for the report). Raises CompileError when the cuda code generator is missing or fails, or when no GPU
         or simulator is available."""
-        from tensorfuse.compiler.errors import CompileError
+        from tensorfuse.ir.errors import CompileError
         from tensorfuse.runtime.cuda_module import CudaModule, cuda_unavailable_reason
         reason = cuda_unavailable_reason()
         if reason is not None:
@@ -81,10 +81,9 @@ class CUDABackend(Backend):
         except ImportError as e:
             raise CompileError(f"the cuda code generator (codegen.cuda.jit) cannot be imported: {e}") from e
         library = build_library(list(lowered.kernels))
-        program, report = program_and_report(lowered, graph, target, options=options, log=log, passes=passes)
         try:
-            return CudaModule(program, library, input_names, output_names,
-                              target=str(target) if target is not None else "cuda", report=report)
+            return CudaModule(program_of(lowered, log), library, input_names, output_names,
+                              target=str(target) if target is not None else "cuda"), None
         except RuntimeError as e:
             raise CompileError(str(e)) from e
 

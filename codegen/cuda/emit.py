@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from tensorfuse.compiler.errors import CompileError
+from tensorfuse.ir.errors import CompileError
 from tensorfuse.ir.kernel import (FMA, GPU_LOOP_KINDS, Barrier, Bin, Broadcast, Buffer, Cast, Const, For, If,
                                   Kernel, Load, Ramp, Select, Store, Un, Var)
 from tensorfuse.ir.schedule import expr_children

@@ -19,7 +19,7 @@ import os
 import sys
 import zlib
 
-from tensorfuse.compiler.errors import CompileError
+from tensorfuse.ir.errors import CompileError
 from tensorfuse.ir.kernel import Kernel
 from tensorfuse.ir.types import DType
 
@@ -33,7 +33,7 @@ SIM_BLOCK_THREADS = 32
 SIM_MAX_BLOCKS = 4
 #: environment variable naming a folder where every :class:`CudaLibrary` made in this process
 #: also writes its kernels' sources with their parameter dtypes (:func:`export_sources`), for
-#: the PTX gate (``python -m tensorfuse.codegen.cuda.ptx_gate --sources DIR``); ``make test-cuda``
+#: the PTX gate (``python -m tensorfuse.compiler.ptx_gate --sources DIR``); ``make test-cuda``
 #: sets it for the simulator tests
 SOURCES_DIR_ENV = "TENSORFUSE_CUDA_SOURCES_DIR"
 

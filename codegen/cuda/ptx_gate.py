@@ -1,55 +1,36 @@
-"""The PTX gate: every generated cuda kernel compiles to PTX for a real GPU, without one.
+"""The PTX gate's library: every generated cuda kernel compiles to PTX for a real GPU, without one.
 
-``python -m tensorfuse.codegen.cuda.ptx_gate [--sources DIR ...] [--models FILE.onnx ...]
-[--shared-models [DIR]] [--cc 9.0] [--jobs N] [--no-ptxas] [--cache DIR] [--keep DIR]``
+The command line is :mod:`tensorfuse.compiler.ptx_gate` (``python -m tensorfuse.compiler.ptx_gate
+--sources DIR ... --models FILE.onnx ...``), which also lowers whole models for the cuda target;
+this module compiles kernels that are already exported, and imports nothing of the compiler.
 
-compiles, with ``numba.cuda.compile_ptx`` (libNVVM from pip, pinned to CUDA 13.0.88, see
-pyproject's ``test`` extra), for compute capability ``--cc`` (default 9.0, the H200):
-
-* ``--sources DIR``: every kernel a process exported there (``codegen.cuda.jit.export_sources``:
-  ``tf_<digest>.py`` with its ``.json`` of parameter dtypes). ``make test-cuda`` runs the
-  simulator tests with ``TENSORFUSE_CUDA_SOURCES_DIR`` set, then this gate over that folder, so
-  the code the simulator accepted is also code NVVM accepts.
-* ``--models FILE``: every kernel of an ONNX model as ``compile(FILE, target="cuda")`` makes it
-  (import, the level-2 pipeline with the NHWC layout pass, lowering, duplicate kernels dropped,
-  the GPU's schedules and launch shapes), emitted without a GPU or the simulator.
-* ``--shared-models [DIR]``: ``--models`` for :data:`SHARED_MODELS` in DIR (default
-  ``../shared/models`` beside the checkout); an absent folder is skipped with a notice, or is a
-  failure under ``TENSORFUSE_REQUIRE_SHARED=1``.
+Kernels exported by a process (``codegen.cuda.jit.export_sources``: ``tf_<digest>.py`` with its
+``.json`` of parameter dtypes) are read with :func:`read_sources` and compiled by
+:func:`run_gate`, with ``numba.cuda.compile_ptx`` (libNVVM from pip, pinned to CUDA 13.0.88, see
+pyproject's ``test`` extra), for a compute capability (the H200's 9.0 by default).
 
 Kernels are deduplicated by their source and dtypes (a kernel seen in an earlier group is not
-compiled again) and compiled in ``--jobs`` worker processes. When ``ptxas`` is on PATH (CUDA's
-assembler; ``--no-ptxas`` skips it) each PTX is also assembled with ``ptxas -arch=sm_XY``: NVVM
-can write PTX that the CUDA 13.0 assembler rejects (a newer PTX ISA version, say). A PTX that
-declares ``.extern .func`` fails too, ptxas or not: it calls a function it does not contain
-(numba-cuda's float16 C++ shims), so it does not load by itself. ``--cache DIR`` remembers the
-kernels that compiled with this toolchain and skips them on the next run; ``--keep DIR`` keeps
-the models' exported sources.
+compiled again) and compiled in worker processes. When ``ptxas`` is given (CUDA's assembler)
+each PTX is also assembled with ``ptxas -arch=sm_XY``: NVVM can write PTX that the CUDA 13.0
+assembler rejects (a newer PTX ISA version, say). A PTX that declares ``.extern .func`` fails
+too, ptxas or not: it calls a function it does not contain (numba-cuda's float16 C++ shims), so
+it does not load by itself. A cache folder remembers the kernels that compiled with this
+toolchain and skips them on the next run.
 
-Prints, per group, the kernels, the unique ones compiled, the failures (each with the first line
-of its error) and the time; exits 0 when every kernel compiled, 1 on any failure or when there
-was nothing to compile, 2 for bad arguments or an environment that cannot compile PTX (the CUDA
-simulator switched on in this process, libNVVM missing).
+:func:`run_gate` prints, per group, the kernels, the unique ones compiled, the failures (each
+with the first line of its error) and the time.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-
-#: the shared models ``--shared-models`` compiles (issue 10's acceptance 2)
-SHARED_MODELS = ("resnet18.unfolded.onnx", "mobilenet_v2.onnx", "bert_mini.unfolded.onnx")
-#: ``../shared/models`` beside the checkout (the package folder is the repository root)
-DEFAULT_SHARED_DIR = pathlib.Path(__file__).resolve().parents[3] / "shared" / "models"
-
 
 @dataclass
 class Unit:
@@ -103,26 +84,6 @@ def read_sources(folder: str) -> list[Unit]:
     return units
 
 
-def model_units(path: str, folder: str, opt_level: int = 2) -> list[Unit]:
-    """Lower the ONNX model ``path`` for the cuda target as ``compile`` does, emit its kernels
-    with the GPU's schedules (no GPU or simulator needed) and export them into ``folder``.
-    Raises what the compiler raises (UnsupportedModelError, CompileError ...)."""
-    from tensorfuse.codegen.cuda.jit import build_library, export_sources
-    from tensorfuse.compiler.driver import dedupe_kernels
-    from tensorfuse.compiler.frontend.onnx import import_onnx
-    from tensorfuse.compiler.lower import lower_graph
-    from tensorfuse.compiler.pipeline import optimize
-    from tensorfuse.compiler.target import Target
-    tgt = Target.parse("cuda")
-    graph = import_onnx(path)
-    optimize(graph, opt_level, target=tgt)
-    lowered = lower_graph(graph, tgt)
-    dedupe_kernels(lowered)
-    lib = build_library(list(lowered.kernels), cache_dir=os.path.join(folder, "cache"))
-    paths = export_sources(lib, folder)
-    return [Unit(p, n, list(lib._entries[n]["dtypes"])) for p, n in zip(paths, lib.kernel_names)]
-
-
 _EXTERN = re.compile(r"^\s*\.extern\s+\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)", re.M)
 
 
@@ -132,7 +93,8 @@ def unresolved_externs(ptx: str) -> list[str]:
     return sorted(set(_EXTERN.findall(ptx)))
 
 
-def _first_line(text: str) -> str:
+def first_line(text: str) -> str:
+    """The first non-blank line of ``text`` (at most 300 characters)."""
     for line in str(text).splitlines():
         if line.strip():
             return line.strip()[:300]
@@ -155,7 +117,7 @@ def compile_unit(unit: Unit, cc: tuple[int, int], ptxas: str | None) -> Result:
             try:
                 ptx, _ = cuda.compile_ptx(getattr(mod, fname), sig, cc=cc)
             except Exception as e:          # noqa: BLE001 - NVVM's or numba's error is the finding
-                res.error = f"{fname}: compile_ptx: {type(e).__name__}: {_first_line(e)}"
+                res.error = f"{fname}: compile_ptx: {type(e).__name__}: {first_line(e)}"
                 res.detail = str(e)
                 break
             res.entries += 1
@@ -168,11 +130,11 @@ def compile_unit(unit: Unit, cc: tuple[int, int], ptxas: str | None) -> Result:
             if ptxas is not None:
                 err = _assemble(ptx, cc, ptxas)
                 if err is not None:
-                    res.error = f"{fname}: ptxas: {_first_line(err)}"
+                    res.error = f"{fname}: ptxas: {first_line(err)}"
                     res.detail = err
                     break
     except Exception as e:                  # noqa: BLE001 - an import error of the source
-        res.error = f"{type(e).__name__}: {_first_line(e)}"
+        res.error = f"{type(e).__name__}: {first_line(e)}"
         res.detail = str(e)
     res.seconds = time.perf_counter() - t0
     return res
@@ -197,8 +159,9 @@ def _worker(args):
     return compile_unit(unit, cc, ptxas)
 
 
-def _check_environment() -> str | None:
-    """Why PTX cannot be made in this process, or None."""
+def check_environment() -> str | None:
+    """Why PTX cannot be made in this process, or None (the simulator was switched on, libNVVM
+    or numba.cuda is missing); switches the simulator off for numba imported later."""
     if "numba" in sys.modules:
         from numba.core import config
         if config.ENABLE_CUDASIM:
@@ -307,77 +270,5 @@ def run_gate(groups: list[Group], cc=(9, 0), jobs: int = 2, ptxas: str | None = 
     return failures
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tensorfuse.codegen.cuda.ptx_gate",
-                                 description="Compile every generated cuda kernel to PTX (no GPU needed).")
-    ap.add_argument("--sources", action="append", default=[], metavar="DIR",
-                    help="a folder of exported kernel sources (TENSORFUSE_CUDA_SOURCES_DIR of a test run)")
-    ap.add_argument("--models", nargs="+", default=[], metavar="FILE", help="ONNX models to lower for cuda")
-    ap.add_argument("--shared-models", nargs="?", const=str(DEFAULT_SHARED_DIR), default=None, metavar="DIR",
-                    help=f"also the models {', '.join(SHARED_MODELS)} in DIR (default {DEFAULT_SHARED_DIR})")
-    ap.add_argument("--cc", default="9.0", help="compute capability, MAJOR.MINOR (default 9.0)")
-    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (default 2)")
-    ap.add_argument("--no-ptxas", action="store_true", help="do not assemble the PTX even when ptxas is on PATH")
-    ap.add_argument("--cache", metavar="DIR", help="remember the kernels that compiled (by source, dtypes and toolchain) "
-                    "in DIR and skip them next time")
-    ap.add_argument("--keep", metavar="DIR", help="export the models' kernels into DIR (kept) instead of a temporary folder")
-    a = ap.parse_args(argv)
-    try:
-        cc = tuple(int(x) for x in a.cc.split("."))
-        assert len(cc) == 2
-    except (ValueError, AssertionError):
-        ap.error(f"--cc {a.cc!r}: expected MAJOR.MINOR such as 9.0")
-    reason = _check_environment()
-    if reason is not None:
-        print(f"[ptx-gate] cannot compile PTX here: {reason}", file=sys.stderr)
-        return 2
-    models = list(a.models)
-    if a.shared_models is not None:
-        d = pathlib.Path(a.shared_models)
-        if (d / "models.json").exists():
-            models += [str(d / m) for m in SHARED_MODELS]
-        elif os.environ.get("TENSORFUSE_REQUIRE_SHARED") == "1":
-            print(f"[ptx-gate] {d} is absent (TENSORFUSE_REQUIRE_SHARED=1)", file=sys.stderr)
-            return 1
-        else:
-            print(f"[ptx-gate] {d} is absent: the shared models are skipped", file=sys.stderr)
-    if not a.sources and not models:
-        ap.error("nothing to compile: give --sources, --models or --shared-models")
-    ptxas = None if a.no_ptxas else shutil.which("ptxas")
-    why = "skipped (--no-ptxas)" if a.no_ptxas else "not on PATH, skipped"
-    print(f"[ptx-gate] compile_ptx for sm_{cc[0]}{cc[1]}; ptxas: {ptxas or why}; {a.jobs} jobs")
-    groups = []
-    for d in a.sources:
-        g = Group(f"sources {d}")
-        try:
-            if not os.path.isdir(d):
-                raise ValueError(f"{d} is not a folder")
-            g.units = read_sources(d)
-            if not g.units:
-                raise ValueError(f"no exported kernels (tf_*.py) in {d}")
-        except ValueError as e:
-            g.setup_error = str(e)
-        groups.append(g)
-    tmp = None if a.keep else tempfile.mkdtemp(prefix="tf-ptx-gate-")
-    try:
-        for m in models:
-            g = Group(f"model {os.path.basename(m)}")
-            t0 = time.perf_counter()
-            folder = os.path.join(a.keep or tmp, os.path.basename(m).replace(".", "_"))
-            try:
-                g.units = model_units(m, folder)
-            except Exception as e:          # noqa: BLE001 - the compiler's error is the finding
-                g.setup_error = f"{type(e).__name__}: {_first_line(e)}"
-            g.lower_seconds = time.perf_counter() - t0
-            groups.append(g)
-        failures = run_gate(groups, cc, max(1, a.jobs), ptxas, cache=a.cache)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return 1 if failures else 0
-
-
 if __name__ == "__main__":
-    # through the package module, so the worker processes unpickle the same classes
-    from tensorfuse.codegen.cuda.ptx_gate import main as _main
-    sys.exit(_main())
+    sys.exit("the PTX gate's command line is python -m tensorfuse.compiler.ptx_gate")

@@ -7,7 +7,7 @@ features the code may use); loading checks the triple and the features against t
 """
 from __future__ import annotations
 
-from tensorfuse.codegen.base import Backend, program_and_report
+from tensorfuse.codegen.base import Backend, program_of
 
 
 def host_info() -> dict:
@@ -106,7 +106,7 @@ def _build_in_parts(groups, emit, name: str, target):
         obj, _ = jit._compile_part(text, f"{name}.part{i}", 3, target)
         return obj, text
 
-    from tensorfuse.compiler import progress
+    from tensorfuse import progress
     handles = [jit.fork_call(lambda i=i, g=g: part(i, g), f"{name}.part{i}") for i, g in enumerate(groups) if i]
     progress.stage(f"LLVM IR and machine code in {len(groups)} processes")
     try:
@@ -134,20 +134,20 @@ class LLVMBackend(Backend):
 
     def target_key(self, target) -> dict:
         """``{"target", "triple", "cpu", "features", "l1d_bytes", "l2_bytes"}`` of ``target``
-        (a ``compiler.target.Target``): what the code is generated and blocked for."""
+        (an ``ir.target.Target``): what the code is generated and blocked for."""
         return {"target": str(target), "triple": target.triple, "cpu": target.cpu, "features": target.features,
                 "l1d_bytes": target.l1d_bytes, "l2_bytes": target.l2_bytes}
 
-    def build(self, lowered, graph, input_names, output_names, target, *, options=None, log=None, passes=None):
+    def build(self, lowered, graph, input_names, output_names, target, *, log=None):
         """Emit every kernel and the ``tf_run`` entry as one LLVM module, compile and link it;
-        the :class:`~runtime.module.Module` with its compile report. Raises CompileError when
-        LLVM code generation fails."""
+        (the :class:`~runtime.module.Module`, the LLVM IR text). Raises CompileError when LLVM
+        code generation fails."""
         from llvmlite import ir as lir
 
         from tensorfuse.codegen.llvm.emit import PTR, emit_entry, emit_kernel, kernel_is_parallel
         from tensorfuse.codegen.llvm.jit import compile_ir, compile_jobs, module_name
-        from tensorfuse.compiler.errors import CompileError
-        from tensorfuse.compiler import progress as bar
+        from tensorfuse.ir.errors import CompileError
+        from tensorfuse import progress as bar
         from tensorfuse.runtime.module import Module
 
         calls = [(c.kernel, c.slots) for c in lowered.calls]
@@ -181,11 +181,10 @@ class LLVMBackend(Backend):
             raise
         except Exception as e:
             raise CompileError(f"LLVM code generation failed: {e}") from e
-        program, report = program_and_report(lowered, graph, target, options=options, log=log, passes=passes,
-                                             llvm_ir=ir_text)
-        return Module(program, lib, "tf_run", input_names, output_names,
-                      target=str(target) if target is not None else "llvm", object_code=obj, report=report,
-                      cannot_run=cannot_run_reason(getattr(lib, "target_info", None)))
+        module = Module(program_of(lowered, log), lib, "tf_run", input_names, output_names,
+                        target=str(target) if target is not None else "llvm", object_code=obj,
+                        cannot_run=cannot_run_reason(getattr(lib, "target_info", None)))
+        return module, ir_text
 
     def artifact_code(self, module) -> tuple[bytes, dict]:
         """The object code and ``{"target", "host", "entry"}``; ArtifactError without object code."""

@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from tensorfuse.compiler.errors import UnsupportedModelError
+from tensorfuse.ir.errors import UnsupportedModelError
 from tensorfuse.ir.graph import Value
 from tensorfuse.ir.registry import ShapeError
 from tensorfuse.ir.types import DType

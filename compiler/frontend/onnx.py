@@ -20,7 +20,7 @@ import onnx
 import onnx.defs
 from onnx import helper, numpy_helper
 
-from tensorfuse.compiler.errors import ModelLoadError, UnsupportedModelError
+from tensorfuse.ir.errors import ModelLoadError, UnsupportedModelError
 from tensorfuse.ir.builder import Builder, propagate_known
 from tensorfuse.ir.graph import Graph, Node, Value
 from tensorfuse.ir.registry import ShapeError, find_op, infer_types
@@ -344,7 +344,7 @@ def check_declared(kind: str, vi: onnx.ValueInfoProto, t: TensorType, *, shape_i
     """Check ``vi`` (a graph output, value_info or input entry) against ``t``, the type tensorfuse
     inferred (or the initializer's). A contradicting dtype raises ModelLoadError naming the
     value; a contradicting definite shape raises it when ``shape_is_error`` (an initializer's
-    graph-input entry), else warns with :class:`~compiler.errors.DeclaredShapeWarning` (see
+    graph-input entry), else warns with :class:`~ir.errors.DeclaredShapeWarning` (see
     there why). Symbolic, unknown and negative dims, and declarations without a shape, are fine."""
     dt, dims = _declared(vi)
     if dt is not None and dt != t.dtype:
@@ -359,7 +359,7 @@ def check_declared(kind: str, vi: onnx.ValueInfoProto, t: TensorType, *, shape_i
             raise ModelLoadError(msg)
         import warnings
 
-        from tensorfuse.compiler.errors import DeclaredShapeWarning
+        from tensorfuse.ir.errors import DeclaredShapeWarning
         warnings.warn(msg + " (the computed shape is used, as onnxruntime does)", DeclaredShapeWarning, stacklevel=2)
 
 

@@ -10,7 +10,7 @@ the node (:class:`PassError`).
 """
 from __future__ import annotations
 
-from tensorfuse.compiler.errors import CompileError
+from tensorfuse.ir.errors import CompileError
 
 
 class PassError(CompileError):

@@ -16,7 +16,7 @@ import numpy as np
 from tensorfuse.codegen.cuda.jit import build_library
 from tensorfuse.compiler.frontend.onnx import import_onnx
 from tensorfuse.compiler.lower import lower_graph
-from tensorfuse.compiler.target import Target
+from tensorfuse.ir.target import Target
 
 BLOCK = 32
 MAX_BLOCKS = 2

@@ -251,7 +251,7 @@ def test_cpu_vector_schedules_run_on_the_generic_path(case):
     still kernel IR the cuda emitter runs: vectors scalarised lane by lane."""
     from tensorfuse.compiler.frontend.onnx import import_onnx
     from tensorfuse.compiler.lower import lower_graph
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     x = rand(1, 8, 6, 9)
     if case == "conv_blocked":
         # small: the register tile is straight-line code that the PTX gate compiles (numba's

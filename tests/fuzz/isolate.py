@@ -46,7 +46,7 @@ def describe_exception(e: BaseException) -> tuple[str, str, str, bool, str]:
     innermost traceback frame) of an exception. A TensorfuseError raised *from* another
     exception that is not one (a CompileError wrapping an AttributeError of codegen) is an
     internal error in our clothes: it counts as not ours, and the message names the cause."""
-    from tensorfuse.compiler.errors import TensorfuseError
+    from tensorfuse.ir.errors import TensorfuseError
     cause = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     inner = e
     while cause is not None and not isinstance(cause, TensorfuseError):
