@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .search import MAX_MISSES, Search, canonical
+from .local import WorkerLost
 from .plugins import PLUGINS_ENV, load_plugins
 
 __all__ = ["tune", "TuneResult", "WorkloadResult", "PLUGINS_ENV", "DEFAULT_TRIALS", "DEFAULT_TIMEOUT_S"]
@@ -361,6 +362,16 @@ def _tune_workload(t, w: WorkloadResult, session, search: Search, prior: list, r
     # the default knobs are measured first (in the first batch: a Ray task measures it with the
     # first candidates), then batches of proposals until the trials or the time run out
     need_default = w.default_ms is None and not search.known(t.knobs)
+    if not need_default and search.done():
+        return
+    try:                                # the worker set up with the workload (its default compiled and run)
+        session.start()
+    except WorkerLost as e:
+        if need_default:
+            record(dict(t.knobs), {"status": e.status if e.status in ("crash", "timeout") else "error",
+                                   "error": str(e)}, t.schedule)
+        w.status = f"default failed: {e}"
+        return
     stale = 0
     while need_default or not search.done() and (deadline is None or time.monotonic() < deadline):
         n = session.slots - int(need_default)

@@ -170,6 +170,7 @@ class RayExecutor:
         self.ray = ray
         self.started = False
         if not ray.is_initialized():
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")     # no usage report from a library's ray.init
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
