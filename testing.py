@@ -25,14 +25,10 @@ __all__ = ["RuleCheck", "assert_matches_ort", "check_rule", "ort_run", "ort_sess
 
 def ort_session(model: Any):
     """An onnxruntime InferenceSession (CPU, optimisations off, one thread) for a ModelProto,
-    serialized bytes or a path."""
-    import onnx
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
-    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-    return ort.InferenceSession(src if isinstance(src, bytes) else str(src), so, providers=["CPUExecutionProvider"])
+    serialized bytes or a path: the reference ``tensorfuse.verify`` uses
+    (``compiler.verify.reference_session``)."""
+    from tensorfuse.compiler.verify import reference_session
+    return reference_session(model)
 
 
 def ort_run(model: Any, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:

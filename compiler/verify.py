@@ -32,7 +32,8 @@ import numpy as np
 
 from tensorfuse.compiler.errors import TensorfuseError
 
-__all__ = ["verify", "VerifyResult", "OutputCheck", "Culprit", "GroupCheck", "random_inputs", "compare"]
+__all__ = ["verify", "VerifyResult", "OutputCheck", "Culprit", "GroupCheck", "random_inputs", "compare",
+           "reference_session"]
 
 #: the bisection scans the last window of at most this many applications one by one
 LINEAR_WINDOW = 4
@@ -255,19 +256,31 @@ class VerifyResult:
 
 
 # ----------------------------------------------------------------------------- onnxruntime
-def _ort_values(proto, inputs: dict[str, np.ndarray], extra: Sequence[str]) -> tuple[dict, list[str]]:
-    """Run onnxruntime (optimisations off, 1 thread); returns ({name: value} for the graph
-    outputs and the ``extra`` intermediate values it could give, notes)."""
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise TensorfuseError("tensorfuse.verify needs onnxruntime as the reference: pip install onnxruntime") \
-            from None
+def reference_session(model: Any):
+    """An onnxruntime InferenceSession that computes ONNX semantics, the reference of
+    :func:`verify` and of ``tensorfuse.testing``: the CPU provider with every graph optimisation
+    off (``ORT_DISABLE_ALL``: onnxruntime's own rewrites are not what is checked), one thread,
+    warnings off. ``model``: a ModelProto, serialized bytes or a path. Raises ImportError
+    without onnxruntime, and onnxruntime's own errors for a model it cannot load."""
     import onnx
+    import onnxruntime as ort
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
+    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
+    return ort.InferenceSession(src if isinstance(src, bytes) else str(src), so, providers=["CPUExecutionProvider"])
+
+
+def _ort_values(proto, inputs: dict[str, np.ndarray], extra: Sequence[str]) -> tuple[dict, list[str]]:
+    """Run onnxruntime (:func:`reference_session`); returns ({name: value} for the graph
+    outputs and the ``extra`` intermediate values it could give, notes)."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        raise TensorfuseError("tensorfuse.verify needs onnxruntime as the reference: pip install onnxruntime") \
+            from None
+    import onnx
     outs = [o.name for o in proto.graph.output]
     notes: list[str] = []
     if extra:
@@ -279,14 +292,14 @@ def _ort_values(proto, inputs: dict[str, np.ndarray], extra: Sequence[str]) -> t
                 m.graph.output.append(onnx.ValueInfoProto(name=name))
                 have.add(name)
         try:
-            sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            sess = reference_session(m)
             names = [o.name for o in sess.get_outputs()]
             return dict(zip(names, sess.run(None, inputs))), notes
         except Exception as e:      # noqa: BLE001 - fall back to the plain model
             notes.append(f"onnxruntime could not expose the intermediate values ({type(e).__name__}); "
                          f"groups were not compared")
     try:
-        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = reference_session(proto)
         return dict(zip(outs, sess.run(None, inputs))), notes
     except Exception as e:          # noqa: BLE001
         raise TensorfuseError(f"onnxruntime cannot run the model, so there is no reference: "

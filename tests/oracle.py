@@ -17,12 +17,9 @@ DEFAULT_OPSET = 17
 
 
 def ort_session(model: onnx.ModelProto | bytes | str):
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = 1
-    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else model
-    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    """onnxruntime as the reference (``compiler.verify.reference_session``: optimisations off)."""
+    from tensorfuse.compiler.verify import reference_session
+    return reference_session(model)
 
 
 def ort_run(model, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
