@@ -409,7 +409,7 @@ def _stats(ms: list[float]) -> str:
 
 
 def cmd_bench(args) -> int:
-    from tensorfuse.compiler import progress
+    from tensorfuse import progress
     if args.repeat < 1 or args.warmup < 0:
         raise UsageError("--repeat must be >= 1 and --warmup >= 0", "for example: --repeat 50")
     ses = _Session(args)
@@ -652,7 +652,7 @@ def _positive_seconds(text: str) -> float:
 
 def cmd_tune(args) -> int:
     import tensorfuse
-    from tensorfuse.compiler import progress
+    from tensorfuse import progress
     _check_model_path(args.model)
     if args.output == "":
         raise UsageError("-o '' names no file", "give the records file, e.g. -o RECORDS.jsonl")
@@ -928,7 +928,7 @@ def _one_line(e: BaseException) -> str:
 def _hint(e: BaseException, command: str, random_seed: int | None = None) -> str:
     """The hint line under the error ``e`` of ``tensorfuse COMMAND``; ``random_seed``: the seed of
     the random inputs the command ran the model on (None: it was given inputs, or ran none)."""
-    from tensorfuse.compiler.errors import CompileError, ModelLoadError, UnsupportedModelError
+    from tensorfuse.ir.errors import CompileError, ModelLoadError, UnsupportedModelError
     from tensorfuse.runtime.artifact import ArtifactError, CPUFeaturesArtifactError
     from tensorfuse.runtime.module import CPUFeaturesError, RunCheckError
     if random_seed is not None and (isinstance(e, RunCheckError) or (
@@ -999,8 +999,8 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    from tensorfuse.compiler import progress
-    from tensorfuse.compiler.errors import TensorfuseError
+    from tensorfuse import progress
+    from tensorfuse.ir.errors import TensorfuseError
     from tensorfuse.runtime.artifact import ArtifactError
     from tensorfuse.runtime.module import CPUFeaturesError
     show = sys.stderr.isatty() and not args.quiet

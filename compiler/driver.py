@@ -14,7 +14,7 @@ from tensorfuse.compiler.frontend.onnx import import_onnx
 from tensorfuse.compiler.lower import lower_graph
 from tensorfuse.compiler.options import CompileOptions, cache_key
 from tensorfuse.compiler.report import CompileReport
-from tensorfuse.compiler.target import Target
+from tensorfuse.ir.target import Target
 
 
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
@@ -28,7 +28,7 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     that compiles per value at its first run (``module_for`` gives the compiled module).
 
     model: a path, bytes or ``onnx.ModelProto``. target: "llvm" (the host CPU; ``-mcpu=`` and
-    ``-mattr=`` choose another, see ``compiler.target``) or "cuda" (an NVIDIA GPU through
+    ``-mattr=`` choose another, see ``ir.target``) or "cuda" (an NVIDIA GPU through
     numba.cuda, NHWC inside; numba's CUDA simulator with ``NUMBA_ENABLE_CUDASIM=1``). opt_level: 0..3 (docs/architecture.md "Optimisation levels":
     0 imports and lowers only, 1 adds constant folding, dead code and common subexpression
     elimination and the simplify rules, 2 adds the fold and fuse rule sets and fuse_ops, 3 adds
@@ -139,10 +139,10 @@ def _lowerer(target: str, tuning=None):
 
 
 def _build(model: Any, options: CompileOptions):
-    """:func:`_build_steps` inside a ``compiler.progress`` task: with progress enabled (the
+    """:func:`_build_steps` inside a ``tensorfuse.progress`` task: with progress enabled (the
     command line on a terminal) one bar covers the compile, its stages named, its code
     generation counted per kernel and per part LLVM compiles (``codegen.llvm.backend``)."""
-    from tensorfuse.compiler import progress
+    from tensorfuse import progress
     name = os.path.basename(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else "model"
     with progress.task(f"compiling {name}"):
         return _build_steps(model, options)
@@ -151,7 +151,7 @@ def _build(model: Any, options: CompileOptions):
 def _build_steps(model: Any, options: CompileOptions):
     """Import, optimise, lower and generate code: the module with its compile report. Raises
     InputValuesNeeded when shapes need input values (``compile_with`` specialises)."""
-    from tensorfuse.compiler import progress
+    from tensorfuse import progress
     tgt = Target.parse(options.target)
     progress.stage("importing")
     graph = import_onnx(model, input_shapes=options.input_shapes_dict, max_memory=options.max_memory)

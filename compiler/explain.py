@@ -562,7 +562,7 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
     g = import_onnx(proto, input_shapes=input_shapes)
     res = PipelineResult(opt_level)
     from tensorfuse.compiler.pipeline import resolve_layout
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     tgt = Target.parse(target)
     passes = build_passes(opt_level, disabled_rules=disabled_rules, log=res.log, rules=rules,
                           layout=resolve_layout(tgt))

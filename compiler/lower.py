@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tensorfuse.compiler.errors import CompileError, UnsupportedModelError
+from tensorfuse.ir.errors import CompileError, UnsupportedModelError
 from tensorfuse.ir.graph import Graph, Node, Value
 from tensorfuse.ir.kernel import Buffer, Kernel, KernelBuilder
 from tensorfuse.ir.knobs import KnobConfig, knob_config, workload_key, workload_summary
@@ -113,13 +113,13 @@ def _check_dtypes(graph: Graph) -> None:
 
 
 def lower_graph(graph: Graph, target=None, tuning=None) -> LoweredGraph:
-    """Lower every node through its registry entry for ``target`` (a ``compiler.target.Target``;
+    """Lower every node through its registry entry for ``target`` (an ``ir.target.Target``;
     default: the host CPU). ``tuning``: None, or an object whose ``knobs_for(workload_key)``
     gives the knob values to use for a workload (a dict) or None (``compiler.tuning.TuningRecords``
     for its target). Raises CompileError naming the node, and UnsupportedModelError for tensors
     of a dtype the llvm target cannot hold (bfloat16)."""
     from tensorfuse.codegen.base import get_backend
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     tgt = Target.parse(target if target is not None else "llvm")
     backend = get_backend(tgt.kind)
     backend.load_schedules()

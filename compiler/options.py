@@ -55,7 +55,7 @@ class CompileOptions:
     """Everything ``tensorfuse.compile`` was asked for, but the model (see that function for
     each option's meaning). Build it with :meth:`create`, which checks and normalises.
 
-    ``target``: canonical target string (``compiler.target.Target``); ``opt_level``: 0..3;
+    ``target``: canonical target string (``ir.target.Target``); ``opt_level``: 0..3;
     ``input_shapes``: ``((input name, shape), ...)`` sorted by name, or None;
     ``disabled_rules``: sorted rule names; ``dump_ir``: a folder or None; ``cache``: use the
     compile cache; ``num_threads``: the requested thread count (None: the default);
@@ -92,10 +92,10 @@ class CompileOptions:
         not exist), CompileError (a target that does not parse or is not available)."""
         import os
 
-        from tensorfuse.compiler.errors import CompileError
+        from tensorfuse.ir.errors import CompileError
         from tensorfuse.compiler.limits import resolve_max_memory
         from tensorfuse.compiler.pipeline import rules_under_test
-        from tensorfuse.compiler.target import Target
+        from tensorfuse.ir.target import Target
         if isinstance(opt_level, bool) or opt_level not in (0, 1, 2, 3):
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         tgt = Target.parse(target)
@@ -150,7 +150,7 @@ def target_part(target: str) -> dict:
     the cache sizes kernels are blocked for; for "cuda", the device's compute capability (or
     the simulator) and the numba-cuda version."""
     from tensorfuse.codegen.base import get_backend
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     tgt = Target.parse(target)
     return get_backend(tgt.kind).target_key(tgt)
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from tensorfuse.compiler.errors import CompileError
+from tensorfuse.ir.errors import CompileError
 from tensorfuse.compiler.passes import PassError, eliminate_common_subexpressions, eliminate_dead_nodes, fold_constants
 from tensorfuse.compiler.passes.fold import MAX_FOLD_BYTES
 from tensorfuse.compiler.passes.simplify import SIMPLIFY_RULES
@@ -169,7 +169,7 @@ def resolve_layout(target=None, layout: str | None = None) -> str:
     """The layout the pipeline converts to: ``layout`` when given ("NHWC" or "NCHW"), else
     the target's preferred layout (``Target.layout``: "NHWC" for cuda; "NCHW", no layout pass,
     for llvm) and "NCHW" without a target. ``target``: None, a target
-    string or a ``compiler.target.Target``. Raises ValueError for an unknown layout."""
+    string or an ``ir.target.Target``. Raises ValueError for an unknown layout."""
     from tensorfuse.compiler.passes.layout import LAYOUTS
     if layout is not None:
         if layout not in LAYOUTS:
@@ -177,7 +177,7 @@ def resolve_layout(target=None, layout: str | None = None) -> str:
         return layout
     if target is None:
         return "NCHW"
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     return Target.parse(target).layout
 
 
@@ -337,7 +337,7 @@ def optimize(graph: Graph, opt_level: int = 2, *, disabled_rules: Iterable[str] 
              rules: Iterable = ()) -> PipelineResult:
     """Run the level's passes on ``graph`` in place; returns the PipelineResult.
 
-    ``target`` (None, a target string or a ``compiler.target.Target``) chooses the layout: a
+    ``target`` (None, a target string or an ``ir.target.Target``) chooses the layout: a
     cuda target runs the layout pass (NHWC); ``layout="NHWC"`` forces it on any target (the
     NHWC ops lower for llvm too: for tests and experiments), ``layout="NCHW"`` switches it
     off. With the pass, ``result.layout_report`` is its ``LayoutReport`` (also written to

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from tensorfuse.compiler.errors import TensorfuseError
+from tensorfuse.ir.errors import TensorfuseError
 
 __all__ = ["verify", "VerifyResult", "OutputCheck", "Culprit", "GroupCheck", "random_inputs", "compare",
            "reference_session"]
@@ -445,7 +445,7 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
     ValueError for a bad opt_level or tolerance, or for ``inputs`` with an unknown or missing
     name or a dtype or shape that is not the model's (naming the input, expected and got).
     """
-    from tensorfuse.compiler import progress
+    from tensorfuse import progress
     from tensorfuse.compiler.driver import compile as tf_compile
     from tensorfuse.compiler.frontend.onnx import load_model
     from tensorfuse.compiler.pipeline import rules_under_test
@@ -477,7 +477,7 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
     if isinstance(mod0, SpecializingModule):    # shapes depend on input values: compare for these
         need = mod0.specialized_on
         if inputs is None or any(n not in inputs for n in need):
-            from tensorfuse.compiler.errors import UnsupportedModelError
+            from tensorfuse.ir.errors import UnsupportedModelError
             raise UnsupportedModelError(f"the shapes of this model depend on the values of input(s) {need}: "
                                         f"verify needs inputs= with every input")
         proto = mod0.specialized_model(**{n: inputs[n] for n in need})

@@ -7,7 +7,7 @@ import pytest
 from llvmlite import ir as lir
 
 from tensorfuse.codegen.llvm.emit import CodegenError, emit_kernel
-from tensorfuse.compiler.target import Target
+from tensorfuse.ir.target import Target
 from tensorfuse.ir.kernel import Buffer, For, KernelBuilder, LaunchShape, MAX_SHARED_BYTES
 from tensorfuse.ir.schedule import default_schedule
 from tensorfuse.codegen.cuda.launches import cuda_launches, launch_shape

@@ -92,14 +92,14 @@ def model_tasks(model, target, opt_level: int = 2, input_shapes: dict | None = N
     Raises what ``tensorfuse.compile`` raises for a model it cannot compile, and
     UnsupportedModelError for a model whose shapes depend on input values (tune one compiled
     for given values: export it with those shapes fixed)."""
-    from tensorfuse.compiler import progress
+    from tensorfuse import progress
     from tensorfuse.compiler.driver import build_module
-    from tensorfuse.compiler.errors import UnsupportedModelError
+    from tensorfuse.ir.errors import UnsupportedModelError
     from tensorfuse.compiler.frontend.onnx import import_onnx
     from tensorfuse.compiler.lower import lower_graph
     from tensorfuse.compiler.pipeline import optimize
     from tensorfuse.compiler.specialize import InputValuesNeeded
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     from tensorfuse.ir.knobs import workload_key
     tgt = Target.parse(target)
     try:

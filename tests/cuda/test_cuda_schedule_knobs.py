@@ -38,7 +38,7 @@ def lower(model, opt_level: int, knobs: dict | None = None):
     from tensorfuse.compiler.frontend.onnx import import_onnx
     from tensorfuse.compiler.lower import lower_graph
     from tensorfuse.compiler.pipeline import optimize
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     tgt = Target.parse("cuda")
     g = import_onnx(model)
     optimize(g, opt_level, target=tgt)
