@@ -27,7 +27,7 @@ import onnx.backend.test
 import pytest
 from onnx.backend.test.loader import load_model_tests
 
-from tensorfuse.compiler.backend import TensorfuseBackend
+from tensorfuse.backend import TensorfuseBackend
 
 HERE = pathlib.Path(__file__).resolve().parent
 CORE_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.BOOL}
@@ -117,7 +117,7 @@ def test_every_exclude_has_a_reason_and_matches_a_test():
 
 def test_backend_interface_run_node_and_devices():
     import numpy as np
-    from tensorfuse.compiler import backend
+    from tensorfuse import backend
     node = onnx.helper.make_node("Add", ["a", "b"], ["c"])
     (c,) = backend.run_node(node, [np.ones((2, 3), np.float32), np.arange(3, dtype=np.float32)])
     np.testing.assert_array_equal(c, np.ones((2, 3)) + np.arange(3))
@@ -127,7 +127,7 @@ def test_backend_interface_run_node_and_devices():
 
 def test_backend_prepare_dynamic_shapes_compiles_at_run():
     import numpy as np
-    from tensorfuse.compiler import backend
+    from tensorfuse import backend
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3])
     y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 3])
     m = onnx.helper.make_model(onnx.helper.make_graph([onnx.helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
