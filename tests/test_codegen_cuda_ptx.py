@@ -131,3 +131,58 @@ def test_every_kernel_compiles_to_sm90_ptx(tmp_path):
     for what in ("cuda.grid(1)", "cuda.shared.array", "cuda.syncthreads()", "cuda.blockIdx.x"):
         assert what in src, what
     assert any(n.startswith(("convnhwc", "fusedconvnhwc")) for n in lib.kernel_names), lib.kernel_names  # O2: NHWC
+
+
+class _FixedKnobs:
+    """Tuning records giving these knob values to every workload (``lower_graph(tuning=)``)."""
+
+    def __init__(self, knobs):
+        self.knobs = knobs
+
+    def knobs_for(self, key):
+        return dict(self.knobs)
+
+
+#: knob values far from the defaults: the tiled GEMM's general path (R x R outputs per thread,
+#: K slices smaller and larger than the tile), the largest and smallest blocks
+KNOB_SETTINGS = [
+    {"tile": 32, "thread_tile": 4, "k_slice": 8, "channels_per_block": 64, "threads_per_block": 1024,
+     "launch_threads": 1024},
+    {"tile": 8, "k_slice": 32, "block_threads": 32, "channels_per_block": 8, "threads_per_block": 64,
+     "launch_threads": 32},
+]
+
+
+@pytest.mark.skipif(not _nvvm_ok(), reason="libNVVM not found (pip install nvidia-nvvm==13.0.88)")
+@pytest.mark.parametrize("knobs", KNOB_SETTINGS, ids=["large", "small"])
+def test_tuned_knobs_compile_to_sm90_ptx(tmp_path, knobs):
+    """Kernels of the cuda schedules with other knob values than the defaults (what a tuning
+    record may choose) compile to PTX for sm_90 too."""
+    from tensorfuse.codegen.cuda.jit import build_library
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.compiler.pipeline import optimize
+    from tensorfuse.ir.target import Target
+    r = np.random.default_rng(3)
+    f = TensorProto.FLOAT
+    # a 1x1 conv (implicit GEMM 20 x 18 x 17), a depthwise conv, a channels-last global pool,
+    # a Softmax row of 64 (block per row) and an Add (generic launches)
+    model = _model([helper.make_node("Conv", ["x", "w"], ["c"]),
+                    helper.make_node("Conv", ["c", "wd"], ["d"], pads=[1, 1, 1, 1], group=18),
+                    helper.make_node("GlobalAveragePool", ["d"], ["y"]),
+                    helper.make_node("Softmax", ["s"], ["p"], axis=-1), helper.make_node("Add", ["p", "s"], ["z"])],
+                   [helper.make_tensor_value_info("x", f, [1, 17, 4, 5]), helper.make_tensor_value_info("s", f, [2, 64])],
+                   [helper.make_tensor_value_info("y", f, [1, 18, 1, 1]), helper.make_tensor_value_info("z", f, [2, 64])],
+                   {"w": r.standard_normal((18, 17, 1, 1)).astype(np.float32),
+                    "wd": r.standard_normal((18, 1, 3, 3)).astype(np.float32)})
+    tgt = Target.parse("cuda")
+    g = import_onnx(model)
+    optimize(g, 1, target=tgt)
+    kernels = lower_graph(g, tgt, tuning=_FixedKnobs(knobs)).kernels
+    used = {n for k in kernels for n, v in k.knobs.items() if knobs.get(n) == v}
+    assert set(knobs) <= used, set(knobs) - used
+    lib = build_library(kernels, cache_dir=str(tmp_path))
+    ptx = lib.ptx(cc=(9, 0))
+    assert set(ptx) == set(lib.kernel_names)
+    for name, text in ptx.items():
+        assert ".target sm_90" in text, name
