@@ -262,6 +262,15 @@ def _as_records(src) -> list[Record]:
     return out
 
 
+def _rank(r: Record) -> tuple:
+    """The order of one workload's usable records, best first: by the tuner's ``vs_default``
+    (``extra``; see :class:`TuningRecords`) where a record has it, else by ``median_ms``."""
+    vs = r.extra.get("vs_default")
+    if isinstance(vs, (int, float)) and not isinstance(vs, bool) and vs > 0:
+        return (0, float(vs), r.median_ms)
+    return (1, r.median_ms, 0.0)
+
+
 class TuningRecords:
     """Tuning records for one target: per workload the best usable record.
 
@@ -274,6 +283,9 @@ class TuningRecords:
 
     A record is usable when its status is "ok", its target identity matches
     (:func:`target_mismatch`) and its version is ``version``. The best of a workload has the
+    lowest ``vs_default`` where its records have one (written by ``tensorfuse tune``: the
+    candidate's median over the default knobs' median timed beside it, in interleaved blocks,
+    so a drift of the machine's speed between candidates does not pick a lucky one), else the
     lowest ``median_ms`` (ties: the first in file order). Records that are not usable for
     another reason than their status are in ``ignored`` as ``(record, reason)``; records of
     failed trials are counted in ``n_failed``.
@@ -310,7 +322,7 @@ class TuningRecords:
         self.best: dict[str, Record] = {}
         for key, recs in by_key.items():
             same = [r for r in recs if threads is not None and r.threads == threads]
-            self.best[key] = min(same or recs, key=lambda r: r.median_ms)
+            self.best[key] = min(same or recs, key=_rank)
 
     def for_target(self, target, threads: int | None = None) -> "TuningRecords":
         """These records chosen again for another target (and thread count)."""

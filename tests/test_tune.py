@@ -98,14 +98,18 @@ def test_tune_records_failures_resume_and_tuned_compile(tmp_path, plugin, capsys
     assert [r.knobs["fault"] for r in faulty][0] == "none", "the default knobs are measured first"
     assert sorted(r.knobs["variant"] for r in variants) == [0, 1, 2]
     assert all(r.status == "ok" and r.median_ms > 0 and r.spread_ms >= 0 and r.runs >= 5 for r in variants)
-    from tensorfuse.compiler.target import Target
+    # the default timed alone; the others in blocks beside it: their ratio to it in the same window
+    assert variants[0].extra["vs_default"] == 1.0 and "default_window_ms" not in variants[0].extra
+    for r in variants[1:]:
+        assert r.extra["vs_default"] == pytest.approx(r.median_ms / r.extra["default_window_ms"])
+    from tensorfuse.ir.target import Target
     from tensorfuse.ir.knobs import target_identity
     ident = target_identity(Target.parse("llvm"))
     for r in records:
         assert r.threads == 1 and r.target == ident and r.version == tensorfuse.__version__
         assert r.default_ms == faulty[0].median_ms if r in faulty else r.default_ms == variants[0].median_ms
     assert (res.measured, res.failed) == (8, 4)
-    best = min(variants, key=lambda r: r.median_ms)
+    best = min(variants, key=lambda r: r.extra["vs_default"])
     wl = next(w for w in res.workloads if w.summary.startswith("MatMul [4,16]"))
     assert wl.best_knobs == best.knobs and wl.known == 3 and wl.default_ms == variants[0].median_ms
 
@@ -130,7 +134,7 @@ def test_tune_records_failures_resume_and_tuned_compile(tmp_path, plugin, capsys
     records = read_records(rec)
     assert len(records) == 8 and len({(r.workload, canonical(r.knobs)) for r in records}) == 8
     variants = [r for r in records if r.summary == "MatMul [4,16] [16,6] -> [4,6]"]
-    best = min(variants, key=lambda r: r.median_ms)
+    best = min(variants, key=lambda r: r.extra["vs_default"])    # what TuningRecords picks
 
     # the records compile into the model: the fastest variant's knobs, the same numbers
     m = assert_tuned_matches_ort(model, path, rec)

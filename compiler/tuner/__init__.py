@@ -20,7 +20,9 @@ What it does, for a model:
    outputs differ from the default knobs' beyond the tolerance (``"wrong"``) is recorded as
    failed and the tuner goes on. Times are the median (and interquartile range) of repeated
    runs after warm-up, with a pause before each candidate so the machine settles, at
-   ``num_threads`` threads (the count the module will run with).
+   ``num_threads`` threads (the count the module will run with); a candidate is timed in
+   blocks interleaved with the default knobs' module, and its ratio to the default
+   (``vs_default`` in its record) is what candidates are compared by.
 4. **Records**: one JSON line per candidate, appended as it is measured
    (``compiler.tuning.append_record``). An interrupted run resumes: records in the file for
    this target (CPU and features), tensorfuse version and thread count count as measured, and
@@ -65,8 +67,10 @@ class WorkloadResult:
     default lowering's space), ``status`` ("tuned"; "no knobs": nothing to choose; "not
     reached": the time budget ran out before it; "default failed: ..."), ``measured`` and
     ``failed`` (candidates this run), ``known`` (candidates in the records, this run's
-    included), ``default_ms`` and ``best_ms`` (medians, ms), ``best_knobs`` and
-    ``best_schedule`` (the fastest ok candidate), ``seconds`` spent."""
+    included), ``default_ms`` (the default knobs' median, ms) and ``best_ms`` (the fastest
+    ok candidate's time: ``default_ms`` times its median over the default's, both timed in
+    interleaved blocks, ``vs_default`` in its record), ``best_knobs`` and ``best_schedule``
+    (that candidate's), ``seconds`` spent."""
 
     key: str
     summary: str
@@ -235,7 +239,7 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     Returns a :class:`TuneResult`. Raises ValueError (bad arguments), what ``compile``
     raises for a model it cannot compile, OSError when ``records`` cannot be written,
     ImportError (executor "ray" without Ray, or a plugin that fails to import)."""
-    from tensorfuse.compiler.target import Target
+    from tensorfuse.ir.target import Target
     from tensorfuse.compiler.tuning import tensorfuse_version
     from tensorfuse.ir.knobs import target_identity
     from tensorfuse.runtime.threads import resolve_num_threads
@@ -254,7 +258,7 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     if trials is None and time_budget is None:
         trials = DEFAULT_TRIALS
     deadline = t_start + float(time_budget) if time_budget is not None else None
-    from tensorfuse.compiler import progress as pg
+    from tensorfuse import progress as pg
     show = bool(progress) and sys.stderr.isatty()
     with pg.enabled(show), pg.task("tuning: compiling and profiling the model (default knobs)"):
         tasks, info = model_tasks(model, tgt, opt_level, input_shapes, seed)
@@ -313,12 +317,21 @@ def _tune_workload(t, w: WorkloadResult, session, search: Search, prior: list, r
     default_key = canonical(t.knobs)
     default_failed = None
     for r in prior:
-        search.tell(r.knobs, r.status, r.median_ms)
         if canonical(r.knobs) == default_key:
             if r.usable:
                 w.default_ms = r.median_ms if w.default_ms is None else min(w.default_ms, r.median_ms)
             else:
                 default_failed = r.error or r.status
+
+    def rank_ms(median: float | None, vs: Any) -> float | None:
+        """The time candidates are compared by: the default's median times the candidate's
+        ratio to the default timed beside it (robust to the machine's drift), else its median."""
+        if median is not None and isinstance(vs, (int, float)) and vs > 0 and w.default_ms:
+            return float(vs) * w.default_ms
+        return median
+
+    for r in prior:
+        search.tell(r.knobs, r.status, rank_ms(r.median_ms, r.extra.get("vs_default")))
     search.note_request({})             # the empty request is the default
 
     def best_from_search() -> None:
@@ -345,8 +358,12 @@ def _tune_workload(t, w: WorkloadResult, session, search: Search, prior: list, r
             rec.extra["node"] = res["node"]
         if res.get("compile_s") is not None:
             rec.extra["compile_s"] = round(float(res["compile_s"]), 4)
+        if status == "ok" and res.get("vs_default") is not None:
+            rec.extra["vs_default"] = float(res["vs_default"])
+            if res.get("default_window_ms") is not None:
+                rec.extra["default_window_ms"] = float(res["default_window_ms"])
         append_record(records, rec)
-        search.tell(values, status, median)
+        search.tell(values, status, rank_ms(median, res.get("vs_default")))
         result.measured += 1
         w.measured += 1
         if status != "ok":

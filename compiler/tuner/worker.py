@@ -20,9 +20,12 @@ Requests (``"op"``):
   the effective knob values each request stands for (a knob the schedule did not declare is
   dropped, a value outside its candidates becomes the default) and the knobs declared.
 - ``"measure"``: ``knobs``: lowers, generates code, runs once and compares with the reference
-  (``status`` "wrong" beyond the tolerance), then times it (:func:`time_module`); answers
-  ``{"status": "ok", "values", "space", "schedule", "median_ms", "spread_ms", "runs",
-  "compile_s"}``, or ``{"status": "wrong"|"error", "error": ...}``.
+  (``status`` "wrong" beyond the tolerance), then times it (:func:`time_modules`: a candidate
+  other than the default in blocks interleaved with the default knobs' module, kept from the
+  setup); answers ``{"status": "ok", "values", "space", "schedule", "median_ms", "spread_ms",
+  "runs", "compile_s", "vs_default"}`` (the candidate's median over the default's in the same
+  window, 1.0 for the default itself; and ``"default_window_ms"``), or ``{"status":
+  "wrong"|"error", "error": ...}``.
 - ``"exit"``.
 
 Test-only schedules (or any extra schedules) are loaded from ``$TENSORFUSE_TUNE_PLUGINS`` by
@@ -157,60 +160,88 @@ def compare(got: list[np.ndarray], want: list[np.ndarray], rtol: float, atol: fl
     return None
 
 
-def time_module(mod, inputs: list[np.ndarray], repeat: int = 25, min_sample_s: float = 2e-3,
-                max_measure_s: float = 2.0, settle_s: float = 0.15) -> dict:
-    """Wall time of whole runs of ``mod`` (one-node modules: the kernel's time plus the call),
-    in the care of ``benchmarks/bench_models.py``: warm-up runs first, then ``settle_s`` of
-    sleep (the previous candidate's thread team stops spinning), then ``repeat`` samples, each
-    the mean of ``number`` back-to-back runs, ``number`` chosen so that a sample lasts at least
-    ``min_sample_s``; fewer samples (at least 5) when they would take over ``max_measure_s``.
-    The garbage collector is off while timing. For llvm modules the runs call the entry
-    function directly on a bound arena (no per-run input checks or output allocation: a
-    kernel of microseconds is not hidden under Python's overhead); other modules are timed
-    through ``run``. Returns ``{"median_ms", "spread_ms" (interquartile range), "runs"}``."""
+#: blocks each module's samples are split into when several are timed together (interleaved)
+ROUNDS = 5
+#: seconds of sleep between two blocks: the thread team of the module timed before stops
+#: spinning (``runtime.threads.WORKER_SPIN_TICKS``: a few milliseconds) before the next is timed
+BLOCK_GAP_S = 0.01
+
+
+def _runner(mod, inputs: list[np.ndarray]):
+    """``(once, release)``: one run of ``mod`` on ``inputs``, and what frees its arena. For llvm
+    modules the entry function is called directly on a bound arena (no per-run input checks or
+    output allocation: a kernel of microseconds is not hidden under Python's overhead); other
+    modules run through ``run``."""
     from tensorfuse.runtime.module import Module
+    if not isinstance(mod, Module):
+        return (lambda: mod.run(*inputs)), (lambda: None)
+    arena = mod._acquire()
+    outs = [np.empty(i.shape, i.dtype) for i in mod.output_info]
+    mod._bind(arena, inputs, outs)
+    entry = mod._entry
+    return (lambda: arena.call(entry)), (lambda: mod._release(arena))
+
+
+def time_modules(mods: list, inputs: list[np.ndarray], repeat: int = 25, min_sample_s: float = 2e-3,
+                 max_measure_s: float = 2.0, settle_s: float = 0.15, rounds: int = ROUNDS) -> list[dict]:
+    """Wall times of whole runs of each module in ``mods`` (one-node modules: the kernel's time
+    plus the call), with the care of ``benchmarks/bench_models.py``: warm-up runs of each first,
+    then ``settle_s`` of sleep (the previous candidate's thread team stops spinning), then about
+    ``repeat`` samples per module, each the mean of ``number`` back-to-back runs (``number``
+    chosen so that a sample lasts at least ``min_sample_s``). With several modules the samples
+    are taken in ``rounds`` interleaved blocks (module order alternating, ``BLOCK_GAP_S`` of
+    sleep between blocks), so a slow stretch of the machine hits them alike; fewer samples (at
+    least 5 per module) when they would take over ``max_measure_s``. The garbage collector is
+    off while timing. Returns per module ``{"median_ms", "spread_ms" (interquartile range),
+    "runs"}``."""
     clock = time.perf_counter
-    release = None
-    if isinstance(mod, Module):
-        arena = mod._acquire()
-        outs = [np.empty(i.shape, i.dtype) for i in mod.output_info]
-        mod._bind(arena, inputs, outs)
-        entry = mod._entry
-
-        def once():
-            arena.call(entry)
-
-        def release():
-            mod._release(arena)
-    else:
-        def once():
-            mod.run(*inputs)
+    runners = [_runner(m, inputs) for m in mods]
     try:
-        warm, t_start = [], clock()
-        while len(warm) < 3 or (clock() - t_start < 0.05 and len(warm) < 1000):
-            t0 = clock()
-            once()
-            warm.append(clock() - t0)
-        per = max(statistics.median(warm), 1e-9)
-        number = max(1, math.ceil(min_sample_s / per))
-        n = max(5, min(repeat, int(max_measure_s / (per * number))))
+        per, number = [], []
+        for once, _ in runners:
+            warm, t_start = [], clock()
+            while len(warm) < 3 or (clock() - t_start < 0.05 and len(warm) < 1000):
+                t0 = clock()
+                once()
+                warm.append(clock() - t0)
+            p = max(statistics.median(warm), 1e-9)
+            per.append(p)
+            number.append(max(1, math.ceil(min_sample_s / p)))
+        blocks = 1 if len(mods) == 1 else max(1, rounds)
+        cost = sum(p * n for p, n in zip(per, number))           # seconds of one sample of each
+        total = max(5, min(repeat, int(max_measure_s / cost)))   # samples per module
+        k = max(1, math.ceil(total / blocks))
         gc.collect()
         time.sleep(settle_s)
-        samples = []
+        samples: list[list[float]] = [[] for _ in mods]
         gc.disable()
         try:
-            for _ in range(n):
-                t0 = clock()
-                for _ in range(number):
-                    once()
-                samples.append((clock() - t0) / number)
+            for b in range(blocks):
+                order = range(len(mods)) if b % 2 == 0 else range(len(mods) - 1, -1, -1)
+                for i in order:
+                    once, n = runners[i][0], number[i]
+                    for _ in range(k):
+                        t0 = clock()
+                        for _ in range(n):
+                            once()
+                        samples[i].append((clock() - t0) / n)
+                    if len(mods) > 1:
+                        time.sleep(BLOCK_GAP_S)
         finally:
             gc.enable()
     finally:
-        if release is not None:
+        for _, release in runners:
             release()
-    q = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else [samples[0]] * 3
-    return {"median_ms": statistics.median(samples) * 1e3, "spread_ms": (q[2] - q[0]) * 1e3, "runs": n * number}
+    out = []
+    for s, n in zip(samples, number):
+        q = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else [s[0]] * 3
+        out.append({"median_ms": statistics.median(s) * 1e3, "spread_ms": (q[2] - q[0]) * 1e3, "runs": len(s) * n})
+    return out
+
+
+def time_module(mod, inputs: list[np.ndarray], **kw) -> dict:
+    """:func:`time_modules` of one module."""
+    return time_modules([mod], inputs, **kw)[0]
 
 
 # ----------------------------------------------------------------------------- the worker
@@ -223,9 +254,12 @@ class Worker:
         self.inputs: list[np.ndarray] = []
         self.ref: list[np.ndarray] | None = None
         self.target = None
+        #: the default knobs' module (timed beside each candidate) and their effective values
+        self.default_mod = None
+        self.default_values: dict | None = None
 
     def setup(self, msg: dict) -> dict:
-        from tensorfuse.compiler.target import Target
+        from tensorfuse.ir.target import Target
         from tensorfuse.ir.knobs import target_identity
         from tensorfuse.runtime.module import RunCheckError
         with open(msg["graph"], "rb") as f:
@@ -235,13 +269,15 @@ class Worker:
         self.inputs = make_inputs(self.graph, int(msg.get("seed", 0)))
         if not msg.get("reference", True):     # resolving only (lowering): no code, no reference
             return {"ok": True, "identity": target_identity(self.target)}
-        mod, _wl = build_candidate(self.graph, self.target, {}, int(msg.get("threads", 1)))
+        self.default_mod = None
+        gc.collect()
+        mod, wl = build_candidate(self.graph, self.target, {}, int(msg.get("threads", 1)))
         try:
             self.ref = mod.run(*self.inputs)
         except RunCheckError:       # random integers out of range for an index: zeros are in range
             self.inputs = make_inputs(self.graph, int(msg.get("seed", 0)), zero_ints=True)
             self.ref = mod.run(*self.inputs)
-        del mod
+        self.default_mod, self.default_values = mod, describe(wl)["values"]
         return {"ok": True, "identity": target_identity(self.target)}
 
     def resolve(self, msg: dict) -> dict:
@@ -272,15 +308,24 @@ class Worker:
         why = compare(got, self.ref, float(m.get("rtol", 2e-3)), float(m.get("atol", 1e-5)))
         if why is not None:
             return {**res, "status": "wrong", "error": why}
+        # a candidate other than the default is timed in blocks interleaved with the default's
+        # module: its time relative to the default ("vs_default") holds when the machine's speed
+        # drifts between candidates
+        beside = self.default_mod is not None and res["values"] != self.default_values
         try:
-            t = time_module(mod, self.inputs, int(m.get("repeat", 25)), float(m.get("min_sample_s", 2e-3)),
-                            float(m.get("max_measure_s", 2.0)), float(m.get("settle_s", 0.15)))
+            times = time_modules([mod, self.default_mod] if beside else [mod], self.inputs,
+                                 int(m.get("repeat", 25)), float(m.get("min_sample_s", 2e-3)),
+                                 float(m.get("max_measure_s", 2.0)), float(m.get("settle_s", 0.15)))
         except Exception as e:          # noqa: BLE001
             return {**res, "status": "error", "error": "timing: " + _error_text(e)}
         finally:
             del mod
             gc.collect()
-        return {**res, "status": "ok", **t}
+        out = {**res, "status": "ok", **times[0], "vs_default": 1.0}
+        if beside:
+            out["default_window_ms"] = times[1]["median_ms"]
+            out["vs_default"] = times[0]["median_ms"] / times[1]["median_ms"]
+        return out
 
 
 def _error_text(e: BaseException) -> str:
