@@ -88,7 +88,7 @@ def test_the_pointwise_epilogue_bug_fails_loudly_in_debug_mode(monkeypatch):
     """Put back the indexing issue 24 found (the flat pixel offset as a plain index, operands
     shaped [W] accepted): a compile in debug mode now stops with the out-of-bounds read of the
     5-element operand instead of running on garbage."""
-    from tensorfuse.ir.ops import conv_blocked
+    from tensorfuse.codegen.llvm.schedules import conv2d as conv_blocked
     monkeypatch.setenv("TENSORFUSE_DEBUG", "1")
     monkeypatch.setattr(conv_blocked, "PixelIndex", lambda idx, spatial: list(idx))
     monkeypatch.setattr(conv_blocked, "epilogue_operands", lambda ctx: [])

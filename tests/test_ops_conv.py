@@ -196,7 +196,7 @@ def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, threads):
     of its group; every tail and group split matches onnxruntime at 1 and 2 threads."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from tensorfuse.ir.ops.conv_blocked import PACK_MAX_BYTES
+    from tensorfuse.codegen.llvm.schedules.conv2d import PACK_MAX_BYTES
     x = _u(*x_shape)
     w = _u(m, x_shape[1], 1, 1, seed=1) * 0.3
     bias, z = _u(m, seed=2), _u(x_shape[0], m, *x_shape[2:], seed=3)
@@ -252,7 +252,7 @@ def test_flat_tile_choice_follows_the_target():
     """The flat tile takes its lanes and register budget from the target: 8 lanes and at most
     16 registers with AVX2, 16 lanes and 32 registers with AVX-512."""
     from tensorfuse.compiler.target import Target
-    from tensorfuse.ir.ops.conv_blocked import FLAT_CHUNK_L1_SHARE, choose_flat_tile, flat_chunk
+    from tensorfuse.codegen.llvm.schedules.conv2d import FLAT_CHUNK_L1_SHARE, choose_flat_tile, flat_chunk
     for spec, lanes, regs in (("llvm -mcpu=znver3", 8, 16), ("llvm -mcpu=znver4", 16, 32)):
         t = Target.parse(spec)
         L, ob, p = choose_flat_tile(t, 512, 49)
@@ -530,7 +530,7 @@ def test_winograd_transforms_compute_a_correlation():
     """The F(2x2, 3x3) matrices themselves, in float64 on random data: A^T [(G g G^T) .
     (B^T d B)] A equals the 2x2 valid correlation of the 4x4 patch d with the 3x3 filter g
     (Lavin & Gray 2016, eq. 8), and transform_weights lays U out as [16, MB, C, blk]."""
-    from tensorfuse.ir.ops.conv_winograd import G, transform_weights
+    from tensorfuse.codegen.llvm.schedules.conv2d_winograd import G, transform_weights
     rng = np.random.default_rng(0)
     BT = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], float)
     AT_ = np.array([[1, 1, 1, 0], [0, 1, -1, -1]], float)

@@ -1,8 +1,9 @@
-"""The depthwise convolution schedule (ir/ops/conv_depthwise.py: Conv with group == C == M,
-2-D, f32, constant W; ONNX spec section "Conv") against onnxruntime (optimisations off):
-kernel shapes, strides, pads, dilations, widths around the target's vector width, channel
-counts, batches, bias, the fused epilogues mobilenet uses (Relu, Clip(0, 6)) and a residual
-Add, at 1 and 2 threads; each checks that the depthwise kernel ran (its comment's marker)."""
+"""The depthwise convolution schedule (codegen/llvm/schedules/conv2d_depthwise.py: Conv with
+group == C == M, 2-D, f32, constant W; ONNX spec section "Conv") against onnxruntime
+(optimisations off): kernel shapes, strides, pads, dilations, widths around the target's
+vector width, channel counts, batches, bias, the fused epilogues mobilenet uses (Relu,
+Clip(0, 6)) and a residual Add, at 1 and 2 threads; each checks that the depthwise kernel
+ran (its comment's marker)."""
 import numpy as np
 import pytest
 from onnx import helper

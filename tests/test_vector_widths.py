@@ -99,7 +99,7 @@ def test_small_plane_pointwise_takes_flat_tiles_at_16_lanes(width):
     """A 1x1 conv on a 7x7 plane: 49 pixels fill 4 vectors of 16 lanes to 77%, so at 16 lanes it
     takes the flat tiles (channels as lanes), at 8 and 4 lanes (88%, 94%) the pointwise GEMM
     (POINTWISE_MIN_LANE_USE); a residual Add and Relu fused; it matches onnxruntime either way."""
-    from tensorfuse.ir.ops.conv_blocked import POINTWISE_MIN_LANE_USE, pointwise_lane_use
+    from tensorfuse.codegen.llvm.schedules.conv2d import POINTWISE_MIN_LANE_USE, pointwise_lane_use
     target, lanes = width
     rng = np.random.default_rng(5)
     N = helper.make_node

@@ -6,11 +6,14 @@ Layout is NCHW generalised to N-D: X is [N, C, D1, ..., Dn], W is [M, C/group, k
 (ConvTranspose: [C, M/group, k1, ..., kn]). The geometry helpers here (:func:`conv_geometry`,
 :func:`window_lo`, :func:`window_hi`) are shared with the pooling ops.
 
-Kernels are built row by row: for each (n, output channel) and each output row (all output
-spatial dims but the last), a local accumulator holds a row of outputs; the reduction over
-(input channel, kernel taps) runs outside, and the innermost loop walks the contiguous output
-columns, its range clamped so that no padding test runs per element. Bias and the fused
-epilogue (``ctx.apply_epilogue``) are applied once per element before its single store.
+The generic kernels are built row by row: for each (n, output channel) and each output row
+(all output spatial dims but the last), a local accumulator holds a row of outputs; the
+reduction over (input channel, kernel taps) runs outside, and the innermost loop walks the
+contiguous output columns, its range clamped so that no padding test runs per element. Bias
+and the fused epilogue (``ctx.apply_epilogue``) are applied once per element before its
+single store. A backend's schedules for 2-D convolutions (register tiles, Winograd,
+depthwise: for llvm ``codegen/llvm/schedules/conv2d*.py``) replace that nest where they
+apply (:func:`emit_conv`, schedule key ``"conv2d"``).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, as_expr, maximum, 
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops._common import check_float
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.strategy import NO_SCHEDULE, dispatch
 from tensorfuse.ir.types import DType, TensorType
 
 FLOAT_TYPES = (DType.f16, DType.f32, DType.f64, DType.bf16)
@@ -254,16 +258,17 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     innermost the output columns. ``load_x(value, c)`` / ``load_w(value, oc)`` convert loaded
     elements to ``acc_dtype`` (ConvInteger subtracts zero points there; ``c`` is the input
     channel); ``finish(acc, oc)`` turns the accumulator (bias added) into y's dtype.
+
+    First the target's backend schedules registered for the key ``"conv2d"``
+    (``ir.strategy.dispatch``; the llvm ones in ``codegen/llvm/schedules/conv2d*.py``) are
+    asked, with the keywords ``x, w, b, y, group, geo, acc_dtype, params`` and ``hooks`` =
+    ``(load_x, load_w, finish)`` as given (None where not given); the loop nest above is the
+    generic one, used where none applies.
     """
-    from tensorfuse.ir.ops.conv_blocked import blocked_conv_ok, emit_conv_blocked
-    from tensorfuse.ir.ops.conv_depthwise import depthwise_conv_ok, emit_conv_depthwise
-    cpu = ctx.target.kind != "cuda"     # register-blocked CPU schedules; cuda takes the generic one
-    if (cpu and depthwise_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish))
-            and ctx.const(1) is not None and ctx.inputs[1] is w):
-        return emit_conv_depthwise(ctx, x, w, b, y, geo, params=params)
-    if (cpu and blocked_conv_ok(x, w, y, group, geo, acc_dtype, (load_x, load_w, finish), ctx.target)
-            and ctx.const(1) is not None and ctx.inputs[1] is w):
-        return emit_conv_blocked(ctx, x, w, b, y, geo, params=params, group=group)
+    done = dispatch("conv2d", ctx, x=x, w=w, b=b, y=y, group=group, geo=geo, acc_dtype=acc_dtype,
+                    hooks=(load_x, load_w, finish), params=params)
+    if done is not NO_SCHEDULE:
+        return done
     if acc_dtype is None:
         acc_dtype = DType.f32 if x.dtype in (DType.f16, DType.bf16) else x.dtype
     load_x = load_x or (lambda v, c: v.cast(acc_dtype))
@@ -275,8 +280,8 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     cg, mg = c_ // group, m_ // group
     out, ins = geo.out_shape, geo.in_shape
     ow_n = out[-1]
-    # cuda: one output element per GPU thread (column tiles of 1, the tile loop spatial)
-    gpu = ctx.target.kind == "cuda"
+    # a SIMT target (cuda): one output element per GPU thread (column tiles of 1, the tile loop spatial)
+    gpu = ctx.target.simt
     tile = 1 if gpu else min(ow_n, ROW_TILE)
     kb = ctx.kernel(params=params)
     acc = kb.local(acc_dtype, (tile,), hint="row")
@@ -473,7 +478,7 @@ def emit_conv_transpose(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     cg, mg = c_ // group, m_ // group
     out, ins = geo.out_shape, geo.in_shape
     ow_n = out[-1]
-    gpu = ctx.target.kind == "cuda"     # one output element per GPU thread, as in emit_conv
+    gpu = ctx.target.simt               # one output element per GPU thread, as in emit_conv
     tile = 1 if gpu else min(ow_n, ROW_TILE)
     tiled = tile < ow_n
     kb = ctx.kernel(params=params)

@@ -23,14 +23,14 @@ from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.types import DType
 
-from .conv_blocked import vector_registers
-
 
 def choose_gemm_tile(target, rows: int, n: int) -> tuple[int, int, int]:
     """(L, R, NB): lanes, rows per tile, vectors per panel; R*NB accumulators + NB + 1 fit the
     target's vector registers."""
     L = target.lanes(DType.f32)
-    regs = vector_registers(target)
+    # codegen.llvm.schedules.conv2d.vector_registers (ir imports nothing of codegen; this
+    # schedule moves there next)
+    regs = 32 if getattr(target, "has_avx512", False) else 16
     nb = 2 if n > L else 1
     if regs >= 32 and n > 2 * L:
         nb = 3

@@ -1,8 +1,14 @@
 """The register-blocked schedules of 2-D float32 convolution (docs/architecture.md "CPU codegen"),
 for group 1 and, one group at a time, for grouped convolutions (:class:`ConvGroups`). Graph
-layout stays NCHW.
+layout stays NCHW. Each registers in ``ir.strategy`` for the key ``"conv2d"`` and the llvm
+backend (``ir.ops.conv.emit_conv`` dispatches): ``conv2d_rows``, ``conv2d_flat``,
+``conv2d_pointwise``, ``conv2d_im2row`` here, ``conv2d_winograd`` in :mod:`.conv2d_winograd`
+(and ``conv2d_depthwise`` in :mod:`.conv2d_depthwise`). Where several apply, the one of highest
+plevel (:data:`PLEVEL`, a function of the shape where a measured threshold decides) is the
+default and the knob ``schedule`` picks another. Their tile sizes, chunk sizes and parallel
+splits are knobs (``ir.knobs.knob``) whose defaults are the formulas below.
 
-General convolutions (:func:`emit_conv_blocked`): inside the kernel the output channels are
+General convolutions (:func:`emit_conv_rows`): inside the kernel the output channels are
 the vector lanes.
 
 - W [M, C, KH, KW] is packed once at compile time into ``Wp [MB, KW, C, KH, OB*L]`` (or
@@ -25,14 +31,15 @@ Small output planes in narrow rows (:func:`emit_conv_flat`, resnet's 7x7 stage) 
 flattened pixels instead, so a tile is not capped at one channel vector x one short row.
 
 3x3 convolutions of stride 1 on larger planes take Winograd F(2x2, 3x3) instead
-(:mod:`ir.ops.conv_winograd`), on the same register tile.
+(:mod:`codegen.llvm.schedules.conv2d_winograd`), on the same register tile.
 
 Pointwise convolutions (1x1, stride 1, no padding; :func:`emit_conv_pointwise`) are a GEMM
 vectorised over pixels instead, with the epilogue on contiguous vectors; each pixel tile of X
 is packed into a contiguous per-thread panel when enough channel blocks reuse it.
 
 Tile sizes come from the target: L = ``target.lanes(f32)``; the accumulator tile takes at most
-the vector registers the target has (16 with AVX2, 32 with AVX-512) less a few for operands.
+the vector registers the target has (16 with AVX2, 32 with AVX-512) less a few for operands
+(the knobs' candidates keep to that too).
 """
 from __future__ import annotations
 
@@ -43,7 +50,9 @@ import numpy as np
 
 from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, PixelIndex, Ramp, as_expr, fma
 from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.ops.conv import window_hi, window_lo
+from tensorfuse.ir.strategy import register_schedule
 from tensorfuse.ir.types import DType
 
 
@@ -91,9 +100,42 @@ def choose_tile(target, m_group: int, ow: int) -> tuple[int, int, int]:
     return L, best[1], best[2]
 
 
+#: the most channel vectors per register tile a knob offers
+MAX_TILE_OC_VECTORS = 4
+
+
+def tile_knobs(target, m_group: int, cols: int, default: tuple[int, int, int],
+               what: str = "output columns", spare: int = 2) -> tuple[int, int, int]:
+    """Knobs ``tile_oc_vectors`` (OB) and ``tile_cols`` (P) of a register tile of OB vectors of
+    output channels x P ``what`` (at most ``cols``), ``default`` = (L, OB, P) the formula's
+    choice. Candidates: OB from 1 to :data:`MAX_TILE_OC_VECTORS` without a block of only
+    padding ((OB - 1) * L < ``m_group``); P such that the OB*P accumulators, OB weight vectors
+    and ``spare`` more fit the vector registers. The P default is the formula's P, capped for
+    another OB. Returns (L, OB, P)."""
+    L, ob0, p0 = default
+    regs = vector_registers(target)
+    obs = [ob for ob in range(1, MAX_TILE_OC_VECTORS + 1)
+           if ob == 1 or ((ob - 1) * L < m_group and (regs - ob - spare) // ob >= 1)]
+    OB = knob("tile_oc_vectors", obs, ob0, doc=f"vectors of {L} output channels per register tile")
+    pmax = max(1, min(cols, (regs - OB - spare) // OB))
+    P = knob("tile_cols", range(1, pmax + 1), min(p0, pmax),
+             doc=f"{what} per register tile (OB*P accumulators + OB weights + {spare} <= {regs} vector registers)")
+    return L, OB, P
+
+
+def pow2_candidates(lo: int, hi: int, *extra: int) -> list[int]:
+    """Powers of two in [lo, hi], then ``extra`` values in that range (knob candidates)."""
+    out, v = [], 1
+    while v <= hi:
+        if v >= lo:
+            out.append(v)
+        v *= 2
+    return out + [e for e in extra if lo <= e <= hi]
+
+
 def blocked_conv_ok(x: Buffer, w: Buffer, y: Buffer, group: int, geo, acc_dtype, hooks,
                     target=None) -> bool:
-    """Whether :func:`emit_conv_blocked` applies: f32, 2-D, no custom load/finish hooks, and
+    """Whether the blocked schedules apply: f32, 2-D, no custom load/finish hooks, and
     group 1, or a grouped convolution (:class:`ConvGroups`) whose groups have at least one
     vector of ``target``'s output channels or are pointwise (depthwise convolutions and groups
     of few channels, ResNeXt's 4, keep the row schedule)."""
@@ -164,46 +206,20 @@ def pack_weights(w: np.ndarray, L: int, ob: int, kh_outer: bool) -> np.ndarray:
     return np.ascontiguousarray(wp.reshape(mb, blk, c, kh, kw).transpose(order))
 
 
-def emit_conv_blocked(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
-                      params: list[Buffer] | None = None, group: int = 1) -> KernelBuilder:
-    """Emit the register-blocked kernel for y = conv(x, w) + b with the fused epilogue.
-    X [N, C, H, W], W [M, C/group, KH, KW] (a compile-time constant), Y [N, M, OH, OW], all
-    f32; a grouped convolution runs as ``group`` independent ones (:class:`ConvGroups`).
-    Returns the KernelBuilder."""
-    grp = ConvGroups(x, y, group)
-    n_, c_, m_ = grp.n, grp.c, grp.m
-    H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
-    from tensorfuse.ir.ops.conv_winograd import emit_conv_winograd, winograd_ok
-    flat = flat_ok(ctx, c_, m_, geo)
-    if pointwise_ok(ctx, x, y, geo, group) and not (
-            flat and pointwise_lane_use(ctx.target, m_, c_, geo) < POINTWISE_MIN_LANE_USE):
-        emit = emit_conv_pointwise
-    elif flat:
-        emit = emit_conv_flat
-    elif im2row_ok(ctx, c_, geo):
-        emit = emit_conv_im2row
-    elif winograd_ok(ctx, c_, m_, geo):
-        emit = emit_conv_winograd
-    else:
-        emit = emit_conv_rows
-    kb = emit(ctx, x, w, b, y, geo, params, grp)
-    if group > 1:
-        kb.kernel.comment += f"  [{group} groups of {c_}->{m_} channels, run as {n_} images of [{c_}, {H}, {W}]]"
-    return kb
-
-
 def emit_conv_rows(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
                    params: list[Buffer] | None = None, grp: ConvGroups | None = None) -> KernelBuilder:
-    """The row tiles of :func:`emit_conv_blocked` (module docstring): parallel over (image of the
+    """The row tiles (module docstring): parallel over (image of the
     grouped view ``grp``, channel block, output row), a register tile of OB channel vectors x P
     columns per step. Returns the KernelBuilder."""
     grp = grp or ConvGroups(x, y)
     n_, c_, m_ = grp.n, grp.c, grp.m
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
-    L, OB, P = choose_tile(ctx.target, m_, OW)
+    L, OB, P = tile_knobs(ctx.target, m_, OW, choose_tile(ctx.target, m_, OW))
     blk = OB * L
     MB = -(-m_ // blk)
-    kh_outer = c_ < KH_OUTER_CHANNELS
+    kh_outer = knob("weights_kh_outer", (False, True), c_ < KH_OUTER_CHANNELS,
+                    doc="kernel rows outside the input-channel loop (weights packed [MB, KW, KH, C, OB*L]) "
+                        "instead of inside ([MB, KW, C, KH, OB*L])")
     wp = grp.pack(ctx, lambda wg: pack_weights(wg, L, OB, kh_outer), "wpack")
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
     kb = ctx.kernel(params=params)
@@ -342,7 +358,7 @@ FLAT_MAX_PIXELS = 64
 
 def flat_ok(ctx: LowerCtx, c_: int, m_: int, geo) -> bool:
     """Whether :func:`emit_conv_flat` applies: rows of at most :data:`NARROW_ROW` columns (where
-    the row tiles of :func:`emit_conv_blocked` hold one channel vector), a plane of at most
+    the row tiles of :func:`emit_conv_rows` hold one channel vector), a plane of at most
     :data:`FLAT_MAX_PIXELS` pixels, and at least two channel vectors."""
     OH, OW = geo.out_shape
     if not (OW <= NARROW_ROW and OH * OW <= FLAT_MAX_PIXELS and m_ >= 2 * ctx.target.lanes(DType.f32)):
@@ -402,6 +418,16 @@ def flat_chunk(target, c: int, blk: int, taps: int, plane: int = 1) -> int:
     return best if best >= min(8, c) else 0
 
 
+#: the partial-sum panel of a task of :func:`emit_conv_flat` (blocks x pixels x block, on the
+#: stack) takes at most this many bytes for the knob ``blocks_per_task``'s candidates
+FLAT_PART_MAX_BYTES = 256 * 1024
+
+
+def _largest_chunk(c: int, plane: int) -> int:
+    """The largest divisor of ``c`` whose padded planes fit :data:`FLAT_PAD_MAX_BYTES` (at least 1)."""
+    return max([d for d in range(1, c + 1) if c % d == 0 and d * plane * 4 <= FLAT_PAD_MAX_BYTES] or [1])
+
+
 def _flat_geometry(geo):
     """(Hp, Wp): the zero-padded input plane :func:`emit_conv_flat` reads, just large enough
     for every output pixel's window."""
@@ -434,12 +460,18 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
     # no padding: every window lies inside the input, which the tiles then read in place
     direct = not any(geo.pads_begin) and Hp <= H and Wp <= W
     npix = OH * OW
-    L, OB, P = choose_flat_tile(ctx.target, m_, npix)
+    L, OB, P = tile_knobs(ctx.target, m_, npix, choose_flat_tile(ctx.target, m_, npix), "pixels", spare=1)
     blk = OB * L
     MB = -(-m_ // blk)
-    KC = flat_chunk(ctx.target, c_, blk, KH * KW, 1 if direct else Hp * Wp)
+    plane = 1 if direct else Hp * Wp
+    KC = knob("chunk_channels", [d for d in range(1, c_ + 1) if c_ % d == 0 and d * plane * 4 <= FLAT_PAD_MAX_BYTES],
+              flat_chunk(ctx.target, c_, blk, KH * KW, plane) or _largest_chunk(c_, plane),
+              doc=f"input channels per chunk (a divisor of {c_}; its padded input at most {FLAT_PAD_MAX_BYTES} bytes)")
     NC = c_ // KC
-    G = max(1, MB // FLAT_MIN_TASKS)          # channel blocks per task
+    g0 = max(1, MB // FLAT_MIN_TASKS)
+    part_cap = max(g0, FLAT_PART_MAX_BYTES // (npix * blk * 4))
+    G = knob("blocks_per_task", pow2_candidates(1, min(MB, part_cap), MB, g0), g0,
+             doc=f"channel blocks per parallel task (default: enough tasks for {FLAT_MIN_TASKS} per image)")
     NG = -(-MB // G)
 
     def pack_group(wg: np.ndarray) -> np.ndarray:
@@ -578,6 +610,60 @@ def pointwise_tiling(target, m: int, c: int, hw: int) -> PointwiseTiling:
 POINTWISE_MIN_LANE_USE = 0.8
 
 
+#: the most pixel vectors per register tile the knob ``tile_pixel_vectors`` offers
+MAX_PIXEL_VECTORS = 4
+#: a packed pixel panel (input channels x one pixel tile, float32, on the stack) takes at most
+#: this many bytes for the knob ``pack_pixels`` (its default keeps to :data:`PACK_MAX_BYTES`)
+PACK_PANEL_MAX_BYTES = 256 * 1024
+
+
+def pixel_tile_knobs(target, m: int, default: tuple[int, int, int], nb_ok=lambda nb: True) -> tuple[int, int, int]:
+    """Knobs ``tile_oc`` (R) and ``tile_pixel_vectors`` (NB) of the pixel-vector micro-kernel
+    (:func:`pixel_gemm_tile`) over ``m`` output channels; ``default`` = (L, R, NB) the
+    formula's. Candidates: R up to half the vector registers (and ``m``), NB up to
+    :data:`MAX_PIXEL_VECTORS` with R*NB accumulators + NB input vectors + 1 broadcast within
+    the vector registers and ``nb_ok(NB)``. Returns (L, R, NB)."""
+    L, r0, nb0 = default
+    regs = vector_registers(target)
+    R = knob("tile_oc", range(1, max(1, min(m, regs // 2)) + 1), r0,
+             doc="output channels per register tile (one broadcast weight each)")
+    nbs = [nb for nb in range(1, MAX_PIXEL_VECTORS + 1) if R * nb + nb + 1 <= regs and nb_ok(nb)]
+    NB = knob("tile_pixel_vectors", nbs, nb0 if nb0 in nbs or not nbs else max(nbs),
+              doc=f"vectors of {L} pixels per register tile (R*NB accumulators + NB + 1 <= {regs} vector registers)")
+    return L, R, NB
+
+
+def pointwise_tiling_knobs(target, m: int, c: int, hw: int, strided: bool) -> PointwiseTiling:
+    """:func:`pointwise_tiling` with its choices as knobs: the tile (:func:`pixel_tile_knobs`)
+    and ``pack_pixels`` (whether pixel tiles are copied into panels; default
+    :func:`pack_pixels_ok`). A ``strided`` conv must pack and cover its last pixels with whole
+    vectors (:func:`strided_pointwise_ok`), so its candidates keep to tiles that do."""
+    d = pointwise_tiling(target, m, c, hw)
+
+    def shape(nb: int) -> tuple[int, int, bool]:
+        pix = nb * d.L
+        nfull = hw // pix
+        nvec_rest = -(-(hw - nfull * pix) // d.L)
+        can_pack = (nfull > 0 or hw >= nvec_rest * d.L) and c * pix * 4 <= PACK_PANEL_MAX_BYTES
+        return nfull, nvec_rest, can_pack
+
+    def strided_ok(nb: int) -> bool:
+        nfull, nvec_rest, can_pack = shape(nb)
+        return can_pack and hw >= nvec_rest * d.L
+
+    L, R, NB = pixel_tile_knobs(target, m, (d.L, d.R, d.NB), strided_ok if strided else (lambda nb: True))
+    nfull, nvec_rest, can_pack = shape(NB)
+    if strided:
+        pack = knob("pack_pixels", (True,), True, doc="copy each pixel tile into a contiguous panel "
+                    "(a strided 1x1 conv always does: the copy gathers the strided pixels)")
+    else:
+        pack0 = pack_pixels_ok(-(-m // R), c, NB * L) and (nfull > 0 or hw >= nvec_rest * L)
+        pack = knob("pack_pixels", (False, True) if can_pack else (False,), pack0,
+                    doc=f"copy each pixel tile into a contiguous panel (default: at least {PACK_MIN_BLOCKS} "
+                        f"channel blocks read it and it takes at most {PACK_MAX_BYTES} bytes)")
+    return PointwiseTiling(L, R, NB, nfull, nvec_rest, pack)
+
+
 def pointwise_lane_use(target, m: int, c: int, geo) -> float:
     """The share of the pixel vectors' lanes of :func:`emit_conv_pointwise` that hold distinct
     output pixels (whole tiles plus the rest's vectors, :class:`PointwiseTiling`)."""
@@ -676,7 +762,12 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     grp = grp or ConvGroups(x, y)
     n_, c_, m_ = grp.n, grp.c, grp.m
     hw = int(np.prod(y.shape[2:]))
-    L, R, NB, nfull, nvec_rest, pack = pointwise_tiling(ctx.target, m_, c_, hw)
+    sh, sw = geo.strides
+    strided = (sh, sw) != (1, 1)
+    L, R, NB, nfull, nvec_rest, pack = pointwise_tiling_knobs(ctx.target, m_, c_, hw, strided)
+    min_tasks = knob("min_parallel_tasks", pow2_candidates(1, 32), PACK_MIN_TASKS,
+                     doc="parallel tasks (pixel tiles x groups of channel blocks) the packed tiles aim at") \
+        if pack else PACK_MIN_TASKS
     MB = -(-m_ // R)
     wp = pack_pixel_gemm_weights(ctx, grp, c_, R)
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
@@ -687,8 +778,6 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     rest = hw - nfull * pix
     H, W = x.shape[2], x.shape[3]
     OW = y.shape[3]
-    sh, sw = geo.strides
-    strided = (sh, sw) != (1, 1)
     if strided and not pack:
         raise AssertionError("a strided pointwise conv needs packed panels (strided_pointwise_ok)")
     if strided:
@@ -717,7 +806,7 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
         """Parallel over (n, pixel tile, group of channel blocks): X's pixels of the tile are
         copied once into a contiguous panel [C, nvec*L] that every channel block of the group
         then reads (from L1/L2, as a stream) instead of C rows spread over the image."""
-        per, G = split_blocks(MB, pixel_tile_groups(n_ * ntiles, MB, R * c_ * 4, l2))
+        per, G = split_blocks(MB, pixel_tile_groups(n_ * ntiles, MB, R * c_ * 4, l2, min_tasks))
         # pixel tiles innermost: a thread's consecutive tasks share one group's weights (a
         # slice of W sized for L2 when W is larger), so W streams from memory about once
         with kb.loop(n_ * ntiles * G, kind="parallel", hint="t") as t:
@@ -790,12 +879,14 @@ def pack_pixels_ok(mb: int, c: int, pix: int) -> bool:
     return mb >= PACK_MIN_BLOCKS and c * pix * 4 <= PACK_MAX_BYTES
 
 
-def pixel_tile_groups(tiles: int, mb: int, block_bytes: int = 0, l2_bytes: int = 0) -> int:
+def pixel_tile_groups(tiles: int, mb: int, block_bytes: int = 0, l2_bytes: int = 0,
+                      min_tasks: int = PACK_MIN_TASKS) -> int:
     """Groups the ``mb`` channel blocks (of ``block_bytes`` packed weights each) are split
     into, each group packing every pixel tile again: enough that tiles x groups reaches
-    :data:`PACK_MIN_TASKS`, and that one group's weights take at most half of
-    ``l2_bytes`` (squeezenet's classifier: 2 MB of weights in 8 groups)."""
-    g = -(-PACK_MIN_TASKS // max(tiles, 1))
+    ``min_tasks`` (:data:`PACK_MIN_TASKS`; the knob ``min_parallel_tasks``), and that one
+    group's weights take at most half of ``l2_bytes`` (squeezenet's classifier: 2 MB of
+    weights in 8 groups)."""
+    g = -(-min_tasks // max(tiles, 1))
     if block_bytes and l2_bytes:
         g = max(g, -(-mb * block_bytes // (l2_bytes // 2)))
     return max(1, min(mb, g))
@@ -836,7 +927,8 @@ def emit_conv_im2row(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: B
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     K = c_ * KH * KW
     L, R, NB = choose_pointwise_tile(ctx.target, m_)
-    NB = max(1, min(NB, OW // L))       # a tile no wider than the row (OW >= L: im2row_ok)
+    # a tile no wider than the row (OW >= L: im2row_applies)
+    L, R, NB = pixel_tile_knobs(ctx.target, m_, (L, R, max(1, min(NB, OW // L))), lambda nb: nb <= OW // L)
     MB = -(-m_ // R)
     wp = pack_pixel_gemm_weights(ctx, grp, K, R)
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
@@ -890,3 +982,114 @@ def emit_conv_im2row(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: B
             if nvec_rest:
                 tile(n, oh, mb, as_expr(OW - nvec_rest * L), nvec_rest)
     return kb
+
+
+# ----------------------------------------------------------------------------- registration
+#: plevels of the schedules of key "conv2d" (``ir.strategy``): the default among those that
+#: apply is the highest; a schedule outside the shapes its thresholds were measured on
+#: (:data:`FLAT_MAX_PIXELS`, :data:`IM2ROW_MAX_K`, ...) ranks below the row tiles
+PLEVEL = {"depthwise": 30, "pointwise": 25, "flat": 20, "pointwise_low_lane_use": 15, "im2row": 12,
+          "winograd": 11, "rows": 10, "flat_outside": 5, "im2row_outside": 4, "winograd_outside": 3}
+
+
+def group_channels(x: Buffer, y: Buffer, group: int) -> tuple[int, int]:
+    """(input channels, output channels) of one group of a convolution X [N, C, ...] ->
+    Y [N, M, ...]."""
+    return x.shape[1] // group, y.shape[1] // group
+
+
+def blocked_applies(ctx: LowerCtx, *, x, w, y, group, geo, acc_dtype, hooks, **_) -> bool:
+    """What every register-blocked schedule needs (:func:`blocked_conv_ok`) and W the node's
+    compile-time constant input 1 (the schedules pack it)."""
+    return (blocked_conv_ok(x, w, y, group, geo, acc_dtype, hooks, ctx.target)
+            and ctx.const(1) is not None and ctx.inputs[1] is w)
+
+
+def blocked_schedule(emit):
+    """The ``ir.strategy`` form of a blocked schedule ``emit(ctx, x, w, b, y, geo, params, grp)``:
+    keyword arguments of ``emit_conv``'s dispatch, the grouped view built here, and a grouped
+    convolution's kernel comment naming its groups."""
+    def run(ctx: LowerCtx, *, x, w, b, y, group, geo, params=None, **_) -> KernelBuilder:
+        grp = ConvGroups(x, y, group)
+        kb = emit(ctx, x, w, b, y, geo, params, grp)
+        if group > 1:
+            H, W = geo.in_shape
+            kb.kernel.comment += (f"  [{group} groups of {grp.c}->{grp.m} channels, "
+                                  f"run as {grp.n} images of [{grp.c}, {H}, {W}]]")
+        return kb
+    run.__doc__ = emit.__doc__
+    run.__name__ = emit.__name__
+    return run
+
+
+def _pointwise_applies(ctx, **kw) -> bool:
+    return blocked_applies(ctx, **kw) and pointwise_ok(ctx, kw["x"], kw["y"], kw["geo"], kw["group"])
+
+
+def _pointwise_plevel(ctx, *, x, y, group, geo, **_) -> int:
+    # pixel vectors that waste lanes lose to the flat tiles where those apply
+    c_, m_ = group_channels(x, y, group)
+    if flat_ok(ctx, c_, m_, geo) and pointwise_lane_use(ctx.target, m_, c_, geo) < POINTWISE_MIN_LANE_USE:
+        return PLEVEL["pointwise_low_lane_use"]
+    return PLEVEL["pointwise"]
+
+
+#: the flat tiles also apply (below the row tiles, for the "schedule" knob) to output planes of
+#: up to this many pixels in rows of any width
+FLAT_APPLY_MAX_PIXELS = 256
+#: im2row also applies (below the row tiles) to reductions C x KH x KW up to this long ...
+IM2ROW_APPLY_MAX_K = 256
+#: ... whose panel (K x OW float32, on the stack) takes at most this many bytes
+IM2ROW_PANEL_MAX_BYTES = 256 * 1024
+
+
+def flat_fits(ctx: LowerCtx, c_: int, m_: int, geo) -> bool:
+    """Whether :func:`emit_conv_flat` can run a convolution beyond :func:`flat_ok`'s measured
+    range: a plane of at most :data:`FLAT_APPLY_MAX_PIXELS` pixels whose padded input fits a
+    chunk (:func:`flat_chunk` > 0)."""
+    OH, OW = geo.out_shape
+    if OH * OW > FLAT_APPLY_MAX_PIXELS:
+        return False
+    L, OB, _ = choose_flat_tile(ctx.target, m_, OH * OW)
+    Hp, Wp = _flat_geometry(geo)
+    return flat_chunk(ctx.target, c_, OB * L, geo.kernel[0] * geo.kernel[1], Hp * Wp) > 0
+
+
+def im2row_fits(ctx: LowerCtx, c_: int, geo) -> bool:
+    """Whether :func:`emit_conv_im2row` can run a convolution beyond :func:`im2row_ok`'s
+    measured range: rows of at least one vector, a reduction of at most
+    :data:`IM2ROW_APPLY_MAX_K` and a panel of at most :data:`IM2ROW_PANEL_MAX_BYTES`."""
+    K = c_ * geo.kernel[0] * geo.kernel[1]
+    OW = geo.out_shape[1]
+    return (OW >= ctx.target.lanes(DType.f32) and K <= IM2ROW_APPLY_MAX_K
+            and K * OW * 4 <= IM2ROW_PANEL_MAX_BYTES)
+
+
+def _flat_applies(ctx, **kw) -> bool:
+    c_, m_ = group_channels(kw["x"], kw["y"], kw["group"])
+    return blocked_applies(ctx, **kw) and (flat_ok(ctx, c_, m_, kw["geo"]) or flat_fits(ctx, c_, m_, kw["geo"]))
+
+
+def _flat_plevel(ctx, *, x, y, group, geo, **_) -> int:
+    c_, m_ = group_channels(x, y, group)
+    return PLEVEL["flat"] if flat_ok(ctx, c_, m_, geo) else PLEVEL["flat_outside"]
+
+
+def _im2row_applies(ctx, **kw) -> bool:
+    c_, _ = group_channels(kw["x"], kw["y"], kw["group"])
+    return blocked_applies(ctx, **kw) and (im2row_ok(ctx, c_, kw["geo"]) or im2row_fits(ctx, c_, kw["geo"]))
+
+
+def _im2row_plevel(ctx, *, x, y, group, geo, **_) -> int:
+    c_, _ = group_channels(x, y, group)
+    return PLEVEL["im2row"] if im2row_ok(ctx, c_, geo) else PLEVEL["im2row_outside"]
+
+
+register_schedule("conv2d", "llvm", "conv2d_pointwise", plevel=_pointwise_plevel,
+                  applies=_pointwise_applies)(blocked_schedule(emit_conv_pointwise))
+register_schedule("conv2d", "llvm", "conv2d_flat", plevel=_flat_plevel,
+                  applies=_flat_applies)(blocked_schedule(emit_conv_flat))
+register_schedule("conv2d", "llvm", "conv2d_im2row", plevel=_im2row_plevel,
+                  applies=_im2row_applies)(blocked_schedule(emit_conv_im2row))
+register_schedule("conv2d", "llvm", "conv2d_rows", plevel=PLEVEL["rows"],
+                  applies=blocked_applies)(blocked_schedule(emit_conv_rows))

@@ -36,6 +36,10 @@ along the output row and keeps every accumulator in a register.
   :class:`Ramp`). Columns covered by two overlapping vectors are computed and stored twice
   with the same value; a Conv's output never shares memory with its inputs (the memory plan
   shares buffers only for elementwise kernels).
+
+Registered as ``conv2d_depthwise`` (key ``"conv2d"``, llvm; it outranks the blocked schedules).
+Knobs: ``tile_vectors`` (:func:`tile_vectors`), ``padded_rows`` (stride 1), ``min_parallel_tasks``
+(:data:`MIN_TASKS`) and, for padded rows in one band, ``copy_ahead`` (:data:`PADDED_COPY_AHEAD`).
 """
 from __future__ import annotations
 
@@ -43,7 +47,11 @@ import contextlib
 
 from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum
 from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.knobs import knob
+from tensorfuse.ir.strategy import register_schedule
 from tensorfuse.ir.types import DType
+
+from .conv2d import PLEVEL, pow2_candidates
 
 #: the largest kernel extent (per spatial dim) whose taps the schedule unrolls
 MAX_KERNEL = 7
@@ -119,17 +127,24 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     N, C = x.shape[:2]
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     L = ctx.target.lanes(DType.f32)
-    T = tile_vectors(ctx.target)
+    T0 = tile_vectors(ctx.target)
+    T = knob("tile_vectors", [t for t in (1, 2, 3, 4, 6, 8, 12, 16) if t <= 2 * T0], T0,
+             doc=f"vectors of {L} output columns per tile (one accumulator each)")
     f32 = DType.f32
     zero = as_expr(0.0, f32)
     phased = sw > 1                           # de-interleaved input
     Wp = OW + (KW - 1) * dw                   # stride 1: the padded row the columns read
-    padded = sw == 1 and W <= 2 * L           # zero-padded local rows
+    # zero-padded local rows
+    padded = sw == 1 and knob("padded_rows", (False, True), W <= 2 * L,
+                              doc="stride 1: copy the input rows into zero-padded local rows (default: rows "
+                                  f"of at most {2 * L} columns) instead of reading X with the border columns apart")
+    min_tasks = knob("min_parallel_tasks", pow2_candidates(8, 256), MIN_TASKS,
+                     doc="(n, channel, band of output rows) tasks aimed at: bands split the planes")
     span = (KH - 1) * dh + 1                  # input rows an output row's window covers
     patterns = row_patterns(geo)
 
     # bands of output rows: at least MIN_TASKS tasks; a band's local copy within L1 / 2
-    NB = min(OH, -(-MIN_TASKS // (N * C)))
+    NB = min(OH, -(-min_tasks // (N * C)))
     if phased or padded:
         rows_cap = max(span, ctx.target.l1d_bytes // 2 // (4 * (Wp if padded else W)))
         NB = max(NB, -(-OH // max(1, (rows_cap - span) // sh + 1)))
@@ -138,7 +153,9 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     brows = min(H, (B - 1) * sh + span)       # input rows of a band, at most
     G = 1                                     # channels per task
     if padded and NB == 1:
-        G = max(1, min(PADDED_COPY_AHEAD // (brows * Wp), (N * C) // MIN_TASKS, C))
+        ahead = knob("copy_ahead", pow2_candidates(128, 4096), PADDED_COPY_AHEAD,
+                     doc="padded rows: floats copied (channels) before the first channel's compute reads them")
+        G = max(1, min(ahead // (brows * Wp), (N * C) // min_tasks, C))
     CG = -(-C // G)
 
     kb = ctx.kernel(params=params)
@@ -329,3 +346,14 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                 with kb.loop(B, hint="r") as r:
                     dispatch(oh_lo + r, patterns)
     return kb
+
+
+def _depthwise_applies(ctx, *, x, w, y, group, geo, acc_dtype, hooks, **_) -> bool:
+    return (depthwise_conv_ok(x, w, y, group, geo, acc_dtype, hooks)
+            and ctx.const(1) is not None and ctx.inputs[1] is w)
+
+
+@register_schedule("conv2d", "llvm", "conv2d_depthwise", plevel=PLEVEL["depthwise"], applies=_depthwise_applies)
+def _depthwise(ctx, *, x, w, b, y, geo, params=None, **_) -> KernelBuilder:
+    """Depthwise convolution (group == C == M), vectorised along output rows (module docstring)."""
+    return emit_conv_depthwise(ctx, x, w, b, y, geo, params=params)

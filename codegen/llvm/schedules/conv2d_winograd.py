@@ -25,11 +25,17 @@ The kernel (:func:`emit_conv_winograd`), parallel over (n, row of tiles):
    stored as they are: V [4, 3, C, columns]; the GEMM reads each tile's entry from its lane.
 2. **GEMM.** For each of the 16 transform positions, ``M[e] = U[e] V[e]`` with U the
    transformed weights (packed at compile time as U [16, MB, C, OB*L]), on the register tile of
-   the direct schedule (OB channel vectors x P tiles, :func:`~ir.ops.conv_blocked.choose_tile`):
-   per input channel OB weight vectors, P broadcasts of V, OB*P FMAs.
+   the direct schedule (OB channel vectors x P tiles,
+   :func:`~codegen.llvm.schedules.conv2d.choose_tile`): per input channel OB weight vectors,
+   P broadcasts of V, OB*P FMAs.
 3. **Output transform**, on channel vectors (lanes = output channels), then the bias and the
-   fused epilogue (:func:`~ir.ops.conv_blocked.store_channel_vector`) and the single store of
-   each output pixel; pixels past an odd OH or OW are not stored.
+   fused epilogue (:func:`~codegen.llvm.schedules.conv2d.store_channel_vector`) and the single
+   store of each output pixel; pixels past an odd OH or OW are not stored.
+
+Registered as ``conv2d_winograd`` (key ``"conv2d"``, llvm): the default where
+:func:`winograd_ok` holds; it applies beyond that, below the row tiles, where
+:func:`winograd_fits`. Knobs: the register tile (``tile_oc_vectors``, ``tile_cols``) and
+``min_parallel_tasks`` (:data:`WINOGRAD_MIN_TASKS`).
 """
 from __future__ import annotations
 
@@ -39,8 +45,12 @@ import numpy as np
 
 from tensorfuse.ir.kernel import Buffer, KernelBuilder, as_expr, fma, select
 from tensorfuse.ir.lowering import LowerCtx
-from tensorfuse.ir.ops.conv_blocked import ConvGroups, choose_tile, split_blocks, store_channel_vector, zero_fill
+from tensorfuse.ir.knobs import knob
+from tensorfuse.ir.strategy import register_schedule
 from tensorfuse.ir.types import DType
+
+from .conv2d import (PLEVEL, ConvGroups, blocked_applies, blocked_schedule, choose_tile, group_channels,
+                     pow2_candidates, split_blocks, store_channel_vector, tile_knobs, zero_fill)
 
 #: the Winograd schedule needs at least this many input channels (the transforms' cost is per
 #: input channel and tile, the GEMM's per input and output channel)
@@ -85,7 +95,7 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
     """Emit y = conv(x, w) + b with the fused epilogue by Winograd F(2x2, 3x3) (module
     docstring). X [N, C, H, W], W [M, C/group, 3, 3] (a compile-time constant), Y [N, M, OH, OW],
     all f32, stride 1, dilation 1, any pads; ``grp``: the groups of a grouped convolution
-    (:class:`~ir.ops.conv_blocked.ConvGroups`). Returns the KernelBuilder."""
+    (:class:`~codegen.llvm.schedules.conv2d.ConvGroups`). Returns the KernelBuilder."""
     grp = grp or ConvGroups(x, y)
     n_, c_, m_ = grp.n, grp.c, grp.m
     H, W, OH, OW, _, _, _, _, _, _, ph, pw = geo.dims_2d()
@@ -95,7 +105,7 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
     NV = -(-TX // half)                 # column vectors per row of tiles
     VC = NV * L                         # columns of V per (row, kind, channel)
     WR = VC + 2                         # columns of the padded row the transform reads
-    _, OB, P = choose_tile(ctx.target, m_, TX)
+    _, OB, P = tile_knobs(ctx.target, m_, TX, choose_tile(ctx.target, m_, TX), "2x2 output tiles of a row")
     blk = OB * L
     MB = -(-m_ // blk)
     u = grp.pack(ctx, lambda wg: transform_weights(wg, blk), "wino")
@@ -103,7 +113,9 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
     # groups of channel blocks per row of tiles, so that small planes still give every thread
     # work (the input transform is repeated per group; the groups outermost, so each thread
     # streams only its groups' weights)
-    per, MG = split_blocks(MB, -(-WINOGRAD_MIN_TASKS // (n_ * TY)))
+    min_tasks = knob("min_parallel_tasks", pow2_candidates(1, 64, WINOGRAD_MIN_TASKS, 24, 48), WINOGRAD_MIN_TASKS,
+                     doc="parallel tasks (rows of tiles x groups of output channel blocks) aimed at")
+    per, MG = split_blocks(MB, -(-min_tasks // (n_ * TY)))
     MPG = per * blk                     # output channels of a group
     kb = ctx.kernel(params=params)
     kb.kernel.comment += (f"  [winograd F(2x2,3x3): {TY}x{TX} tiles, register tile {OB}x{L} channels x {P} tiles, "
@@ -201,3 +213,38 @@ def emit_conv_winograd(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y:
                     with kb.if_(cond) if cond is not None else contextlib.nullcontext():
                         store_channel_vector(ctx, kb, y, b, out, vec, n, ov * L, [oh, ow], m_, blk, grp)
     return kb
+
+
+#: Winograd also applies (below the row tiles, for the "schedule" knob) to 3x3 convolutions of
+#: stride 1 outside :func:`winograd_ok`'s measured range whose locals (V and M) take at most
+#: this many bytes
+WINOGRAD_LOCAL_MAX_BYTES = 1 << 20
+
+
+def winograd_fits(ctx: LowerCtx, c_: int, m_: int, geo) -> bool:
+    """Whether :func:`emit_conv_winograd` can run a convolution beyond :func:`winograd_ok`: a 3x3
+    kernel of stride 1 and dilation 1 whose locals V [4, 3, C, columns] and M [16, tiles,
+    channels] (all output channels in one group, 4 vectors of padding) fit
+    :data:`WINOGRAD_LOCAL_MAX_BYTES`."""
+    if geo.rank != 2 or tuple(geo.kernel) != (3, 3):
+        return False
+    if tuple(geo.strides) != (1, 1) or tuple(geo.dilations) != (1, 1):
+        return False
+    L = ctx.target.lanes(DType.f32)
+    TX = -(-geo.out_shape[1] // 2)
+    VC = -(-TX // (L // 2)) * L
+    return (12 * c_ * VC + 16 * TX * (m_ + 4 * L)) * 4 <= WINOGRAD_LOCAL_MAX_BYTES
+
+
+def _winograd_applies(ctx, **kw) -> bool:
+    c_, m_ = group_channels(kw["x"], kw["y"], kw["group"])
+    return blocked_applies(ctx, **kw) and (winograd_ok(ctx, c_, m_, kw["geo"]) or winograd_fits(ctx, c_, m_, kw["geo"]))
+
+
+def _winograd_plevel(ctx, *, x, y, group, geo, **_) -> int:
+    c_, m_ = group_channels(x, y, group)
+    return PLEVEL["winograd"] if winograd_ok(ctx, c_, m_, geo) else PLEVEL["winograd_outside"]
+
+
+register_schedule("conv2d", "llvm", "conv2d_winograd", plevel=_winograd_plevel,
+                  applies=_winograd_applies)(blocked_schedule(emit_conv_winograd))
