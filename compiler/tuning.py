@@ -284,8 +284,8 @@ class TuningRecords:
     A record is usable when its status is "ok", its target identity matches
     (:func:`target_mismatch`) and its version is ``version``. The best of a workload has the
     lowest ``vs_default`` where its records have one (written by ``tensorfuse tune``: the
-    candidate's median over the default knobs' median timed beside it, in interleaved blocks,
-    so a drift of the machine's speed between candidates does not pick a lucky one), else the
+    median ratio of the candidate's times to the default knobs' times taken beside them, so a
+    drift of the machine's speed between candidates does not pick a lucky one), else the
     lowest ``median_ms`` (ties: the first in file order). Records that are not usable for
     another reason than their status are in ``ignored`` as ``(record, reason)``; records of
     failed trials are counted in ``n_failed``.

