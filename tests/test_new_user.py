@@ -79,7 +79,9 @@ def test_cpu_install_has_no_gpu_stack_and_make_installs_it():
     cuda = names(proj["optional-dependencies"]["cuda"])
     assert cuda >= {"numba", "numba-cuda", "nvidia-nvvm", "nvidia-cuda-nvrtc"}
     make = (ROOT / "Makefile").read_text()
-    assert "pip install -q -e '.[test,cuda]'" in make        # make test-cuda and the PTX gate need it
+    assert not {n for n in core if n == "ray"}, core         # Ray is the extra [ray], not a dependency
+    # make test-cuda and the PTX gate need the cuda extra; the local-Ray tuning test the ray extra
+    assert "pip install -q -e '.[test,cuda,ray]'" in make
 
 
 def test_cuda_target_without_the_gpu_stack_names_the_extra(tmp_path):
