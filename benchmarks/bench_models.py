@@ -31,7 +31,7 @@ or run gets its error in its row; the others go on.
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_models.py [--threads 1 2] [--repeat 30] [--blocks 5]
+    .venv/bin/python benchmarks/bench_models.py [--threads 1 2] [--repeat 30] [--blocks 5] [--tuning RECORDS.jsonl]
         [--models-dir DIR] [--no-kernels] [--json FILE] [model.onnx | folder | name-substring ...]
     .venv/bin/python benchmarks/bench_models.py --threads 1 --repeat 20 --blocks 2 examples/models/mobilenet_v2.onnx
 """
@@ -322,10 +322,13 @@ def ort_session(path: pathlib.Path, threads: int):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def compile_model(path: pathlib.Path, threads: int, feeds: dict, dynamic: dict):
+def compile_model(path: pathlib.Path, threads: int, feeds: dict, dynamic: dict, tuning=None):
     """(module to time, plain Module for profiles, run function, compile seconds). A module
-    that specialises on input values is compiled for these inputs here (counted in the time)."""
+    that specialises on input values is compiled for these inputs here (counted in the time).
+    ``tuning``: tuning record files for ``tensorfuse.compile(tuning=...)`` (None: untuned)."""
     kw = {"input_shapes": dynamic} if dynamic else {}
+    if tuning:
+        kw["tuning"] = [str(t) for t in tuning]
     t0 = time.perf_counter()
     mod = tensorfuse.compile(str(path), target="llvm", cache=False, num_threads=threads, **kw)
     if hasattr(mod, "module_for"):      # compiler.specialize.SpecializingModule
@@ -341,8 +344,10 @@ def bench_one(label: str, path: pathlib.Path, feeds: dict, dynamic: dict, thread
     row = {"model": label, "path": str(path), "threads": threads, "error": None}
     stage = "compile"
     try:
-        mod, mod_feeds, tf_run, row["compile_s"] = compile_model(path, threads, feeds, dynamic)
+        mod, mod_feeds, tf_run, row["compile_s"] = compile_model(path, threads, feeds, dynamic, args.tuning)
         row["kernels"] = getattr(mod, "num_kernels", None)
+        rep = getattr(mod, "report", None)
+        row["tuned_kernels"] = getattr(rep, "num_tuned_kernels", None) if args.tuning else None
         stage = "onnxruntime session"
         sess = ort_session(path, threads)
         ort_feeds = {i.name: feeds[i.name] for i in sess.get_inputs()}
@@ -471,6 +476,8 @@ def main() -> int:
                     help="folder with models.json and the .onnx files (default: ../shared/models)")
     ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel tables")
     ap.add_argument("--json", type=pathlib.Path, help="write the raw numbers to this file")
+    ap.add_argument("--tuning", type=pathlib.Path, action="append", default=None,
+                    help="tuning records (tensorfuse tune -o FILE) to compile with; repeatable")
     args = ap.parse_args()
     if args.repeat < MIN_REPEAT:
         ap.error(f"--repeat {args.repeat} is too few: medians of fewer than {MIN_REPEAT} runs are noise; "
@@ -524,7 +531,8 @@ def main() -> int:
             else:
                 t, o = r["tensorfuse"], r["onnxruntime"]
                 print(f"{label:30s} threads {th}: compile {r['compile_s']:6.2f} s  tensorfuse {t['median_ms']:8.3f} ms  "
-                      f"onnxruntime {o['median_ms']:8.3f} ms  ratio {r['ratio']:5.2f}x  max|err| {r['max_abs_err']:.2e}",
+                      f"onnxruntime {o['median_ms']:8.3f} ms  ratio {r['ratio']:5.2f}x  max|err| {r['max_abs_err']:.2e}"
+                      + (f"  tuned kernels {r['tuned_kernels']}" if r.get("tuned_kernels") is not None else ""),
                       flush=True)
             module = r.pop("_module", None)
             if th == 1:
@@ -539,7 +547,7 @@ def main() -> int:
                 kernels[label] = {"error": "no profile: the 1-thread run failed (see the table above)"}
                 continue
             else:           # 1 thread was not asked for: a 1-thread module for the profile only
-                mod, mod_feeds, _run, _s = compile_model(path, 1, feeds, dynamic)
+                mod, mod_feeds, _run, _s = compile_model(path, 1, feeds, dynamic, args.tuning)
             krows, total = kernel_rows(mod, mod_feeds, args.repeat, max(refs["sgemm_gflops"].values()),
                                        refs["copy_gbps"])
             kernels[label] = {"rows": krows, "total_ms": total, "whole_run_ms": whole_ms}
