@@ -320,11 +320,12 @@ def test_lrn_defaults_reference_and_errors():
 @pytest.mark.parametrize("n", [7, 31, 32, 33, 100])
 def test_layernorm_row_sums_at_each_vector_width(vector_width, n):
     """f32 rows of at least two vectors sum their statistics in L partial sums over whole
-    vectors (norm.row_sum_lanes), then the lanes and the scalar tail; shorter rows keep one
-    running sum. At 4, the host's and 16 lanes, rows with and without a tail match onnxruntime
-    (LayerNormalization, opset 17), with inputs offset by 3 so a wrong mean shows."""
+    vectors (the llvm row_norm schedule, codegen/llvm/schedules/norm.py row_sum_lanes), then
+    the lanes and the scalar tail; shorter rows keep one running sum. At 4, the host's and 16
+    lanes, rows with and without a tail match onnxruntime (LayerNormalization, opset 17), with
+    inputs offset by 3 so a wrong mean shows."""
     import tensorfuse
-    from tensorfuse.ir.ops.norm import row_sum_lanes
+    from tensorfuse.codegen.llvm.schedules.norm import row_sum_lanes
     from tensorfuse.ir.kernel import Buffer
     from tensorfuse.ir.types import DType
     target, lanes = vector_width

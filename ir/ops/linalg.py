@@ -4,30 +4,27 @@ The kernel builders here (:func:`emit_matmul`, :func:`emit_gemm`, :func:`emit_ma
 are shared with fused variants: they apply ``ctx.apply_epilogue`` to each output element right
 before its single store.
 
-Loop order (why): for a block of ``ROWS`` output rows and up to ``COLS`` output columns, the
-accumulators live in a local buffer and the innermost loop runs over the output column ``j``,
-which is contiguous in B and in Y (i-k-j order). Each element of A is loaded once per k and
-reused across the columns; each row of B is reused across the ``ROWS`` rows. LLVM vectorises
-the j loop without needing to reassociate a floating-point sum. The column-block loop is
-outermost, so one [K, cols] panel of B is reused from L2 by every row block.
+Every MatMul-like product is described once, as a :class:`MatMulSpec`, and handed to the
+schedule registry under the key ``"matmul"`` (``ir.strategy.dispatch``): the llvm backend's
+schedules (``codegen/llvm/schedules/matmul.py``: register tiles over a packed constant B, the
+cache-blocked i-k-j nest, dot products in vector partial sums) and the cuda backend's
+(``codegen/cuda/schedules/matmul.py``: shared-memory tiles) compute it where they apply. When
+none applies, the generic loop nest here runs: one dot product over k per output element
+(:func:`emit_dot_products` with one partial sum), which every backend can run.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr, minimum
+from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops._common import broadcast_shapes
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.strategy import NO_SCHEDULE, dispatch
 from tensorfuse.ir.types import DType, TensorType
-
-ROWS = 4      # output rows per register block
-LANES = 8     # partial sums of a dot product (B read transposed): one AVX2 f32 vector
-COLS = 512    # output columns per accumulator block at most (bounds the local buffer)
-PANEL_BYTES = 1 << 20   # column blocks sized so a [K, cols] panel of B stays in L2 (measured:
-                        # narrower blocks than 128 columns cost more than the cache misses)
 
 _MATMUL_TYPES = (DType.f16, DType.f32, DType.f64, DType.i32, DType.i64, DType.u32, DType.u64)
 
@@ -56,122 +53,120 @@ def bcast_offset(shape: Sequence[int], idx: Sequence[Expr]) -> Expr:
     return off
 
 
+def unravel(i: Expr, dims) -> list:
+    """Row-major multi-index of flat ``i`` over ``dims`` (constant ints)."""
+    out = []
+    for d in reversed(list(dims)):
+        out.append(i % d if d > 1 else as_expr(0))
+        i = i / d if d > 1 else i
+    return out[::-1]
+
+
+# ----------------------------------------------------------------------------- the workload
+@dataclass(frozen=True)
+class ConstantB:
+    """The same product seen as rows of A times one constant matrix, offered when B is a 2-D
+    compile-time constant input (schedules may repack it, e.g. into register-tile panels).
+
+    ``value``: B' as numpy [K, N] (Gemm's transB applied; B's dtype). ``buffer``: B's input
+    Buffer (a kernel that reads the repacked copy leaves it out of its parameters). ``rows``:
+    A's rows with its batch dims folded in (A [..., M, K] is [rows, K]). ``a_elem(i, k)``: the
+    A' element of flat row ``i`` (dtype ``acc``); ``out_index(i, j)``: Y's index list;
+    ``finish(v, i, j)``: the accumulated value in Y's dtype, before the epilogue."""
+
+    value: np.ndarray
+    buffer: Buffer
+    rows: int
+    a_elem: Callable
+    out_index: Callable
+    finish: Callable
+
+
+@dataclass(frozen=True)
+class MatMulSpec:
+    """``Y[b, i, j] = finish(sum_k load_a(b, i, k) * load_b(b, k, j), b, i, j)`` for ``b``
+    over ``batch`` (a shape; () for none), i < M, j < N: what the ``"matmul"`` schedules get.
+
+    ``load_a(bidx, i, k)`` / ``load_b(bidx, k, j)`` return Exprs of dtype ``acc`` (the
+    accumulation dtype) for in-range indices; ``out_index(bidx, i, j)`` is the index list into
+    ``y``; ``finish`` maps the accumulated Expr to ``y``'s dtype. ``b_contiguous_in_j``: B is
+    read along j (False: Gemm's transB, B' contiguous in k). ``const_b``: the rows view
+    (:class:`ConstantB`) when B is a 2-D constant, else None."""
+
+    y: Buffer
+    M: int
+    N: int
+    K: int
+    batch: tuple
+    load_a: Callable
+    load_b: Callable
+    out_index: Callable
+    finish: Callable
+    acc: DType
+    b_contiguous_in_j: bool = True
+    const_b: ConstantB | None = None
+
+    def store(self, ctx: LowerCtx, kb: KernelBuilder, bidx, i, j, value: Expr) -> None:
+        """The one store of output element (bidx, i, j): ``finish`` then the epilogue."""
+        oi = self.out_index(bidx, i, j)
+        kb.store(self.y, oi, ctx.apply_epilogue(self.finish(value, bidx, i, j), oi))
+
+
 # ----------------------------------------------------------------------------- kernel core
-def emit_matmul_core(ctx: LowerCtx, kb: KernelBuilder, y: Buffer, *, M: int, N: int, K: int,
-                     batch: Sequence[int], load_a: Callable, load_b: Callable,
-                     out_index: Callable, finish: Callable, acc: DType,
-                     b_contiguous_in_j: bool = True) -> None:
-    """Emit ``Y[b, i, j] = finish(sum_k A[b, i, k] * B[b, k, j], b, i, j)`` into ``kb``.
+def emit_dot_products(ctx: LowerCtx, kb: KernelBuilder, mm: MatMulSpec, bidx, lanes: int) -> None:
+    """For one batch index ``bidx``: every output element as a dot product over k (i-j-k
+    order), accumulated in ``lanes`` independent partial sums over consecutive k, added up at
+    the end (a fixed reassociation of the sum that LLVM vectorises without fast-math); the
+    K % lanes last terms go to the first sum. ``lanes`` = 1 is the plain running sum (the
+    generic nest)."""
+    M, N, K, acc = mm.M, mm.N, mm.K, mm.acc
+    kmain = K - K % lanes
+    s = kb.local(acc, (lanes,), hint="dot")
+    with kb.loop(M, hint="i", role="spatial") as i:
+        with kb.loop(N, hint="j", role="spatial") as j:
+            with kb.loop(lanes, kind="vectorize", hint="l") as l:
+                kb.store(s, l, as_expr(0, acc))
+            with kb.loop(kmain // lanes, hint="kb") as kb_:
+                with kb.loop(lanes, kind="vectorize", hint="l") as l:
+                    k = kb_ * lanes + l
+                    kb.store(s, l, s[l] + mm.load_a(bidx, i, k) * mm.load_b(bidx, k, j))
+            if kmain < K:
+                with kb.loop(K, start=kmain, hint="k") as k:
+                    kb.store(s, 0, s[0] + mm.load_a(bidx, i, k) * mm.load_b(bidx, k, j))
+            total = s.flat(0)
+            for l in range(1, lanes):
+                total = total + s.flat(l)
+            mm.store(ctx, kb, bidx, i, j, total)
 
-    ``load_a(bidx, i, k)`` / ``load_b(bidx, k, j)`` return Exprs of dtype ``acc``;
-    ``out_index(bidx, i, j)`` the index list into ``y``; ``finish`` maps the accumulated
-    Expr to ``y``'s dtype. The epilogue (``ctx.apply_epilogue``) is applied before the one
-    store per element. With ``b_contiguous_in_j`` False (B read transposed) the loop order
-    is i-j-k (a dot product over contiguous k in both operands) instead of i-k-j.
-    """
-    def store(bidx, i, j, value):
-        oi = out_index(bidx, i, j)
-        kb.store(y, oi, ctx.apply_epilogue(finish(value, bidx, i, j), oi))
 
-    # cuda: shared-memory tiles when the matrices fill them, else the dot-product form, one
-    # output element per GPU thread, one accumulator
-    gpu = ctx.target.kind == "cuda"
-    if gpu and not kb.kernel.body:
-        from tensorfuse.codegen.cuda.schedules.gemm import MATMUL_TILE, tiled_gemm
-        if M >= MATMUL_TILE and N >= MATMUL_TILE and K >= MATMUL_TILE:
-            return tiled_gemm(ctx, kb, M, N, K, batch, load_a, load_b, store, acc, MATMUL_TILE)
-    with kb.grid(batch) as bidx:
-        if K == 0 or not b_contiguous_in_j or gpu:
-            # dot products over k, contiguous in A's row and in B' (B transposed). LANES
-            # independent partial sums make the k loop vectorisable without fast-math; they
-            # are added up at the end (a fixed reassociation of the sum).
-            lanes = LANES if K >= 2 * LANES and not gpu else 1
-            kmain = K - K % lanes
-            s = kb.local(acc, (lanes,), hint="dot")
-            with kb.loop(M, hint="i", role="spatial") as i:
-                with kb.loop(N, hint="j", role="spatial") as j:
-                    with kb.loop(lanes, kind="vectorize", hint="l") as l:
-                        kb.store(s, l, as_expr(0, acc))
-                    with kb.loop(kmain // lanes, hint="kb") as kb_:
-                        with kb.loop(lanes, kind="vectorize", hint="l") as l:
-                            k = kb_ * lanes + l
-                            kb.store(s, l, s[l] + load_a(bidx, i, k) * load_b(bidx, k, j))
-                    if kmain < K:
-                        with kb.loop(K, start=kmain, hint="k") as k:
-                            kb.store(s, 0, s[0] + load_a(bidx, i, k) * load_b(bidx, k, j))
-                    total = s.flat(0)
-                    for l in range(1, lanes):
-                        total = total + s.flat(l)
-                    store(bidx, i, j, total)
-            return
-        # the B panel [K, cols] read by every row block should stay in L2
-        cols = max(128, min(COLS, (PANEL_BYTES // max(K * 4, 1)) // 16 * 16))
-        cols = min(N, cols)
-        nblk = -(-N // cols) if N else 0
-        rb = ROWS if M >= ROWS else 1
-        accbuf = kb.local(acc, (rb * cols,), hint="acc")
-        full = M // rb
-
-        def rows_block(i0: Expr, nrows: int, j0: Expr, width):
-            with kb.loop(width, kind="vectorize", hint="j") as j:
-                for r in range(nrows):
-                    kb.store(accbuf, r * cols + j, as_expr(0, acc))
-            with kb.loop(K, hint="k") as k:
-                a_r = [load_a(bidx, i0 + r, k) for r in range(nrows)]
-                with kb.loop(width, kind="vectorize", hint="j") as j:
-                    bv = load_b(bidx, k, j0 + j)
-                    for r in range(nrows):
-                        kb.store(accbuf, r * cols + j, accbuf.flat(r * cols + j) + a_r[r] * bv)
-            for r in range(nrows):
-                with kb.loop(width, kind="vectorize", hint="j") as j:
-                    store(bidx, i0 + r, j0 + j, accbuf.flat(r * cols + j))
-
-        def all_rows(j0: Expr, width):
-            if full:
-                with kb.loop(full, hint="ib", role="spatial") as ib:
-                    rows_block(ib * rb, rb, j0, width)
-            for r in range(full * rb, M):   # at most ROWS-1 leftover rows
-                rows_block(Const(r, DType.i64), 1, j0, width)
-
-        if nblk == 1:
-            all_rows(Const(0, DType.i64), N)
-        else:
-            with kb.loop(nblk, hint="jb", role="spatial") as jb:
-                j0 = jb * cols
-                all_rows(j0, minimum(as_expr(cols), N - j0))
+def emit_matmul_core(ctx: LowerCtx, mm: MatMulSpec) -> None:
+    """Emit ``mm`` (:class:`MatMulSpec`): with the target backend's ``"matmul"`` schedule
+    where one applies (``ir.strategy.dispatch``), else the generic nest, one kernel with one
+    running sum per output element. The epilogue (``ctx.apply_epilogue``) is applied before
+    the one store per element."""
+    if dispatch("matmul", ctx, mm=mm) is not NO_SCHEDULE:
+        return
+    kb = ctx.kernel()
+    with kb.grid(mm.batch) as bidx:
+        emit_dot_products(ctx, kb, mm, bidx, 1)
 
 
 def _scale(e: Expr, alpha: float) -> Expr:
     return e if alpha == 1.0 else e * as_expr(alpha, e.dtype)
 
 
-def _constant_b(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer):
-    """B as numpy when the register-blocked f32 schedule applies (B a 2-D constant; a CPU
-    schedule: never for the cuda target)."""
-    if ctx.target.kind == "cuda":
-        return None
-    if not (a.dtype == b.dtype == y.dtype == DType.f32) or len(b.shape) != 2 or len(a.shape) < 2:
-        return None
-    if ctx.inputs[1] is not b:
-        return None
-    if b.numel == 0:        # K = 0 (or N = 0): nothing to block; the plain loops give zeros
+def _constant_b(ctx: LowerCtx, a: Buffer, b: Buffer):
+    """B as numpy when it is a 2-D compile-time constant input (and A has rank >= 2, and B is
+    not empty: with K = 0 or N = 0 the plain loops give zeros), else None."""
+    if len(b.shape) != 2 or len(a.shape) < 2 or ctx.inputs[1] is not b or b.numel == 0:
         return None
     return ctx.const(1)
 
 
 def emit_matmul(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer) -> None:
-    """MatMul kernel with numpy.matmul semantics (1-D operands, broadcast batch dims). An f32
-    MatMul by a constant 2-D B uses the register-blocked schedule (:mod:`ir.ops.matmul_blocked`)."""
-    bc = _constant_b(ctx, a, b, y)
-    if bc is not None:
-        from tensorfuse.ir.ops.matmul_blocked import emit_matmul_blocked, unravel
-        K, N = b.shape
-        rows = a.numel // K
-        emit_matmul_blocked(ctx, y, bc, rows=rows, N=N, K=K, a_elem=lambda i, k: a.flat(i * K + k),
-                            out_index=lambda i, j: unravel(i, y.shape[:-1]) + [j],
-                            finish=lambda v, i, j: v, drop=b)
-        return
-    kb = ctx.kernel()
+    """MatMul kernel with numpy.matmul semantics (1-D operands, broadcast batch dims), through
+    :func:`emit_matmul_core` (on CPUs an f32 MatMul by a constant 2-D B gets register tiles
+    over a packed B: ``codegen/llvm/schedules/matmul.py``)."""
     a_sh = (1,) + a.shape if len(a.shape) == 1 else a.shape
     b_sh = b.shape + (1,) if len(b.shape) == 1 else b.shape
     M, K = a_sh[-2:]
@@ -189,33 +184,29 @@ def emit_matmul(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer) -> None:
     def out_index(bidx, i, j):
         return list(bidx) + ([i] if len(a.shape) > 1 else []) + ([j] if len(b.shape) > 1 else [])
 
-    emit_matmul_core(ctx, kb, y, M=M, N=N, K=K, batch=batch, load_a=load_a, load_b=load_b,
-                     out_index=out_index, finish=lambda v, *_: v.cast(y.dtype), acc=acc)
+    def finish(v, *_):
+        return v.cast(y.dtype)
+
+    bc = _constant_b(ctx, a, b)
+    rows_view = None
+    if bc is not None:
+        rows_view = ConstantB(bc, b, a.numel // K, lambda i, k: a.flat(i * K + k).cast(acc),
+                              lambda i, j: unravel(i, y.shape[:-1]) + [j], lambda v, i, j: finish(v))
+    emit_matmul_core(ctx, MatMulSpec(y, M, N, K, tuple(batch), load_a, load_b, out_index, finish, acc,
+                                     const_b=rows_view))
 
 
 def emit_gemm(ctx: LowerCtx, a: Buffer, b: Buffer, c: Buffer | None, y: Buffer, *,
               alpha: float = 1.0, beta: float = 1.0, trans_a: bool = False,
               trans_b: bool = False) -> None:
-    """Gemm kernel: Y = alpha * A' @ B' + beta * C, C broadcast unidirectionally to (M, N).
+    """Gemm kernel: Y = alpha * A' @ B' + beta * C, C broadcast unidirectionally to (M, N),
+    through :func:`emit_matmul_core`.
 
     Integer types combine alpha and beta in f64 and cast back (as the ONNX reference does).
     """
     M, N = y.shape
     K = a.shape[0] if trans_a else a.shape[1]
     acc = acc_dtype(y.dtype)
-    bc = _constant_b(ctx, a, b, y)
-    if bc is not None:
-        from tensorfuse.ir.ops.matmul_blocked import emit_matmul_blocked
-        use_c = c is not None and beta != 0.0
-
-        def fin(v, i, j):
-            r = _scale(v, alpha)
-            return r + _scale(c.bcast([i, j]), beta) if use_c else r
-        emit_matmul_blocked(ctx, y, bc.T if trans_b else bc, rows=M, N=N, K=K,
-                            a_elem=lambda i, k: a[k, i] if trans_a else a[i, k],
-                            out_index=lambda i, j: [i, j], finish=fin, drop=b)
-        return
-    kb = ctx.kernel()
 
     def load_a(_, i, k):
         return (a[k, i] if trans_a else a[i, k]).cast(acc)
@@ -238,9 +229,13 @@ def emit_gemm(ctx: LowerCtx, a: Buffer, b: Buffer, c: Buffer | None, y: Buffer, 
             r = r + _scale(c.bcast([i, j]).cast(DType.f64), beta)
         return r.cast(y.dtype)
 
-    emit_matmul_core(ctx, kb, y, M=M, N=N, K=K, batch=(), load_a=load_a, load_b=load_b,
-                     out_index=lambda _, i, j: [i, j], finish=finish, acc=acc,
-                     b_contiguous_in_j=not trans_b)
+    bc = _constant_b(ctx, a, b)
+    rows_view = None
+    if bc is not None:
+        rows_view = ConstantB(bc.T if trans_b else bc, b, M, lambda i, k: load_a((), i, k),
+                              lambda i, j: [i, j], lambda v, i, j: finish(v, (), i, j))
+    emit_matmul_core(ctx, MatMulSpec(y, M, N, K, (), load_a, load_b, lambda _, i, j: [i, j], finish, acc,
+                                     b_contiguous_in_j=not trans_b, const_b=rows_view))
 
 
 # ----------------------------------------------------------------------------- MatMul
@@ -435,7 +430,6 @@ class MatMulInteger:
         a, b, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
         azp = ctx.inputs[2] if len(ctx.inputs) > 2 else None
         bzp = ctx.inputs[3] if len(ctx.inputs) > 3 else None
-        kb = ctx.kernel()
         a_sh = (1,) + a.shape if len(a.shape) == 1 else a.shape
         b_sh = b.shape + (1,) if len(b.shape) == 1 else b.shape
         M, K = a_sh[-2:]
@@ -454,8 +448,8 @@ class MatMulInteger:
         def out_index(bidx, i, j):
             return list(bidx) + ([i] if len(a.shape) > 1 else []) + ([j] if len(b.shape) > 1 else [])
 
-        emit_matmul_core(ctx, kb, y, M=M, N=N, K=K, batch=batch, load_a=load_a, load_b=load_b,
-                         out_index=out_index, finish=lambda v, *_: v, acc=i32)
+        emit_matmul_core(ctx, MatMulSpec(y, M, N, K, tuple(batch), load_a, load_b, out_index,
+                                         lambda v, *_: v, i32))
 
     def flops(node):
         return 2.0 * node.outputs[0].type.numel * node.inputs[0].shape[-1]

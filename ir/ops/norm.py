@@ -59,31 +59,44 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
                   ct: DType, post, mean_out: Buffer | None = None, inv_out: Buffer | None = None,
                   ctx: LowerCtx | None = None) -> None:
     """For each of ``rows`` contiguous rows of ``n`` elements of ``x``: mean and inverse std
-    dev (two passes, in ``ct``; f32 rows on a CPU target sum in L partial sums over whole
-    vectors, :func:`row_sum_lanes`), then ``y[o*n + j] = post(o, j, (x - mean) * inv)``; the one
+    dev (two passes, in ``ct``), then ``y[o*n + j] = post(o, j, (x - mean) * inv)``; the one
     store to ``y`` per element. Optional per-row stats outputs. ``ctx``: the node's lowering
-    context (its target; None: the host CPU's generic form). A backend schedule registered for
-    ``"row_norm"`` (``ir.strategy``) may emit the kernel instead (which then must hold nothing
-    else): the cuda one runs a thread block per row."""
+    context (None: the generic nest). A backend schedule registered for ``"row_norm"``
+    (``ir.strategy``) may emit the kernel instead (which then must hold nothing else): on cuda
+    a thread block per row; on llvm, f32 rows of at least two vectors sum in vector partial
+    sums (``codegen/llvm/schedules/norm.py``). Else :func:`row_norm_nest` with one running
+    sum per statistic."""
     m = kb.local(ct, (1,), hint="mean")
     v = kb.local(ct, (1,), hint="var")
-    target = ctx.target if ctx is not None else None
     if ctx is not None and dispatch("row_norm", ctx, kb=kb, x=x, y=y, rows=rows, n=n, eps=eps, ct=ct, post=post,
                                     mean_out=mean_out, inv_out=inv_out, m=m, v=v) is not NO_SCHEDULE:
         return
-    L = row_sum_lanes(x, n, ct, target)
-    part = kb.local(ct, (L,), hint="part") if L > 1 else None
+    row_norm_nest(kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, m, v)
+
+
+def row_norm_nest(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, eps: float, ct: DType,
+                  post, mean_out: Buffer | None, inv_out: Buffer | None, m: Buffer, v: Buffer,
+                  row_sum=None) -> None:
+    """The loop nest of :func:`emit_row_norm` over its rows, with the mean in ``m`` and the
+    inverse std dev in ``v`` (locals of ``ct`` [1]). ``row_sum(acc, term)`` stores into
+    ``acc[0]`` the sum over j < n of ``term(j, lanes)`` (the ``lanes`` elements from row
+    position j as one Expr); default :func:`_row_sum`, one running sum in order. The llvm
+    backend's ``row_norm`` schedule passes a sum in vector partial sums
+    (``codegen/llvm/schedules/norm.py``)."""
+    if row_sum is None:
+        def row_sum(acc, term):
+            _row_sum(kb, acc, n, term)
     with kb.loop(rows, hint="o", role="spatial") as o:       # rows are independent
         base = o * n
         def row(j, lanes):                   # x[base + j : +lanes] (one element for 1 lane)
             return x.vload(base + j, lanes).cast(ct)
-        _row_sum(kb, m, part, n, row)
+        row_sum(m, row)
         kb.store(m, 0, m[0] / as_expr(float(n), ct))
 
         def sq(j, lanes):
             d = row(j, lanes) - kb.broadcast(m[0], lanes)
             return d * d
-        _row_sum(kb, v, part, n, sq)
+        row_sum(v, sq)
         kb.store(v, 0, as_expr(1.0, ct) / unop("sqrt", v[0] / as_expr(float(n), ct) + as_expr(eps, ct)))
         with kb.loop(n, kind="vectorize", hint="j") as j:
             kb.store(y, base + j, post(o, j, (x.flat(base + j).cast(ct) - m[0]) * v[0]))
@@ -93,37 +106,11 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
             kb.store(inv_out, o, v[0].cast(inv_out.dtype))
 
 
-def row_sum_lanes(x: Buffer, n: int, ct: DType, target) -> int:
-    """Lanes of the partial sums of :func:`emit_row_norm`'s statistics: the target's f32 vector
-    width for f32 rows of at least two vectors on a CPU target, else 1 (one running sum, in
-    order)."""
-    if target is None or target.simt or ct != DType.f32 or x.dtype != DType.f32:
-        return 1
-    L = target.lanes(DType.f32)
-    return L if L > 1 and n >= 2 * L else 1
-
-
-def _row_sum(kb: KernelBuilder, acc: Buffer, part: Buffer | None, n: int, term) -> None:
-    """acc[0] = the sum over j < n of ``term(j, lanes)``: with ``part`` (L lanes) L partial sums
-    of whole vectors, then the lanes and the scalar tail added in order; else one running sum."""
-    ct = acc.dtype
-    if part is None:
-        kb.store(acc, 0, as_expr(0.0, ct))
-        with kb.loop(n, hint="j") as j:
-            kb.store(acc, 0, acc[0] + term(j, 1))
-        return
-    L = part.shape[0]
-    nv = n // L
-    kb.store(part, 0, kb.broadcast(as_expr(0.0, ct), L))
-    with kb.loop(nv, hint="jv") as jv:
-        kb.store(part, 0, part.vload(0, L) + term(jv * L, L))
-    total = part[0]
-    for ln in range(1, L):
-        total = total + part[ln]
-    kb.store(acc, 0, total)
-    if n % L:
-        with kb.loop(n, start=nv * L, hint="j") as j:
-            kb.store(acc, 0, acc[0] + term(j, 1))
+def _row_sum(kb: KernelBuilder, acc: Buffer, n: int, term) -> None:
+    """acc[0] = the sum over j < n of ``term(j, 1)``: one running sum, in order."""
+    kb.store(acc, 0, as_expr(0.0, acc.dtype))
+    with kb.loop(n, hint="j") as j:
+        kb.store(acc, 0, acc[0] + term(j, 1))
 
 
 # ----------------------------------------------------------------------------- LayerNormalization

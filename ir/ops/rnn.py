@@ -32,7 +32,9 @@ once per stored output; float32 and float64 compute at their own precision.
 Lowering: one kernel per node. For each direction and batch entry the hidden (and cell)
 state lives in local buffers; each time step computes the gate pre-activations as dot
 products over the contiguous rows of W and R into a local gate buffer, then updates the
-state elementwise and stores one row of Y.
+state elementwise and stores one row of Y. A dot product of at least two vectors runs in
+``dot_lanes`` partial sums (a knob; default one vector of the compute dtype,
+``target.lanes``: 8 f32 on AVX2, 16 on AVX-512, 1 on cuda, where no knob is declared).
 """
 from __future__ import annotations
 
@@ -41,13 +43,12 @@ from typing import Callable
 import numpy as np
 
 from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
 from tensorfuse.ir.types import DType, TensorType
 
 I64 = DType.i64
-LANES = 8           # partial sums of a dot product (vectorisable without reassociation)
-VEC_MIN = 2 * LANES  # shorter dot products run as scalar loops (less code, as fast)
 _FLOATS = (DType.f16, DType.bf16, DType.f32, DType.f64)
 
 #: gates per op, activation functions per direction, default activations, optional inputs
@@ -336,7 +337,13 @@ def _lower(ctx: LowerCtx) -> None:
     cbuf = kb.local(cd, (H,), hint="c") if node.op == "LSTM" else None
     gates = kb.local(cd, (G * H,), hint="gates")
     tmp = kb.local(cd, (H,), hint="rh") if node.op == "GRU" and not a["lbr"] else None
-    s = kb.local(cd, (LANES,), hint="dot")
+    # dot products in ``lanes`` partial sums (vectorisable without reassociating the sum): one
+    # vector of the compute dtype by default; dot products shorter than two vectors run as
+    # scalar loops (less code, as fast)
+    L = ctx.target.lanes(cd)
+    lanes_all = knob("dot_lanes", [c for c in (1, L // 2, L, 2 * L) if c >= 1], L,
+                     doc="partial sums of each gate's dot product") if L > 1 else 1
+    s = kb.local(cd, (lanes_all,), hint="dot")
     ln = kb.local(I64, (1,), hint="len")
 
     def ld(buf, off):
@@ -357,7 +364,7 @@ def _lower(ctx: LowerCtx) -> None:
     def gate_sum(d, g, b, t, hvec, with_x=True, with_r=True, w_bias=True, r_bias=True):
         """bias + W[d, g, :] . x[t, b, :] + R[d, g, :] . hvec (each part optional)."""
         n = max(I if with_x else 0, H if with_r else 0)
-        lanes = LANES if n >= VEC_MIN else 1
+        lanes = lanes_all if n >= 2 * lanes_all else 1
         with kb.loop(lanes, kind="vectorize", hint="l") as l:
             kb.store(s, l, as_expr(0.0, cd))
         if with_x:

@@ -11,8 +11,9 @@
   LayerNorms, a block per row (``row_norm``, ``layernorm_rows``).
 - ``softmax``: Softmax/LogSoftmax, a block per row (``softmax``).
 - ``reduce``: Reduce*, a block per output (``reduction``).
+- ``matmul``: MatMul, Gemm, MatMulInteger and fused forms as tiled GEMMs (``matmul``).
 
 The generic schedule (every kernel without a hand schedule: launches over its spatial nests)
 is ``codegen/cuda/launches.py``, applied when the library is built.
 """
-from . import conv_nhwc, norm, pool, reduce, softmax  # noqa: F401  (registers the schedules)
+from . import conv_nhwc, matmul, norm, pool, reduce, softmax  # noqa: F401  (registers the schedules)

@@ -4,5 +4,12 @@
 - ``conv2d``: 2-D float32 convolutions, key ``"conv2d"`` (``ir.ops.conv.emit_conv``): row
   tiles, flat pixel tiles, pointwise (1x1) and im2row GEMMs (:mod:`.conv2d`), Winograd
   F(2x2, 3x3) (:mod:`.conv2d_winograd`), depthwise (:mod:`.conv2d_depthwise`).
+- ``matmul``: MatMul, Gemm, MatMulInteger and their fused forms, key ``"matmul"``
+  (``ir.ops.linalg.emit_matmul_core``): register tiles over a packed constant B, i-k-j
+  panels, dot products in partial sums (:mod:`.matmul`).
+- ``norm``: row statistics of Layer/Instance/GroupNormalization in vector partial sums,
+  key ``"row_norm"`` (``ir.ops.norm.emit_row_norm``) (:mod:`.norm`).
+- ``pool``: global pools in vector partial accumulators, key ``"global_pool"``
+  (``ir.ops.pool.emit_global_pool``) (:mod:`.pool`).
 """
-from . import conv2d, conv2d_depthwise, conv2d_winograd  # noqa: F401  (registers the schedules)
+from . import conv2d, conv2d_depthwise, conv2d_winograd, matmul, norm, pool  # noqa: F401  (registers the schedules)

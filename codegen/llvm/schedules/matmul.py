@@ -1,0 +1,279 @@
+"""The llvm backend's schedules of MatMul, Gemm, MatMulInteger and their fused forms: schedule
+key ``"matmul"``, workload :class:`ir.ops.linalg.MatMulSpec` (docs/architecture.md "CPU
+codegen", "Adding a schedule").
+
+``matmul_blocked`` (plevel 10): float32 with a constant 2-D B (the spec's ``const_b``).
+
+- B' [K, N] (Gemm's transB is resolved while packing) is packed once into panels
+  ``Bp [NBLK, K, NB*L]`` (``L`` lanes of the target, ``NB`` vectors per panel, zero-padded
+  beyond N), so one reduction step reads NB contiguous vectors.
+- The micro-kernel keeps an ``R x NB`` tile of vector accumulators (R rows of A, NB*L columns)
+  in registers over the K reduction: per k, NB vector loads, R broadcasts of A[i, k] and R*NB
+  FMAs. Rows of every batch of A are one row range (A [..., M, K] is [rows, K]).
+- Parallel over (row block, column panel) tiles; the rows left over (rows % R) form a second
+  parallel loop over panels with a smaller tile.
+- ``finish`` (alpha, beta*C) and the fused epilogue run on whole accumulator vectors (the
+  output index's last entry is a :class:`~ir.kernel.Ramp`) before one vector store; a vector
+  that crosses N runs them per lane.
+
+Knobs: ``register_tile`` (R, NB), constrained so R*NB accumulators + NB panel vectors + 2 fit
+the vector registers; ``sweep_rows`` (row blocks one parallel task runs over its panel: 1 is a
+task per tile); ``k_block`` (K in slices of this many steps, each slice run for all the task's
+row blocks while the B panel's slice stays in L1, accumulators kept in a local buffer between
+slices; K itself is one slice).
+
+``matmul_panels`` (plevel 5): B contiguous along j (MatMul, Gemm without transB; any dtype),
+K > 0. For a block of ``block_rows`` output rows and up to ``block_cols`` columns the
+accumulators live in a local buffer and the innermost loop runs over j, contiguous in B and
+Y (i-k-j order): each A element is loaded once per k and reused across the columns, each B row
+across the rows; LLVM vectorises the j loop without reassociating a sum. The column-block
+loop is outermost, so one [K, cols] panel of B is reused from L2 by every row block.
+
+``matmul_dot`` (plevel 5): B read transposed (Gemm's transB), K at least two vectors: dot
+products over contiguous k in ``dot_lanes`` partial sums (:func:`ir.ops.linalg.emit_dot_products`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tensorfuse.ir.kernel import Expr, Ramp, as_expr, fma, minimum
+from tensorfuse.ir.knobs import knob
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops.linalg import MatMulSpec, emit_dot_products
+from tensorfuse.ir.strategy import register_schedule
+from tensorfuse.ir.types import DType
+
+from .conv2d import vector_registers
+
+#: the register tile's rows at most (a candidate of ``register_tile``); the default formula
+#: caps them at 8 (32 vector registers) or 6 (16)
+MAX_TILE_ROWS = 12
+#: vectors per B panel at most (a candidate of ``register_tile``)
+MAX_TILE_VECTORS = 4
+#: ``sweep_rows`` at most (a task's row blocks are unrolled: code size grows with them)
+MAX_SWEEP_ROWS = 8
+#: ``k_block`` candidates (reduction steps per slice) tried below K
+K_BLOCKS = (32, 64, 128, 256, 512)
+
+ROWS = 4      # panels schedule: output rows per register block (default)
+COLS = 512    # panels schedule: output columns per accumulator block at most (bounds the local buffer)
+PANEL_BYTES = 1 << 20   # column blocks sized so a [K, cols] panel of B stays in L2 (measured:
+                        # narrower blocks than 128 columns cost more than the cache misses)
+
+
+# ----------------------------------------------------------------------------- register tiles
+def choose_gemm_tile(target, rows: int, n: int) -> tuple[int, int, int]:
+    """(L, R, NB), the default register tile: lanes, rows per tile, vectors per panel; R*NB
+    accumulators + NB + 2 fit the target's vector registers."""
+    L = target.lanes(DType.f32)
+    regs = vector_registers(target)
+    nb = 2 if n > L else 1
+    if regs >= 32 and n > 2 * L:
+        nb = 3
+    r = min((regs - nb - 2) // nb, 8 if regs >= 32 else 6, max(rows, 1))
+    return L, max(1, r), nb
+
+
+def register_tiles(target, rows: int, n: int) -> list[tuple[int, int]]:
+    """Every (R, NB) the ``register_tile`` knob offers: NB <= MAX_TILE_VECTORS vectors, no
+    panel wider than N needs, R <= MAX_TILE_ROWS rows (and no more than there are), with
+    R*NB + NB + 2 <= the target's vector registers."""
+    L = target.lanes(DType.f32)
+    regs = vector_registers(target)
+    out = []
+    for nb in range(1, min(MAX_TILE_VECTORS, max(1, -(-n // L))) + 1):
+        for r in range(1, min(MAX_TILE_ROWS, max(rows, 1)) + 1):
+            if r * nb + nb + 2 <= regs:
+                out.append((r, nb))
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def pack_panels(b: np.ndarray, L: int, nb: int) -> np.ndarray:
+    """B' [K, N] -> Bp [NBLK, K, nb*L] as float32 (zeros beyond N)."""
+    k, n = b.shape
+    blk = nb * L
+    nblk = -(-n // blk)
+    bp = np.zeros((k, nblk * blk), np.float32)
+    bp[:, :n] = b
+    return np.ascontiguousarray(bp.reshape(k, nblk, blk).transpose(1, 0, 2))
+
+
+def _blocked_applies(ctx: LowerCtx, mm: MatMulSpec) -> bool:
+    cb = mm.const_b
+    return (cb is not None and mm.y.dtype == DType.f32 and mm.acc == DType.f32
+            and cb.value.dtype == np.float32 and ctx.inputs[0].dtype == DType.f32)
+
+
+@register_schedule("matmul", "llvm", "matmul_blocked", plevel=10, applies=_blocked_applies)
+def emit_matmul_blocked(ctx: LowerCtx, mm: MatMulSpec) -> None:
+    """Register tiles over B packed in panels (module docstring); one kernel."""
+    cb, y, N, K = mm.const_b, mm.y, mm.N, mm.K
+    rows = cb.rows
+    L, R0, NB0 = choose_gemm_tile(ctx.target, rows, N)
+    R, NB = knob("register_tile", register_tiles(ctx.target, rows, N), (R0, NB0),
+                 doc="accumulator tile: rows of A x vectors of B's panel")
+    blk = NB * L
+    nblk = -(-N // blk)
+    full = rows // R
+    G = knob("sweep_rows", [d for d in _divisors(full) if d <= MAX_SWEEP_ROWS], 1,
+             doc="row blocks one parallel task runs over its column panel") if full > 1 else 1
+    KC = knob("k_block", [c for c in K_BLOCKS if c < K], K,
+              doc="reduction steps per slice (K: no slicing)") if K > K_BLOCKS[0] else K
+    bp = ctx.pack(pack_panels(cb.value, L, NB), "bpanel")
+    params = [p for p in ctx.default_params() if p is not cb.buffer] + [bp]
+    kb = ctx.kernel(params=params)
+    kb.kernel.comment += f"  [register tile {R} rows x {NB}x{L} columns, B packed {list(bp.shape)}]"
+    sliced = G > 1 or KC < K
+    acc = kb.local(DType.f32, ((G if sliced else 1) * R * NB * L,), hint="acc")
+    lanes = kb.local(DType.f32, (L,), hint="lanes")
+
+    def at(base, q: int):
+        return q if base is None else base + q
+
+    def zero(nrows: int, base=None):
+        for q in range(nrows * NB):
+            kb.store(acc, at(base, q * L), kb.broadcast(as_expr(0.0, DType.f32), L))
+
+    def accumulate(i0: Expr, nrows: int, jb: Expr, base=None, k0=None, kn: int = K):
+        with kb.reduce(kn, hint="k") as k:
+            if k0 is not None:
+                k = k0 + k
+            bv = [bp.vload((jb * K + k) * blk + v * L, L) for v in range(NB)]
+            for r in range(nrows):
+                av = cb.a_elem(i0 + r, k)
+                for v in range(NB):
+                    q = at(base, (r * NB + v) * L)
+                    kb.store(acc, q, fma(av, bv[v], acc.vload(q, L)))
+
+    def finish(i0: Expr, nrows: int, jb: Expr, base=None):
+        for r in range(nrows):
+            i = i0 + r
+            for v in range(NB):
+                j0 = jb * blk + v * L
+                vec = acc.vload(at(base, (r * NB + v) * L), L)
+
+                def vector_store(vec=vec, j0=j0, i=i):
+                    idx = cb.out_index(i, Ramp(j0, L))
+                    kb.store(y, idx, ctx.apply_epilogue(cb.finish(vec, i, Ramp(j0, L)), idx))
+
+                def lane_stores(vec=vec, j0=j0, i=i):
+                    kb.store(lanes, 0, vec)
+                    for ln in range(L):
+                        with kb.if_(j0 + ln < N):
+                            idx = cb.out_index(i, j0 + ln)
+                            kb.store(y, idx, ctx.apply_epilogue(cb.finish(lanes[ln], i, j0 + ln), idx))
+                if N % blk == 0:
+                    vector_store()
+                    continue
+                if N % L == 0:               # vectors of the last panel are whole or past N
+                    with kb.if_(j0 < N):
+                        vector_store()
+                    continue
+                with kb.if_(j0 + L <= N) as full_vec:
+                    vector_store()
+                with kb.else_(full_vec):
+                    lane_stores()
+
+    def tile(i0: Expr, nrows: int, jb: Expr):
+        zero(nrows)
+        accumulate(i0, nrows, jb)
+        finish(i0, nrows, jb)
+
+    def sweep(i0: Expr, jb: Expr):
+        """G row blocks from row i0 over panel jb, K in slices of KC: per slice, every row
+        block's accumulators (at its own offset in ``acc``) take the slice's steps."""
+        step = R * NB * L
+        # the task's row blocks are unrolled here: each block's accumulators sit at constant
+        # offsets, which LLVM keeps in registers over its reduction loop
+        for g in range(G):
+            zero(R, g * step)
+        nk, rest = divmod(K, KC)
+        with kb.loop(nk, hint="kc") as kc:
+            for g in range(G):
+                accumulate(i0 + g * R, R, jb, g * step, kc * KC, KC)
+        for g in range(G):
+            if rest:
+                accumulate(i0 + g * R, R, jb, g * step, as_expr(nk * KC), rest)
+            finish(i0 + g * R, R, jb, g * step)
+
+    if full:
+        if not sliced:
+            with kb.loop(full * nblk, kind="parallel", hint="t") as t:
+                tile((t / nblk) * R, R, t % nblk if nblk > 1 else as_expr(0))
+        else:
+            with kb.loop((full // G) * nblk, kind="parallel", hint="t") as t:
+                sweep((t / nblk) * (G * R), t % nblk if nblk > 1 else as_expr(0))
+    if rows % R:
+        with kb.loop(nblk, kind="parallel", hint="jb") as jb:
+            tile(as_expr(full * R), rows % R, jb)
+
+
+# ----------------------------------------------------------------------------- i-k-j panels
+def _panels_applies(ctx: LowerCtx, mm: MatMulSpec) -> bool:
+    return mm.b_contiguous_in_j and mm.K > 0
+
+
+@register_schedule("matmul", "llvm", "matmul_panels", plevel=5, applies=_panels_applies)
+def emit_matmul_panels(ctx: LowerCtx, mm: MatMulSpec) -> None:
+    """Row blocks x column blocks with accumulators in a local buffer, i-k-j order (module
+    docstring); one kernel."""
+    M, N, K, acc = mm.M, mm.N, mm.K, mm.acc
+    # the B panel [K, cols] read by every row block should stay in L2
+    cols0 = min(N, max(128, min(COLS, (PANEL_BYTES // max(K * 4, 1)) // 16 * 16)))
+    cols = knob("block_cols", [c for c in (32, 64, 128, 256, 512, 1024) if c < N] + [N], cols0,
+                doc="output columns per accumulator block")
+    rb0 = ROWS if M >= ROWS else 1
+    rb = knob("block_rows", [r for r in (1, 2, 4, 8) if r <= M], rb0, doc="output rows per register block")
+    kb = ctx.kernel()
+    with kb.grid(mm.batch) as bidx:
+        nblk = -(-N // cols) if N else 0
+        accbuf = kb.local(acc, (rb * cols,), hint="acc")
+        full = M // rb
+
+        def rows_block(i0: Expr, nrows: int, j0: Expr, width):
+            with kb.loop(width, kind="vectorize", hint="j") as j:
+                for r in range(nrows):
+                    kb.store(accbuf, r * cols + j, as_expr(0, acc))
+            with kb.loop(K, hint="k") as k:
+                a_r = [mm.load_a(bidx, i0 + r, k) for r in range(nrows)]
+                with kb.loop(width, kind="vectorize", hint="j") as j:
+                    bv = mm.load_b(bidx, k, j0 + j)
+                    for r in range(nrows):
+                        kb.store(accbuf, r * cols + j, accbuf.flat(r * cols + j) + a_r[r] * bv)
+            for r in range(nrows):
+                with kb.loop(width, kind="vectorize", hint="j") as j:
+                    mm.store(ctx, kb, bidx, i0 + r, j0 + j, accbuf.flat(r * cols + j))
+
+        def all_rows(j0: Expr, width):
+            if full:
+                with kb.loop(full, hint="ib", role="spatial") as ib:
+                    rows_block(ib * rb, rb, j0, width)
+            for r in range(full * rb, M):   # at most rb-1 leftover rows
+                rows_block(as_expr(r), 1, j0, width)
+
+        if nblk == 1:
+            all_rows(as_expr(0), N)
+        else:
+            with kb.loop(nblk, hint="jb", role="spatial") as jb:
+                j0 = jb * cols
+                all_rows(j0, minimum(as_expr(cols), N - j0))
+
+
+# ----------------------------------------------------------------------------- dot products
+def _dot_applies(ctx: LowerCtx, mm: MatMulSpec) -> bool:
+    return not mm.b_contiguous_in_j and mm.K >= 2 * ctx.target.lanes(mm.acc)
+
+
+@register_schedule("matmul", "llvm", "matmul_dot", plevel=5, applies=_dot_applies)
+def emit_matmul_dot(ctx: LowerCtx, mm: MatMulSpec) -> None:
+    """Dot products over contiguous k in vector partial sums (B read transposed); one kernel."""
+    L = ctx.target.lanes(mm.acc)
+    lanes = knob("dot_lanes", [c for c in (L // 2, L, 2 * L) if c > 1 and 2 * c <= mm.K], L,
+                 doc="partial sums of each dot product (one vector of the accumulation dtype)")
+    kb = ctx.kernel()
+    with kb.grid(mm.batch) as bidx:
+        emit_dot_products(ctx, kb, mm, bidx, lanes)

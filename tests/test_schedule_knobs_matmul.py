@@ -1,0 +1,189 @@
+"""Knobs of the llvm MatMul/Gemm schedules (codegen/llvm/schedules/matmul.py; ONNX spec sections
+"MatMul", "Gemm", "MatMulInteger") and of the row schedules moved beside them (row norms:
+codegen/llvm/schedules/norm.py, "LayerNormalization"; global pools: codegen/llvm/schedules/
+pool.py, "GlobalAveragePool" / "GlobalMaxPool"; the generic RNN's dot products, "LSTM").
+
+For small workloads (M not a multiple of the register tile, batched MatMul, Gemm with transB
+and a bias, MatMulInteger) every candidate of every knob a schedule declares, one knob at a
+time with the others at their defaults, lowers to a kernel whose result matches onnxruntime;
+every schedule the ``schedule`` knob offers is tried the same way. Without knobs the registry
+picks the schedule the formulas picked before it existed.
+
+All compile for the AVX2 layout (8 float32 lanes, 16 vector registers) on every host.
+Candidates that lower to the same kernel as one already checked are not compiled again.
+Tolerances: float32 sums of at most 40 products of values in [-1, 1]: rtol 1e-4, atol 1e-4.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensorfuse.compiler.driver import build_module
+from tensorfuse.compiler.frontend.onnx import import_onnx
+from tensorfuse.compiler.lower import lower_graph
+from tensorfuse.compiler.target import Target
+from tests.oracle import node_model, ort_run, rand
+
+TARGET = "llvm -mattr=-avx512f"
+RTOL, ATOL = 1e-4, 1e-4
+
+
+class Fixed:
+    """Tuning stand-in for ``lower_graph``: the same knob values for every workload."""
+
+    def __init__(self, knobs: dict):
+        self.knobs = knobs
+
+    def knobs_for(self, key):
+        return dict(self.knobs)
+
+
+def r(*shape, seed=0):
+    return rand(*shape, seed=seed, low=-1, high=1)
+
+
+def matmul_const(a_shape, b_shape):
+    a = r(*a_shape)
+    return node_model("MatMul", {"a": a}, initializers={"b": r(*b_shape, seed=1)}), {"a": a}
+
+
+def matmul_runtime(a_shape, b_shape):
+    a, b = r(*a_shape), r(*b_shape, seed=1)
+    return node_model("MatMul", {"a": a, "b": b}), {"a": a, "b": b}
+
+
+def gemm_transb(const_b: bool):
+    a, b, c = r(13, 40), r(20, 40, seed=1), r(20, seed=2)
+    attrs = {"transB": 1, "alpha": 0.5, "beta": 2.0}
+    if const_b:
+        return node_model("Gemm", {"a": a}, attrs, initializers={"b": b, "c": c}), {"a": a}
+    return node_model("Gemm", {"a": a, "b": b}, attrs, initializers={"c": c}), {"a": a, "b": b}
+
+
+def matmul_integer():
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 255, (7, 20), dtype=np.uint8)
+    b = rng.integers(0, 255, (20, 12), dtype=np.uint8)
+    zp = np.array(3, np.uint8)
+    return node_model("MatMulInteger", {"a": a, "b": b}, initializers={"za": zp},
+                      input_names=["a", "b", "za"]), {"a": a, "b": b}
+
+
+def layernorm(n):
+    x = r(3, 5, n) + 3.0
+    return node_model("LayerNormalization", {"x": x}, {"axis": -1, "epsilon": 1e-5},
+                      initializers={"s": r(n, seed=1), "bias": r(n, seed=2)}, opset=17), {"x": x}
+
+
+def global_pool(op, shape):
+    x = r(*shape)
+    return node_model(op, {"x": x}), {"x": x}
+
+
+def lstm():
+    x = r(3, 2, 40)
+    inits = {"w": r(1, 80, 40, seed=1), "rr": r(1, 80, 20, seed=2)}
+    return node_model("LSTM", {"x": x}, {"hidden_size": 20}, initializers=inits, outputs=("y",)), {"x": x}
+
+
+# (id, model builder, the schedule chosen without knobs)
+WORKLOADS = [
+    # 13 rows: register tiles of 6 rows leave one; K 40 > 32 offers a k_block
+    ("matmul_blocked", lambda: matmul_const((13, 40), (40, 20)), "llvm.matmul_blocked"),
+    ("matmul_batched_const_b", lambda: matmul_const((2, 3, 7, 40), (40, 20)), "llvm.matmul_blocked"),
+    ("matmul_batched", lambda: matmul_runtime((2, 7, 16), (2, 16, 12)), "llvm.matmul_panels"),
+    ("gemm_transb_bias", lambda: gemm_transb(True), "llvm.matmul_blocked"),
+    ("gemm_transb_runtime_b", lambda: gemm_transb(False), "llvm.matmul_dot"),
+    ("matmul_integer", matmul_integer, "llvm.matmul_panels"),
+    ("layernorm", lambda: layernorm(40), "llvm.row_norm_partial_sums"),
+    ("global_avg_pool", lambda: global_pool("GlobalAveragePool", (1, 3, 9, 9)), "llvm.global_pool_vector"),
+    ("global_max_pool", lambda: global_pool("GlobalMaxPool", (2, 3, 7, 11)), "llvm.global_pool_vector"),
+    ("lstm", lstm, "generic"),
+]
+
+
+def lower(model, knobs=None):
+    graph = import_onnx(model)
+    return graph, lower_graph(graph, Target.parse(TARGET), tuning=Fixed(knobs) if knobs is not None else None)
+
+
+def body(lowered) -> str:
+    """The kernels' text without '# schedule' lines (two knob values may give one kernel)."""
+    return "\n".join(ln for k in lowered.kernels for ln in str(k).splitlines() if "# schedule" not in ln)
+
+
+@pytest.mark.parametrize("name,make,schedule", WORKLOADS, ids=[w[0] for w in WORKLOADS])
+def test_every_knob_candidate_matches_onnxruntime(name, make, schedule):
+    model, feeds = make()
+    expected = ort_run(model, feeds)
+    graph, lowered = lower(model)
+    (wl,) = lowered.workloads.values()
+    assert wl.schedule == schedule
+    assert wl.space, "the lowering declares knobs"
+    outputs = [o.name for o in model.graph.output]
+    # each schedule the registry offers, then each knob of it with the others at their defaults
+    bases = [{}]
+    sched = next((k for k in wl.space if k.name == "schedule"), None)
+    if sched is not None:
+        bases += [{"schedule": c} for c in sched.candidates if c != sched.default]
+    seen, tried = set(), 0
+    for base in bases:
+        _, low = lower(model, base)
+        (wb,) = low.workloads.values()
+        for k in wb.space:
+            assert k.default in k.candidates and k.doc, k
+            for cand in k.candidates:
+                knobs = dict(base, **{k.name: cand})
+                graph, low = lower(model, knobs)
+                (w2,) = low.workloads.values()
+                assert w2.knobs[k.name] == cand, f"{k.name}={cand!r} not taken: {w2.knobs}"
+                text = body(low)
+                if text in seen:
+                    continue
+                seen.add(text)
+                tried += 1
+                mod = build_module(low, graph, list(feeds), outputs, TARGET)
+                got = mod.run(**feeds)
+                for g, e in zip(got, expected):
+                    np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL,
+                                               err_msg=f"{name}: {knobs} ({w2.schedule})")
+    assert tried > 1
+
+
+def test_blocked_sweep_with_k_slices_matches_onnxruntime():
+    """Two knobs away from their defaults at once: tasks of 2 row blocks over their panel, K in
+    slices of 32 (40 = 32 + a slice of 8), accumulators kept in the local buffer between slices."""
+    model, feeds = matmul_const((25, 40), (40, 20))
+    _, default = lower(model)
+    (wl,) = default.workloads.values()
+    assert wl.knobs["register_tile"] == (6, 2) and wl.knobs["sweep_rows"] == 1 and wl.knobs["k_block"] == 40
+    graph, low = lower(model, {"sweep_rows": 2, "k_block": 32})
+    (w2,) = low.workloads.values()
+    assert (w2.knobs["sweep_rows"], w2.knobs["k_block"]) == (2, 32)
+    got = build_module(low, graph, ["a"], ["y"], TARGET).run(**feeds)[0]
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_register_tiles_fit_the_vector_registers():
+    """Every register_tile candidate keeps R*NB accumulators + NB panel vectors + 2 within the
+    16 (AVX2) or 32 (AVX-512) vector registers, and the default is the formula's."""
+    from tensorfuse.codegen.llvm.schedules.matmul import choose_gemm_tile, register_tiles
+    for target, regs in (("llvm -mattr=-avx512f", 16), ("llvm -mcpu=skylake-avx512", 32)):
+        t = Target.parse(target)
+        for rows, n in ((1, 8), (13, 20), (128, 256), (3, 1000)):
+            tiles = register_tiles(t, rows, n)
+            assert all(R * NB + NB + 2 <= regs and R <= rows for R, NB in tiles)
+            _, R, NB = choose_gemm_tile(t, rows, n)
+            assert (R, NB) in tiles
+    assert choose_gemm_tile(Target.parse("llvm -mattr=-avx512f"), 128, 256) == (8, 6, 2)
+    assert choose_gemm_tile(Target.parse("llvm -mcpu=skylake-avx512"), 128, 256) == (16, 8, 3)
+
+
+def test_kernel_prints_schedule_and_knobs():
+    model, _ = matmul_const((13, 40), (40, 20))
+    _, lowered = lower(model, {"register_tile": [4, 1]})
+    text = str(lowered.kernels[0])
+    line = next(ln.strip() for ln in text.splitlines() if "# schedule" in ln)
+    assert line.startswith("# schedule llvm.matmul_blocked {")
+    assert "register_tile=4x1" in line and "schedule=matmul_blocked" in line
+    assert "register tile 4 rows x 1x8 columns" in text
