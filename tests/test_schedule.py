@@ -343,6 +343,23 @@ def test_unroll_loop_has_no_loop_in_llvm_ir():
     np.testing.assert_array_equal(ya, xa * np.float32(2) + np.arange(4, dtype=np.float32)[:, None])
 
 
+def test_unroll_loop_with_straight_line_body_uses_each_iterations_index():
+    """Regression (found by the matmul knobs' sweep_rows): the body of an unroll loop without a
+    loop inside stays in one basic block, and the expression memo reused the first pass's
+    index values (every pass stored to u = 0 from the u = 0 inputs)."""
+    x, y = Buffer("x", F32, (4, 8)), Buffer("y", F32, (4, 8))
+    kb = KernelBuilder("unrolled_flat", [x, y])
+    with kb.loop(4, kind="unroll", hint="u") as u:
+        row = u * 8
+        for c in range(8):
+            kb.store(y, row + c, x.flat(row + c) * 3.0 + u.cast(F32))
+    _text, fn, _lib = _native(kb.kernel, 2)
+    xa = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    ya = np.zeros_like(xa)
+    _call(fn, [xa, ya])
+    np.testing.assert_array_equal(ya, xa * np.float32(3) + np.arange(4, dtype=np.float32)[:, None])
+
+
 def test_unroll_errors():
     y = Buffer("y", F32, (100,))
     kb = KernelBuilder("too_long", [y])

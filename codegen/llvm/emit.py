@@ -580,6 +580,9 @@ class _FnEmitter:
                                f"(at most {MAX_UNROLL})")
         for i in range(int(s.start.value), int(s.extent.value)):
             self.vars[id(s.var)] = ir.Constant(I64, i)
+            # a pass's expressions read the loop variable: values memoised by an earlier pass in
+            # the same basic block (a straight-line body) must not be reused
+            self._memo, self._memo_block = {}, None
             self.stmts(s.body)
 
 
