@@ -22,20 +22,11 @@ from tensorfuse.compiler.driver import build_module
 from tensorfuse.compiler.frontend.onnx import import_onnx
 from tensorfuse.compiler.lower import lower_graph
 from tensorfuse.compiler.target import Target
+from tests.knob_util import Fixed
 from tests.oracle import node_model, ort_run, rand
 
 TARGET = "llvm -mattr=-avx512f"
 RTOL, ATOL = 1e-4, 1e-4
-
-
-class Fixed:
-    """Tuning stand-in for ``lower_graph``: the same knob values for every workload."""
-
-    def __init__(self, knobs: dict):
-        self.knobs = knobs
-
-    def knobs_for(self, key):
-        return dict(self.knobs)
 
 
 def r(*shape, seed=0):

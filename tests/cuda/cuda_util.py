@@ -75,3 +75,17 @@ def run_cuda(model, inputs: dict, opt_level: int = 0) -> list[np.ndarray]:
     """Outputs of an ONNX model run through the cuda code generator (simulator)."""
     lg = lower_cuda(model, opt_level)
     return run_lowered(lg, list(inputs.values()))
+
+
+def float_model(nodes, inputs: dict, outputs: dict, inits: dict, opset: int = 17):
+    """An ONNX model of ``nodes`` with float32 inputs (name -> array, its shape declared),
+    outputs (name -> shape) and initializers (name -> array)."""
+    import onnx
+    from onnx import TensorProto, helper
+    f = TensorProto.FLOAT
+    gr = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(k, f, v.shape) for k, v in inputs.items()],
+                           [helper.make_tensor_value_info(k, f, s) for k, s in outputs.items()],
+                           initializer=[onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 10
+    return m

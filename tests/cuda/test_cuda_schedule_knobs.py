@@ -16,20 +16,10 @@ import pytest
 from onnx import TensorProto, helper
 
 import cuda_util as cu
+from knob_util import Fixed as FixedKnobs
 from oracle import node_model, ort_run, rand
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
-
-
-class FixedKnobs:
-    """A tuning source (``lower_graph(tuning=)``) giving the same knob values to every
-    workload; a knob a workload does not declare is ignored there."""
-
-    def __init__(self, knobs: dict):
-        self.knobs = dict(knobs)
-
-    def knobs_for(self, key):
-        return dict(self.knobs)
 
 
 def lower(model, opt_level: int, knobs: dict | None = None):
@@ -46,13 +36,7 @@ def lower(model, opt_level: int, knobs: dict | None = None):
 
 
 def graph_model(nodes, inputs: dict, outputs: dict, inits: dict, opset: int = 17):
-    f = TensorProto.FLOAT
-    gr = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(k, f, v.shape) for k, v in inputs.items()],
-                           [helper.make_tensor_value_info(k, f, s) for k, s in outputs.items()],
-                           initializer=[onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
-    return m
+    return cu.float_model(nodes, inputs, outputs, inits, opset)
 
 
 def _conv():

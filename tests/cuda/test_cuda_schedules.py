@@ -47,13 +47,7 @@ def run_check(model, feeds: dict, lg, rtol=1e-4, atol=1e-4):
 
 
 def model(nodes, inputs: dict, outputs: dict, inits: dict, opset: int = 17):
-    f = TensorProto.FLOAT
-    gr = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(k, f, v.shape) for k, v in inputs.items()],
-                           [helper.make_tensor_value_info(k, f, s) for k, s in outputs.items()],
-                           initializer=[onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
-    m = helper.make_model(gr, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 10
-    return m
+    return cu.float_model(nodes, inputs, outputs, inits, opset)
 
 
 # ----------------------------------------------------------------------------- tiled conv
