@@ -650,6 +650,17 @@ def _positive_seconds(text: str) -> float:
     return v
 
 
+def _min_gain(text: str) -> float:
+    """``--min-gain``: a number in (-1, 1)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not -1 < v < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not in (-1, 1)")
+    return v
+
+
 def cmd_tune(args) -> int:
     import tensorfuse
     from tensorfuse import progress
@@ -664,7 +675,7 @@ def cmd_tune(args) -> int:
                               trials=args.trials, num_threads=args.threads, executor=args.executor,
                               ray_address=args.ray_address, seed=args.seed, progress=progress.active(),
                               opt_level=args.opt_level, input_shapes=parse_shapes(args.input_shape),
-                              timeout=args.timeout)
+                              timeout=args.timeout, min_gain=args.min_gain)
     except ImportError as e:
         hint = ("install it: pip install 'tensorfuse[ray]'" if "ray" in str(e).lower()
                 else "check the modules named in $TENSORFUSE_TUNE_PLUGINS")
@@ -904,6 +915,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=_positive_seconds, default=60.0, metavar="S",
                    help="seconds a candidate may take (compile, check, time) before it counts as hung (default 60)")
     s.add_argument("--seed", type=NONNEG, default=0, help="seed of the inputs and the search (default 0)")
+    s.add_argument("--min-gain", type=_min_gain, default=0.03, metavar="G",
+                   help="the least gain (1 - ratio to the default knobs' time) a candidate must show in the "
+                        "search to be measured again, and again in that confirmation to be used; a workload "
+                        "without a confirmed candidate keeps its default knobs (default 0.03)")
     c = s.add_argument_group("compile options (as for the compile that will use the records)")
     c.add_argument("-O", "--opt-level", type=int, choices=range(0, 4), default=2, metavar="N",
                    help="optimisation level 0..3 (default 2)")

@@ -383,8 +383,19 @@ class TuningReport:
                 speed = f" ({rec.median_ms:.4g} ms"
                 if rec.default_ms:
                     speed += f", default {rec.default_ms:.4g} ms: {rec.default_ms / rec.median_ms:.2f}x"
+                vs = rec.extra.get("vs_default")
+                if isinstance(vs, (int, float)) and not isinstance(vs, bool) and vs > 0 and vs != 1.0:
+                    speed += f", {1.0 / vs:.2f}x the default timed beside it"
                 speed += f", {_plural(rec.threads, 'thread')})"
-            lines.append(f"    {summary} [{key}{nodes}]: {schedule} {knobs or '(default knobs)'}{speed}")
+            state = " [provisional: not confirmed]" if key in getattr(r, "provisional", ()) else ""
+            lines.append(f"    {summary} [{key}{nodes}]: {schedule} {knobs or '(default knobs)'}{speed}{state}")
+        kept = {k: why for k, why in getattr(r, "defaulted", {}).items() if k in self.workloads}
+        if kept:
+            lines.append(f"  default knobs kept: {_plural(len(kept), 'workload')} with records")
+            for key, why in list(kept.items())[:self.MAX_LINES]:
+                lines.append(f"    {self.workloads[key].summary} [{key}]: {why}")
+            if len(kept) > self.MAX_LINES:
+                lines.append(f"    ... and {len(kept) - self.MAX_LINES} more")
         if self.not_applied:
             lines.append(f"  usable but not applied: {_plural(len(self.not_applied), 'record')}")
             for rec, why in self.not_applied[:self.MAX_LINES]:

@@ -16,14 +16,19 @@ differ) / "timeout" / "crash" / "error": not usable, ``error`` says why), ``medi
 ``spread_ms`` (the interquartile range) in milliseconds over ``runs`` timed runs,
 ``default_ms`` the median of the default knobs measured in the same session, ``threads`` the
 thread count measured at, ``target`` ``ir.knobs.target_identity`` of the target measured on,
-``version`` the tensorfuse version and ``time`` when it was measured (ISO-8601 UTC).
+``version`` the tensorfuse version and ``time`` when it was measured (ISO-8601 UTC). The tuner
+adds ``vs_default`` (the median ratio of the candidate's samples to the default knobs' samples
+taken alternately beside them), ``stage`` ("search": exploration, "confirm": a best candidate
+measured again with about twice the samples; a record without it is a search record) and, in
+confirm records, ``min_gain`` (the gain a confirmation had to show).
 
 :func:`append_record` appends one line and syncs it to disk, so an interrupted tuner loses at
 most the trial it was measuring; :func:`read_records` reads a file back (a corrupt line is a
 ValueError naming the file and line). :class:`TuningRecords` picks, per workload, the best
 usable record for one target: status "ok", the same target identity (for llvm: the CPU name
 and its features) and the same tensorfuse version; the others are kept in ``ignored`` with the
-reason, which ``tensorfuse explain --tuning`` prints.
+reason, which ``tensorfuse explain --tuning`` prints. A workload with confirm records takes only
+a confirmed setting, or keeps its default knobs (:func:`choose_confirmed`).
 """
 from __future__ import annotations
 
@@ -262,6 +267,77 @@ def _as_records(src) -> list[Record]:
     return out
 
 
+#: the least gain a candidate's confirmation must show, ``1 - vs_default``, when its confirm
+#: record does not store the tuner's ``min_gain`` (``tensorfuse tune --min-gain``)
+DEFAULT_MIN_GAIN = 0.03
+#: why a workload with confirm records keeps its default knobs (``TuningRecords.defaulted``)
+NOT_CONFIRMED = "no candidate confirmed faster than the default"
+
+
+def record_stage(r: Record) -> str:
+    """``"confirm"`` for a record of the tuner's confirmation stage (field ``"stage"``), else
+    ``"search"`` (records written before that field existed are search records)."""
+    return "confirm" if r.extra.get("stage") == "confirm" else "search"
+
+
+def knobs_text(knobs: dict) -> str:
+    """The canonical text of a knob dict (names sorted, tuples as lists): equal settings give
+    equal text."""
+    return json.dumps({k: _json_value(v) for k, v in sorted(knobs.items())}, sort_keys=True, separators=(",", ":"))
+
+
+def _vs_default(r: Record) -> float | None:
+    vs = r.extra.get("vs_default")
+    if isinstance(vs, (int, float)) and not isinstance(vs, bool) and vs > 0:
+        return float(vs)
+    return None
+
+
+def _min_gain(r: Record) -> float:
+    g = r.extra.get("min_gain")
+    if isinstance(g, (int, float)) and not isinstance(g, bool) and -1 < g < 1:
+        return float(g)
+    return DEFAULT_MIN_GAIN
+
+
+def choose_confirmed(confirms: Iterable[Record]) -> tuple[Record | None, str]:
+    """The knob setting chosen from one workload's confirm records (usable or not):
+    ``(record, "")`` or ``(None, reason)``.
+
+    A setting's ratio is the worst (largest) ``vs_default`` of its confirm records; it counts
+    as confirmed when every one of them is usable, has a ``vs_default``, and that worst ratio is
+    below ``1 - min_gain`` (the largest ``min_gain`` its records store, else
+    :data:`DEFAULT_MIN_GAIN`). The confirmed setting with the lowest worst ratio is chosen (ties:
+    the first in file order); the record returned is its worst confirm record. Without a
+    confirmed setting the reason starts with :data:`NOT_CONFIRMED`."""
+    by_setting: dict[str, list[Record]] = {}
+    for r in confirms:
+        by_setting.setdefault(knobs_text(r.knobs), []).append(r)
+    best: tuple[float, Record] | None = None
+    closest: tuple[float, float] | None = None      # (worst ratio, its threshold) of the best unconfirmed
+    n_failed = 0
+    for recs in by_setting.values():
+        if any(not r.usable or _vs_default(r) is None for r in recs):
+            n_failed += 1
+            continue
+        worst = max(recs, key=lambda r: _vs_default(r))
+        ratio = _vs_default(worst)
+        limit = 1.0 - max(_min_gain(r) for r in recs)
+        if ratio < limit:
+            if best is None or ratio < best[0]:
+                best = (ratio, worst)
+        elif closest is None or ratio < closest[0]:
+            closest = (ratio, limit)
+    if best is not None:
+        return best[1], ""
+    detail = []
+    if closest is not None:
+        detail.append(f"best worst-case ratio to the default {closest[0]:.3f}, needed < {closest[1]:.3f}")
+    if n_failed:
+        detail.append(f"{n_failed} confirmation{'s' if n_failed != 1 else ''} failed")
+    return None, NOT_CONFIRMED + (f" ({'; '.join(detail)})" if detail else "")
+
+
 def _rank(r: Record) -> tuple:
     """The order of one workload's usable records, best first: by the tuner's ``vs_default``
     (``extra``; see :class:`TuningRecords`) where a record has it, else by ``median_ms``."""
@@ -290,8 +366,18 @@ class TuningRecords:
     another reason than their status are in ``ignored`` as ``(record, reason)``; records of
     failed trials are counted in ``n_failed``.
 
+    **Confirmations.** ``tensorfuse tune`` measures its best few candidates of a workload again
+    (records with ``"stage": "confirm"``, :func:`record_stage`). For a workload that has confirm
+    records (among the records considered: the same thread count when it has usable records at
+    ``threads``), only confirmed settings can be chosen (:func:`choose_confirmed`: the worst of
+    a setting's confirm ratios must be below ``1 - min_gain``); when none is, the workload keeps
+    its default knobs and ``defaulted`` maps its key to the reason (starting with
+    :data:`NOT_CONFIRMED`). A workload with search records only is chosen from them as before:
+    such a choice is provisional (``provisional`` holds those keys).
+
     ``knobs_for(key)`` gives the best record's knobs (what ``compiler.lower.lower_graph`` asks
-    per workload); ``used`` maps each key asked and found to its record. Raises
+    per workload; None for a workload without records or one in ``defaulted``); ``used`` maps
+    each key asked and found to its record. Raises
     FileNotFoundError / ValueError (a corrupt file, see :func:`read_records`) / TypeError.
     """
 
@@ -307,9 +393,13 @@ class TuningRecords:
         self.n_failed = 0
         self.used: dict[str, Record] = {}
         by_key: dict[str, list[Record]] = {}
+        failed_confirms: dict[str, list[Record]] = {}
         for r in self.records:
             if not r.usable:
                 self.n_failed += 1
+                if record_stage(r) == "confirm" and target_mismatch(r.target, self.identity) is None \
+                        and r.version == self.version:
+                    failed_confirms.setdefault(r.workload, []).append(r)     # that setting is not confirmed
                 continue
             why = target_mismatch(r.target, self.identity)
             if why is None and r.version != self.version:
@@ -320,16 +410,32 @@ class TuningRecords:
             by_key.setdefault(r.workload, []).append(r)
         #: workload key -> the best usable record
         self.best: dict[str, Record] = {}
+        #: workload key -> why its default knobs are kept although it has usable records
+        self.defaulted: dict[str, str] = {}
+        #: keys whose best record was chosen from search records only (no confirmation)
+        self.provisional: set[str] = set()
         for key, recs in by_key.items():
             same = [r for r in recs if threads is not None and r.threads == threads]
-            self.best[key] = min(same or recs, key=_rank)
+            pool = same or recs
+            failed = [r for r in failed_confirms.get(key, []) if not same or r.threads == threads]
+            confirms = [r for r in pool if record_stage(r) == "confirm"] + failed
+            if confirms:
+                rec, why = choose_confirmed(confirms)
+                if rec is None:
+                    self.defaulted[key] = why
+                else:
+                    self.best[key] = rec
+            else:
+                self.best[key] = min(pool, key=_rank)
+                self.provisional.add(key)
 
     def for_target(self, target, threads: int | None = None) -> "TuningRecords":
         """These records chosen again for another target (and thread count)."""
         return TuningRecords(self.records, target, self.version, threads)
 
     def knobs_for(self, workload_key: str) -> dict | None:
-        """The knob values of the best usable record of ``workload_key``, or None."""
+        """The knob values of the best usable record of ``workload_key``, or None (no usable
+        record, or no candidate confirmed faster than the default: ``defaulted``)."""
         r = self.best.get(workload_key)
         if r is None:
             return None

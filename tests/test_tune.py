@@ -77,8 +77,16 @@ def test_tune_records_failures_resume_and_tuned_compile(tmp_path, plugin, capsys
     path = str(tmp_path / "two_matmuls.onnx")
     onnx.save(model, path)
     rec = str(tmp_path / "records.jsonl")
-    res = tensorfuse.tune(path, rec, trials=5, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False)
-    records = read_records(rec)
+    # min_gain 0.99: no candidate qualifies for confirmation (the tuner writes one unmeasured
+    # confirm record of the default knobs per workload saying so); the search is what is tested here
+    res = tensorfuse.tune(path, rec, trials=5, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False,
+                          min_gain=0.99)
+    everything = read_records(rec)
+    markers = [r for r in everything if r.extra.get("stage") == "confirm"]
+    assert len(markers) == 2 and all(r.runs == 0 and r.extra["vs_default"] == 1.0 and r.extra["min_gain"] == 0.99
+                                     for r in markers)
+    records = [r for r in everything if r.extra.get("stage") != "confirm"]
+    assert all(r.extra["stage"] == "search" for r in records)
     by_wl: dict[str, list] = {}
     for r in records:
         by_wl.setdefault(r.summary, []).append(r)
@@ -108,36 +116,48 @@ def test_tune_records_failures_resume_and_tuned_compile(tmp_path, plugin, capsys
     for r in records:
         assert r.threads == 1 and r.target == ident and r.version == tensorfuse.__version__
         assert r.default_ms == faulty[0].median_ms if r in faulty else r.default_ms == variants[0].median_ms
-    assert (res.measured, res.failed) == (8, 4)
+    assert (res.measured, res.failed, res.confirmed) == (8, 4, 0)
     best = min(variants, key=lambda r: r.extra["vs_default"])
     wl = next(w for w in res.workloads if w.summary.startswith("MatMul [4,16]"))
-    assert wl.best_knobs == best.knobs and wl.known == 3 and wl.default_ms == variants[0].median_ms
+    # nothing confirmed: the default knobs are kept
+    assert wl.best_knobs == {"variant": 0} and wl.status.startswith("default kept: no candidate confirmed")
+    assert wl.known == 3 and wl.default_ms == variants[0].median_ms
 
     # a second run (the command line) measures nothing: every candidate is in the file
     before = open(rec).read()
     from tensorfuse.compiler.cli import main
-    assert main(["tune", path, "-o", rec, "--trials", "5", "--threads", "1", "--timeout", str(TIMEOUT), "-q"]) == 0
+    assert main(["tune", path, "-o", rec, "--trials", "5", "--threads", "1", "--timeout", str(TIMEOUT),
+                 "--min-gain", "0.99", "-q"]) == 0
     out = capsys.readouterr().out
     assert "0 candidates measured" in out and f"--tuning {rec}" in out
     assert open(rec).read() == before
 
-    # an interrupted run (its last record never written) resumes: only that candidate is
+    # an interrupted run (its last search record never written) resumes: only that candidate is
     # measured again, the default's time comes from the file
     lines = before.splitlines(keepends=True)
-    lost = json.loads(lines[-1])
+    i_lost = max(i for i, ln in enumerate(lines) if json.loads(ln)["stage"] == "search"
+                 and json.loads(ln)["knobs"].get("variant", 0) != 0)
+    lost = json.loads(lines[i_lost])
     with open(rec, "w") as f:
-        f.writelines(lines[:-1])
-    again = tensorfuse.tune(path, rec, trials=5, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False)
-    assert (again.measured, again.failed) == (1, 0)
+        f.writelines(lines[:i_lost] + lines[i_lost + 1:])
+    again = tensorfuse.tune(path, rec, trials=5, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False,
+                            min_gain=0.99)
+    assert (again.measured, again.failed, again.confirmed) == (1, 0, 0)
     last = read_records(rec)[-1]
     assert last.knobs == lost["knobs"] and last.status == "ok" and last.default_ms == variants[0].median_ms
-    records = read_records(rec)
+    records = [r for r in read_records(rec) if r.extra["stage"] == "search"]
     assert len(records) == 8 and len({(r.workload, canonical(r.knobs)) for r in records}) == 8
     variants = [r for r in records if r.summary == "MatMul [4,16] [16,6] -> [4,6]"]
     best = min(variants, key=lambda r: r.extra["vs_default"])    # what TuningRecords picks
 
-    # the records compile into the model: the fastest variant's knobs, the same numbers
-    m = assert_tuned_matches_ort(model, path, rec)
+    # the file's confirm records keep both workloads at their default knobs
+    from tensorfuse.compiler.tuning import NOT_CONFIRMED, TuningRecords
+    tr = TuningRecords(rec)
+    assert all(tr.knobs_for(r.workload) is None for r in records) and len(tr.defaulted) == 2
+    assert all(why.startswith(NOT_CONFIRMED) for why in tr.defaulted.values())
+    # the search records alone (provisional, as before confirmations existed) compile into the
+    # model: the fastest variant's knobs, the same numbers
+    m = assert_tuned_matches_ort(model, path, records)
     tuned = {t["summary"]: t["knobs"] for t in m.report.tuned}
     assert tuned["MatMul [4,16] [16,6] -> [4,6]"] == best.knobs
     assert tuned["MatMul [3,37] [37,5] -> [3,5]"] == {"fault": "none"}
@@ -152,6 +172,8 @@ def test_tune_bad_arguments(tmp_path):
         tensorfuse.tune(model, str(tmp_path / "r.jsonl"), executor="slurm")
     with pytest.raises(ValueError, match="time_budget must be"):
         tensorfuse.tune(model, str(tmp_path / "r.jsonl"), time_budget=-1)
+    with pytest.raises(ValueError, match=r"min_gain must be a number in \(-1, 1\)"):
+        tensorfuse.tune(model, str(tmp_path / "r.jsonl"), min_gain=1.0)
     onnx.save(two_matmuls(), model)
     assert main(["tune", model, "-o", str(tmp_path / "r.jsonl"), "--ray-address", "h:1", "-q"]) == 2
     assert main(["tune", model, "-o", str(tmp_path / "no" / "r.jsonl"), "-q"]) == 2
@@ -243,3 +265,83 @@ def test_workloads_keep_keys_weights_and_run_alone(tmp_path):
     want = ort_run(helper.make_model(sub, opset_imports=[helper.make_opsetid("", 17)]), {"x": xs[0]})
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
     json.dumps(first.space)     # the space is JSON
+
+
+def one_matmul() -> onnx.ModelProto:
+    """y = c[4,16] @ d[16,6]: the plugin's three equal variants, one workload."""
+    g = helper.make_graph([helper.make_node("MatMul", ["c", "d"], ["y"])], "one_matmul",
+                          [_vi("c", [4, 16]), _vi("d", [16, 6])], [_vi("y", [4, 6])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_tune_confirms_best_candidates_and_resume_confirms_only(tmp_path, plugin):
+    """A search without confirmations (min_gain 0.99: nothing qualifies) rerun with min_gain -0.9
+    (every ok candidate qualifies: deterministic on a loaded machine) measures only the missing
+    confirmations, written with stage "confirm" and the min_gain; a third run measures nothing;
+    the records choose a confirmed setting."""
+    from tensorfuse.compiler.tuning import TuningRecords
+    model = one_matmul()
+    path = str(tmp_path / "one_matmul.onnx")
+    onnx.save(model, path)
+    rec = str(tmp_path / "records.jsonl")
+    kw = dict(trials=3, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False)
+    first = tensorfuse.tune(path, rec, min_gain=0.99, **kw)
+    assert (first.measured, first.confirmed) == (3, 0)
+    searched = read_records(rec)
+    assert [r.extra["stage"] for r in searched] == ["search"] * 3 + ["confirm"]     # the last: nothing to confirm
+    assert searched[-1].knobs == {"variant": 0} and searched[-1].runs == 0
+
+    again = tensorfuse.tune(path, rec, min_gain=-0.9, **kw)
+    assert (again.measured, again.failed, again.confirmed) == (0, 0, 2)
+    new = read_records(rec)[len(searched):]
+    assert len(new) == 2 and all(r.extra["stage"] == "confirm" and r.extra["min_gain"] == -0.9 for r in new)
+    assert sorted(r.knobs["variant"] for r in new) == [1, 2]
+    assert all(r.status == "ok" and r.runs > 0 and r.extra["vs_default"] > 0 for r in new)
+    key = new[0].workload
+    chosen = TuningRecords(rec).knobs_for(key)
+    want = min(new, key=lambda r: r.extra["vs_default"]).knobs
+    assert chosen == want
+    wl = again.workloads[0]
+    assert wl.status == "tuned" and wl.best_knobs == want and wl.confirmed == 2
+
+    before = open(rec).read()
+    third = tensorfuse.tune(path, rec, min_gain=-0.9, **kw)
+    assert (third.measured, third.confirmed) == (0, 0) and open(rec).read() == before
+
+
+def _rec(knobs, vs, stage=None, status="ok", min_gain=None, threads=1):
+    from tensorfuse.compiler.tuning import Record
+    r = Record.create("matmul-0123456789abcdef", knobs, status, target="llvm", median_ms=1.0 if status == "ok" else None,
+                      default_ms=1.0, threads=threads)
+    if status == "ok":
+        r.extra["vs_default"] = vs
+    if stage is not None:
+        r.extra["stage"] = stage
+    if min_gain is not None:
+        r.extra["min_gain"] = min_gain
+    return r
+
+
+def test_tuning_records_take_only_confirmed_settings():
+    """A search-only winner is used (provisional) until the workload has confirm records; then
+    a setting's ratio is the worst of its confirmations and must be below 1 - min_gain."""
+    from tensorfuse.compiler.tuning import NOT_CONFIRMED, TuningRecords
+    key = "matmul-0123456789abcdef"
+    search = [_rec({"t": 0}, 1.0), _rec({"t": 4}, 0.5), _rec({"t": 8}, 0.8, stage="search")]
+    tr = TuningRecords(search)
+    assert tr.knobs_for(key) == {"t": 4} and key in tr.provisional      # old records: as before
+    tr = TuningRecords(search + [_rec({"t": 4}, 1.01, "confirm", min_gain=0.03)])
+    assert tr.knobs_for(key) is None and tr.defaulted[key].startswith(NOT_CONFIRMED)
+    assert len(tr) == 0 and key not in tr.best
+    tr = TuningRecords(search + [_rec({"t": 4}, 0.9, "confirm", min_gain=0.03)])
+    assert tr.knobs_for(key) == {"t": 4} and not tr.defaulted and key not in tr.provisional
+    tr = TuningRecords(search + [_rec({"t": 4}, 0.9, "confirm", min_gain=0.03),
+                                 _rec({"t": 4}, 0.99, "confirm", min_gain=0.03)])
+    assert tr.knobs_for(key) is None                                     # worst 0.99 > 0.97
+    # the confirmed setting with the lowest worst ratio; a failed confirmation disqualifies
+    tr = TuningRecords(search + [_rec({"t": 4}, 0.9, "confirm"), _rec({"t": 8}, 0.85, "confirm"),
+                                 _rec({"t": 8}, None, "confirm", status="crash")])
+    assert tr.knobs_for(key) == {"t": 4}
+    # the min_gain stored by the tuner decides: 0.9 is not enough for 0.2
+    tr = TuningRecords(search + [_rec({"t": 4}, 0.9, "confirm", min_gain=0.2)])
+    assert tr.knobs_for(key) is None and "needed < 0.800" in tr.defaulted[key]

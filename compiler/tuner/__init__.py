@@ -23,11 +23,21 @@ What it does, for a model:
    ``num_threads`` threads (the count the module will run with); a candidate takes turns
    with the default knobs' module sample by sample, and the median ratio of its samples to
    the default's beside them (``vs_default`` in its record) is what candidates are compared by.
-4. **Records**: one JSON line per candidate, appended as it is measured
+4. **Confirmation**: after a workload's search, its best (up to :data:`CONFIRM_N`) distinct
+   settings with ``vs_default < 1 - min_gain`` are measured again beside the default with
+   :data:`CONFIRM_SAMPLES` times the samples, each appended as a record with ``"stage":
+   "confirm"`` and the ``min_gain`` (search records have ``"stage": "search"``). Under a time
+   budget the search stops at ``1 - CONFIRM_SHARE`` of the workload's time and confirmations
+   use the rest (the first is measured even when that is spent). When no candidate qualifies, a
+   confirm record of the default knobs (``vs_default`` 1, ``runs`` 0, not measured) says so.
+   ``compiler.tuning.TuningRecords`` then takes only a confirmed setting for a workload with
+   confirm records (the worst of its confirm ratios below ``1 - min_gain``), else the defaults.
+5. **Records**: one JSON line per candidate, appended as it is measured
    (``compiler.tuning.append_record``). An interrupted run resumes: records in the file for
    this target (CPU and features), tensorfuse version and thread count count as measured, and
-   ``trials`` is the total per workload, those included.
-5. **Executors** (``compiler.tuner.executors``): ``"local"`` (a child process of this one) or
+   ``trials`` is the total per workload, those included; a workload whose search is complete
+   but whose confirmations are missing gets only those.
+6. **Executors** (``compiler.tuner.executors``): ``"local"`` (a child process of this one) or
    ``"ray"`` (Ray tasks, one measurement per node at a time; ``pip install "tensorfuse[ray]"``;
    see that module for declaring the nodes' resource).
 
@@ -56,6 +66,12 @@ DEFAULT_TRIALS = 32
 DEFAULT_TIMEOUT_S = 60.0
 #: the least time a workload gets under a time budget (its share of the budget by weight may be less)
 MIN_WORKLOAD_S = 5.0
+#: distinct settings per workload measured again after its search (the confirmation stage)
+CONFIRM_N = 3
+#: a confirmation takes this many times the search's samples (``repeat`` and the time cap)
+CONFIRM_SAMPLES = 2
+#: the share of a workload's time (under a time budget) kept for its confirmations
+CONFIRM_SHARE = 0.2
 #: the comparison with the default knobs' outputs: |got - want| <= ATOL + RTOL * max|want|
 RTOL, ATOL = 2e-3, 1e-5
 
@@ -69,8 +85,10 @@ class WorkloadResult:
     ``failed`` (candidates this run), ``known`` (candidates in the records, this run's
     included), ``default_ms`` (the default knobs' median, ms) and ``best_ms`` (the fastest
     ok candidate's time: ``default_ms`` times its ratio to the default timed beside it,
-    ``vs_default`` in its record), ``best_knobs`` and ``best_schedule``
-    (that candidate's), ``seconds`` spent."""
+    ``vs_default`` in its record; after confirmation the chosen setting's worst confirm ratio
+    times ``default_ms``), ``best_knobs`` and ``best_schedule`` (that candidate's),
+    ``confirmed`` (confirmations measured this run), ``seconds`` spent. ``status`` is "default
+    kept: ..." when the workload has confirm records and none confirmed a gain."""
 
     key: str
     summary: str
@@ -86,6 +104,7 @@ class WorkloadResult:
     best_ms: float | None = None
     best_knobs: dict = field(default_factory=dict)
     best_schedule: str = ""
+    confirmed: int = 0
     seconds: float = 0.0
 
     @property
@@ -100,7 +119,7 @@ class WorkloadResult:
 class TuneResult:
     """The outcome of :func:`tune`: ``records`` (the file), ``target``, ``threads``,
     ``executor``, ``workloads`` (:class:`WorkloadResult`, heaviest first), ``measured`` and
-    ``failed`` (candidates this run), ``seconds``, ``weights_from`` ("profile", "flops" or
+    ``failed`` (search candidates this run), ``confirmed`` (confirmations this run), ``seconds``, ``weights_from`` ("profile", "flops" or
     "count": how workloads were weighed). ``str()`` is a table."""
 
     records: str
@@ -110,6 +129,7 @@ class TuneResult:
     workloads: list = field(default_factory=list)
     measured: int = 0
     failed: int = 0
+    confirmed: int = 0
     seconds: float = 0.0
     weights_from: str = "profile"
 
@@ -130,7 +150,8 @@ class TuneResult:
         lines = [f"tuned {sum(1 for w in self.workloads if w.status == 'tuned')} of {len(self.workloads)} workloads "
                  f"({sum(1 for w in self.workloads if w.status == 'no knobs')} without knobs) for {self.target} at "
                  f"{self.threads} thread{'s' if self.threads != 1 else ''} ({self.executor}): "
-                 f"{self.measured} candidates measured, {self.failed} failed, {self.seconds:.1f} s; "
+                 f"{self.measured} candidates measured, {self.failed} failed, {self.confirmed} confirmations, "
+                 f"{self.seconds:.1f} s; "
                  f"records in {self.records}"]
         est = self.estimated_speedup
         if est is not None:
@@ -191,7 +212,9 @@ class _Bar:
             self.bar.close()
 
 
-def _check_args(trials, time_budget, timeout, executor) -> None:
+def _check_args(trials, time_budget, timeout, executor, min_gain=0.0) -> None:
+    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not -1 < min_gain < 1:
+        raise ValueError(f"min_gain must be a number in (-1, 1), got {min_gain!r}")
     if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 1):
         raise ValueError(f"trials must be an integer >= 1 or None, got {trials!r}")
     if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(time_budget, (int, float))
@@ -220,7 +243,7 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
          time_budget: float | None = None, trials: int | None = None, num_threads: int | None = None,
          executor: str = "local", ray_address: str | None = None, seed: int = 0, progress: bool = True,
          opt_level: int = 2, input_shapes: dict | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-         repeat: int = 25) -> TuneResult:
+         repeat: int = 25, min_gain: float | None = None) -> TuneResult:
     """Tune ``model``'s workloads and append the measurements to ``records`` (module docstring).
 
     model: an ONNX model (path, bytes or ``onnx.ModelProto``). records: the JSON-lines file
@@ -234,7 +257,11 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     "ray" (``ray_address``: the cluster; ``compiler.tuner.executors``). seed: random inputs and
     the search's choices. progress: a bar on stderr when it is a terminal. opt_level and
     input_shapes: as for the ``compile`` that will use the records (workload keys depend on
-    them). timeout: seconds per candidate. repeat: timed samples per candidate.
+    them). timeout: seconds per candidate. repeat: timed samples per candidate (a confirmation
+    takes ``CONFIRM_SAMPLES`` times as many). min_gain: the least gain, ``1 - vs_default``, a
+    candidate must show in the search to be confirmed and again in its confirmation to be used
+    (None: ``compiler.tuning.DEFAULT_MIN_GAIN``, 0.03; a negative value accepts candidates up to
+    that much slower: the tests use it to force confirmations).
 
     Returns a :class:`TuneResult`. Raises ValueError (bad arguments), what ``compile``
     raises for a model it cannot compile, OSError when ``records`` cannot be written,
@@ -247,7 +274,10 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     from .executors import graph_bytes, make_executor
     from .workloads import model_tasks
 
-    _check_args(trials, time_budget, timeout, executor)
+    from tensorfuse.compiler.tuning import DEFAULT_MIN_GAIN
+    if min_gain is None:
+        min_gain = DEFAULT_MIN_GAIN
+    _check_args(trials, time_budget, timeout, executor, min_gain)
     t_start = time.monotonic()
     tgt = Target.parse(target)
     threads = resolve_num_threads(num_threads)
@@ -298,7 +328,7 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
                 session = ex.session(path, blob, dict(setup, key=t.key), float(timeout))
                 try:
                     _tune_workload(t, w, session, Search(t.space, trials, seed, t.key), prior.get(t.key, []),
-                                   records, tgt, threads, wl_deadline, bar, result)
+                                   records, tgt, threads, wl_deadline, bar, result, float(min_gain), repeat)
                 finally:
                     session.close()
                     w.seconds = time.monotonic() - now
@@ -311,9 +341,111 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
 
 
 def _tune_workload(t, w: WorkloadResult, session, search: Search, prior: list, records: str, tgt, threads: int,
-                   deadline: float | None, bar: _Bar, result: TuneResult) -> None:
+                   deadline: float | None, bar: _Bar, result: TuneResult, min_gain: float = 0.03,
+                   repeat: int = 25) -> None:
+    """Search one workload, then confirm its best candidates (see :func:`tune`), appending a
+    record per candidate and per confirmation."""
+    from tensorfuse.compiler.tuning import record_stage
+    confirms = [r for r in prior if record_stage(r) == "confirm"]
+    prior = [r for r in prior if record_stage(r) == "search"]
+    search_deadline = deadline
+    if deadline is not None:
+        search_deadline = time.monotonic() + (1.0 - CONFIRM_SHARE) * max(0.0, deadline - time.monotonic())
+    _search_workload(t, w, session, search, prior, records, tgt, threads, search_deadline, bar, result)
+    if w.default_ms is None or w.status != "tuned":
+        return
+    _confirm_workload(t, w, session, search, confirms, records, tgt, threads, deadline, result, min_gain, repeat)
+
+
+def _new_record(t, w: WorkloadResult, session, values: dict, res: dict, schedule: str, tgt, threads: int,
+                stage: str):
+    """The record of one measurement (``res``: the worker's answer) of ``values``."""
+    from tensorfuse.compiler.tuning import Record
+    status = res.get("status", "error")
+    if status not in ("ok", "wrong", "error", "crash", "timeout"):
+        status = "error"
+    median = res.get("median_ms") if status == "ok" else None
+    rec = Record.create(t.key, values, status, target=tgt, summary=t.summary,
+                        schedule=res.get("schedule") or schedule, error=res.get("error"), median_ms=median,
+                        spread_ms=res.get("spread_ms") if status == "ok" else None,
+                        runs=int(res.get("runs", 0)) if status == "ok" else 0,
+                        default_ms=w.default_ms if w.default_ms is not None else median, threads=threads)
+    ident = res.get("identity") or session.identity
+    if ident:
+        rec.target = dict(ident)
+    if res.get("node"):
+        rec.extra["node"] = res["node"]
+    if res.get("compile_s") is not None:
+        rec.extra["compile_s"] = round(float(res["compile_s"]), 4)
+    if status == "ok" and res.get("vs_default") is not None:
+        rec.extra["vs_default"] = float(res["vs_default"])
+        if res.get("default_window_ms") is not None:
+            rec.extra["default_window_ms"] = float(res["default_window_ms"])
+    rec.extra["stage"] = stage
+    return rec
+
+
+def _confirm_workload(t, w: WorkloadResult, session, search: Search, confirms: list, records: str, tgt,
+                      threads: int, deadline: float | None, result: TuneResult, min_gain: float,
+                      repeat: int) -> None:
+    """The confirmation stage of one searched workload (module docstring, item 4): measure again
+    the best settings not confirmed yet (``confirms``: the file's confirm records), then set
+    ``w``'s best to what ``compiler.tuning.TuningRecords`` will choose."""
+    from tensorfuse.compiler.tuning import Record, append_record, choose_confirmed
+    default_key = canonical(t.knobs)
+    done = {canonical(r.knobs) for r in confirms}
+    # the search's ok candidates by their ratio to the default (``Search`` ranks by default_ms x ratio)
+    ranked = sorted((e["median"] / w.default_ms, k, e["values"]) for k, e in search.effective.items()
+                    if e["status"] == "ok" and e["median"] and k != default_key)
+    top = [(k, v) for ratio, k, v in ranked if ratio < 1.0 - min_gain][:CONFIRM_N]
+    todo = [(k, v) for k, v in top if k not in done]
+    if not top and not confirms:
+        # nothing to confirm: a confirm record of the default knobs (not measured) says so, and
+        # keeps TuningRecords from taking a search candidate that showed no gain
+        rec = Record.create(t.key, dict(t.knobs), "ok", target=tgt, summary=t.summary, schedule=t.schedule,
+                            median_ms=w.default_ms, runs=0, default_ms=w.default_ms, threads=threads)
+        if session.identity:
+            rec.target = dict(session.identity)
+        rec.extra.update(vs_default=1.0, stage="confirm", min_gain=min_gain,
+                         note="no search candidate below 1 - min_gain: nothing to confirm")
+        append_record(records, rec)
+        confirms = confirms + [rec]
+    if todo:
+        try:
+            session.start()
+        except WorkerLost:
+            todo = []
+    timing = {"repeat": CONFIRM_SAMPLES * int(repeat), "max_measure_s": CONFIRM_SAMPLES * 2.0}
+    first = True
+    while todo:
+        # the first confirmation always; the others while the workload's time lasts
+        if deadline is not None and not first and time.monotonic() >= deadline:
+            break
+        first = False
+        batch = todo[:max(1, session.slots)]
+        todo = todo[len(batch):]
+        for (k, vals), res in zip(batch, session.measure([v for _, v in batch], timing)):
+            rec = _new_record(t, w, session, res.get("values", vals) if res.get("status") == "ok" else vals,
+                              res, "", tgt, threads, "confirm")
+            rec.extra["min_gain"] = min_gain
+            append_record(records, rec)
+            confirms = confirms + [rec]
+            result.confirmed += 1
+            w.confirmed += 1
+    if confirms:
+        chosen, why = choose_confirmed(confirms)
+        if chosen is None:
+            w.status = "default kept: " + why
+            w.best_knobs, w.best_ms, w.best_schedule = dict(t.knobs), w.default_ms, t.schedule
+        else:
+            w.best_knobs, w.best_schedule = dict(chosen.knobs), chosen.schedule or w.best_schedule
+            w.best_ms = w.default_ms * float(chosen.extra["vs_default"])
+
+
+def _search_workload(t, w: WorkloadResult, session, search: Search, prior: list, records: str, tgt,
+                     threads: int, deadline: float | None, bar: _Bar, result: TuneResult) -> None:
     """Search one workload (see :func:`tune`), appending a record per candidate."""
-    from tensorfuse.compiler.tuning import Record, append_record
+    from tensorfuse.compiler.tuning import append_record
     default_key = canonical(t.knobs)
     default_failed = None
     for r in prior:
@@ -342,26 +474,8 @@ def _tune_workload(t, w: WorkloadResult, session, search: Search, prior: list, r
         w.known = search.measured
 
     def record(values: dict, res: dict, schedule: str) -> None:
-        status = res.get("status", "error")
-        if status not in ("ok", "wrong", "error", "crash", "timeout"):
-            status = "error"
-        median = res.get("median_ms") if status == "ok" else None
-        rec = Record.create(t.key, values, status, target=tgt, summary=t.summary,
-                            schedule=res.get("schedule") or schedule, error=res.get("error"), median_ms=median,
-                            spread_ms=res.get("spread_ms") if status == "ok" else None,
-                            runs=int(res.get("runs", 0)) if status == "ok" else 0,
-                            default_ms=w.default_ms if w.default_ms is not None else median, threads=threads)
-        ident = res.get("identity") or session.identity
-        if ident:
-            rec.target = dict(ident)
-        if res.get("node"):
-            rec.extra["node"] = res["node"]
-        if res.get("compile_s") is not None:
-            rec.extra["compile_s"] = round(float(res["compile_s"]), 4)
-        if status == "ok" and res.get("vs_default") is not None:
-            rec.extra["vs_default"] = float(res["vs_default"])
-            if res.get("default_window_ms") is not None:
-                rec.extra["default_window_ms"] = float(res["default_window_ms"])
+        rec = _new_record(t, w, session, values, res, schedule, tgt, threads, "search")
+        status, median = rec.status, rec.median_ms
         append_record(records, rec)
         search.tell(values, status, rank_ms(median, res.get("vs_default")))
         result.measured += 1

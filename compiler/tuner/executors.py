@@ -3,8 +3,9 @@ over the nodes of a Ray cluster (``"ray"``).
 
 Both open a *session* per workload with ``resolve(knob dicts)`` (the effective values each
 stands for: always in a local worker, since lowering is cheap and the tuner dedupes on its
-answers before anything is measured) and ``measure(list of effective values)`` (one result
-dict per candidate, see ``compiler.tuner.worker``; a crash or hang is ``{"status": "crash" |
+answers before anything is measured) and ``measure(list of effective values, timing=None)`` (one result
+dict per candidate; ``timing`` overrides set-up entries such as ``repeat`` for these
+measurements, see ``compiler.tuner.worker``; a crash or hang is ``{"status": "crash" |
 "timeout", "error"}``).
 
 **Ray.** ``pip install "tensorfuse[ray]"``. Each batch of candidates is one Ray task that
@@ -58,8 +59,8 @@ class LocalSession:
     def resolve(self, knobs_list: list[dict]) -> list[dict]:
         return self.m.resolve(knobs_list)
 
-    def measure(self, values_list: list[dict]) -> list[dict]:
-        return [self.m.measure(v) for v in values_list]
+    def measure(self, values_list: list[dict], timing: dict | None = None) -> list[dict]:
+        return [self.m.measure(v, timing) for v in values_list]
 
     def close(self) -> None:
         self.m.close()
@@ -130,11 +131,12 @@ class RaySession:
     def resolve(self, knobs_list: list[dict]) -> list[dict]:
         return self.local.resolve(knobs_list)
 
-    def measure(self, values_list: list[dict]) -> list[dict]:
+    def measure(self, values_list: list[dict], timing: dict | None = None) -> list[dict]:
         ray = self.ex.ray
+        setup = dict(self.setup, **(timing or {}))
         batches = [values_list[i:i + RAY_BATCH] for i in range(0, len(values_list), RAY_BATCH)]
         # a task's own timeout: its worker's start and set-up, then each candidate's limit
-        refs = [self.ex.remote.remote(self.graph_ref, self.setup, b, self.timeout, self.ex.plugins) for b in batches]
+        refs = [self.ex.remote.remote(self.graph_ref, setup, b, self.timeout, self.ex.plugins) for b in batches]
         out: list[dict] = []
         for b, ref in zip(batches, refs):
             try:

@@ -210,16 +210,21 @@ class LocalMeasurer:
                 out.append({"error": str(e), "status": e.status})
         return out
 
-    def measure(self, knobs: dict) -> dict:
+    def measure(self, knobs: dict, timing: dict | None = None) -> dict:
         """Measure one candidate: the worker's answer, or ``{"status": "crash"|"timeout",
-        "error"}`` when it died or hung (it is restarted for the next one)."""
+        "error"}`` when it died or hung (it is restarted for the next one). ``timing``: set-up
+        entries overridden for this measurement only (``repeat``, ``max_measure_s``: a
+        confirmation takes more samples)."""
         try:
             self._ensure()
         except WorkerLost as e:
             return {"status": e.status if e.status in ("crash", "timeout") else "error", "error": str(e),
                     "setup_failed": True}
         try:
-            return self.worker.request({"op": "measure", "knobs": knobs}, self.timeout)
+            msg = {"op": "measure", "knobs": knobs}
+            if timing:
+                msg["timing"] = dict(timing)
+            return self.worker.request(msg, self.timeout)
         except WorkerLost as e:
             self.worker.close()
             return {"status": e.status, "error": str(e)}

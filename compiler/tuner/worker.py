@@ -19,7 +19,8 @@ Requests (``"op"``):
   generation) and answers ``{"results": [{"values", "space", "schedule"} or {"error"}]}``,
   the effective knob values each request stands for (a knob the schedule did not declare is
   dropped, a value outside its candidates becomes the default) and the knobs declared.
-- ``"measure"``: ``knobs``: lowers, generates code, runs once and compares with the reference
+- ``"measure"``: ``knobs`` (and optionally ``timing``: set-up timing entries overridden for
+  this measurement, e.g. the doubled ``repeat`` of a confirmation): lowers, generates code, runs once and compares with the reference
   (``status`` "wrong" beyond the tolerance), then times it (:func:`time_modules`: a candidate
   other than the default takes turns with the default knobs' module, kept from the setup,
   sample by sample); answers ``{"status": "ok", "values", "space", "schedule", "median_ms",
@@ -295,7 +296,7 @@ class Worker:
         return {"results": out}
 
     def measure(self, msg: dict) -> dict:
-        m = self.setup_msg
+        m = {**self.setup_msg, **(msg.get("timing") or {})}     # a confirmation: more samples
         t0 = time.perf_counter()
         try:
             mod, wl = build_candidate(self.graph, self.target, msg.get("knobs") or {}, int(m.get("threads", 1)))
