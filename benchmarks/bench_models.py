@@ -9,6 +9,8 @@ What it measures, per model and per thread count N:
 * the max abs difference of their outputs (checked once, before timing), median / min / p90 ms
   of both and the ratio tensorfuse / onnxruntime (median over median), with the geometric mean
   of the ratios per thread count;
+* with ``--tuning RECORDS.jsonl``: tensorfuse compiled with the records, and the same model compiled
+  without them timed in the same interleaved blocks (``tuned / untuned``, median over median);
 * per kernel (the 1-thread module, ``Module.profile``): each Conv / ConvTranspose / MatMul /
   Gemm kernel (or a fused kernel containing one) as GFLOP/s and as a share of numpy's
   single-thread sgemm measured in the same run; each memory-bound kernel of at least 0.05 ms
@@ -279,19 +281,24 @@ def _one(fn) -> float:
 def interleaved(fn_a, fn_b, repeat: int, blocks: int) -> tuple[list[float], list[float]]:
     """Warm both up, then ``blocks`` alternating blocks of each (``repeat`` runs in all per
     side), sleeping SETTLE_S before every block. Returns the samples (ms) of both."""
-    for _ in range(WARMUP_RUNS):
-        fn_a()
-    time.sleep(SETTLE_S)
-    for _ in range(WARMUP_RUNS):
-        fn_b()
+    a, b = interleaved_many([fn_a, fn_b], repeat, blocks)
+    return a, b
+
+
+def interleaved_many(fns: list, repeat: int, blocks: int) -> list[list[float]]:
+    """:func:`interleaved` for any number of sides: each warmed up, then ``blocks`` rounds in
+    which every side runs a block in turn; the samples (ms) of each side."""
+    for fn in fns:
+        for _ in range(WARMUP_RUNS):
+            fn()
+        time.sleep(SETTLE_S)
     sizes = [repeat // blocks + (1 if i < repeat % blocks else 0) for i in range(blocks)]
-    a: list[float] = []
-    b: list[float] = []
+    out: list[list[float]] = [[] for _ in fns]
     for n in sizes:
-        for fn, acc in ((fn_a, a), (fn_b, b)):
+        for fn, acc in zip(fns, out):
             time.sleep(SETTLE_S)
             acc.extend(_one(fn) for _ in range(n))
-    return a, b
+    return out
 
 
 def stats(ts: list[float]) -> dict:
@@ -354,7 +361,16 @@ def bench_one(label: str, path: pathlib.Path, feeds: dict, dynamic: dict, thread
         stage = "check"
         row["max_abs_err"] = max_abs_err(tf_run(), sess.run(None, ort_feeds))
         stage = "timing"
-        tf_ts, ort_ts = interleaved(tf_run, lambda: sess.run(None, ort_feeds), args.repeat, args.blocks)
+        if args.tuning:     # the same model compiled without records, timed in the same blocks
+            stage = "untuned compile"
+            _m, _f2, untuned_run, _s = compile_model(path, threads, feeds, dynamic, None)
+            stage = "timing"
+            tf_ts, ort_ts, un_ts = interleaved_many([tf_run, lambda: sess.run(None, ort_feeds), untuned_run],
+                                                    args.repeat, args.blocks)
+            row["untuned"] = stats(un_ts)
+            row["tuned_vs_untuned"] = statistics.median(tf_ts) / statistics.median(un_ts)
+        else:
+            tf_ts, ort_ts = interleaved(tf_run, lambda: sess.run(None, ort_feeds), args.repeat, args.blocks)
         row["tensorfuse"], row["onnxruntime"] = stats(tf_ts), stats(ort_ts)
         row["tensorfuse"]["samples_ms"], row["onnxruntime"]["samples_ms"] = tf_ts, ort_ts
         row["ratio"] = row["tensorfuse"]["median_ms"] / row["onnxruntime"]["median_ms"]
@@ -417,23 +433,30 @@ def _trunc(s: str, n: int) -> str:
 def print_summary(rows: list[dict], repeat: int, blocks: int) -> None:
     hdr = ["model", "threads", "compile s", "tensorfuse median ms", "onnxruntime median ms", "ratio",
            "max abs err", "tensorfuse min / p90", "onnxruntime min / p90"]
+    tuned = any(r.get("tuned_vs_untuned") is not None for r in rows)
+    if tuned:
+        hdr[6:6] = ["untuned median ms", "tuned / untuned", "tuned kernels"]
     errors = any(r["error"] for r in rows)
     if errors:
         hdr.append("error")
     body = []
     for r in rows:
         if r["error"]:
-            body.append([r["model"], str(r["threads"]), _f(r.get("compile_s"), ".2f"), "", "", "",
-                         _f(r.get("max_abs_err"), ".2e"), "", "", _trunc(r["error"], 120)])
+            body.append([r["model"], str(r["threads"]), _f(r.get("compile_s"), ".2f"), "", "", ""]
+                        + (["", "", ""] if tuned else [])
+                        + [_f(r.get("max_abs_err"), ".2e"), "", "", _trunc(r["error"], 120)])
             continue
         t, o = r["tensorfuse"], r["onnxruntime"]
         body.append([r["model"], str(r["threads"]), f"{r['compile_s']:.2f}", f"{t['median_ms']:.3f}",
-                     f"{o['median_ms']:.3f}", f"{r['ratio']:.2f}x", f"{r['max_abs_err']:.2e}",
+                     f"{o['median_ms']:.3f}", f"{r['ratio']:.2f}x"]
+                    + ([f"{r['untuned']['median_ms']:.3f}", f"{r['tuned_vs_untuned']:.3f}", str(r["tuned_kernels"])]
+                       if tuned else [])
+                    + [f"{r['max_abs_err']:.2e}",
                      f"{t['min_ms']:.3f} / {t['p90_ms']:.3f}", f"{o['min_ms']:.3f} / {o['p90_ms']:.3f}"]
                     + ([""] if errors else []))
     print(f"\n## Whole models (repeat {repeat} per side in {blocks} interleaved blocks; "
           f"ratio = tensorfuse / onnxruntime, median over median)\n")
-    print(md_table(hdr, body, right={1, 2, 3, 4, 5, 6, 7, 8}))
+    print(md_table(hdr, body, right=set(range(1, len(hdr) - (1 if errors else 0)))))
     print()
     for th in sorted({r["threads"] for r in rows}):
         ratios = [r["ratio"] for r in rows if r["threads"] == th and not r["error"]]
@@ -477,7 +500,8 @@ def main() -> int:
     ap.add_argument("--no-kernels", action="store_true", help="skip the per-kernel tables")
     ap.add_argument("--json", type=pathlib.Path, help="write the raw numbers to this file")
     ap.add_argument("--tuning", type=pathlib.Path, action="append", default=None,
-                    help="tuning records (tensorfuse tune -o FILE) to compile with; repeatable")
+                    help="tuning records (tensorfuse tune -o FILE) to compile with; repeatable. The model "
+                         "is also compiled without them and timed in the same blocks (tuned/untuned)")
     args = ap.parse_args()
     if args.repeat < MIN_REPEAT:
         ap.error(f"--repeat {args.repeat} is too few: medians of fewer than {MIN_REPEAT} runs are noise; "
@@ -532,7 +556,8 @@ def main() -> int:
                 t, o = r["tensorfuse"], r["onnxruntime"]
                 print(f"{label:30s} threads {th}: compile {r['compile_s']:6.2f} s  tensorfuse {t['median_ms']:8.3f} ms  "
                       f"onnxruntime {o['median_ms']:8.3f} ms  ratio {r['ratio']:5.2f}x  max|err| {r['max_abs_err']:.2e}"
-                      + (f"  tuned kernels {r['tuned_kernels']}" if r.get("tuned_kernels") is not None else ""),
+                      + (f"  tuned kernels {r['tuned_kernels']}, untuned {r['untuned']['median_ms']:.3f} ms, "
+                         f"tuned/untuned {r['tuned_vs_untuned']:.3f}" if r.get("tuned_kernels") is not None else ""),
                       flush=True)
             module = r.pop("_module", None)
             if th == 1:
