@@ -67,8 +67,10 @@ def parallel_kernels(mod) -> set[str]:
 
 def optimized_ir(mod) -> str:
     """The module's LLVM IR after optimisation, for the module's target (the Module keeps
-    only the unoptimised text: ``compile_ir`` returns the optimised one, which we regenerate)."""
-    return compile_ir(mod.llvm_ir, "inspect", target=mod.target)[2]
+    only the unoptimised text: ``compile_ir`` returns the optimised one, which we regenerate
+    under the module's own name, so the test session's LLVM memo, tests/conftest.py, serves it)."""
+    m = re.match(r'; ModuleID = "(.*)"', mod.llvm_ir)
+    return compile_ir(mod.llvm_ir, m.group(1) if m else "inspect", target=mod.target)[2]
 
 
 def float_vectors(ir_text: str) -> set[int]:

@@ -57,6 +57,57 @@ if os.environ.get("TENSORFUSE_TEST_CACHE_OWNER") is None:
     _atexit.register(_shutil.rmtree, _session_cache, ignore_errors=True)
 
 
+def _memoize_llvm_codegen(limit_bytes: int = 128 << 20) -> None:
+    """Within one test process, LLVM compiles a given LLVM IR text for a given target once.
+
+    ``codegen.llvm.jit._compile_part`` (IR text -> object code and optimised IR text) is a pure
+    function of its IR text, module name, optimisation level and target (triple, CPU name and
+    feature string; the host's, looked up at the call, for None), and it is most of a small
+    compile's time. Tests compile the same IR again and again: a one-op model at O0 and at O2
+    (same graph after the passes), the same conv at 1 and 2 threads (the thread count is not
+    part of the code), ``codegen_util.optimized_ir`` regenerating a module's optimised IR. Here
+    the second and later compiles of the same text get the first one's object code and
+    optimised IR (byte for byte what LLVM gave it), least recently used entries dropped past
+    ``limit_bytes``; an IR text that LLVM rejects raises each time. Everything before LLVM
+    (import, passes, lowering, LLVM IR emission) and after it (linking, running) still runs for
+    every compile. ``TENSORFUSE_TEST_LLVM_MEMO=0`` switches it off (about 30% more CPU time for
+    the default suite)."""
+    if os.environ.get("TENSORFUSE_TEST_LLVM_MEMO", "1").strip() in ("0", ""):
+        return
+    import collections
+    import hashlib
+
+    from tensorfuse.codegen.llvm import jit
+    real = jit._compile_part
+    memo: collections.OrderedDict = collections.OrderedDict()
+    held = [0]
+
+    def _compile_part(ir_text: str, name: str, opt: int, target):
+        t = jit._as_target(target)
+        if t is None:
+            info = jit.host_info()
+            where = ("host", info["triple"], info["cpu"], info["features"])
+        else:
+            where = (str(t), t.triple, t.cpu, t.features)
+        key = (hashlib.sha256(ir_text.encode()).digest(), jit.module_name(name), opt, where)
+        if key in memo:
+            memo.move_to_end(key)
+            return memo[key]
+        out = real(ir_text, name, opt, target)
+        memo[key] = out
+        held[0] += len(out[0]) + len(out[1])
+        while held[0] > limit_bytes and len(memo) > 1:
+            _k, (obj, text) = memo.popitem(last=False)
+            held[0] -= len(obj) + len(text)
+        return out
+
+    _compile_part.__wrapped__ = real
+    jit._compile_part = _compile_part
+
+
+_memoize_llvm_codegen()
+
+
 def shared_models_dir() -> pathlib.Path:
     """../shared/models, or skip (fail under TENSORFUSE_REQUIRE_SHARED=1) when absent."""
     if not (SHARED_MODELS / "models.json").exists():
