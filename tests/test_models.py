@@ -52,9 +52,13 @@ def _light_models():
     return sorted(glob.glob(os.path.join(LIGHT_DIR, "*.onnx")))
 
 
-#: the light models whose compile and run take a minute or more each on 2 cores: marked heavy,
-#: run by ``make test-heavy`` (in .ci/run) rather than the default suite
-HEAVY_LIGHT_MODELS = {"densenet121", "inception_v1", "inception_v2"}
+#: the light models whose compile and run take a minute or more each on 2 cores, and the ones
+#: with the most weights (vgg19 143M, zfnet512 62M, bvlc_alexnet 61M, resnet50 26M: 12-33
+#: CPU-seconds each, 80 together, a third of it drawing and checking the random weights):
+#: marked heavy, run by ``make test-heavy`` (in .ci/run) rather than the default suite, which
+#: keeps squeezenet and shufflenet (and the shared resnet18, mobilenet_v2 and bert_mini)
+HEAVY_LIGHT_MODELS = {"densenet121", "inception_v1", "inception_v2", "vgg19", "zfnet512", "bvlc_alexnet",
+                      "resnet50"}
 
 
 def _light_params():
