@@ -291,18 +291,22 @@ def test_tune_confirms_best_candidates_and_resume_confirms_only(tmp_path, plugin
     assert [r.extra["stage"] for r in searched] == ["search"] * 3 + ["confirm"]     # the last: nothing to confirm
     assert searched[-1].knobs == {"variant": 0} and searched[-1].runs == 0
 
+    # the candidates that qualify at min_gain -0.9: measured under 1.9x the default (on a busy
+    # machine a search sample can be slower than that, so the count is read off the records)
+    qual = [r for r in searched[:3] if r.knobs != {"variant": 0} and r.extra["vs_default"] < 1.9]
+    assert qual, "both variants measured 1.9x slower than the equal default"
     again = tensorfuse.tune(path, rec, min_gain=-0.9, **kw)
-    assert (again.measured, again.failed, again.confirmed) == (0, 0, 2)
+    assert (again.measured, again.failed, again.confirmed) == (0, 0, len(qual))
     new = read_records(rec)[len(searched):]
-    assert len(new) == 2 and all(r.extra["stage"] == "confirm" and r.extra["min_gain"] == -0.9 for r in new)
-    assert sorted(r.knobs["variant"] for r in new) == [1, 2]
+    assert len(new) == len(qual) and all(r.extra["stage"] == "confirm" and r.extra["min_gain"] == -0.9 for r in new)
+    assert sorted(r.knobs["variant"] for r in new) == sorted(r.knobs["variant"] for r in qual)
     assert all(r.status == "ok" and r.runs > 0 and r.extra["vs_default"] > 0 for r in new)
     key = new[0].workload
     chosen = TuningRecords(rec).knobs_for(key)
     want = min(new, key=lambda r: r.extra["vs_default"]).knobs
     assert chosen == want
     wl = again.workloads[0]
-    assert wl.status == "tuned" and wl.best_knobs == want and wl.confirmed == 2
+    assert wl.status == "tuned" and wl.best_knobs == want and wl.confirmed == len(qual)
 
     before = open(rec).read()
     third = tensorfuse.tune(path, rec, min_gain=-0.9, **kw)
