@@ -99,6 +99,31 @@ if os.environ.get("TENSORFUSE_BACKEND_ALL") != "1":
     for _name in _non_core_names() + _real_names():
         backend_test.exclude(rf"^{re.escape(_name)}_(cpu|cuda)$")
 
+#: The expanded forms (the op's ONNX function body, 50-150 primitive nodes) of Attention,
+#: LinearAttention and RotaryEmbedding cost 0.5-2.4 CPU-seconds each, 107 CPU-seconds together,
+#: the most of any tests here: ``make test`` runs the op's own test of every case and the
+#: expanded form of the representatives below (each feature once: 3d and 4d inputs, GQA,
+#: causal, boolean and float masks, past/present, qk_matmul outputs, softcap, local windows,
+#: the fully-masked-row robustness cases; gated delta rule; interleaved and partial rotary);
+#: the other expanded forms are marked heavy, so ``make test-heavy`` (run by .ci/run) runs them.
+HEAVY_EXPANDED = re.compile(r"^test_(attention|linear_attention|rotary_embedding)\w*_expanded_(cpu|cuda)$")
+DEFAULT_EXPANDED = {
+    "test_attention_3d_expanded", "test_attention_4d_expanded", "test_attention_4d_gqa_expanded",
+    "test_attention_4d_causal_expanded", "test_attention_4d_attn_mask_bool_expanded",
+    "test_attention_4d_with_past_and_present_qk_matmul_bias_3d_mask_causal_expanded",
+    "test_attention_4d_softcap_expanded", "test_attention_local_window_expanded",
+    "test_attention_23_boolmask_fullymasked_row_nan_robustness_expanded",
+    "test_attention_23_fullymasked_qk_matmul_output_mode3_zero_expanded",
+    "test_attention_24_fullymasked_qk_matmul_output_mode3_zero_expanded",
+    "test_attention_causal_boolmask_nan_robustness_expanded", "test_attention_bidirectional_window_expanded",
+    "test_linear_attention_linear_expanded", "test_linear_attention_gated_delta_expanded",
+    "test_rotary_embedding_expanded", "test_rotary_embedding_with_interleaved_rotary_dim_expanded",
+}
+for _case in backend_test.test_cases.values():
+    for _name in list(vars(_case)):
+        if HEAVY_EXPANDED.match(_name) and _name.rsplit("_", 1)[0] not in DEFAULT_EXPANDED:
+            setattr(_case, _name, pytest.mark.heavy(getattr(_case, _name)))
+
 globals().update(backend_test.test_cases)
 
 
