@@ -487,8 +487,14 @@ MODEL_CASES = {
 }
 
 
+#: the CNN cases compile resnet18 / mobilenet_v2 twice with their conv rules off (26 and 18
+#: CPU-seconds, the two largest tests of the default suite): run by make test-heavy (.ci/run)
+HEAVY_MODEL_CASES = {"resnet18.unfolded.onnx/no-conv-rules", "mobilenet_v2.unfolded.onnx/no-conv-rules"}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(MODEL_CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.heavy] if c in HEAVY_MODEL_CASES else [])
+                                  for c in MODEL_CASES])
 def test_shared_models_match_onnxruntime_with_fewer_kernels(shared_models, case):
     file = case.split("/")[0]
     disabled, before, after = MODEL_CASES[case]
