@@ -15,8 +15,11 @@ checks that every schema attribute is either swept or listed, so a new attribute
 new rule) cannot go unnoticed. The base case of each rule (every attribute at its default) must
 fire. ``TF_SWEEP_FULL=1`` adds more values (more paddings, dilations, LeakyRelu alphas).
 
-Size: 30 graphs over the 23 rules, 271 combinations (288 with TF_SWEEP_FULL), about 65 s of CPU
-(two compiles each), so about 35 s of the default suite's ``-n 2`` run.
+Size: 30 graphs over the 23 rules, 271 combinations (288 with TF_SWEEP_FULL), about 95 s of CPU
+(two compiles each). ``make test`` runs 198 of them: each rule's base case, the first value of
+each swept attribute or input, and every value the rule must not fire for; the other 73 values
+(a second padding, dilation, alpha ...) are marked heavy, so ``make test-heavy`` (.ci/run) runs
+them (:func:`_in_default_suite`).
 """
 from __future__ import annotations
 
@@ -636,6 +639,17 @@ def _combos(full: bool = FULL):
 COMBOS = _combos()
 
 
+def _in_default_suite(combos) -> list[bool]:
+    """Per combination: does ``make test`` run it (else it is marked heavy)? The base cases,
+    the first value of each (spec, role, attribute), and the values the rule must not fire for."""
+    seen, out = set(), []
+    for s, role, attr, v in combos:
+        key = (id(s), role, attr)
+        out.append((role is None and attr is None) or key not in seen or v.fires is False)
+        seen.add(key)
+    return out
+
+
 def _id(c):
     s, role, attr, v = c
     if role is None and attr is None:
@@ -667,7 +681,8 @@ def _compare(got, want, atol, what):
         np.testing.assert_allclose(g, e, rtol=RTOL, atol=atol, err_msg=f"{what} output {i}")
 
 
-@pytest.mark.parametrize("combo", COMBOS, ids=[_id(c) for c in COMBOS])
+@pytest.mark.parametrize("combo", [pytest.param(c, id=_id(c), marks=[] if light else [pytest.mark.heavy])
+                                   for c, light in zip(COMBOS, _in_default_suite(COMBOS))])
 def test_rule_across_attribute_values(combo):
     s, role, attr, v = combo
     model, feeds = s.build(_overrides(s, role, attr, v))
