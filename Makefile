@@ -21,7 +21,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m "not heavy"
 
-# the largest light models (marker "heavy"), kept out of the default suite's 15 minutes; .ci/run
+# the tests marked "heavy" (the largest light models, the longer halves of some sweeps: see
+# pyproject.toml and README), kept out of the default suite's 15 minutes; .ci/run
 # runs it after `test`
 test-heavy: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 2 -q -p no:cacheprovider -m heavy

@@ -4,6 +4,8 @@
 * Debug mode is on (``TENSORFUSE_DEBUG=1`` unless set otherwise; ``tensorfuse.debug``): the
   graph is verified after every pass and rule application, and compiled modules poison freed
   arena regions and check that no kernel reads a reused one (``runtime.memory_plan``).
+* Within a test process LLVM compiles a given IR text for a given target once
+  (:func:`_memoize_llvm_codegen`; ``TENSORFUSE_TEST_LLVM_MEMO=0`` switches it off).
 * ``tests/cuda/`` (the cuda target under the CUDA simulator) is collected only by ``make test-cuda``
   (``NUMBA_ENABLE_CUDASIM=1``) or on a GPU (``TENSORFUSE_GPU_TESTS=1``); the PTX tests
   (``test_codegen_cuda_ptx.py``, ``test_ptx_gate.py``) only by its PTX gate (``TENSORFUSE_PTX_TESTS=1``).
