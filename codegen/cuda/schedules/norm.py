@@ -15,6 +15,17 @@ def _row_norm_ok(ctx, kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, m, v)
     return use_block_rows(n)
 
 
+def _add(a, b):
+    return a + b
+
+
+def _row_scratch(ctx, kb, n: int, ct):
+    """(T, shared partials [T], the thread's partial [1], 0 of ``ct``) for a block-per-row
+    reduction over rows of ``n`` elements (knob ``block_threads`` sets T)."""
+    T = block_threads_knob(n, ctx.target)
+    return T, kb.shared(ct, (T,), hint="red"), kb.local(ct, (1,), hint="part"), as_expr(0.0, ct)
+
+
 @register_schedule("row_norm", "cuda", "row_norm_block_per_row", plevel=10, applies=_row_norm_ok)
 def row_norm(ctx, kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, m, v) -> None:
     """``emit_row_norm`` on cuda for rows of at least ``blocks.BLOCK_ROW_MIN`` elements, into
@@ -22,23 +33,17 @@ def row_norm(ctx, kb, x, y, rows, n, eps, ct, post, mean_out, inv_out, m, v) -> 
     locals): a block per row, the sum and the sum of squared deviations each a
     :func:`.blocks.block_row_reduce`, then every thread writes its elements; thread 0 stores
     the optional per-row statistics. Knob ``block_threads``."""
-    T = block_threads_knob(n, ctx.target)
-    sh = kb.shared(ct, (T,), hint="red")
-    part = kb.local(ct, (1,), hint="part")
-    zero = as_expr(0.0, ct)
-
-    def add(a, b):
-        return a + b
+    T, sh, part, zero = _row_scratch(ctx, kb, n, ct)
 
     with kb.loop(rows, kind="blockIdx.x", hint="o") as o:
         base = o * n
-        block_row_reduce(kb, sh, part, T, n, zero, lambda a, c: a + x.flat(base + c).cast(ct), add, m,
+        block_row_reduce(kb, sh, part, T, n, zero, lambda a, c: a + x.flat(base + c).cast(ct), _add, m,
                          final=lambda s: s / as_expr(float(n), ct))
 
         def sq(a, c):
             d = x.flat(base + c).cast(ct) - m[0]
             return a + d * d
-        block_row_reduce(kb, sh, part, T, n, zero, sq, add, v,
+        block_row_reduce(kb, sh, part, T, n, zero, sq, _add, v,
                          final=lambda s: as_expr(1.0, ct) / unop("sqrt", s / as_expr(float(n), ct) + as_expr(eps, ct)))
         with kb.loop(T, kind="threadIdx.x", hint="t") as t:
             block_strided(kb, T, t, n, lambda c: kb.store(y, base + c, post(o, c, (x.flat(base + c).cast(ct) - m[0]) * v[0])))
@@ -65,13 +70,7 @@ def layernorm_rows(ctx, kb, outer, inner, n, eps, addend, y, scale, bias, tmp, c
     rows = 1
     for d in outer:
         rows *= d
-    T = block_threads_knob(n, ctx.target)
-    sh = kb.shared(ct, (T,), hint="red")
-    part = kb.local(ct, (1,), hint="part")
-    zero = as_expr(0.0, ct)
-
-    def add(a, b):
-        return a + b
+    T, sh, part, zero = _row_scratch(ctx, kb, n, ct)
 
     with kb.loop(rows, kind="blockIdx.x", hint="o") as o:
         oidx = unravel(o, list(outer))
@@ -83,12 +82,12 @@ def layernorm_rows(ctx, kb, outer, inner, n, eps, addend, y, scale, bias, tmp, c
             idx = at(c)
             kb.store(tmp, idx, as_expr(addend(idx), y.dtype))
             return a + tmp[idx].cast(ct)
-        block_row_reduce(kb, sh, part, T, n, zero, first, add, acc, final=lambda s: s / float(n))
+        block_row_reduce(kb, sh, part, T, n, zero, first, _add, acc, final=lambda s: s / float(n))
 
         def second(a, c):
             d = tmp[at(c)].cast(ct) - acc[0]
             return a + d * d
-        block_row_reduce(kb, sh, part, T, n, zero, second, add, var,
+        block_row_reduce(kb, sh, part, T, n, zero, second, _add, var,
                          final=lambda s: 1.0 / unop("sqrt", s / float(n) + eps))
         with kb.loop(T, kind="threadIdx.x", hint="t") as t:
             def third(c):

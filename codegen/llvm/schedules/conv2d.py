@@ -1065,31 +1065,27 @@ def im2row_fits(ctx: LowerCtx, c_: int, geo) -> bool:
             and K * OW * 4 <= IM2ROW_PANEL_MAX_BYTES)
 
 
-def _flat_applies(ctx, **kw) -> bool:
-    c_, m_ = group_channels(kw["x"], kw["y"], kw["group"])
-    return blocked_applies(ctx, **kw) and (flat_ok(ctx, c_, m_, kw["geo"]) or flat_fits(ctx, c_, m_, kw["geo"]))
+def register_thresholded(name: str, emit, ok, fits) -> None:
+    """Register the blocked schedule ``conv2d_<name>`` (``emit``) for the shapes where its
+    measured threshold ``ok(ctx, c, m, geo)`` holds, at plevel ``PLEVEL[name]``, and where it
+    merely ``fits(ctx, c, m, geo)``, ranked below the row tiles at ``PLEVEL[name + "_outside"]``
+    (the tuner's ``schedule`` knob may pick it there). ``c``, ``m``: one group's input and
+    output channels."""
+    def applies(ctx, **kw) -> bool:
+        c_, m_ = group_channels(kw["x"], kw["y"], kw["group"])
+        return blocked_applies(ctx, **kw) and (ok(ctx, c_, m_, kw["geo"]) or fits(ctx, c_, m_, kw["geo"]))
 
+    def plevel(ctx, *, x, y, group, geo, **_) -> int:
+        c_, m_ = group_channels(x, y, group)
+        return PLEVEL[name] if ok(ctx, c_, m_, geo) else PLEVEL[name + "_outside"]
 
-def _flat_plevel(ctx, *, x, y, group, geo, **_) -> int:
-    c_, m_ = group_channels(x, y, group)
-    return PLEVEL["flat"] if flat_ok(ctx, c_, m_, geo) else PLEVEL["flat_outside"]
-
-
-def _im2row_applies(ctx, **kw) -> bool:
-    c_, _ = group_channels(kw["x"], kw["y"], kw["group"])
-    return blocked_applies(ctx, **kw) and (im2row_ok(ctx, c_, kw["geo"]) or im2row_fits(ctx, c_, kw["geo"]))
-
-
-def _im2row_plevel(ctx, *, x, y, group, geo, **_) -> int:
-    c_, _ = group_channels(x, y, group)
-    return PLEVEL["im2row"] if im2row_ok(ctx, c_, geo) else PLEVEL["im2row_outside"]
+    register_schedule("conv2d", "llvm", f"conv2d_{name}", plevel=plevel, applies=applies)(blocked_schedule(emit))
 
 
 register_schedule("conv2d", "llvm", "conv2d_pointwise", plevel=_pointwise_plevel,
                   applies=_pointwise_applies)(blocked_schedule(emit_conv_pointwise))
-register_schedule("conv2d", "llvm", "conv2d_flat", plevel=_flat_plevel,
-                  applies=_flat_applies)(blocked_schedule(emit_conv_flat))
-register_schedule("conv2d", "llvm", "conv2d_im2row", plevel=_im2row_plevel,
-                  applies=_im2row_applies)(blocked_schedule(emit_conv_im2row))
+register_thresholded("flat", emit_conv_flat, flat_ok, flat_fits)
+register_thresholded("im2row", emit_conv_im2row, lambda ctx, c, m, geo: im2row_ok(ctx, c, geo),
+                     lambda ctx, c, m, geo: im2row_fits(ctx, c, geo))
 register_schedule("conv2d", "llvm", "conv2d_rows", plevel=PLEVEL["rows"],
                   applies=blocked_applies)(blocked_schedule(emit_conv_rows))

@@ -46,11 +46,10 @@ import numpy as np
 from tensorfuse.ir.kernel import Buffer, KernelBuilder, as_expr, fma, select
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.knobs import knob
-from tensorfuse.ir.strategy import register_schedule
 from tensorfuse.ir.types import DType
 
-from .conv2d import (PLEVEL, ConvGroups, blocked_applies, blocked_schedule, choose_tile, group_channels,
-                     pow2_candidates, split_blocks, store_channel_vector, tile_knobs, zero_fill)
+from .conv2d import (ConvGroups, choose_tile, pow2_candidates, register_thresholded, split_blocks,
+                     store_channel_vector, tile_knobs, zero_fill)
 
 #: the Winograd schedule needs at least this many input channels (the transforms' cost is per
 #: input channel and tile, the GEMM's per input and output channel)
@@ -236,15 +235,4 @@ def winograd_fits(ctx: LowerCtx, c_: int, m_: int, geo) -> bool:
     return (12 * c_ * VC + 16 * TX * (m_ + 4 * L)) * 4 <= WINOGRAD_LOCAL_MAX_BYTES
 
 
-def _winograd_applies(ctx, **kw) -> bool:
-    c_, m_ = group_channels(kw["x"], kw["y"], kw["group"])
-    return blocked_applies(ctx, **kw) and (winograd_ok(ctx, c_, m_, kw["geo"]) or winograd_fits(ctx, c_, m_, kw["geo"]))
-
-
-def _winograd_plevel(ctx, *, x, y, group, geo, **_) -> int:
-    c_, m_ = group_channels(x, y, group)
-    return PLEVEL["winograd"] if winograd_ok(ctx, c_, m_, geo) else PLEVEL["winograd_outside"]
-
-
-register_schedule("conv2d", "llvm", "conv2d_winograd", plevel=_winograd_plevel,
-                  applies=_winograd_applies)(blocked_schedule(emit_conv_winograd))
+register_thresholded("winograd", emit_conv_winograd, winograd_ok, winograd_fits)
