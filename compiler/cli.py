@@ -639,26 +639,24 @@ def cmd_verify(args) -> int:
     return EXIT_OK if res.ok else EXIT_MISMATCH
 
 
-def _positive_seconds(text: str) -> float:
-    """An argparse type: a number of seconds > 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return v
+def _float_where(ok, bound: str, what: str = "a number"):
+    """An argparse type: a float ``v`` with ``ok(v)``; errors say ``expected <what>, got 'x'`` and
+    ``must be <bound>, got x``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return v
+    return parse
 
 
-def _min_gain(text: str) -> float:
-    """``--min-gain``: a number in (-1, 1)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not -1 < v < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not in (-1, 1)")
-    return v
+#: seconds > 0 (--time-budget, --timeout)
+_positive_seconds = _float_where(lambda v: v > 0, "> 0", "a number of seconds")
+#: --min-gain: a number in (-1, 1)
+_min_gain = _float_where(lambda v: -1 < v < 1, "in (-1, 1)")
 
 
 def cmd_tune(args) -> int:
@@ -729,15 +727,8 @@ def _int_at_least(low: int):
     return parse
 
 
-def _float_at_least_0(text: str) -> float:
-    """An argparse type: a number >= 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return v
+#: a number >= 0 (--rtol, --atol)
+_float_at_least_0 = _float_where(lambda v: v >= 0, ">= 0")
 
 
 NONNEG, POSITIVE = _int_at_least(0), _int_at_least(1)

@@ -87,7 +87,7 @@ class KnobConfig:
         self.fixed = {k: _norm(v) for k, v in dict(self.fixed).items()}
 
     def resolve(self, k: Knob) -> Any:
-        if k.name in self.values and k.name in self.declared:
+        if k.name in self.values:
             prev = self.values[k.name]
             if prev in k.candidates:
                 return prev                    # one name, one value within a node

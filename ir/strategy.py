@@ -85,8 +85,7 @@ def applicable(key: str, ctx, **kw) -> list[Schedule]:
     """The schedules for ``key`` on ``ctx.target``'s kind whose predicate holds, highest plevel
     first (registration order among equals)."""
     cands = [s for s in schedules_for(key, ctx.target.kind) if s.applies(ctx, **kw)]
-    order = {id(s): i for i, s in enumerate(cands)}
-    return sorted(cands, key=lambda s: (-s.level(ctx, **kw), order[id(s)]))
+    return sorted(cands, key=lambda s: -s.level(ctx, **kw))      # stable: registration order among equals
 
 
 def dispatch(key: str, ctx, **kw) -> Any:
