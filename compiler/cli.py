@@ -618,7 +618,7 @@ def cmd_explain(args) -> int:
     _check_model_path(args.model)
     rep = explain_report(args.model, opt_level=args.opt_level, rule=args.rule, node=args.node,
                          input_shapes=ses.shapes, disabled_rules=ses.disabled, rules=ses.rules,
-                         target=args.target, tuning=ses.tuning)
+                         target=args.target, tuning=ses.tuning, num_threads=args.threads)
     _say(str(rep))
     return EXIT_OK
 
@@ -634,7 +634,8 @@ def cmd_verify(args) -> int:
         model = getattr(mod0, "_cli_model", None) or model     # a specialisation's model
     res = verify(model, args.opt_level, rtol=args.rtol, atol=args.atol, inputs=inputs, seed=args.seed,
                  input_shapes=ses.shapes, disabled_rules=ses.disabled, rules=ses.rules, tuning=ses.tuning,
-                 target=args.target, bisect=not args.no_bisect, groups=not args.no_groups)
+                 target=args.target, bisect=not args.no_bisect, groups=not args.no_groups,
+                 num_threads=args.threads)
     _say(str(res))
     return EXIT_OK if res.ok else EXIT_MISMATCH
 
@@ -803,6 +804,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dump-ir", metavar="DIR", help="write the graph after every pass, the kernels, the LLVM IR "
                                                     "(emitted and optimised) and the assembly into DIR (created "
                                                     "with its parents when missing)")
+    s.add_argument("--threads", type=POSITIVE, metavar="N",
+                   help="threads the saved module runs with (tuning records are chosen for this count; default: "
+                        "the cores this process may use)")
     _common(s)
 
     s = add("run", cmd_run, "run a model (compiled first) or a saved module; print the outputs' names, shapes "
@@ -852,6 +856,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", metavar="MODEL", help="the ONNX model (.onnx)")
     s.add_argument("--rule", metavar="NAME", help="only this rule's entries")
     s.add_argument("--node", metavar="NAME", help="only this (ONNX or IR) node's entries")
+    s.add_argument("--threads", type=POSITIVE, metavar="N",
+                   help="with --tuning: the thread count to choose records for (records measured at another "
+                        "count are ignored; default: the cores this process may use)")
     _common(s)
 
     s = add("verify", cmd_verify, "compile at O0 and -O N, run both and onnxruntime on the same inputs, compare "
@@ -866,6 +873,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--inputs", metavar="IN.npz", help="inputs by name instead of random ones")
     s.add_argument("--no-bisect", action="store_true", help="do not look for the rule application")
     s.add_argument("--no-groups", action="store_true", help="do not compare the fused groups")
+    s.add_argument("--threads", type=POSITIVE, metavar="N",
+                   help="threads the modules run with (tuning records are chosen for this count; default: the "
+                        "cores this process may use)")
     _common(s, min_level=1)
 
     s = add("graph", cmd_graph, "draw the fused graph: one cluster per kernel, coloured by op pattern kind, "

@@ -419,15 +419,19 @@ class TuningReport:
     __repr__ = __str__
 
 
-def tuning_report(graph: Graph, target, tuning, source: str | None = None) -> TuningReport:
+def tuning_report(graph: Graph, target, tuning, source: str | None = None,
+                  num_threads: int | None = None) -> TuningReport:
     """Lower the optimised ``graph`` for ``target`` with ``tuning`` (a records path, list or
     ``compiler.tuning.TuningRecords``) and say which records were used, which did not apply
-    and which were ignored, and why (:class:`TuningReport`)."""
+    and which were ignored, and why (:class:`TuningReport`). num_threads: the thread count the
+    module would run with, as for ``tensorfuse.compile`` (records measured at another count are
+    ignored; default: the cores this process may use)."""
     import os
 
     from tensorfuse.compiler.lower import lower_graph
     from tensorfuse.compiler.tuning import as_tuning
-    records = as_tuning(tuning, target)
+    from tensorfuse.runtime.threads import resolve_num_threads
+    records = as_tuning(tuning, target, resolve_num_threads(num_threads))
     if source is None:
         paths = tuning if isinstance(tuning, (list, tuple)) else [tuning]
         source = ", ".join(os.fspath(p) for p in paths if isinstance(p, (str, os.PathLike))) or "given records"
@@ -532,7 +536,7 @@ def _why_not_grouped(pl, grp, n) -> str:
 
 def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, node: str | None = None,
                    input_shapes: dict | None = None, disabled_rules=(), rules=(), target="llvm",
-                   tuning=None) -> FusionReport:
+                   tuning=None, num_threads: int | None = None) -> FusionReport:
     """The fusion report of a model: for each rule pass of ``opt_level``, in pipeline order,
     every rule application (with the ONNX nodes it matched and the other rules that matched
     the same root but lost, the first in pipeline order winning), and for every candidate node
@@ -549,8 +553,9 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
     layout the pipeline converts to, and the schedules). tuning: tuning records, as for
     ``tensorfuse.compile``: the report then lowers the graph with them and ends with a
     :class:`TuningReport` (which records were used, which ignored and why: another CPU or
-    version, a workload not in this model, knob values no longer among the candidates).
-    Returns a :class:`FusionReport` (``str``/``repr`` is the text); prints nothing; the
+    version, another thread count, a workload not in this model, knob values no longer among
+    the candidates). num_threads: the thread count the records are chosen for, as for
+    ``tensorfuse.compile`` (default: the cores this process may use). Returns a :class:`FusionReport` (``str``/``repr`` is the text); prints nothing; the
     model is imported and optimised here, nothing is compiled to code. Raises ModelLoadError /
     UnsupportedModelError as ``compile`` does, ValueError for an unknown rule name or level.
     """
@@ -720,7 +725,7 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
 
     report = FusionReport(label, opt_level, reports, groups, anchors, rule, node)
     if tuning is not None:
-        report.tuning = tuning_report(g, tgt, tuning)
+        report.tuning = tuning_report(g, tgt, tuning, num_threads=num_threads)
     if rule is not None:
         for p in report.passes:
             p.applied = [a for a in p.applied if a.rule == rule or rule in a.also_matched]

@@ -353,9 +353,10 @@ class TuningRecords:
     ``paths_or_records``: a records file path, a :class:`Record`, a TuningRecords, or a list of
     any of these (read in order). ``target``: the ``ir.target.Target`` (or string)
     compiled for (default: the host, "llvm"). ``version``: the tensorfuse version records must
-    have (default: this one). ``threads``: the thread count the module will run with; when a
-    workload has usable records at that count, the best of those is taken, else the best at
-    any count (None: the best at any count).
+    have (default: this one). ``threads``: the thread count the module will run with; only
+    records measured at that count are used, the others are in ``ignored`` with the reason
+    (knob values such as ``min_parallel_tasks`` or a split that wins at one count can lose at
+    another). None: records of any count (the best of all).
 
     A record is usable when its status is "ok", its target identity matches
     (:func:`target_mismatch`) and its version is ``version``. The best of a workload has the
@@ -368,8 +369,7 @@ class TuningRecords:
 
     **Confirmations.** ``tensorfuse tune`` measures its best few candidates of a workload again
     (records with ``"stage": "confirm"``, :func:`record_stage`). For a workload that has confirm
-    records (among the records considered: the same thread count when it has usable records at
-    ``threads``), only confirmed settings can be chosen (:func:`choose_confirmed`: the worst of
+    records (among those at ``threads``), only confirmed settings can be chosen (:func:`choose_confirmed`: the worst of
     a setting's confirm ratios must be below ``1 - min_gain``); when none is, the workload keeps
     its default knobs and ``defaulted`` maps its key to the reason (starting with
     :data:`NOT_CONFIRMED`). A workload with search records only is chosen from them as before:
@@ -398,12 +398,15 @@ class TuningRecords:
             if not r.usable:
                 self.n_failed += 1
                 if record_stage(r) == "confirm" and target_mismatch(r.target, self.identity) is None \
-                        and r.version == self.version:
+                        and r.version == self.version and (threads is None or r.threads == threads):
                     failed_confirms.setdefault(r.workload, []).append(r)     # that setting is not confirmed
                 continue
             why = target_mismatch(r.target, self.identity)
             if why is None and r.version != self.version:
                 why = f"recorded by tensorfuse {r.version or '(unknown)'}, this is {self.version}"
+            if why is None and threads is not None and r.threads != threads:
+                why = (f"measured with {r.threads} thread{'s' if r.threads != 1 else ''}; this module runs "
+                       f"{threads} (a parallel schedule's best split depends on the count)")
             if why is not None:
                 self.ignored.append((r, why))
                 continue
@@ -415,10 +418,8 @@ class TuningRecords:
         #: keys whose best record was chosen from search records only (no confirmation)
         self.provisional: set[str] = set()
         for key, recs in by_key.items():
-            same = [r for r in recs if threads is not None and r.threads == threads]
-            pool = same or recs
-            failed = [r for r in failed_confirms.get(key, []) if not same or r.threads == threads]
-            confirms = [r for r in pool if record_stage(r) == "confirm"] + failed
+            confirms = [r for r in recs if record_stage(r) == "confirm"] + failed_confirms.get(key, [])
+            pool = recs
             if confirms:
                 rec, why = choose_confirmed(confirms)
                 if rec is None:

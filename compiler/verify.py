@@ -423,7 +423,8 @@ def _group_checks(mod, inputs, ref: dict, rtol: float, atol: float) -> tuple[int
 def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL,
            inputs: dict[str, np.ndarray] | None = None, seed: int = 0, input_shapes: dict | None = None,
            disabled_rules: Iterable[str] = (), rules: Iterable = (), target: str = "llvm",
-           bisect: bool = True, groups: bool = True, tuning=None) -> VerifyResult:
+           bisect: bool = True, groups: bool = True, tuning=None,
+           num_threads: int | None = None) -> VerifyResult:
     """Compile ``model`` at O0 and at ``opt_level``, run both and onnxruntime on the same
     inputs, compare every graph output, and on a mismatch find the first rule application that
     moved the outputs beyond tolerance and the first fused group that diverges (see the module
@@ -432,7 +433,7 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
     model: a path, bytes or ``onnx.ModelProto``. opt_level: 1..3. rtol, atol: the tolerance
     (``|got - ref| <= atol + rtol * |ref|`` elementwise; defaults 1e-3 and 1e-4, float32 sums
     in a different order). inputs: {name: array}; default :func:`random_inputs` with ``seed``.
-    input_shapes, disabled_rules, target, tuning: as for ``tensorfuse.compile`` (both compiles
+    input_shapes, disabled_rules, target, tuning, num_threads: as for ``tensorfuse.compile`` (both compiles
     use the tuning records). rules: rules under
     test, as for ``tensorfuse.compile`` (each tried before the built-in rules of its set); the
     result counts each one's applications (``rule_counts``) and its report warns about one
@@ -463,7 +464,7 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
         from tensorfuse.compiler.tuning import as_tuning
         tuning = as_tuning(tuning, target)      # read once, not at every compile
     kw = dict(target=target, input_shapes=input_shapes, disabled_rules=list(disabled_rules), rules=rules,
-              tuning=tuning)
+              tuning=tuning, num_threads=num_threads)
 
     def build(level: int, limit: int | None = None, cache: bool = True):
         # a rule under test is compiled afresh: its file may import helpers the cache key cannot see

@@ -158,10 +158,16 @@ def test_best_record_per_workload_and_reasons():
     assert reasons[5] == "target cuda vs llvm"
     assert reasons[6].startswith("recorded for CPU znver3 with features ") and "+made-up-feature" in reasons[6]
     assert reasons[6].endswith(f"this target is {tr.identity['cpu']}")
-    # at a thread count with records, the best of those; the digest follows the choice
+    # only records measured at the module's thread count are used: a split that wins at one count
+    # can lose at another; the digest follows the choice
     two = _record(key, {"k": 7}, median_ms=0.25, threads=2)
     assert TuningRecords([slow, fast, two], "llvm", threads=2).knobs_for(key) == {"k": 7}
     assert TuningRecords([slow, fast, two], "llvm", threads=1).knobs_for(key) == {"k": 2}
+    three = TuningRecords([slow, fast, two], "llvm", threads=3)
+    assert three.knobs_for(key) is None and three.best == {}
+    assert [(r.knobs["k"], why) for r, why in three.ignored][0] == (
+        1, "measured with 1 thread; this module runs 3 (a parallel schedule's best split depends on the count)")
+    assert TuningRecords([slow, fast, two], "llvm").knobs_for(key) == {"k": 2}      # None: any count
     assert TuningRecords([slow, fast, crashed, old], "llvm").digest() == TuningRecords([fast], "llvm").digest()
     assert TuningRecords([slow], "llvm").digest() != TuningRecords([fast], "llvm").digest()
 
@@ -172,8 +178,8 @@ def test_record_changes_the_kernel_and_results_match_onnxruntime(conv, tmp_path)
     rec_path = tmp_path / "r.jsonl"
     append_record(rec_path, _record(key, {name: value}))
     append_record(rec_path, _other_cpu_record(key, {name: default}))     # faster, another CPU: ignored
-    plain = tensorfuse.compile(path, cache=False)
-    tuned = tensorfuse.compile(path, tuning=str(rec_path), cache=False)
+    plain = tensorfuse.compile(path, cache=False, num_threads=1)
+    tuned = tensorfuse.compile(path, tuning=str(rec_path), cache=False, num_threads=1)     # the records' count
     got_default, text_default = _knob_of(plain, key, name)
     got, text = _knob_of(tuned, key, name)
     assert got_default == default and got == value
@@ -197,19 +203,19 @@ def test_cache_key_has_the_records_digest_and_a_hit_keeps_the_tuned_report(conv,
     rec_path = tmp_path / "r.jsonl"
     append_record(rec_path, _record(key, {name: value}))
     from tensorfuse.compiler.options import CompileOptions
-    plain = CompileOptions.create("llvm")
-    tuned = CompileOptions.create("llvm", tuning=str(rec_path))
+    plain = CompileOptions.create("llvm", num_threads=1)
+    tuned = CompileOptions.create("llvm", tuning=str(rec_path), num_threads=1)
     assert "tuning" not in plain.key_options()        # the key of an untuned compile is unchanged
     assert tuned.key_options()["tuning"] == tuned.tuning.digest()
     assert str(rec_path) not in json.dumps(tuned.key_options())
     assert plain.key(path) != tuned.key(path) and plain != tuned
     # records that choose the same knobs (a failed trial added) give the same key
     append_record(rec_path, Record.create(key, {name: default}, "wrong", target="llvm", error="differs"))
-    assert CompileOptions.create("llvm", tuning=str(rec_path)).key(path) == tuned.key(path)
+    assert CompileOptions.create("llvm", tuning=str(rec_path), num_threads=1).key(path) == tuned.key(path)
     monkeypatch.setenv("TENSORFUSE_CACHE_DIR", str(tmp_path / "cache"))
-    a = tensorfuse.compile(path, tuning=str(rec_path))
-    b = tensorfuse.compile(path, tuning=str(rec_path))
-    c = tensorfuse.compile(path)
+    a = tensorfuse.compile(path, tuning=str(rec_path), num_threads=1)
+    b = tensorfuse.compile(path, tuning=str(rec_path), num_threads=1)
+    c = tensorfuse.compile(path, num_threads=1)
     assert (a.cache_hit, b.cache_hit, c.cache_hit) == (False, True, False)
     assert b.report.tuned == a.report.tuned and b.report.num_tuned_kernels == 1
     assert _knob_of(b, key, name)[0] == value and _knob_of(c, key, name)[0] == default
@@ -230,7 +236,7 @@ def test_records_written_by_one_process_are_used_by_another(conv, tmp_path):
         import tensorfuse
         from oracle import ort_run
         import onnx
-        mod = tensorfuse.compile({path!r}, tuning={str(rec_path)!r}, cache=False)
+        mod = tensorfuse.compile({path!r}, tuning={str(rec_path)!r}, cache=False, num_threads=1)
         k = [k for k in mod.kernels if k.workload == {key!r}][0]
         x = np.random.default_rng(5).standard_normal((1, 64, 7, 7)).astype(np.float32)
         err = float(np.abs(mod.run(x=x)[0] - ort_run(onnx.load({path!r}), {{"x": x}})[0]).max())
@@ -254,17 +260,19 @@ def test_explain_says_which_records_were_used_and_why_others_were_ignored(conv, 
     old.version = "0.0.1"
     append_record(rec_path, old)
     append_record(rec_path, _record("conv-ffffffffffffffff", {name: value}, summary="Conv elsewhere"))
-    append_record(rec_path, _record(key, {name: "no-such-candidate"}, median_ms=0.001, threads=7))
-    rep = tensorfuse.explain_report(path, tuning=str(rec_path))
+    append_record(rec_path, _record(key, {name: "no-such-candidate"}, median_ms=0.001))
+    append_record(rec_path, _record(key, {name: default}, median_ms=0.0001, threads=7))
+    rep = tensorfuse.explain_report(path, tuning=str(rec_path), num_threads=1)
     text = str(rep.tuning)
     assert rep.tuning.used[key].knobs == {name: "no-such-candidate"}      # the fastest usable one
     lines = text.splitlines()
     assert lines[0].startswith(f"tuning records ({rec_path}) for llvm")
-    assert "5 records, 0 failed trials" in lines[0]
+    assert "6 records, 0 failed trials" in lines[0]
     assert any(f"[{key}, 1 node]" in ln for ln in lines)
     assert "conv-ffffffffffffffff Conv elsewhere" in text and ": a workload not in this model" in text
     assert f"knob {name}=no-such-candidate is no longer among the candidates" in text
-    assert "ignored: 2 records" in text
+    assert "ignored: 3 records" in text
+    assert "measured with 7 threads; this module runs 1" in text
     assert "1 record of 1 workload (1 in this model): recorded for CPU znver3 with features " in text
     assert f"recorded by tensorfuse 0.0.1, this is {tensorfuse.__version__}" in text
     assert text in str(rep)
@@ -277,19 +285,22 @@ def test_cli_tuning_on_compile_run_bench_verify_explain(conv, tmp_path):
     append_record(rec_path, _record(key, {name: value}))
     append_record(rec_path, _other_cpu_record(key, {name: default}))
     out = tmp_path / "conv.tfm"
-    r = run_cli("compile", path, "-o", out, "--tuning", rec_path)
+    r = run_cli("compile", path, "-o", out, "--tuning", rec_path, "--threads", 1)
     assert r.returncode == 0, r.stderr
     assert "kernels with tuned schedules: 1 of 1" in r.stdout
     assert f"[{key}, 1 node]" in r.stdout
-    r = run_cli("run", path, "--tuning", rec_path)
+    r = run_cli("run", path, "--tuning", rec_path, "--threads", 1)
     assert r.returncode == 0 and "kernels with tuned schedules: 1 of 1" in r.stdout, r.stderr
-    r = run_cli("bench", path, "--tuning", rec_path, "--repeat", 2, "--warmup", 0, "--top", 0)
+    r = run_cli("bench", path, "--tuning", rec_path, "--threads", 1, "--repeat", 2, "--warmup", 0, "--top", 0)
     assert r.returncode == 0 and "kernels with tuned schedules: 1 of 1" in r.stdout, r.stderr
-    r = run_cli("verify", path, "--tuning", rec_path, "--no-bisect")
+    r = run_cli("verify", path, "--tuning", rec_path, "--threads", 1, "--no-bisect")
     assert r.returncode == 0, r.stdout + r.stderr
-    r = run_cli("explain", path, "--tuning", rec_path)
+    r = run_cli("explain", path, "--tuning", rec_path, "--threads", 1)
     assert r.returncode == 0, r.stderr
-    assert "recorded for CPU znver3 with features" in r.stdout
+    assert "recorded for CPU znver3 with features" in r.stdout and f"[{key}, 1 node]" in r.stdout
+    r = run_cli("explain", path, "--tuning", rec_path, "--threads", 3)
+    assert r.returncode == 0, r.stderr
+    assert "measured with 1 thread; this module runs 3" in r.stdout and f"[{key}, 1 node]" not in r.stdout
     r = run_cli("run", out, "--tuning", rec_path)
     assert r.returncode == 0 and "--tuning does not apply" in r.stderr, r.stderr
     r = run_cli("compile", path, "-o", out, "--tuning", tmp_path / "missing.jsonl")
