@@ -674,7 +674,8 @@ def cmd_tune(args) -> int:
                               trials=args.trials, num_threads=args.threads, executor=args.executor,
                               ray_address=args.ray_address, seed=args.seed, progress=progress.active(),
                               opt_level=args.opt_level, input_shapes=parse_shapes(args.input_shape),
-                              timeout=args.timeout, min_gain=args.min_gain)
+                              timeout=args.timeout, min_gain=args.min_gain,
+                              cache_flush={"auto": "auto", "on": True, "off": False}[args.cache_flush])
     except ImportError as e:
         hint = ("install it: pip install 'tensorfuse[ray]'" if "ray" in str(e).lower()
                 else "check the modules named in $TENSORFUSE_TUNE_PLUGINS")
@@ -920,6 +921,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the least gain (1 - ratio to the default knobs' time) a candidate must show in the "
                         "search to be measured again, and again in that confirmation to be used; a workload "
                         "without a confirmed candidate keeps its default knobs (default 0.03)")
+    s.add_argument("--cache-flush", choices=("auto", "on", "off"), default="auto",
+                   help="time each candidate run after evicting the caches, so its weights come from memory as "
+                        "in a model whose weights exceed the last-level cache; auto (default): when they do")
     c = s.add_argument_group("compile options (as for the compile that will use the records)")
     c.add_argument("-O", "--opt-level", type=int, choices=range(0, 4), default=2, metavar="N",
                    help="optimisation level 0..3 (default 2)")

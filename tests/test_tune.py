@@ -349,3 +349,70 @@ def test_tuning_records_take_only_confirmed_settings():
     # the min_gain stored by the tuner decides: 0.9 is not enough for 0.2
     tr = TuningRecords(search + [_rec({"t": 4}, 0.9, "confirm", min_gain=0.2)])
     assert tr.knobs_for(key) is None and "needed < 0.800" in tr.defaulted[key]
+
+
+# ----------------------------------------------------------------------------- cold caches
+def test_weight_bytes_counts_each_constant_once_and_skips_gather_tables():
+    """weight_bytes: the Conv's weight and bias, the MatMul's weight; a weight used twice once;
+    not the table a Gather indexes (it reads rows)."""
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.tuner.workloads import weight_bytes
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w", (8, 4, 3, 3)), ("b", (8,)), ("m", (6, 6)), ("table", (100, 6)))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+             helper.make_node("MatMul", ["c", "m"], ["y1"]),
+             helper.make_node("MatMul", ["y1", "m"], ["y2"]),
+             helper.make_node("Gather", ["table", "i"], ["e"])]
+    g = helper.make_graph(nodes, "wb", [_vi("x", [1, 4, 8, 8]),
+                                        helper.make_tensor_value_info("i", TensorProto.INT64, [3])],
+                          [_vi("y2", [1, 8, 6, 6]), _vi("e", [3, 6])], inits)
+    graph = import_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    assert weight_bytes(graph) == 4 * (8 * 4 * 3 * 3 + 8 + 6 * 6)
+
+
+def test_cache_flush_times_single_runs_and_evicts():
+    """With flush_bytes every sample is one run (each after a flush); the flush writes its whole
+    scratch buffer and reads every input; last_level_cache_bytes is the size the system gives."""
+    from tensorfuse.compiler.tuner.worker import CacheFlush, build_candidate, last_level_cache_bytes, make_inputs, \
+        time_module
+    from tensorfuse.compiler.tuner.workloads import extract_node
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    llc = last_level_cache_bytes()
+    assert isinstance(llc, int) and llc >= 64 << 10
+    graph = import_onnx(one_matmul())
+    one = extract_node(graph.nodes[0], graph.opset)
+    mod, _ = build_candidate(one, "llvm", {}, 1)
+    xs = make_inputs(one, 0)
+    warm, cold = time_module(mod, xs, repeat=7, max_measure_s=5.0), \
+        time_module(mod, xs, repeat=7, max_measure_s=5.0, flush_bytes=1 << 20)
+    assert cold["runs"] == len(cold["samples"]) == 7
+    assert warm["runs"] > len(warm["samples"])       # a 4x16x6 MatMul: many runs per 2 ms sample
+    f = CacheFlush(1 << 16, xs)
+    before = f.scratch.copy()
+    f()
+    assert f.scratch.nbytes == 1 << 16 and np.array_equal(f.scratch, before + 1.0)
+    assert sum(a.nbytes for a in f.inputs) == sum(x.nbytes for x in xs)
+
+
+def test_tune_cache_flush_recorded_and_resume_keeps_modes_apart(tmp_path, plugin):
+    """cache_flush=True: every ok record says the flush's bytes (twice the last-level cache) and
+    the table says so; a run with cache_flush=False does not count those as measured; "auto" on a
+    model of a few hundred bytes of weights does not flush; a bad value is a ValueError."""
+    from tensorfuse.compiler.tuner.worker import last_level_cache_bytes
+    model = one_matmul()
+    path = str(tmp_path / "one_matmul.onnx")
+    onnx.save(model, path)
+    rec = str(tmp_path / "records.jsonl")
+    kw = dict(trials=3, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False, min_gain=0.99)
+    cold = tensorfuse.tune(path, rec, cache_flush=True, **kw)
+    assert cold.measured == 3 and cold.flush_bytes == 2 * last_level_cache_bytes()
+    assert "timed with cold caches" in str(cold)
+    ok = [r for r in read_records(rec) if r.status == "ok" and r.runs > 0]
+    assert ok and all(r.extra["flush_bytes"] == cold.flush_bytes for r in ok)
+    n = len(read_records(rec))
+    warm = tensorfuse.tune(path, rec, cache_flush="auto", **kw)
+    assert warm.measured == 3 and warm.flush_bytes == 0 and "timed with warm caches" in str(warm)
+    assert all("flush_bytes" not in r.extra for r in read_records(rec)[n:])
+    with pytest.raises(ValueError, match="cache_flush must be True, False or 'auto'"):
+        tensorfuse.tune(path, rec, cache_flush="yes", **kw)

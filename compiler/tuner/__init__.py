@@ -120,7 +120,8 @@ class TuneResult:
     """The outcome of :func:`tune`: ``records`` (the file), ``target``, ``threads``,
     ``executor``, ``workloads`` (:class:`WorkloadResult`, heaviest first), ``measured`` and
     ``failed`` (search candidates this run), ``confirmed`` (confirmations this run), ``seconds``, ``weights_from`` ("profile", "flops" or
-    "count": how workloads were weighed). ``str()`` is a table."""
+    "count": how workloads were weighed), ``weight_bytes`` (the model's, bytes) and
+    ``flush_bytes`` (the cache flush before each timed run, bytes; 0: none). ``str()`` is a table."""
 
     records: str
     target: str
@@ -132,6 +133,8 @@ class TuneResult:
     confirmed: int = 0
     seconds: float = 0.0
     weights_from: str = "profile"
+    flush_bytes: int = 0
+    weight_bytes: int = 0
 
     @property
     def estimated_speedup(self) -> float | None:
@@ -153,6 +156,9 @@ class TuneResult:
                  f"{self.measured} candidates measured, {self.failed} failed, {self.confirmed} confirmations, "
                  f"{self.seconds:.1f} s; "
                  f"records in {self.records}"]
+        mb = self.weight_bytes / 2 ** 20
+        lines.append(f"weights {mb:.1f} MiB: " + (f"timed with cold caches (each run after a {self.flush_bytes >> 20} MiB "
+                                                  f"flush)" if self.flush_bytes else "timed with warm caches"))
         est = self.estimated_speedup
         if est is not None:
             lines.append(f"estimated model speed-up from the per-workload times: {est:.3f}x "
@@ -226,15 +232,18 @@ def _check_args(trials, time_budget, timeout, executor, min_gain=0.0) -> None:
         raise ValueError(f"executor must be 'local' or 'ray', got {executor!r}")
 
 
-def _prior_records(path: str, identity: dict, version: str, threads: int) -> dict[str, list]:
+def _prior_records(path: str, identity: dict, version: str, threads: int, flush: bool = False) -> dict[str, list]:
     """The file's records (if it exists) measured on this target identity, by this version, at
-    this thread count, by workload key."""
+    this thread count, with (``flush``) or without a cache flush (failed ones count with either),
+    by workload key."""
     from tensorfuse.compiler.tuning import read_records, target_mismatch
     if not os.path.exists(path):
         return {}
     out: dict[str, list] = {}
     for r in read_records(path, errors="skip"):
-        if target_mismatch(r.target, identity) is None and r.version == version and r.threads == threads:
+        if target_mismatch(r.target, identity) is None and r.version == version and r.threads == threads \
+                and (r.status != "ok" or bool(r.extra.get("flush_bytes")) == flush
+                     or r.extra.get("note") is not None):
             out.setdefault(r.workload, []).append(r)
     return out
 
@@ -243,7 +252,7 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
          time_budget: float | None = None, trials: int | None = None, num_threads: int | None = None,
          executor: str = "local", ray_address: str | None = None, seed: int = 0, progress: bool = True,
          opt_level: int = 2, input_shapes: dict | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-         repeat: int = 25, min_gain: float | None = None) -> TuneResult:
+         repeat: int = 25, min_gain: float | None = None, cache_flush: str | bool = "auto") -> TuneResult:
     """Tune ``model``'s workloads and append the measurements to ``records`` (module docstring).
 
     model: an ONNX model (path, bytes or ``onnx.ModelProto``). records: the JSON-lines file
@@ -261,7 +270,12 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     takes ``CONFIRM_SAMPLES`` times as many). min_gain: the least gain, ``1 - vs_default``, a
     candidate must show in the search to be confirmed and again in its confirmation to be used
     (None: ``compiler.tuning.DEFAULT_MIN_GAIN``, 0.03; a negative value accepts candidates up to
-    that much slower: the tests use it to force confirmations).
+    that much slower: the tests use it to force confirmations). cache_flush: True to time every
+    candidate run after evicting the caches (``worker.CacheFlush``: the weights come from memory,
+    the activations stay warm), False not to, "auto" (default) to do it when the model's weights
+    (``workloads.weight_bytes``) exceed this machine's last-level cache
+    (``worker.last_level_cache_bytes``), as they do in the model: a blocking that wins with warm
+    weights can lose with cold ones. The flush writes twice the cache's size.
 
     Returns a :class:`TuneResult`. Raises ValueError (bad arguments), what ``compile``
     raises for a model it cannot compile, OSError when ``records`` cannot be written,
@@ -278,6 +292,8 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     if min_gain is None:
         min_gain = DEFAULT_MIN_GAIN
     _check_args(trials, time_budget, timeout, executor, min_gain)
+    if cache_flush not in (True, False, "auto"):
+        raise ValueError(f"cache_flush must be True, False or 'auto', got {cache_flush!r}")
     t_start = time.monotonic()
     tgt = Target.parse(target)
     threads = resolve_num_threads(num_threads)
@@ -293,12 +309,18 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     with pg.enabled(show), pg.task("tuning: compiling and profiling the model (default knobs)"):
         tasks, info = model_tasks(model, tgt, opt_level, input_shapes, seed)
     identity = target_identity(tgt)
-    prior = _prior_records(records, identity, tensorfuse_version(), threads)
-    result = TuneResult(records, str(tgt), threads, executor, weights_from=info["weights_from"])
+    from .worker import last_level_cache_bytes
+    llc = last_level_cache_bytes()
+    flush = cache_flush if isinstance(cache_flush, bool) else info["weight_bytes"] > llc
+    flush_bytes = 2 * llc if flush else 0
+    prior = _prior_records(records, identity, tensorfuse_version(), threads, flush)
+    result = TuneResult(records, str(tgt), threads, executor, weights_from=info["weights_from"],
+                        flush_bytes=flush_bytes, weight_bytes=info["weight_bytes"])
     tunable = [t for t in tasks if t.size > 1]
     planned = sum(min(trials, t.size) - len(prior.get(t.key, [])) for t in tunable) if trials else None
     bar = _Bar(progress, max(0, planned) if planned is not None else None, len(tunable))
-    setup = {"target": str(tgt), "threads": threads, "seed": seed, "rtol": RTOL, "atol": ATOL, "repeat": repeat}
+    setup = {"target": str(tgt), "threads": threads, "seed": seed, "rtol": RTOL, "atol": ATOL, "repeat": repeat,
+             "flush_bytes": flush_bytes}
     ex = make_executor(executor, ray_address)
     by_key: dict[str, WorkloadResult] = {}
     for t in tasks:
@@ -377,6 +399,8 @@ def _new_record(t, w: WorkloadResult, session, values: dict, res: dict, schedule
         rec.extra["node"] = res["node"]
     if res.get("compile_s") is not None:
         rec.extra["compile_s"] = round(float(res["compile_s"]), 4)
+    if status == "ok" and res.get("flush_bytes"):
+        rec.extra["flush_bytes"] = int(res["flush_bytes"])
     if status == "ok" and res.get("vs_default") is not None:
         rec.extra["vs_default"] = float(res["vs_default"])
         if res.get("default_window_ms") is not None:

@@ -11,7 +11,8 @@ Requests (``"op"``):
 - ``"setup"``: ``graph`` (a file holding a pickled one-node ``ir.graph.Graph``: the workload
   extracted by ``compiler.tuner.workloads``), ``key`` (its workload key), ``target`` (target
   string), ``threads``, ``seed``, ``rtol``/``atol`` (the comparison with the default
-  knobs' outputs), ``repeat``/``min_sample_s``/``max_measure_s``/``settle_s`` (timing). The
+  knobs' outputs), ``repeat``/``min_sample_s``/``max_measure_s``/``settle_s``/``flush_bytes``
+  (timing, :func:`time_modules`). The
   worker makes the inputs (:func:`make_inputs`), compiles and runs the default knobs once for
   the reference outputs (not with ``"reference": false``: a worker that only resolves), and answers ``{"ok": true, "identity": target_identity}`` or
   ``{"ok": false, "status": "error", "error": ...}``.
@@ -25,8 +26,8 @@ Requests (``"op"``):
   other than the default takes turns with the default knobs' module, kept from the setup,
   sample by sample); answers ``{"status": "ok", "values", "space", "schedule", "median_ms",
   "spread_ms", "runs", "compile_s", "vs_default"}`` (the median ratio of the candidate's
-  samples to the default's taken beside them, 1.0 for the default itself; and
-  ``"default_window_ms"``, the default's median then), or ``{"status":
+  samples to the default's taken beside them, 1.0 for the default itself;
+  ``"default_window_ms"``, the default's median then; ``"flush_bytes"``), or ``{"status":
   "wrong"|"error", "error": ...}``.
 - ``"exit"``.
 
@@ -168,6 +169,61 @@ def compare(got: list[np.ndarray], want: list[np.ndarray], rtol: float, atol: fl
 TEAM_GAP_S = 0.003
 
 
+#: bytes assumed for the last-level cache where the system does not say
+DEFAULT_LLC_BYTES = 32 << 20
+
+
+def last_level_cache_bytes() -> int:
+    """The size in bytes of this machine's largest data or unified CPU cache (Linux sysfs
+    ``/sys/devices/system/cpu/cpu0/cache/index*/size``, else ``sysconf`` LEVEL3/LEVEL2, else
+    :data:`DEFAULT_LLC_BYTES`)."""
+    best = 0
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for d in os.listdir(base):
+            if not d.startswith("index"):
+                continue
+            try:
+                with open(os.path.join(base, d, "type")) as f:
+                    if f.read().strip() == "Instruction":
+                        continue
+                with open(os.path.join(base, d, "size")) as f:
+                    text = f.read().strip().upper()
+            except OSError:
+                continue
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            digits = text[:-1] if text[-1:] in "KMG" else text
+            if digits.isdigit():
+                best = max(best, int(digits) * mult)
+    except OSError:
+        pass
+    for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        if best:
+            break
+        try:
+            best = max(best, int(os.sysconf(name)))
+        except (ValueError, OSError):
+            pass
+    return best if best > 0 else DEFAULT_LLC_BYTES
+
+
+class CacheFlush:
+    """Puts the caches in the state a kernel meets inside a model whose weights do not fit the
+    last-level cache: :meth:`__call__` writes a scratch buffer of ``nbytes`` (evicting what the
+    previous run left, the kernel's constants among it), then reads ``inputs`` (the activations,
+    which the kernel before it in the model has just written, so they are warm there). The same
+    idea as TVM's ``enable_cpu_cache_flush`` (its runner evicts the non-first arguments)."""
+
+    def __init__(self, nbytes: int, inputs: list[np.ndarray]):
+        self.scratch = np.zeros(max(1, int(nbytes) // 8), np.float64)
+        self.inputs = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in inputs if a.size]
+
+    def __call__(self) -> None:
+        self.scratch += 1.0
+        for a in self.inputs:
+            a.sum()
+
+
 def _runner(mod, inputs: list[np.ndarray]):
     """``(once, release)``: one run of ``mod`` on ``inputs``, and what frees its arena. For llvm
     modules the entry function is called directly on a bound arena (no per-run input checks or
@@ -190,7 +246,7 @@ def _runner(mod, inputs: list[np.ndarray]):
 
 
 def time_modules(mods: list, inputs: list[np.ndarray], repeat: int = 25, min_sample_s: float = 2e-3,
-                 max_measure_s: float = 2.0, settle_s: float = 0.15) -> list[dict]:
+                 max_measure_s: float = 2.0, settle_s: float = 0.15, flush_bytes: int = 0) -> list[dict]:
     """Wall times of whole runs of each module in ``mods`` (one-node modules: the kernel's time
     plus the call), with the care of ``benchmarks/bench_models.py``: warm-up runs of each first,
     then ``settle_s`` of sleep (the previous candidate's thread team stops spinning), then about
@@ -199,11 +255,20 @@ def time_modules(mods: list, inputs: list[np.ndarray], repeat: int = 25, min_sam
     they would take over ``max_measure_s``. Several modules take turns sample by sample (the
     order alternating; ``TEAM_GAP_S`` of sleep between turns when they run on thread teams), so
     a slow stretch of the machine hits them alike. The garbage collector is off while timing.
+    ``flush_bytes`` > 0: every sample is one run after a :class:`CacheFlush` of that many bytes
+    (the flush not timed): the kernel's weights come from memory, as in a model whose weights
+    exceed the last-level cache, instead of from the cache the previous run left them in.
     Returns per module ``{"median_ms", "spread_ms" (interquartile range), "runs", "samples"
     (the per-sample times in ms, in order)}``."""
     clock = time.perf_counter
     runners = [_runner(m, inputs) for m in mods]
     gap = TEAM_GAP_S if len(mods) > 1 and any(getattr(m, "num_threads", 1) > 1 for m in mods) else 0.0
+    flush = CacheFlush(flush_bytes, inputs) if flush_bytes > 0 else None
+    flush_s = 0.0
+    if flush is not None:
+        t0 = clock()
+        flush()
+        flush_s = clock() - t0
     try:
         per, number = [], []
         for once, _ in runners:
@@ -214,8 +279,8 @@ def time_modules(mods: list, inputs: list[np.ndarray], repeat: int = 25, min_sam
                 warm.append(clock() - t0)
             p = max(statistics.median(warm), 1e-9)
             per.append(p)
-            number.append(max(1, math.ceil(min_sample_s / p)))
-        cost = sum(p * n for p, n in zip(per, number)) + gap * len(mods)   # seconds of one turn of each
+            number.append(1 if flush is not None else max(1, math.ceil(min_sample_s / p)))
+        cost = sum(p * n + flush_s for p, n in zip(per, number)) + gap * len(mods)   # seconds of one turn of each
         total = max(5, min(repeat, int(max_measure_s / cost)))             # samples per module
         gc.collect()
         time.sleep(settle_s)
@@ -225,6 +290,8 @@ def time_modules(mods: list, inputs: list[np.ndarray], repeat: int = 25, min_sam
             for r in range(total):
                 for i in (range(len(mods)) if r % 2 == 0 else range(len(mods) - 1, -1, -1)):
                     once, n = runners[i][0], number[i]
+                    if flush is not None:
+                        flush()
                     t0 = clock()
                     for _ in range(n):
                         once()
@@ -320,13 +387,15 @@ class Worker:
         try:
             times = time_modules([mod, self.default_mod] if beside else [mod], self.inputs,
                                  int(m.get("repeat", 25)), float(m.get("min_sample_s", 2e-3)),
-                                 float(m.get("max_measure_s", 2.0)), float(m.get("settle_s", 0.15)))
+                                 float(m.get("max_measure_s", 2.0)), float(m.get("settle_s", 0.15)),
+                                 int(m.get("flush_bytes", 0)))
         except Exception as e:          # noqa: BLE001
             return {**res, "status": "error", "error": "timing: " + _error_text(e)}
         finally:
             del mod
             gc.collect()
-        out = {**res, "status": "ok", **{k: v for k, v in times[0].items() if k != "samples"}, "vs_default": 1.0}
+        out = {**res, "status": "ok", **{k: v for k, v in times[0].items() if k != "samples"}, "vs_default": 1.0,
+               "flush_bytes": int(m.get("flush_bytes", 0))}
         if beside:      # the median of the ratios of samples taken one after the other
             out["default_window_ms"] = times[1]["median_ms"]
             out["vs_default"] = statistics.median(a / b for a, b in zip(times[0]["samples"], times[1]["samples"]))

@@ -87,7 +87,8 @@ def extract_node(node: Node, opset: int | None = None) -> Graph:
 def model_tasks(model, target, opt_level: int = 2, input_shapes: dict | None = None, seed: int = 0,
                 profile: bool = True) -> tuple[list[TuneTask], dict]:
     """The model's workloads as :class:`TuneTask`, heaviest first, and facts about the compile
-    (``{"kernels", "calls", "total_ms", "weights_from"}``: "profile", "flops" or "count").
+    (``{"kernels", "calls", "total_ms", "weights_from"}``: "profile", "flops" or "count";
+    ``"weight_bytes"``: :func:`weight_bytes`).
 
     Raises what ``tensorfuse.compile`` raises for a model it cannot compile, and
     UnsupportedModelError for a model whose shapes depend on input values (tune one compiled
@@ -160,4 +161,22 @@ def model_tasks(model, target, opt_level: int = 2, input_shapes: dict | None = N
                               wl.count, w, w / total))
     tasks.sort(key=lambda t: -t.weight_ms)
     return tasks, {"kernels": len(lg.kernels), "calls": len(lg.calls), "total_ms": sum(weights.values()),
-                   "weights_from": how}
+                   "weights_from": how, "weight_bytes": weight_bytes(graph)}
+
+
+def weight_bytes(graph: Graph) -> int:
+    """Bytes of the constants the optimised ``graph``'s nodes read in one run: every distinct
+    constant input of a node (a fused function's inputs included), except the table a Gather
+    indexes (it reads only rows). What streams through the caches once per inference."""
+    seen: set[int] = set()
+    total = 0
+    for n in graph.nodes:
+        for i, v in enumerate(n.inputs):
+            if v is None or id(v) in seen or (n.op == "Gather" and i == 0):
+                continue
+            data = v.const_value()
+            if data is None:
+                continue
+            seen.add(id(v))
+            total += int(np.asarray(data).nbytes)
+    return total
