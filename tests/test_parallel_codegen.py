@@ -57,10 +57,11 @@ def test_parts_compute_what_one_object_computes(split_everything, monkeypatch, t
     x = _feeds()
     monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "1")
     one = tensorfuse.compile(_model(), cache=False)
-    assert not one._object_code.startswith(b"TFOBJS")
+    # the module's object and the team helpers' (jit.team_runtime_object), linked as one
+    assert jit.unpack_objects(one._object_code)[1:] == [jit.team_runtime_object()]
     monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "3")
     many = tensorfuse.compile(_model(), cache=False)
-    assert len(jit.unpack_objects(many._object_code)) == 3
+    assert len(jit.unpack_objects(many._object_code)) == 3 + 1
     a, b = one.run(x), many.run(x)
     for u, v in zip(a, b):
         np.testing.assert_array_equal(u, v)                          # the same code, bit for bit
@@ -125,8 +126,10 @@ def test_kernels_emitted_in_parts_give_one_module_text(split_everything, monkeyp
     jit.parse_and_verify(text, "merged")
     names = _defined(text)
     from tensorfuse.codegen.llvm.emit import TEAM_HELPERS
-    assert sorted(names) == sorted([k.name for k in mod.kernels] + ["tf_run", *TEAM_HELPERS])
+    assert sorted(names) == sorted([k.name for k in mod.kernels] + ["tf_run"])
     assert not re.search(r'^declare [^@]*@"(%s)"\(' % "|".join(map(re.escape, names)), text, re.M)
+    # the team helpers are linked in as their own object (jit.team_runtime_object), not in the IR
+    assert all(mod._lib.address(n) for n in TEAM_HELPERS)
     lib, _, _ = jit.compile_ir(text, "again")
     assert lib.address("tf_run")
     np.testing.assert_array_equal(mod.run(_feeds())[0], tensorfuse.compile(_model(), cache=False).run(_feeds())[0])

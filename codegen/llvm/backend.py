@@ -117,7 +117,7 @@ def _build_in_parts(groups, emit, name: str, target):
         for h, g in zip(handles, groups[1:]):
             rest.append(jit.fork_result(h))
             progress.advance(2 * len(g))       # a child's part: its IR and its machine code
-    objs = [first[0]] + [r[0] for r in rest]
+    objs = [first[0]] + [r[0] for r in rest] + [jit.team_runtime_object(target)]
     obj = jit.pack_objects(objs)
     lib = jit.load_object(obj)
     lib.target_info = jit.target_info(target)
@@ -145,7 +145,7 @@ class LLVMBackend(Backend):
         from llvmlite import ir as lir
 
         from tensorfuse.codegen.llvm.emit import PTR, emit_entry, emit_kernel, kernel_is_parallel
-        from tensorfuse.codegen.llvm.jit import compile_ir, compile_jobs, module_name
+        from tensorfuse.codegen.llvm.jit import compile_ir, compile_jobs, module_name, team_runtime_object
         from tensorfuse.ir.errors import CompileError
         from tensorfuse import progress as bar
         from tensorfuse.runtime.module import Module
@@ -163,7 +163,7 @@ class LLVMBackend(Backend):
                 for k in lowered.kernels:       # the entry calls kernels other parts define
                     if k.name not in mod.globals:
                         lir.Function(mod, lir.FunctionType(lir.VoidType(), [PTR, PTR]), name=k.name)
-                emit_entry(mod, "tf_run", calls, parallel)
+                emit_entry(mod, "tf_run", calls, parallel, team_helpers=False)     # linked in: team_runtime_object
             return str(mod)     # printing a large module takes seconds: once
 
         groups = kernel_groups(lowered.kernels, compile_jobs())
@@ -173,7 +173,8 @@ class LLVMBackend(Backend):
                 bar.stage("LLVM IR")
                 ir_text = emit(lowered.kernels, progress=True)
                 bar.stage("LLVM: optimising, machine code")
-                lib, obj, _opt_ir = compile_ir(ir_text, graph.name, target=target)
+                lib, obj, _opt_ir = compile_ir(ir_text, graph.name, target=target,
+                                               extra_objects=[team_runtime_object(target)])
                 bar.advance(len(lowered.kernels))
             else:
                 lib, obj, ir_text = _build_in_parts(groups, emit, graph.name, target)

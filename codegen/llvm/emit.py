@@ -1032,12 +1032,13 @@ _FOLD = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, 
 
 
 def emit_entry(module: ir.Module, name: str, calls: list[tuple[str, list[int]]],
-               parallel: dict[str, bool] | None = None) -> ir.Function:
+               parallel: dict[str, bool] | None = None, team_helpers: bool = True) -> ir.Function:
     """``void @name(ptr %slots, ptr %team)``: calls each kernel with args gathered from the
     slot table. ``parallel[kernel]`` says whether a kernel splits work across the team: such a
     kernel gets the team (every thread calls it and takes part in its phases); a run of serial
     kernels is one phase of one chunk (:func:`phase_helpers`) whose claimer calls them with a
-    null team."""
+    null team. ``team_helpers``: also define :data:`TEAM_HELPERS` in ``module`` (False where
+    they are linked in as ``jit.team_runtime_object``, as the backend does)."""
     parallel = parallel or {}
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, PTR]), name=name)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -1082,5 +1083,6 @@ def emit_entry(module: ir.Module, name: str, calls: list[tuple[str, list[int]]],
         b.call(end, [team, ir.Constant(I64, 1)])
         i = j
     b.ret_void()
-    emit_team_helpers(module)
+    if team_helpers:
+        emit_team_helpers(module)
     return fn

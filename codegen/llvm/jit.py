@@ -209,18 +209,47 @@ def _compile_part(ir_text: str, name: str, opt: int, target) -> tuple[bytes, str
     return target_machine(target, opt).emit_object(mod), str(mod)
 
 
-def compile_ir(ir_text: str, name: str = "module", opt: int = 3, target=None):
+def compile_ir(ir_text: str, name: str = "module", opt: int = 3, target=None, extra_objects=()):
     """Compile LLVM IR text for ``target`` (an ``ir.target.Target``; None: this machine);
     returns (NativeLibrary, object_code bytes, optimized IR text). The library's
     ``target_info`` records the target, CPU and features the code was generated for.
-    LLVMError when LLVM rejects the IR. (A large module's kernels are emitted and compiled in
-    forked children by ``codegen.llvm.backend``; see :func:`fork_call`.)"""
+    ``extra_objects``: object files linked with it and packed into the returned object code
+    (:func:`pack_objects`), e.g. :func:`team_runtime_object`. LLVMError when LLVM rejects the
+    IR. (A large module's kernels are emitted and compiled in forked children by
+    ``codegen.llvm.backend``; see :func:`fork_call`.)"""
     STATS["codegen_calls"] += 1
     target = _as_target(target)
     obj, opt_text = _compile_part(ir_text, name, opt, target)
+    if extra_objects:
+        obj = pack_objects([obj, *extra_objects])
     lib = load_object(obj)
     lib.target_info = target_info(target)
     return lib, obj, opt_text
+
+
+_TEAM_OBJECTS: dict[str, bytes] = {}
+
+
+def team_runtime_object(target=None) -> bytes:
+    """The object code of the thread team's native helpers (``codegen.llvm.emit.TEAM_HELPERS``,
+    ``emit_team_helpers``) for ``target``: generated once per target and process, and linked
+    into every module's object code, instead of optimised and compiled again with each module's
+    kernels (about 20 ms of every compile). Every module still carries its own copy, so a saved
+    module runs with the helpers it was compiled with."""
+    import json
+
+    target = _as_target(target)
+    key = json.dumps(target_info(target), sort_keys=True, default=str)
+    obj = _TEAM_OBJECTS.get(key)
+    if obj is None:
+        from llvmlite import ir
+
+        from tensorfuse.codegen.llvm.emit import emit_team_helpers
+        mod = ir.Module(name="tf_team")
+        emit_team_helpers(mod)
+        obj, _ = _compile_part(str(mod), "tf_team", 3, target)
+        _TEAM_OBJECTS[key] = obj
+    return obj
 
 
 # ----------------------------------------------------------------------------- parallel codegen
