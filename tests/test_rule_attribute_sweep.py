@@ -15,8 +15,8 @@ checks that every schema attribute is either swept or listed, so a new attribute
 new rule) cannot go unnoticed. The base case of each rule (every attribute at its default) must
 fire. ``TF_SWEEP_FULL=1`` adds more values (more paddings, dilations, LeakyRelu alphas).
 
-Size: 30 graphs over the 23 rules, 271 combinations (288 with TF_SWEEP_FULL), about 95 s of CPU
-(two compiles each). ``make test`` runs 198 of them: each rule's base case, the first value of
+Size: 31 graphs over the 24 rules, 280 combinations (297 with TF_SWEEP_FULL), about 95 s of CPU
+(two compiles each). ``make test`` runs 207 of them: each rule's base case, the first value of
 each swept attribute or input, and every value the rule must not fire for; the other 73 values
 (a second padding, dilation, alpha ...) are marked heavy, so ``make test-heavy`` (.ci/run) runs
 them (:func:`_in_default_suite`).
@@ -132,6 +132,20 @@ def g_conv_bn(ov):
     _conv_inputs(b, ov.get("conv", {}))
     b.node("Conv", ["x", "w", "b"], "c", ov.get("conv"))
     _bn(b, "c", ov.get("bn", {}), 4)
+    return b.done(["y"])
+
+
+def g_conv_patch(ov):
+    """A patch-embedding Conv (kernel == strides, 12x12 by default) on a 3 x 26 x 29 image (not a
+    multiple of the patch) into 6 channels, then Relu."""
+    b = B(ov["_opset"])
+    a = ov.get("conv", {})
+    k = a.get("kernel_shape") or [12, 12]
+    b.inputs["x"] = rand(1, 3, 26, 29, seed=0)
+    b.inits["w"] = rand(6, 3 // (a.get("group") or 1), *k, seed=1, low=-0.5, high=0.5)
+    b.inits["b"] = rand(6, seed=2)
+    b.node("Conv", ["x", "w", "b"], "c", a)
+    b.node("Relu", ["c"], "y")
     return b.done(["y"])
 
 
@@ -547,6 +561,16 @@ SPECS = [
           ("reshape2", "input:shape"): [V([0, 2, 2], fires=True), V([3, 0, -1], fires=True), V([2, 0, -1], fires=True)],
           ("flatten", "axis"): [V(1, fires=True), V(2, fires=True), V(0, fires=True), V(-1, fires=True)]}),
     # folding
+    # a patch-embedding Conv (strides == kernel) as a MatMul over the patches
+    Spec("ConvPatchifyToMatMul", g_conv_patch, {"conv": "Conv"},
+         {("conv", "strides"): [V([6, 6], fires=False)],
+          ("conv", "pads"): [V([1, 1, 1, 1], fires=False)],
+          ("conv", "dilations"): [V([2, 2], fires=False)],
+          ("conv", "group"): [V(3, fires=False)],
+          ("conv", "auto_pad"): [V("VALID", fires=True), V("SAME_UPPER", fires=False)],
+          ("conv", "kernel_shape"): [V([16, 16], {"strides": [16, 16]}, fires=True),
+                                     V([4, 4], {"strides": [4, 4]}, fires=False)]},
+         base={"conv": {"kernel_shape": [12, 12], "strides": [12, 12]}}),
     Spec("FoldBatchNormIntoConv", g_conv_bn, {"conv": "Conv", "bn": "BatchNormalization"},
          _keyed("conv", CONV_V) | _keyed("bn", BN_V)),
     Spec("FoldBatchNormIntoConvTranspose", g_convtranspose_bn,

@@ -12,11 +12,13 @@ The simplification rules of O1 live in :mod:`compiler.passes.simplify` (``SIMPLI
 """
 from __future__ import annotations
 
-from tensorfuse.compiler.rules import fold_batchnorm, fuse_attention, fuse_conv, fuse_gelu, fuse_layernorm, fuse_matmul
+from tensorfuse.compiler.rules import (conv_patchify, fold_batchnorm, fuse_attention, fuse_conv, fuse_gelu, fuse_layernorm,
+                                      fuse_matmul)
 
 FOLD_RULES: list = [*fold_batchnorm.RULES]
 # GELU and LayerNorm are recognised before the anchors take activations; EmbedLayerNorm is tried
-# before SkipLayerNorm on the same LayerNormalization (fuse_layernorm.RULES keeps that order)
-FUSE_RULES: list = [*fuse_gelu.RULES, *fuse_layernorm.RULES, *fuse_attention.RULES,
+# before SkipLayerNorm on the same LayerNormalization (fuse_layernorm.RULES keeps that order); a
+# patch-embedding Conv becomes a MatMul before the Conv anchors could take it
+FUSE_RULES: list = [*conv_patchify.RULES, *fuse_gelu.RULES, *fuse_layernorm.RULES, *fuse_attention.RULES,
                     *fuse_conv.RULES, *fuse_matmul.RULES]
 O3_RULES: list = [*fuse_gelu.O3]
