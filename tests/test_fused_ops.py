@@ -58,6 +58,11 @@ ATT_CASES = [
     ((5, 8), (7, 8), (7, 6), (2, 5, 1)),                      # mask adds a batch dim
     ((1, 1, 16), (1, 9, 16), (1, 9, 16), ()),                 # one query, scalar mask
     ((1, 3, 64), (1, 300, 64), (1, 300, 8), (300,)),          # K^T beyond the local buffer: dot products
+    # value columns in whole vectors (8 and 16 lanes), keys not: the vector rows pad the keys
+    # (ViT's 197 tokens), the padding lanes must not take part in the softmax
+    ((1, 2, 37, 32), (1, 2, 37, 32), (1, 2, 37, 32), None),
+    ((1, 2, 37, 32), (1, 2, 37, 32), (1, 2, 37, 32), (1, 2, 37, 37)),
+    ((2, 3, 5, 16), (2, 3, 20, 16), (2, 3, 20, 32), (2, 1, 1, 20)),
 ]
 
 
@@ -72,6 +77,31 @@ def test_attention_matches_composition(sq, sk, sv, sm):
     ins = ir_inputs(g, feeds)
     y = Builder(g).op("Attention", *ins, domain=F, scale=scale)
     _check(g, [y], feeds, exp, 1e-5, 1e-5)
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
+def test_attention_rows_knob_every_candidate_matches(target):
+    """The vector attention rows at every ``attention_rows`` candidate (query rows computed
+    together; 11 rows leave a remainder for each) on 16- and 8-lane vectors, keys padded (13
+    keys), a mask per row: onnxruntime's numbers."""
+    from tensorfuse.compiler.driver import build_module
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.ir.ops.fused import ATTENTION_ROWS
+    from tensorfuse.ir.target import Target
+    from tests.knob_util import Fixed
+    q, k, v = rand(1, 2, 11, 16), rand(1, 2, 13, 16, seed=1), rand(1, 2, 13, 32, seed=2)
+    mask = rand(1, 2, 11, 13, seed=3, low=-3, high=0)
+    model, feeds = _attention_onnx(q, k, v, mask, 0.25)
+    exp = ort_run(model, feeds)[0]
+    for rows in ATTENTION_ROWS:
+        g = Graph()
+        y = Builder(g).op("Attention", *ir_inputs(g, feeds), domain=F, scale=0.25)
+        g.outputs = [y]
+        low = lower_graph(g, Target.parse(target), tuning=Fixed({"attention_rows": rows}))
+        (wl,) = low.workloads.values()
+        assert wl.knobs["attention_rows"] == rows
+        got = build_module(low, g, list(feeds), [y.name], target).run(**feeds)[0]
+        np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5, err_msg=f"attention_rows={rows}")
 
 
 def test_attention_large_negative_mask_and_f64():

@@ -34,6 +34,7 @@ from tensorfuse.ir.ops._common import broadcast_shapes, check_float, erf_np, nor
 from tensorfuse.ir.ops.activations import ACTIVATION_ATTRS, activation_expr, activation_np, activation_params
 from tensorfuse.ir.ops.gather import np_wrap
 from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, op
+from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.strategy import NO_SCHEDULE, dispatch
 from tensorfuse.ir.types import DType, TensorType
 
@@ -198,8 +199,15 @@ class Attention:
         # on a SIMT target (a GPU) a thread per (batch, query row) instead: no per-batch K^T
         # copy in each thread
         gpu = ctx.target.simt
-        transpose_k = not gpu and sk * d <= ATTENTION_KT_LOCAL
-        kt = kb.local(ct, (d * sk,), hint="kt") if transpose_k else None
+        L = ctx.target.lanes(DType.f32)
+        # the vector rows (f32, value columns in whole vectors) pad the keys to whole vectors:
+        # K^T's rows and the score row are ``ks`` long, the lanes past sk score -inf
+        vec_ok = not gpu and ct == y.dtype == DType.f32 and dv % L == 0 and sk > 0
+        ks = -(-sk // L) * L if vec_ok else sk
+        transpose_k = not gpu and ks * d <= ATTENTION_KT_LOCAL
+        if not transpose_k:
+            ks = sk
+        kt = kb.local(ct, (d * ks,), hint="kt") if transpose_k else None
 
         def finish_score(b, i, j, value):
             sc = value.cast(y.dtype) * scale
@@ -207,16 +215,19 @@ class Attention:
                 sc = sc + mask.bcast(list(b) + [i, j])
             kb.store(scores, j, sc.cast(ct))
 
-        L = ctx.target.lanes(DType.f32)
-        vec = transpose_k and ct == y.dtype == DType.f32 and sk % L == 0 and dv % L == 0 and sk > 0
+        vec = transpose_k and vec_ok
 
         with kb.grid(batch) as b:
             if transpose_k:
                 with kb.loop(sk, hint="k") as j:
                     with kb.loop(d, hint="d") as c:
-                        kb.store(kt, c * sk + j, k[bidx(k, b, [j, c])].cast(ct))
+                        kb.store(kt, c * ks + j, k[bidx(k, b, [j, c])].cast(ct))
+                if ks > sk:     # the padding keys: zeros (their scores are replaced by -inf)
+                    with kb.loop(d, hint="d") as c:
+                        for j in range(sk, ks):
+                            kb.store(kt, c * ks + j, as_expr(0.0, ct))
             if vec:
-                _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale, L)
+                _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale, L, sk)
                 return
             with kb.loop(sq, hint="q", role="spatial" if gpu else "") as i:
                 if transpose_k:
@@ -262,68 +273,111 @@ class Attention:
         return float(b * sq * sk * (2 * d + 2 * dv + 5))
 
 
-#: vector accumulators of one register tile in the attention rows
-ATTENTION_TILE_VECTORS = 8
+#: query rows the vector attention rows compute together (a knob, ``attention_rows``): each K^T
+#: and V vector loaded is used by every row of the block, and the rows' accumulators are
+#: independent FMA chains (one row alone waits on FMA latency)
+ATTENTION_ROWS = (1, 2, 4, 6)
 
 
-def _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale: float, L: int) -> None:
-    """Rows of f32 attention with vector registers (keys and value columns in whole vectors).
+def _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale: float, L: int, sk: int) -> None:
+    """Rows of f32 attention with vector registers (value columns in whole vectors; the ``sk``
+    keys padded to whole vectors: ``kt`` is K^T [d, ks], ks = sk rounded up to L, the padding
+    lanes scoring -inf so their exp is 0).
 
-    Per query row: scores in tiles of up to :data:`ATTENTION_TILE_VECTORS` vectors of keys held
-    in registers over the d reduction (Q[i, c] broadcast, K^T rows loaded), scaled and masked
-    on the vectors; the row max as a vector max (exact); exp and the sum as vectors (the sum is
-    added up in L partial sums); P @ V in tiles of value columns over the keys."""
+    Query rows in blocks of R (knob ``attention_rows``, default 4), the rows left over one at a
+    time. Per block: scores in tiles of key vectors held in registers over the d reduction
+    (each K^T vector loaded once for the R rows, Q[i, c] broadcast), scaled and masked on the
+    vectors (the last, partial vector lane by lane); per row the max as a vector max (exact),
+    exp and the sum as vectors (the sum added up in L partial sums); then P @ V in tiles of value
+    columns over the sk keys (each V vector loaded once for the R rows), times 1/sum at the
+    store. A tile's vectors are chosen so the R x tile accumulators and the tile's loads fit
+    the target's vector registers (32 with 16-lane f32 vectors, else 16)."""
     sq, dv = y.shape[-2:]
     d = q.shape[-1]
-    sk = scores.shape[0]
-    T = ATTENTION_TILE_VECTORS
+    ks = -(-sk // L) * L
     f32 = DType.f32
-    accv = kb.local(f32, (T * L,), hint="accv")
+    regs = 32 if L >= 16 else 16
+    R = knob("attention_rows", [r for r in ATTENTION_ROWS if r <= max(sq, 1)], min(4, max(sq, 1)),
+             doc="query rows computed together (sharing each K^T / V vector load)")
+    TQ = max(1, min(ks // L, (regs - 2) // (R + 1)))
+    TV = max(1, min(dv // L, (regs - 2) // (R + 1)))
+    sc = kb.local(f32, (R * ks,), hint="scores")
+    accv = kb.local(f32, (R * max(TQ, TV) * L,), hint="accv")
     red = kb.local(f32, (L,), hint="red")
+    mxv = kb.local(f32, (L,), hint="rowmax")
+    inv = kb.local(f32, (R * L,), hint="inv")
     zero = kb.broadcast(as_expr(0.0, f32), L)
-    with kb.loop(sq, hint="q", role="spatial") as i:
-        for c0 in range(0, sk // L, T):
-            nv = min(T, sk // L - c0)
-            for t in range(nv):
-                kb.store(accv, t * L, zero)
+
+    def block(i0, nr: int) -> None:
+        for c0 in range(0, ks // L, TQ):
+            nv = min(TQ, ks // L - c0)
+            for r in range(nr):
+                for t in range(nv):
+                    kb.store(accv, (r * TQ + t) * L, zero)
             with kb.reduce(d, hint="d") as c:
-                qv = q[bidx(q, b, [i, c])]
+                kv = [kt.vload(c * ks + (c0 + t) * L, L) for t in range(nv)]
+                for r in range(nr):
+                    qv = q[bidx(q, b, [i0 + r, c])]
+                    for t in range(nv):
+                        a = (r * TQ + t) * L
+                        kb.store(accv, a, fma(qv, kv[t], accv.vload(a, L)))
+            for r in range(nr):
+                i = i0 + r
                 for t in range(nv):
-                    kb.store(accv, t * L, fma(qv, kt.vload(c * sk + (c0 + t) * L, L), accv.vload(t * L, L)))
-            for t in range(nv):
-                j0 = (c0 + t) * L
-                sc = accv.vload(t * L, L) * scale
-                if mask is not None:
-                    sc = sc + mask.bcast(list(b) + [i, Ramp(as_expr(j0), L)])
-                kb.store(scores, j0, sc)
-        kb.store(red, 0, scores.vload(0, L))
-        with kb.reduce(sk // L, start=1, hint="k") as t:
-            kb.store(red, 0, maximum(red.vload(0, L), scores.vload(t * L, L)))
-        mx = red[0]
-        for ln in range(1, L):
-            mx = maximum(mx, red[ln])
-        kb.store(accv, 0, kb.broadcast(mx, L))       # the row max, read once per vector
-        kb.store(red, 0, zero)
-        with kb.reduce(sk // L, hint="k") as t:
-            e = unop("exp", scores.vload(t * L, L) - accv.vload(0, L))
-            kb.store(scores, t * L, e)
-            kb.store(red, 0, red.vload(0, L) + scores.vload(t * L, L))
-        tot = red[0]
-        for ln in range(1, L):
-            tot = tot + red[ln]
-        kb.store(red, 0, kb.broadcast(1.0 / tot, L))
-        for c0 in range(0, dv // L, T - 1):          # one vector keeps 1/sum
-            nv = min(T - 1, dv // L - c0)
-            for t in range(nv):
-                kb.store(accv, (t + 1) * L, zero)
+                    j0 = (c0 + t) * L
+                    val = accv.vload((r * TQ + t) * L, L) * scale
+                    if j0 + L <= sk:
+                        if mask is not None:
+                            val = val + mask.bcast(list(b) + [i, Ramp(as_expr(j0), L)])
+                        kb.store(sc, r * ks + j0, val)
+                        continue
+                    kb.store(sc, r * ks + j0, val)     # the last vector: keys j0..sk-1, then padding
+                    for j in range(j0, j0 + L):
+                        if j >= sk:
+                            kb.store(sc, r * ks + j, as_expr(-math.inf, f32))
+                        elif mask is not None:
+                            kb.store(sc, r * ks + j, sc[r * ks + j] + mask.bcast(list(b) + [i, as_expr(j)]))
+        for r in range(nr):
+            base = r * ks
+            kb.store(red, 0, sc.vload(base, L))
+            with kb.reduce(ks // L, start=1, hint="k") as t:
+                kb.store(red, 0, maximum(red.vload(0, L), sc.vload(base + t * L, L)))
+            mx = red[0]
+            for ln in range(1, L):
+                mx = maximum(mx, red[ln])
+            kb.store(mxv, 0, kb.broadcast(mx, L))       # the row max, read once per vector
+            kb.store(red, 0, zero)
+            with kb.reduce(ks // L, hint="k") as t:
+                kb.store(sc, base + t * L, unop("exp", sc.vload(base + t * L, L) - mxv.vload(0, L)))
+                kb.store(red, 0, red.vload(0, L) + sc.vload(base + t * L, L))
+            tot = red[0]
+            for ln in range(1, L):
+                tot = tot + red[ln]
+            kb.store(inv, r * L, kb.broadcast(1.0 / tot, L))
+        for c0 in range(0, dv // L, TV):
+            nv = min(TV, dv // L - c0)
+            for r in range(nr):
+                for t in range(nv):
+                    kb.store(accv, (r * TV + t) * L, zero)
             with kb.reduce(sk, hint="k") as j:
-                pj = scores[j]
+                vv = [v.vload(v.offset(bidx(v, b, [j, (c0 + t) * L])), L) for t in range(nv)]
+                for r in range(nr):
+                    pj = sc[r * ks + j]
+                    for t in range(nv):
+                        a = (r * TV + t) * L
+                        kb.store(accv, a, fma(pj, vv[t], accv.vload(a, L)))
+            for r in range(nr):
                 for t in range(nv):
-                    row = v.vload(v.offset(bidx(v, b, [j, (c0 + t) * L])), L)
-                    kb.store(accv, (t + 1) * L, fma(pj, row, accv.vload((t + 1) * L, L)))
-            for t in range(nv):
-                kb.store(y, list(b) + [i, Ramp(as_expr((c0 + t) * L), L)],
-                         accv.vload((t + 1) * L, L) * red.vload(0, L))
+                    kb.store(y, list(b) + [i0 + r, Ramp(as_expr((c0 + t) * L), L)],
+                             accv.vload((r * TV + t) * L, L) * inv.vload(r * L, L))
+
+    full = sq // R
+    if full:
+        with kb.loop(full, hint="qb", role="spatial") as ib:
+            block(ib * R, R)
+    if sq % R:
+        with kb.loop(sq % R, hint="q") as r:
+            block(as_expr(full * R) + r, 1)
 
 
 # ----------------------------------------------------------------------------- SkipLayerNorm
