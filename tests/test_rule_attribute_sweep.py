@@ -15,8 +15,8 @@ checks that every schema attribute is either swept or listed, so a new attribute
 new rule) cannot go unnoticed. The base case of each rule (every attribute at its default) must
 fire. ``TF_SWEEP_FULL=1`` adds more values (more paddings, dilations, LeakyRelu alphas).
 
-Size: 31 graphs over the 24 rules, 280 combinations (297 with TF_SWEEP_FULL), about 95 s of CPU
-(two compiles each). ``make test`` runs 207 of them: each rule's base case, the first value of
+Size: 32 graphs over the 25 rules, 283 combinations (300 with TF_SWEEP_FULL), about 95 s of CPU
+(two compiles each). ``make test`` runs 210 of them: each rule's base case, the first value of
 each swept attribute or input, and every value the rule must not fire for; the other 73 values
 (a second padding, dilation, alpha ...) are marked heavy, so ``make test-heavy`` (.ci/run) runs
 them (:func:`_in_default_suite`).
@@ -229,6 +229,17 @@ def g_gemm_act(ov):
     _gemm_inputs(b, ov.get("gemm", {}), False)
     b.node("Gemm", ["a", "w", "c"], "p", ov.get("gemm"))
     _activation(b, "p", ov)
+    return b.done(["y"])
+
+
+def g_gemm_reshape_act(ov):
+    """Gemm -> Reshape -> activation (GPT-2's Conv1D then its GELU)."""
+    b = B(ov["_opset"])
+    _gemm_inputs(b, ov.get("gemm", {}), False)
+    b.node("Gemm", ["a", "w", "c"], "p", ov.get("gemm"))
+    b.inits["shape"] = np.array([1, 3, 4], np.int64)
+    b.node("Reshape", ["p", "shape"], "r", ov.get("reshape"))
+    _activation(b, "r", ov)
     return b.done(["y"])
 
 
@@ -640,6 +651,9 @@ SPECS = [
          opset=20),
     Spec("FuseMatMulBias", g_matmul_bias, {"matmul": "MatMul"}, {("matmul", None): [V(None, fires=True)]}),
     Spec("FuseMatMulActivation", g_matmul_act, {"matmul": "MatMul"} | ACT_OPS, _act_sweep("matmul", {}), opset=20),
+    Spec("ActivationBeforeReshape", g_gemm_reshape_act, {"gemm": "Gemm", "reshape": "Reshape", "gelu": "Gelu"},
+         {("reshape", "allowzero"): [V(1, fires=True)], ("gelu", "approximate"): [V("tanh", fires=True)]},
+         not_swept={("gemm", a): "swept by FuseGemmActivation" for a in GEMM_V}, opset=20),
     Spec("FuseGemmActivation", g_gemm_act, {"gemm": "Gemm"} | ACT_OPS, _act_sweep("gemm", GEMM_V), opset=20),
     # O3
     Spec("ApproximateGelu", g_gelu_op, {"gelu": "Gelu"},

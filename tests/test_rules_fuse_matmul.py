@@ -224,3 +224,54 @@ def test_gemm_activation_not_fused_when_product_is_read_elsewhere():
     assert count(optimized(m), "Tanh") == 1
     assert "output 'p' has another consumer: Neg" in why_not(m, "FuseGemmActivation")
     assert_matches_ort(m, {"a": a}, rtol=RT, atol=AT, opt_levels=(2,))
+
+
+# ----------------------------------------------------------------------------- ActivationBeforeReshape
+def _reshape_act_model(anchor="Gemm", act="Gelu", extra_consumer=None):
+    """x[6, 8] -> Gemm/MatMul (+ bias via Gemm's C) -> Reshape [2, 3, 5] -> activation."""
+    x = rand(6, 8)
+    inits = {"w": rand(8, 5, seed=1), "c": rand(5, seed=2), "shape": np.array([2, 3, 5], np.int64),
+             "three": np.float32(3.0)}
+    nodes = [helper.make_node("Gemm", ["x", "w", "c"], ["p"]) if anchor == "Gemm"
+             else helper.make_node("MatMul", ["x", "w"], ["p"]),
+             helper.make_node("Reshape", ["p", "shape"], ["r"])]
+    if act == "Gelu":
+        nodes.append(helper.make_node("Gelu", ["r"], ["y"], approximate="tanh"))
+    elif act == "SiLU":
+        nodes += [helper.make_node("Sigmoid", ["r"], ["sg"]), helper.make_node("Mul", ["r", "sg"], ["y"])]
+    elif act == "Clip":
+        inits.update(lo=np.float32(-0.5), hi=np.float32(0.75))
+        nodes.append(helper.make_node("Clip", ["r", "lo", "hi"], ["y"]))
+    else:
+        nodes.append(helper.make_node(act, ["r"], ["y"]))
+    outs = ["y"]
+    if extra_consumer is not None:
+        nodes.append(helper.make_node("Neg", [extra_consumer], ["z"]))
+        outs.append("z")
+    return graph_model(nodes, {"x": x}, outs, inits, 20), {"x": x}
+
+
+@pytest.mark.parametrize("anchor,act,fused", [("Gemm", "Gelu", FG), ("Gemm", "SiLU", FG), ("Gemm", "Clip", FG),
+                                              ("MatMul", "Relu", FM), ("MatMul", "Gelu", FM)])
+def test_activation_moves_before_reshape_into_the_epilogue(anchor, act, fused):
+    m, feeds = _reshape_act_model(anchor, act)
+    g = optimized(m)
+    assert count(g, fused) == 1 and count(g, anchor) == 0 and count(g, "Reshape") == 1
+    assert count(g, "Gelu") + count(g, "Relu") + count(g, "Clip") + count(g, "Sigmoid") == 0
+    assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(2,))
+
+
+@pytest.mark.parametrize("extra,reason", [("r", "has another consumer"), ("p", "has another consumer")])
+def test_activation_not_moved_when_the_reshape_or_product_is_read_elsewhere(extra, reason):
+    m, feeds = _reshape_act_model("Gemm", "Gelu", extra_consumer=extra)
+    g = optimized(m)
+    assert count(g, "Gelu") == 1
+    assert reason in why_not(m, "ActivationBeforeReshape")
+    assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(2,))
+
+
+def test_activation_not_moved_when_not_a_fused_activation():
+    m, feeds = _reshape_act_model("Gemm", "Neg")
+    g = optimized(m)
+    assert count(g, "Neg") == 1 and count(g, "Gemm") == 1
+    assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(2,))

@@ -82,3 +82,19 @@ def build_or_fail(build, op: str, *inputs, expect: Value | None = None, **attrs)
     if expect is not None and out.type != expect.type:
         return Fail(f"{op} would give {out.type}, the matched value is {expect.type}")
     return out
+
+
+def rebuild_activation(build, act: Value, x: Value):
+    """The activation matched as ``act`` (:func:`activation`) applied to ``x`` instead: the same
+    op (SiLU: Mul(x, Sigmoid(x))), domain, attributes and constant inputs (Clip's bounds).
+    Returns the new value, or Fail when the ops reject ``x`` (a ShapeError)."""
+    n = act.producer
+    dom = {"domain": n.domain} if n.domain else {}
+    try:
+        if n.op == "Mul":           # SiLU, x * Sigmoid(x) (activation_of accepted only that form)
+            sig = next(v.producer for v in n.inputs if v is not None and v.producer is not None
+                       and v.producer.op == "Sigmoid")
+            return build.op("Mul", x, build.op("Sigmoid", x, **sig.attrs), **n.attrs)
+        return build.op(n.op, x, *n.inputs[1:], **dom, **n.attrs)
+    except ShapeError as e:
+        return Fail(f"{n.op} cannot be applied to {x.name}: {e}")

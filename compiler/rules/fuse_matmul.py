@@ -1,5 +1,7 @@
 """MatMul / Gemm epilogue fusion: MatMul + bias along the last axis (+ activation) ==>
-``tensorfuse::FusedMatMul``; Gemm + activation ==> ``tensorfuse::FusedGemm``.
+``tensorfuse::FusedMatMul``; Gemm + activation ==> ``tensorfuse::FusedGemm``; an activation
+after a Reshape of a product moved before the Reshape, onto the product, so those rules see it
+(GPT-2's Conv1D layers: Reshape -> Gemm -> Reshape -> Gelu).
 
 The bias must be a constant (a layer's parameter) whose shape is 1 everywhere but the last axis,
 which is N: a runtime tensor added to a product is left alone (it is, for example, the mask of
@@ -9,7 +11,7 @@ from __future__ import annotations
 
 from tensorfuse.compiler.pattern import Any, Const, OneOf, Optional, P
 from tensorfuse.compiler.rewrite import Fail, Rule
-from tensorfuse.compiler.rules._activation import activation, activation_of, build_or_fail
+from tensorfuse.compiler.rules._activation import activation, activation_of, build_or_fail, rebuild_activation
 
 FUSED_MATMUL = "tensorfuse::FusedMatMul"
 
@@ -75,4 +77,26 @@ class FuseGemmActivation(Rule):
                              attributes=dict(m.gemm.attrs, activation=name, activation_params=params))
 
 
-RULES = [FuseMatMulBias, FuseMatMulActivation, FuseGemmActivation]
+class ActivationBeforeReshape(Rule):
+    """Act(Reshape(Gemm or MatMul, shape)) ==> Reshape(Act(Gemm or MatMul), shape): an elementwise
+    activation commutes with a Reshape (the same elements, in the same order), and on the
+    product itself FuseGemmActivation / FuseMatMulActivation take it into the product's
+    epilogue. The product and the Reshape must have no other consumer."""
+    pattern = activation(P.Reshape(OneOf(P.Gemm(Any(), Any(), Optional()), P.MatMul(Any(), Any()),
+                                         name="prod").single_use(), Any()).single_use())
+
+    def condition(self, m):
+        if not m.prod.dtype.is_float:
+            return Fail(f"{m.prod.producer.name}: the product is {m.prod.dtype}, not a float type")
+        a = activation_of(m.act)
+        return a if isinstance(a, Fail) else True
+
+    def rewrite(self, m, build):
+        y = rebuild_activation(build, m.act, m.prod)
+        if isinstance(y, Fail):
+            return y
+        r = m.reshape
+        return build_or_fail(build, "Reshape", y, *r.inputs[1:], expect=m.act, **r.attrs)
+
+
+RULES = [ActivationBeforeReshape, FuseMatMulBias, FuseMatMulActivation, FuseGemmActivation]
