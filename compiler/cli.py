@@ -675,7 +675,8 @@ def cmd_tune(args) -> int:
                               ray_address=args.ray_address, seed=args.seed, progress=progress.active(),
                               opt_level=args.opt_level, input_shapes=parse_shapes(args.input_shape),
                               timeout=args.timeout, min_gain=args.min_gain,
-                              cache_flush={"auto": "auto", "on": True, "off": False}[args.cache_flush])
+                              cache_flush={"auto": "auto", "on": True, "off": False}[args.cache_flush],
+                              check_model=not args.no_model_check)
     except ImportError as e:
         hint = ("install it: pip install 'tensorfuse[ray]'" if "ray" in str(e).lower()
                 else "check the modules named in $TENSORFUSE_TUNE_PLUGINS")
@@ -924,6 +925,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cache-flush", choices=("auto", "on", "off"), default="auto",
                    help="time each candidate run after evicting the caches, so its weights come from memory as "
                         "in a model whose weights exceed the last-level cache; auto (default): when they do")
+    s.add_argument("--no-model-check", action="store_true",
+                   help="skip the last stage: the whole model timed with the records against without them, "
+                        "settings that make it slower rejected (a 'model' record each)")
     c = s.add_argument_group("compile options (as for the compile that will use the records)")
     c.add_argument("-O", "--opt-level", type=int, choices=range(0, 4), default=2, metavar="N",
                    help="optimisation level 0..3 (default 2)")

@@ -275,9 +275,16 @@ NOT_CONFIRMED = "no candidate confirmed faster than the default"
 
 
 def record_stage(r: Record) -> str:
-    """``"confirm"`` for a record of the tuner's confirmation stage (field ``"stage"``), else
-    ``"search"`` (records written before that field existed are search records)."""
-    return "confirm" if r.extra.get("stage") == "confirm" else "search"
+    """``"confirm"`` for a record of the tuner's confirmation stage (field ``"stage"``),
+    ``"model"`` for a verdict of its model check (:data:`MODEL_REJECTED`), else ``"search"``
+    (records written before that field existed are search records)."""
+    stage = r.extra.get("stage")
+    return stage if stage in ("confirm", "model") else "search"
+
+
+#: the reason (prefix) of a workload whose chosen setting the tuner's model check found slower in
+#: the whole model than the default knobs: its ``"model"`` record holds that setting
+MODEL_REJECTED = "slower in the whole model than the default knobs (the tuner's model check)"
 
 
 def knobs_text(knobs: dict) -> str:
@@ -372,7 +379,9 @@ class TuningRecords:
     records (among those at ``threads``), only confirmed settings can be chosen (:func:`choose_confirmed`: the worst of
     a setting's confirm ratios must be below ``1 - min_gain``); when none is, the workload keeps
     its default knobs and ``defaulted`` maps its key to the reason (starting with
-    :data:`NOT_CONFIRMED`). A workload with search records only is chosen from them as before:
+    :data:`NOT_CONFIRMED`). A setting that a ``"model"`` record of the workload names (the
+    tuner's model check found the model slower with it) is not used either: the reason starts
+    with :data:`MODEL_REJECTED`. A workload with search records only is chosen from them as before:
     such a choice is provisional (``provisional`` holds those keys).
 
     ``knobs_for(key)`` gives the best record's knobs (what ``compiler.lower.lower_graph`` asks
@@ -394,6 +403,7 @@ class TuningRecords:
         self.used: dict[str, Record] = {}
         by_key: dict[str, list[Record]] = {}
         failed_confirms: dict[str, list[Record]] = {}
+        vetoes: dict[str, list[Record]] = {}
         for r in self.records:
             if not r.usable:
                 self.n_failed += 1
@@ -409,6 +419,9 @@ class TuningRecords:
                        f"{threads} (a parallel schedule's best split depends on the count)")
             if why is not None:
                 self.ignored.append((r, why))
+                continue
+            if record_stage(r) == "model":
+                vetoes.setdefault(r.workload, []).append(r)
                 continue
             by_key.setdefault(r.workload, []).append(r)
         #: workload key -> the best usable record
@@ -429,6 +442,13 @@ class TuningRecords:
             else:
                 self.best[key] = min(pool, key=_rank)
                 self.provisional.add(key)
+            chosen = self.best.get(key)
+            veto = next((v for v in vetoes.get(key, []) if chosen is not None
+                         and knobs_text(v.knobs) == knobs_text(chosen.knobs)), None)
+            if veto is not None:        # the model check measured this setting slower in the model
+                del self.best[key]
+                self.provisional.discard(key)
+                self.defaulted[key] = MODEL_REJECTED + (f": {veto.extra['note']}" if veto.extra.get("note") else "")
 
     def for_target(self, target, threads: int | None = None) -> "TuningRecords":
         """These records chosen again for another target (and thread count)."""

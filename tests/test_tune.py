@@ -79,7 +79,7 @@ def test_tune_records_failures_resume_and_tuned_compile(tmp_path, plugin, capsys
     rec = str(tmp_path / "records.jsonl")
     # min_gain 0.99: no candidate qualifies for confirmation (the tuner writes one unmeasured
     # confirm record of the default knobs per workload saying so); the search is what is tested here
-    res = tensorfuse.tune(path, rec, trials=5, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False,
+    res = tensorfuse.tune(path, rec, trials=5, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False, check_model=False,
                           min_gain=0.99)
     everything = read_records(rec)
     markers = [r for r in everything if r.extra.get("stage") == "confirm"]
@@ -140,7 +140,7 @@ def test_tune_records_failures_resume_and_tuned_compile(tmp_path, plugin, capsys
     lost = json.loads(lines[i_lost])
     with open(rec, "w") as f:
         f.writelines(lines[:i_lost] + lines[i_lost + 1:])
-    again = tensorfuse.tune(path, rec, trials=5, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False,
+    again = tensorfuse.tune(path, rec, trials=5, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False, check_model=False,
                             min_gain=0.99)
     assert (again.measured, again.failed, again.confirmed) == (1, 0, 0)
     last = read_records(rec)[-1]
@@ -284,7 +284,7 @@ def test_tune_confirms_best_candidates_and_resume_confirms_only(tmp_path, plugin
     path = str(tmp_path / "one_matmul.onnx")
     onnx.save(model, path)
     rec = str(tmp_path / "records.jsonl")
-    kw = dict(trials=3, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False)
+    kw = dict(trials=3, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False, check_model=False)
     first = tensorfuse.tune(path, rec, min_gain=0.99, **kw)
     assert (first.measured, first.confirmed) == (3, 0)
     searched = read_records(rec)
@@ -404,7 +404,7 @@ def test_tune_cache_flush_recorded_and_resume_keeps_modes_apart(tmp_path, plugin
     path = str(tmp_path / "one_matmul.onnx")
     onnx.save(model, path)
     rec = str(tmp_path / "records.jsonl")
-    kw = dict(trials=3, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False, min_gain=0.99)
+    kw = dict(trials=3, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False, min_gain=0.99, check_model=False)
     cold = tensorfuse.tune(path, rec, cache_flush=True, **kw)
     assert cold.measured == 3 and cold.flush_bytes == 2 * last_level_cache_bytes()
     assert "timed with cold caches" in str(cold)
@@ -416,3 +416,52 @@ def test_tune_cache_flush_recorded_and_resume_keeps_modes_apart(tmp_path, plugin
     assert all("flush_bytes" not in r.extra for r in read_records(rec)[n:])
     with pytest.raises(ValueError, match="cache_flush must be True, False or 'auto'"):
         tensorfuse.tune(path, rec, cache_flush="yes", **kw)
+
+
+# ----------------------------------------------------------------------------- the model check
+def test_model_check_rejects_a_setting_slower_in_the_model(tmp_path, plugin):
+    """Records that claim the plugin's slow setting (slow=1: a chain of square roots in the
+    epilogue) is 2x faster, complete so the tuner measures nothing: the model check times the
+    model with them against without, finds it slower, writes a "model" record rejecting the
+    setting, and TuningRecords then keeps the default (reason MODEL_REJECTED); the same model
+    and records with an honest claim for slow=0 ... are never slower. The check's verdict is a
+    record too."""
+    from tensorfuse.compiler.tuner.workloads import model_tasks
+    from tensorfuse.compiler.tuning import MODEL_REJECTED, Record, TuningRecords, append_record
+    g = helper.make_graph([helper.make_node("MatMul", ["c", "d"], ["y"])], "slow_matmul",
+                          [_vi("c", [5, 16]), _vi("d", [16, 7])], [_vi("y", [5, 7])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    path = str(tmp_path / "slow.onnx")
+    onnx.save(model, path)
+    (task,) = model_tasks(path, "llvm")[0]
+    assert task.schedule == "llvm.test_slow" and task.size == 2
+    rec = str(tmp_path / "records.jsonl")
+
+    def claim(knobs, vs, stage):
+        r = Record.create(task.key, knobs, "ok", target="llvm", summary=task.summary, schedule=task.schedule,
+                          median_ms=0.01 * vs, runs=5, default_ms=0.01, threads=1)
+        r.extra.update(vs_default=vs, stage=stage)
+        if stage == "confirm":
+            r.extra["min_gain"] = 0.03
+        append_record(rec, r)
+    claim({"slow": 0}, 1.0, "search")
+    claim({"slow": 1}, 0.5, "search")       # a false claim: it is many times slower
+    claim({"slow": 1}, 0.5, "confirm")
+    assert TuningRecords(rec, threads=1).knobs_for(task.key) == {"slow": 1}
+    res = tensorfuse.tune(path, rec, trials=2, num_threads=1, timeout=TIMEOUT, repeat=5, progress=False)
+    assert res.measured == 0 and res.confirmed == 0
+    mc = res.model_check
+    assert mc.first_ratio > 2.0 and mc.rejected == [task.key] and mc.tuned == []
+    assert "went back to their defaults" in str(mc) and str(mc) in str(res)
+    recs = read_records(rec)
+    veto = [r for r in recs if r.extra.get("stage") == "model" and r.workload == task.key]
+    assert len(veto) == 1 and veto[0].knobs == {"slow": 1} and "as long with these knobs" in veto[0].extra["note"]
+    verdict = recs[-1]
+    assert verdict.workload == "model-check" and verdict.extra["rejected"] == [task.key]
+    tr = TuningRecords(rec, threads=1)
+    assert tr.knobs_for(task.key) is None and tr.defaulted[task.key].startswith(MODEL_REJECTED)
+    m = tensorfuse.compile(path, tuning=rec, num_threads=1, cache=False)
+    assert m.report.tuned == []
+    # at another thread count the veto (and the claims) do not apply
+    assert TuningRecords(rec, threads=2).knobs_for(task.key) is None and task.key not in TuningRecords(
+        rec, threads=2).defaulted

@@ -15,7 +15,10 @@ unusual shape only, so no other model or test sees them:
   "exit" ends the process with ``os._exit(3)`` while lowering ("crash"), "hang" sleeps an hour
   ("timeout"), "wrong" doubles every output element ("wrong");
 - ``test_variants`` for ``MatMul f32[4,16] x f32[16,6]``: knob ``variant`` in (0, 1, 2), each
-  MatMul's own lowering at its defaults (all "ok").
+  MatMul's own lowering at its defaults (all "ok");
+- ``test_slow`` for ``MatMul f32[5,16] x f32[16,7]``: knob ``slow`` in (0, 1); 1 adds to every
+  output element ``x - x`` of a chain of :data:`SLOW_STEPS` dependent square roots (0 while x
+  is finite, as it is here): the same values, many times slower (the model check's test).
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ KEY = "test.tune_matmul"
 FAULTS = ("none", "raise", "exit", "wrong", "hang")
 FAULTY_SHAPES = ((3, 37), (37, 5))
 VARIANT_SHAPES = ((4, 16), (16, 6))
+SLOW_SHAPES = ((5, 16), (16, 7))
+SLOW_STEPS = 256
 
 _ORIG = {}
 
@@ -65,6 +70,20 @@ def _variants(ctx):
     return _matmul(ctx)
 
 
+def _slow(ctx):
+    """a MatMul whose knob 'slow' makes it many times slower, computing the same (tests only)"""
+    if knob("slow", (0, 1), 0, doc="test only: a chain of square roots added as 0 to each output"):
+        from tensorfuse.ir.kernel import unop
+
+        def epilogue(v, idx):
+            x = v
+            for _ in range(SLOW_STEPS):
+                x = unop("sqrt", x * x + 1.0)
+            return v + (x - x)
+        ctx.epilogue = epilogue
+    return _matmul(ctx)
+
+
 def _lower(ctx):
     if ctx.target.kind == "llvm" and strategy.applicable(KEY, ctx):
         return strategy.dispatch(KEY, ctx)
@@ -81,6 +100,8 @@ def install() -> None:
                                applies=lambda ctx, **kw: _shapes(ctx) == FAULTY_SHAPES)(_faulty)
     strategy.register_schedule(KEY, "llvm", "test_variants", plevel=1,
                                applies=lambda ctx, **kw: _shapes(ctx) == VARIANT_SHAPES)(_variants)
+    strategy.register_schedule(KEY, "llvm", "test_slow", plevel=1,
+                               applies=lambda ctx, **kw: _shapes(ctx) == SLOW_SHAPES)(_slow)
 
 
 def uninstall() -> None:

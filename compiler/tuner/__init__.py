@@ -121,7 +121,8 @@ class TuneResult:
     ``executor``, ``workloads`` (:class:`WorkloadResult`, heaviest first), ``measured`` and
     ``failed`` (search candidates this run), ``confirmed`` (confirmations this run), ``seconds``, ``weights_from`` ("profile", "flops" or
     "count": how workloads were weighed), ``weight_bytes`` (the model's, bytes) and
-    ``flush_bytes`` (the cache flush before each timed run, bytes; 0: none). ``str()`` is a table."""
+    ``flush_bytes`` (the cache flush before each timed run, bytes; 0: none), ``model_check``
+    (``model_check.ModelCheck``, None when not run). ``str()`` is a table."""
 
     records: str
     target: str
@@ -135,6 +136,7 @@ class TuneResult:
     weights_from: str = "profile"
     flush_bytes: int = 0
     weight_bytes: int = 0
+    model_check: object = None
 
     @property
     def estimated_speedup(self) -> float | None:
@@ -156,6 +158,8 @@ class TuneResult:
                  f"{self.measured} candidates measured, {self.failed} failed, {self.confirmed} confirmations, "
                  f"{self.seconds:.1f} s; "
                  f"records in {self.records}"]
+        if self.model_check is not None:
+            lines.append(str(self.model_check))
         mb = self.weight_bytes / 2 ** 20
         lines.append(f"weights {mb:.1f} MiB: " + (f"timed with cold caches (each run after a {self.flush_bytes >> 20} MiB "
                                                   f"flush)" if self.flush_bytes else "timed with warm caches"))
@@ -252,7 +256,8 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
          time_budget: float | None = None, trials: int | None = None, num_threads: int | None = None,
          executor: str = "local", ray_address: str | None = None, seed: int = 0, progress: bool = True,
          opt_level: int = 2, input_shapes: dict | None = None, timeout: float = DEFAULT_TIMEOUT_S,
-         repeat: int = 25, min_gain: float | None = None, cache_flush: str | bool = "auto") -> TuneResult:
+         repeat: int = 25, min_gain: float | None = None, cache_flush: str | bool = "auto",
+         check_model: bool = True) -> TuneResult:
     """Tune ``model``'s workloads and append the measurements to ``records`` (module docstring).
 
     model: an ONNX model (path, bytes or ``onnx.ModelProto``). records: the JSON-lines file
@@ -276,6 +281,11 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     (``workloads.weight_bytes``) exceed this machine's last-level cache
     (``worker.last_level_cache_bytes``), as they do in the model: a blocking that wins with warm
     weights can lose with cold ones. The flush writes twice the cache's size.
+    check_model: after the workloads, time the whole model with the file's records (this
+    thread count) against the model without them, and reject the settings of workloads that make
+    it slower (``compiler.tuner.model_check``; ``TuneResult.model_check`` says what it found).
+    The check's time comes out of ``time_budget`` (about 3 compiles of the model and a few
+    seconds of runs are set aside before the workloads share the rest).
 
     Returns a :class:`TuneResult`. Raises ValueError (bad arguments), what ``compile``
     raises for a model it cannot compile, OSError when ``records`` cannot be written,
@@ -306,8 +316,13 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     deadline = t_start + float(time_budget) if time_budget is not None else None
     from tensorfuse import progress as pg
     show = bool(progress) and sys.stderr.isatty()
+    t_model = time.monotonic()
     with pg.enabled(show), pg.task("tuning: compiling and profiling the model (default knobs)"):
         tasks, info = model_tasks(model, tgt, opt_level, input_shapes, seed)
+    t_model = time.monotonic() - t_model
+    check_deadline = deadline
+    if deadline is not None and check_model:       # set aside the model check's time
+        deadline -= min(0.2 * float(time_budget), 3 * t_model + 10.0)
     identity = target_identity(tgt)
     from .worker import last_level_cache_bytes
     llc = last_level_cache_bytes()
@@ -358,6 +373,11 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     finally:
         bar.close()
         ex.close()
+    if check_model and any(w.status == "tuned" for w in result.workloads):
+        from .model_check import model_check
+        with pg.enabled(show), pg.task("tuning: the whole model with the records against without them"):
+            result.model_check = model_check(model, records, tgt, threads, opt_level, input_shapes, seed,
+                                             check_deadline)
     result.seconds = time.monotonic() - t_start
     return result
 
