@@ -420,8 +420,7 @@ def test_tune_cache_flush_recorded_and_resume_keeps_modes_apart(tmp_path, plugin
 
 # ----------------------------------------------------------------------------- the model check
 def test_model_check_rejects_a_setting_slower_in_the_model(tmp_path, plugin):
-    """Records that claim the plugin's slow setting (slow=1: a chain of square roots in the
-    epilogue) is 2x faster, complete so the tuner measures nothing: the model check times the
+    """Records that claim the plugin's slow setting (slow=1: a chain of exps in the epilogue) is 2x faster, complete so the tuner measures nothing: the model check times the
     model with them against without, finds it slower, writes a "model" record rejecting the
     setting, and TuningRecords then keeps the default (reason MODEL_REJECTED); the same model
     and records with an honest claim for slow=0 ... are never slower. The check's verdict is a
