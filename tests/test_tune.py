@@ -369,6 +369,17 @@ def test_weight_bytes_counts_each_constant_once_and_skips_gather_tables():
                           [_vi("y2", [1, 8, 6, 6]), _vi("e", [3, 6])], inits)
     graph = import_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
     assert weight_bytes(graph) == 4 * (8 * 4 * 3 * 3 + 8 + 6 * 6)
+    # EmbedLayerNormalization's tables (its (table, ids) pairs) are indexed too: only the scale counts
+    from tensorfuse.ir.builder import Builder
+    from tensorfuse.ir.graph import Graph
+    from tensorfuse.ir.types import TensorType
+    eg = Graph()
+    ids = eg.add_input("ids", TensorType.of(np.zeros((2, 3), np.int64)))
+    b = Builder(eg)
+    y = b.op("EmbedLayerNormalization", b.const(rng.standard_normal((100, 8)).astype(np.float32), "table"), ids,
+             b.const(np.ones(8, np.float32), "scale"), domain="tensorfuse", num_gathers=1)
+    eg.outputs = [y]
+    assert weight_bytes(eg) == 4 * 8
 
 
 def test_cache_flush_times_single_runs_and_evicts():

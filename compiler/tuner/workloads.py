@@ -166,13 +166,17 @@ def model_tasks(model, target, opt_level: int = 2, input_shapes: dict | None = N
 
 def weight_bytes(graph: Graph) -> int:
     """Bytes of the constants the optimised ``graph``'s nodes read in one run: every distinct
-    constant input of a node (a fused function's inputs included), except the table a Gather
-    indexes (it reads only rows). What streams through the caches once per inference."""
+    constant input of a node (a fused function's inputs included), except the tables a Gather
+    or an EmbedLayerNormalization indexes (they read only rows). What streams through the caches
+    once per inference."""
     seen: set[int] = set()
     total = 0
     for n in graph.nodes:
+        tables = {0} if n.op == "Gather" else set()
+        if n.op == "EmbedLayerNormalization":       # (table_i, ids_i) pairs first
+            tables = {2 * i for i in range(int(n.attr("num_gathers", 0) or 0))}
         for i, v in enumerate(n.inputs):
-            if v is None or id(v) in seen or (n.op == "Gather" and i == 0):
+            if v is None or id(v) in seen or i in tables:
                 continue
             data = v.const_value()
             if data is None:
