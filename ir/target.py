@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 _LLVM_OPTIONS = ("-mcpu=<cpu>", "-mattr=<+feature,-feature,...>", "-mtriple=<this machine's triple>")
 _DEFAULT_L1D = 32 * 1024
 _DEFAULT_L2 = 512 * 1024
+_DEFAULT_LLC = 32 * 1024 * 1024
 _GPU_L2 = 50 * 1024 * 1024
 _SUGGESTED_CPUS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "znver3", "znver4", "skylake-avx512",
                    "icelake-server", "sapphirerapids", "generic", "neoverse-v1", "apple-m1")
@@ -472,13 +473,14 @@ def _resolve(options: tuple) -> _Resolved:
 
 
 @functools.lru_cache(maxsize=None)
-def _cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, int]:
-    """(L1 data, L2) cache sizes in bytes of this machine's first CPU, defaults where unreadable."""
-    l1d, l2 = _DEFAULT_L1D, _DEFAULT_L2
+def _data_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[tuple[int, int], ...]:
+    """(level, size in bytes) of each data or unified cache of this machine's first CPU that
+    ``root`` (Linux sysfs) describes readably, in index order; () when it cannot be read."""
     try:
         entries = sorted(e for e in os.listdir(root) if e.startswith("index"))
     except OSError:
-        return l1d, l2
+        return ()
+    out = []
     for e in entries:
         try:
             def read(name):
@@ -487,11 +489,26 @@ def _cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int,
             level, kind, size = int(read("level")), read("type"), _parse_size(read("size"))
         except (OSError, ValueError):
             continue
-        if level == 1 and kind in ("Data", "Unified"):
+        if kind in ("Data", "Unified"):
+            out.append((level, size))
+    return tuple(out)
+
+
+def _cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> tuple[int, int]:
+    """(L1 data, L2) cache sizes in bytes of this machine's first CPU, defaults where unreadable."""
+    l1d, l2 = _DEFAULT_L1D, _DEFAULT_L2
+    for level, size in _data_caches(root):
+        if level == 1:
             l1d = size
-        elif level == 2 and kind in ("Data", "Unified"):
+        elif level == 2:
             l2 = size
     return l1d, l2
+
+
+def last_level_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The size in bytes of this machine's largest data or unified CPU cache (its last level;
+    sysfs as for :attr:`Target.l1d_bytes`), :data:`_DEFAULT_LLC` where unreadable."""
+    return max((size for _, size in _data_caches(root)), default=_DEFAULT_LLC)
 
 
 def _parse_size(text: str) -> int:

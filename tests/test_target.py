@@ -14,7 +14,7 @@ import tensorfuse
 from tensorfuse import compiler
 import tensorfuse.compiler.driver as driver
 from tensorfuse.codegen.llvm import jit
-from tensorfuse.ir.target import Target, _cache_sizes, _parse_size
+from tensorfuse.ir.target import Target, _cache_sizes, _parse_size, last_level_cache_bytes
 from tensorfuse.ir.types import DType
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
@@ -92,6 +92,16 @@ def test_cache_sizes(tmp_path):
         (d / "size").write_text(f"{size}\n")
     assert _cache_sizes(str(tmp_path)) == (48 << 10, 2 << 20)
     assert _cache_sizes(str(tmp_path / "missing")) == (32 << 10, 512 << 10)
+    # the last level: the largest data or unified cache (a 128M instruction cache does not count)
+    other = tmp_path / "other"
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (3, "Unified", "96M"), (4, "Instruction", "128M")]):
+        d = other / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(str(other)) == 96 << 20 and last_level_cache_bytes(str(tmp_path)) == 32 << 20
+    assert last_level_cache_bytes(str(tmp_path / "missing")) == 32 << 20      # the default
     assert _parse_size("1M") == 1 << 20 and _parse_size("512K") == 512 << 10
 
 

@@ -385,8 +385,8 @@ def test_weight_bytes_counts_each_constant_once_and_skips_gather_tables():
 def test_cache_flush_times_single_runs_and_evicts():
     """With flush_bytes every sample is one run (each after a flush); the flush writes its whole
     scratch buffer and reads every input; last_level_cache_bytes is the size the system gives."""
-    from tensorfuse.compiler.tuner.worker import CacheFlush, build_candidate, last_level_cache_bytes, make_inputs, \
-        time_module
+    from tensorfuse.compiler.tuner.worker import CacheFlush, build_candidate, make_inputs, time_module
+    from tensorfuse.ir.target import last_level_cache_bytes
     from tensorfuse.compiler.tuner.workloads import extract_node
     from tensorfuse.compiler.frontend.onnx import import_onnx
     llc = last_level_cache_bytes()
@@ -410,7 +410,7 @@ def test_tune_cache_flush_recorded_and_resume_keeps_modes_apart(tmp_path, plugin
     """cache_flush=True: every ok record says the flush's bytes (twice the last-level cache) and
     the table says so; a run with cache_flush=False does not count those as measured; "auto" on a
     model of a few hundred bytes of weights does not flush; a bad value is a ValueError."""
-    from tensorfuse.compiler.tuner.worker import last_level_cache_bytes
+    from tensorfuse.ir.target import last_level_cache_bytes
     model = one_matmul()
     path = str(tmp_path / "one_matmul.onnx")
     onnx.save(model, path)

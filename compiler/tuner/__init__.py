@@ -279,7 +279,7 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     candidate run after evicting the caches (``worker.CacheFlush``: the weights come from memory,
     the activations stay warm), False not to, "auto" (default) to do it when the model's weights
     (``workloads.weight_bytes``) exceed this machine's last-level cache
-    (``worker.last_level_cache_bytes``), as they do in the model: a blocking that wins with warm
+    (``ir.target.last_level_cache_bytes``), as they do in the model: a blocking that wins with warm
     weights can lose with cold ones. The flush writes twice the cache's size.
     check_model: after the workloads, time the whole model with the file's records (this
     thread count) against the model without them, and reject the settings of workloads that make
@@ -324,7 +324,7 @@ def tune(model: Any, records: str | os.PathLike = "RECORDS.jsonl", *, target: st
     if deadline is not None and check_model:       # set aside the model check's time
         deadline -= min(0.2 * float(time_budget), 3 * t_model + 10.0)
     identity = target_identity(tgt)
-    from .worker import last_level_cache_bytes
+    from tensorfuse.ir.target import last_level_cache_bytes
     llc = last_level_cache_bytes()
     flush = cache_flush if isinstance(cache_flush, bool) else info["weight_bytes"] > llc
     flush_bytes = 2 * llc if flush else 0

@@ -169,44 +169,6 @@ def compare(got: list[np.ndarray], want: list[np.ndarray], rtol: float, atol: fl
 TEAM_GAP_S = 0.003
 
 
-#: bytes assumed for the last-level cache where the system does not say
-DEFAULT_LLC_BYTES = 32 << 20
-
-
-def last_level_cache_bytes() -> int:
-    """The size in bytes of this machine's largest data or unified CPU cache (Linux sysfs
-    ``/sys/devices/system/cpu/cpu0/cache/index*/size``, else ``sysconf`` LEVEL3/LEVEL2, else
-    :data:`DEFAULT_LLC_BYTES`)."""
-    best = 0
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for d in os.listdir(base):
-            if not d.startswith("index"):
-                continue
-            try:
-                with open(os.path.join(base, d, "type")) as f:
-                    if f.read().strip() == "Instruction":
-                        continue
-                with open(os.path.join(base, d, "size")) as f:
-                    text = f.read().strip().upper()
-            except OSError:
-                continue
-            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-            digits = text[:-1] if text[-1:] in "KMG" else text
-            if digits.isdigit():
-                best = max(best, int(digits) * mult)
-    except OSError:
-        pass
-    for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
-        if best:
-            break
-        try:
-            best = max(best, int(os.sysconf(name)))
-        except (ValueError, OSError):
-            pass
-    return best if best > 0 else DEFAULT_LLC_BYTES
-
-
 class CacheFlush:
     """Puts the caches in the state a kernel meets inside a model whose weights do not fit the
     last-level cache: :meth:`__call__` writes a scratch buffer of ``nbytes`` (evicting what the
