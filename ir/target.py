@@ -345,6 +345,12 @@ class Target:
         return self._kind.has_avx512(self)
 
     @property
+    def vector_registers(self) -> int:
+        """Vector registers a CPU schedule may plan its register tiles with (x86: 32 ``zmm``
+        with AVX-512, else 16)."""
+        return 32 if self.has_avx512 else 16
+
+    @property
     def l1d_bytes(self) -> int:
         """Level-1 data cache size in bytes, per core: read from
         ``/sys/devices/system/cpu/cpu0/cache`` when the target CPU is this machine's CPU, else

@@ -227,7 +227,7 @@ class Attention:
                         for j in range(sk, ks):
                             kb.store(kt, c * ks + j, as_expr(0.0, ct))
             if vec:
-                _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale, L, sk)
+                _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scale, L, sk)
                 return
             with kb.loop(sq, hint="q", role="spatial" if gpu else "") as i:
                 if transpose_k:
@@ -279,7 +279,7 @@ class Attention:
 ATTENTION_ROWS = (1, 2, 4, 6)
 
 
-def _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale: float, L: int, sk: int) -> None:
+def _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scale: float, L: int, sk: int) -> None:
     """Rows of f32 attention with vector registers (value columns in whole vectors; the ``sk``
     keys padded to whole vectors: ``kt`` is K^T [d, ks], ks = sk rounded up to L, the padding
     lanes scoring -inf so their exp is 0).
@@ -291,12 +291,12 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scores, scale: f
     exp and the sum as vectors (the sum added up in L partial sums); then P @ V in tiles of value
     columns over the sk keys (each V vector loaded once for the R rows), times 1/sum at the
     store. A tile's vectors are chosen so the R x tile accumulators and the tile's loads fit
-    the target's vector registers (32 with 16-lane f32 vectors, else 16)."""
+    the target's vector registers (``Target.vector_registers``)."""
     sq, dv = y.shape[-2:]
     d = q.shape[-1]
-    ks = -(-sk // L) * L
+    ks = kt.shape[0] // d       # K^T's rows: sk padded to whole vectors
     f32 = DType.f32
-    regs = 32 if L >= 16 else 16
+    regs = ctx.target.vector_registers
     R = knob("attention_rows", [r for r in ATTENTION_ROWS if r <= max(sq, 1)], min(4, max(sq, 1)),
              doc="query rows computed together (sharing each K^T / V vector load)")
     TQ = max(1, min(ks // L, (regs - 2) // (R + 1)))

@@ -57,8 +57,9 @@ from tensorfuse.ir.types import DType
 
 
 def vector_registers(target) -> int:
-    """Vector registers of the target's ISA (x86: 32 with AVX-512, else 16)."""
-    return 32 if getattr(target, "has_avx512", False) else 16
+    """Vector registers of the target's ISA (``Target.vector_registers``; 16 for a stand-in
+    without it)."""
+    return getattr(target, "vector_registers", 16)
 
 
 #: rows at most this wide may use tiles of one channel vector (all columns in one tile)
