@@ -432,7 +432,6 @@ class TuningRecords:
         self.provisional: set[str] = set()
         for key, recs in by_key.items():
             confirms = [r for r in recs if record_stage(r) == "confirm"] + failed_confirms.get(key, [])
-            pool = recs
             if confirms:
                 rec, why = choose_confirmed(confirms)
                 if rec is None:
@@ -440,7 +439,7 @@ class TuningRecords:
                 else:
                     self.best[key] = rec
             else:
-                self.best[key] = min(pool, key=_rank)
+                self.best[key] = min(recs, key=_rank)
                 self.provisional.add(key)
             chosen = self.best.get(key)
             veto = next((v for v in vetoes.get(key, []) if chosen is not None

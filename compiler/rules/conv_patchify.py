@@ -22,10 +22,7 @@ import numpy as np
 from tensorfuse.compiler.pattern import Any, Const, Optional, P
 from tensorfuse.compiler.rewrite import Fail, Rule
 from tensorfuse.compiler.rules._activation import build_or_fail
-
-
-def _ints(v, n, default):
-    return [int(a) for a in v] if v is not None else [default] * n
+from tensorfuse.ir.ops.conv import conv_geometry_of
 
 
 class ConvPatchifyToMatMul(Rule):
@@ -53,12 +50,12 @@ class ConvPatchifyToMatMul(Rule):
         kh, kw = int(w.shape[2]), int(w.shape[3])
         if int(conv.attr("group", 1)) != 1:
             return Fail(f"{conv.name}: group {conv.attr('group')}")
-        strides = _ints(conv.attr("strides"), 2, 1)
-        if strides != [kh, kw]:
-            return Fail(f"{conv.name}: strides {strides} differ from the kernel [{kh}, {kw}]: the patches overlap or skip")
-        if _ints(conv.attr("dilations"), 2, 1) != [1, 1]:
+        geo = conv_geometry_of(conv)        # strides, dilations and pads resolved as Conv lowers them
+        if geo.strides != [kh, kw]:
+            return Fail(f"{conv.name}: strides {geo.strides} differ from the kernel [{kh}, {kw}]: the patches overlap or skip")
+        if geo.dilations != [1, 1]:
             return Fail(f"{conv.name}: dilations {conv.attr('dilations')}")
-        if any(_ints(conv.attr("pads"), 4, 0)) or conv.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID", b"NOTSET", b"VALID"):
+        if any(geo.pads_begin + geo.pads_end) or conv.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
             return Fail(f"{conv.name}: padded (pads {conv.attr('pads')}, auto_pad {conv.attr('auto_pad')})")
         if kh * kw < self.MIN_KERNEL_AREA:
             return Fail(f"{conv.name}: a {kh}x{kw} patch, below MIN_KERNEL_AREA = {self.MIN_KERNEL_AREA} taps")

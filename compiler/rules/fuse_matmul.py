@@ -40,6 +40,15 @@ class FuseMatMulBias(Rule):
                              activation="", activation_params=[])
 
 
+def _float_product_and_activation(product, act):
+    """The condition of the activation rules: the ``product`` value is a float type and ``act``
+    (matched by :func:`activation`) is an activation the fused ops take."""
+    if not product.dtype.is_float:
+        return Fail(f"{product.producer.name}: the product is {product.dtype}, not a float type")
+    a = activation_of(act)
+    return a if isinstance(a, Fail) else True
+
+
 _anchor = OneOf(P.MatMul(a=Any(), b=Any()),
                 P.__getattr__(FUSED_MATMUL)(a=Any(), b=Any(), bias=Optional()).attrs(activation=""),
                 name="y").single_use()
@@ -50,10 +59,7 @@ class FuseMatMulActivation(Rule):
     pattern = activation(_anchor)
 
     def condition(self, m):
-        if not m.y.dtype.is_float:
-            return Fail(f"{m.y.producer.name}: the product is {m.y.dtype}, not a float type")
-        a = activation_of(m.act)
-        return a if isinstance(a, Fail) else True
+        return _float_product_and_activation(m.y, m.act)
 
     def rewrite(self, m, build):
         name, params = activation_of(m.act)
@@ -66,10 +72,7 @@ class FuseGemmActivation(Rule):
     pattern = activation(P.Gemm(a=Any(), b=Any(), c=Optional()).single_use())
 
     def condition(self, m):
-        if not m.gemm.outputs[0].dtype.is_float:
-            return Fail(f"{m.gemm.name}: the product is {m.gemm.outputs[0].dtype}, not a float type")
-        a = activation_of(m.act)
-        return a if isinstance(a, Fail) else True
+        return _float_product_and_activation(m.gemm.outputs[0], m.act)
 
     def rewrite(self, m, build):
         name, params = activation_of(m.act)
@@ -86,10 +89,7 @@ class ActivationBeforeReshape(Rule):
                                          name="prod").single_use(), Any()).single_use())
 
     def condition(self, m):
-        if not m.prod.dtype.is_float:
-            return Fail(f"{m.prod.producer.name}: the product is {m.prod.dtype}, not a float type")
-        a = activation_of(m.act)
-        return a if isinstance(a, Fail) else True
+        return _float_product_and_activation(m.prod, m.act)
 
     def rewrite(self, m, build):
         y = rebuild_activation(build, m.act, m.prod)
