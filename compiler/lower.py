@@ -17,7 +17,7 @@ from tensorfuse.ir.graph import Graph, Node, Value
 from tensorfuse.ir.kernel import Buffer, Kernel, KernelBuilder
 from tensorfuse.ir.knobs import KnobConfig, knob_config, workload_key, workload_summary
 from tensorfuse.ir.lowering import LowerCtx, lowering_target
-from tensorfuse.ir.registry import OpPatternKind, get_op
+from tensorfuse.ir.registry import OpPatternKind, get_op, has_scalar
 from tensorfuse.ir.schedule import ScheduleError
 from tensorfuse.ir.types import DType, TensorType
 
@@ -210,7 +210,7 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
             slot_by_buf[id(status)] = lg.status_slot
         flops = od.flops(n) if od.flops is not None else None
         # in place only for the registry's own per-element lowering of elementwise/broadcast ops
-        elementwise = (od.scalar is not None and od.kind <= OpPatternKind.BROADCAST
+        elementwise = (has_scalar(n, od) and od.kind <= OpPatternKind.BROADCAST
                        and len(ctx.kernels) == 1 and ctx.epilogue is None)
         # a lowering may declare its one kernel elementwise (a fused loop of fuse_ops)
         elementwise = elementwise or (len(ctx.kernels) == 1 and getattr(ctx, "elementwise_inplace", False))

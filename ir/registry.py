@@ -75,6 +75,10 @@ class OpDef:
     const_inputs: tuple[int, ...] = ()   # inputs whose values must be known at compile time
     flops: Callable | None = None        # node -> float FLOP count, for the profiler
     scalar: Callable | None = None       # elementwise ops: (node, *Exprs) -> Expr, for fusion
+    #: node -> bool: where ``scalar`` applies to some nodes of the op only (QuantizeLinear with
+    #: one scale is elementwise, with a scale per axis it is not): False keeps the node out of
+    #: elementwise groups and epilogues, and it lowers through ``lower``; None: everywhere
+    scalar_applies: Callable | None = None
     known: Callable | None = None        # node -> list[np.ndarray] | None: outputs that follow from
                                          # input types alone (Shape, Size), for data propagation
     #: False when the result is not a function of the inputs (random ops: RandomNormal,
@@ -160,6 +164,13 @@ def op(name: str, kind: OpPatternKind, *, domain: str = "", **kw) -> Callable:
         register(OpDef(name=name, kind=kind, domain=domain, doc=doc, **fields))
         return cls
     return deco
+
+
+def has_scalar(node, od: "OpDef | None" = None) -> bool:
+    """Does ``node``'s op give it a per-element ``scalar`` function (``OpDef.scalar``, where
+    ``OpDef.scalar_applies`` allows)? The question fusion asks before composing it."""
+    od = od if od is not None else find_op(node.op, node.domain)
+    return od is not None and od.scalar is not None and (od.scalar_applies is None or bool(od.scalar_applies(node)))
 
 
 def is_deterministic(node) -> bool:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from tensorfuse.ir.graph import Graph, Node, Value
 from tensorfuse.ir.ops.fused import DOMAIN
-from tensorfuse.ir.registry import OpPatternKind, find_op
+from tensorfuse.ir.registry import OpPatternKind, find_op, has_scalar
 
 __all__ = ["fuse_ops", "FuseOps", "Group", "plan_groups"]
 
@@ -58,7 +58,7 @@ class Group:
 
 
 def _is_elementwise(n: Node, od) -> bool:
-    return (od is not None and od.kind <= OpPatternKind.BROADCAST and od.scalar is not None
+    return (od is not None and od.kind <= OpPatternKind.BROADCAST and has_scalar(n, od)
             and len(n.outputs) == 1 and any(v is not None for v in n.inputs))
 
 

@@ -59,7 +59,7 @@ import numpy as np
 
 from tensorfuse.ir.graph import Graph, Node, Value
 from tensorfuse.ir.ops.layout_nhwc import NHWC_VARIANTS, TO_NCHW, TO_NHWC, W_TO_HWIO
-from tensorfuse.ir.registry import OpPatternKind, find_op, infer_types
+from tensorfuse.ir.registry import OpPatternKind, find_op, has_scalar, infer_types
 from tensorfuse.ir.types import TensorType
 
 DOMAIN = "tensorfuse"
@@ -375,7 +375,7 @@ class _Layout:
         if od is None:
             return None
         is_concat = c.op == "Concat"
-        if not is_concat and not (od.kind <= OpPatternKind.BROADCAST and od.scalar is not None):
+        if not is_concat and not (od.kind <= OpPatternKind.BROADCAST and has_scalar(c, od)):
             return None
         if c.outputs[0].type.rank != r:
             return None

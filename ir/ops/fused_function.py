@@ -33,7 +33,7 @@ from tensorfuse.ir.graph import Node, Value
 from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, Load, as_expr, copy_index
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops.fused import DOMAIN
-from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, get_op, op
+from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, get_op, has_scalar, op
 from tensorfuse.ir.types import DType
 
 #: dtypes of one-element constant inputs that are inlined as immediates
@@ -76,7 +76,7 @@ class _Group:
         at the current element (every output in ``self.out`` but ``skip_store``)."""
         for n in nodes:
             od = get_op(n.op, n.domain)
-            if od.scalar is None or len(n.outputs) != 1:
+            if not has_scalar(n, od) or len(n.outputs) != 1:
                 raise ShapeError(f"body node {n.name} ({n.qualified_op}) has no per-element scalar "
                                  f"function; it cannot be fused into a loop or an epilogue")
             args = []

@@ -389,6 +389,35 @@ def _check_zp(zp, x_shape, per: str, what: str) -> None:
         raise ShapeError(f"{what} of shape {list(s)} must be a scalar, {want}")
 
 
+def emit_integer_matmul(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer, azp: Buffer | None,
+                        bzp: Buffer | None, finish: Callable | None = None) -> None:
+    """Y = finish((A - a_zero_point) @ (B - b_zero_point), bidx, i, j): the int32 product of
+    u8/i8 matrices with numpy.matmul shapes (MatMulInteger-10's zero points: scalar, per row of
+    A, per column of B), through :func:`emit_matmul_core`. ``finish`` (default: the int32 sum)
+    maps the accumulated i32 Expr of output element (bidx, i, j) to Y's dtype, before the
+    fused epilogue (QLinearMatMul requantizes there)."""
+    a_sh = (1,) + a.shape if len(a.shape) == 1 else a.shape
+    b_sh = b.shape + (1,) if len(b.shape) == 1 else b.shape
+    M, K = a_sh[-2:]
+    N = b_sh[-1]
+    batch = broadcast_shapes(a_sh[:-2], b_sh[:-2])
+    za = _zp_loader(azp, len(batch), M, "row")
+    zb = _zp_loader(bzp, len(batch), N, "col")
+    i32 = DType.i32
+
+    def load_a(bidx, i, k):
+        return a.flat(bcast_offset(a_sh[:-2], bidx) * (M * K) + i * K + k).cast(i32) - za(bidx, i)
+
+    def load_b(bidx, k, j):
+        return b.flat(bcast_offset(b_sh[:-2], bidx) * (K * N) + k * N + j).cast(i32) - zb(bidx, j)
+
+    def out_index(bidx, i, j):
+        return list(bidx) + ([i] if len(a.shape) > 1 else []) + ([j] if len(b.shape) > 1 else [])
+
+    emit_matmul_core(ctx, MatMulSpec(y, M, N, K, tuple(batch), load_a, load_b, out_index,
+                                     finish or (lambda v, *_: v), i32))
+
+
 @op("MatMulInteger", OpPatternKind.OUT_ELEMWISE_FUSABLE)
 class MatMulInteger:
     """Y = (A - a_zero_point) @ (B - b_zero_point) in int32, numpy.matmul shapes.
@@ -427,29 +456,9 @@ class MatMulInteger:
         return [np.matmul(a, b).astype(np.int32)]
 
     def lower(ctx):
-        a, b, y = ctx.inputs[0], ctx.inputs[1], ctx.outputs[0]
         azp = ctx.inputs[2] if len(ctx.inputs) > 2 else None
         bzp = ctx.inputs[3] if len(ctx.inputs) > 3 else None
-        a_sh = (1,) + a.shape if len(a.shape) == 1 else a.shape
-        b_sh = b.shape + (1,) if len(b.shape) == 1 else b.shape
-        M, K = a_sh[-2:]
-        N = b_sh[-1]
-        batch = broadcast_shapes(a_sh[:-2], b_sh[:-2])
-        za = _zp_loader(azp, len(batch), M, "row")
-        zb = _zp_loader(bzp, len(batch), N, "col")
-        i32 = DType.i32
-
-        def load_a(bidx, i, k):
-            return a.flat(bcast_offset(a_sh[:-2], bidx) * (M * K) + i * K + k).cast(i32) - za(bidx, i)
-
-        def load_b(bidx, k, j):
-            return b.flat(bcast_offset(b_sh[:-2], bidx) * (K * N) + k * N + j).cast(i32) - zb(bidx, j)
-
-        def out_index(bidx, i, j):
-            return list(bidx) + ([i] if len(a.shape) > 1 else []) + ([j] if len(b.shape) > 1 else [])
-
-        emit_matmul_core(ctx, MatMulSpec(y, M, N, K, tuple(batch), load_a, load_b, out_index,
-                                         lambda v, *_: v, i32))
+        emit_integer_matmul(ctx, ctx.inputs[0], ctx.inputs[1], ctx.outputs[0], azp, bzp)
 
     def flops(node):
         return 2.0 * node.outputs[0].type.numel * node.inputs[0].shape[-1]

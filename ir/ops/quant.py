@@ -1,0 +1,413 @@
+"""Linear quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, QLinearMatMul.
+
+The formulas (ONNX spec, QuantizeLinear-25 / DequantizeLinear-25 / DynamicQuantizeLinear-11 /
+QLinearMatMul-21):
+
+    QuantizeLinear:    y = saturate(round_half_even(x / y_scale) + y_zero_point)
+    DequantizeLinear:  y = (x - x_zero_point) * x_scale
+    DynamicQuantizeLinear (uint8):
+        scale = (max(0, max x) - min(0, min x)) / 255   (1 if that range is 0)
+        zero_point = round_half_even(clamp(0 - min(0, min x) / scale, 0, 255))
+        y = saturate(round_half_even(x / scale) + zero_point)
+
+Scale and zero point are per tensor (a scalar or a 1-element vector), per axis (a vector of
+x.shape[axis] entries) or blocked (x's rank, ``ceil(x.shape[axis] / block_size)`` along
+``axis``, x's dims elsewhere). Per tensor, Q and DQ are elementwise: their ``scalar`` lets fusion
+compose them into anchor epilogues and elementwise groups (a QDQ graph's DQ -> Add -> Relu -> Q
+is one loop). Per axis and blocked they lower to their own loop (``OpDef.scalar_applies``).
+
+Quantized element types here are the IR's integer types u8, i8, u16, i16 (and i32 for
+DequantizeLinear, as the spec allows for biases); the 2-, 4-bit and float8/float4 types are not
+IR types, and the frontend refuses a model that uses them by name.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tensorfuse.ir.kernel import Expr, as_expr, maximum, minimum, unop
+from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.types import DType, TensorType
+
+QUANT_DTYPES = (DType.u8, DType.i8, DType.u16, DType.i16)
+SCALE_DTYPES = (DType.f32, DType.f16, DType.bf16)
+
+
+# ----------------------------------------------------------------------------- shared checks
+def quant_mode(x_shape: tuple[int, ...], scale_shape: tuple[int, ...], axis: int, block_size: int,
+               what: str = "scale") -> tuple[str, int]:
+    """("tensor" | "axis" | "blocked", normalised axis) of a scale / zero point of shape
+    ``scale_shape`` for an x of ``x_shape``. Raises ShapeError for a shape that fits none."""
+    rank = len(x_shape)
+    numel = math.prod(scale_shape)
+    if len(scale_shape) == 0 or (len(scale_shape) == 1 and numel == 1 and block_size <= 0):
+        return "tensor", axis
+    if not -rank <= axis < rank:
+        raise ShapeError(f"axis {axis} is out of range for an input of rank {rank}")
+    a = axis % rank
+    if block_size > 0:
+        want = tuple(-(-d // block_size) if i == a else d for i, d in enumerate(x_shape))
+        if tuple(scale_shape) != want:
+            raise ShapeError(f"blocked {what} (block_size {block_size}, axis {a}) must have shape "
+                             f"{list(want)}, got {list(scale_shape)}")
+        return "blocked", a
+    if tuple(scale_shape) != (x_shape[a],):
+        raise ShapeError(f"{what} of shape {list(scale_shape)} must be a scalar or a vector of "
+                         f"x.shape[{a}] = {x_shape[a]} entries")
+    return "axis", a
+
+
+def expand_param(p: np.ndarray, x_shape: tuple[int, ...], mode: str, axis: int, block_size: int) -> np.ndarray:
+    """A scale or zero point broadcastable to x (numpy), for the references."""
+    p = np.asarray(p)
+    if mode == "tensor":
+        return p.reshape(())
+    if mode == "axis":
+        shape = [1] * len(x_shape)
+        shape[axis] = p.size
+        return p.reshape(shape)
+    return np.repeat(p, block_size, axis=axis).take(range(x_shape[axis]), axis=axis)
+
+
+def _int_range(dt: DType) -> tuple[int, int]:
+    info = np.iinfo(dt.numpy)
+    return int(info.min), int(info.max)
+
+
+def _mode_of(node, x_index: int = 0, scale_index: int = 1) -> tuple[str, int]:
+    x, s = node.input(x_index), node.input(scale_index)
+    return quant_mode(tuple(x.shape), tuple(s.shape), int(node.attr("axis", 1)), int(node.attr("block_size", 0)))
+
+
+def _check_params(node, mode: str, axis: int, what: str) -> None:
+    """The zero point (input 2) has the scale's shape."""
+    s, z = node.input(1), node.input(2)
+    if z is not None and tuple(z.shape) != tuple(s.shape) and not (z.type.numel == 1 and s.type.numel == 1):
+        raise ShapeError(f"{what} of shape {list(z.shape)} differs from the scale's {list(s.shape)}")
+
+
+def _per_tensor(node) -> bool:
+    """The scalar function applies: scale (and zero point) are one element each."""
+    return node.input(1).type.numel == 1 and int(node.attr("block_size", 0)) <= 0
+
+
+def _lower_per_axis(ctx, fn) -> None:
+    """One loop over x for a per-axis or blocked node: ``fn(x, scale, zp)`` per element, with
+    the scale and zero point read at x's index along the axis (divided by the block size)."""
+    x, s = ctx.inputs[0], ctx.inputs[1]
+    z = ctx.inputs[2] if len(ctx.inputs) > 2 else None
+    y = ctx.outputs[0]
+    mode, axis = _mode_of(ctx.node)
+    block = int(ctx.attr("block_size", 0))
+    kb = ctx.kernel()
+    if mode == "tensor":
+        with kb.loop(y.numel, kind="vectorize", role="spatial") as i:
+            kb.store(y, i, fn(x.flat(i), s.flat(0), None if z is None else z.flat(0)))
+        return
+    with kb.grid(y.shape) as idx:
+        if mode == "axis":
+            p = s.flat(idx[axis])
+            zp = None if z is None else z.flat(idx[axis])
+        else:
+            pidx = list(idx)
+            pidx[axis] = idx[axis] // block
+            p = s[pidx]
+            zp = None if z is None else z[pidx]
+        kb.store(y, idx, fn(x[idx], p, zp))
+
+
+# ----------------------------------------------------------------------------- QuantizeLinear
+def _q_out_dtype(node) -> DType:
+    z = node.input(2)
+    out = int(node.attr("output_dtype", 0))
+    if z is not None:
+        if out and DType.from_onnx(out) != z.dtype:
+            raise ShapeError(f"output_dtype {DType.from_onnx(out)} differs from y_zero_point's {z.dtype}")
+        return z.dtype
+    return DType.from_onnx(out) if out else DType.u8
+
+
+def _precision(node, x_dtype: DType) -> DType:
+    p = int(node.attr("precision", 0))
+    if p:
+        return DType.from_onnx(p)
+    return x_dtype
+
+
+def quantize_expr(x: Expr, scale: Expr, zp: Expr | None, out: DType, precision: DType) -> Expr:
+    """saturate(round_half_even(x / scale) + zp) as kernel IR, in f32 (f64 for i32/f64 inputs);
+    the quotient is rounded to ``precision`` first, as the spec divides in that type."""
+    work = DType.f64 if precision in (DType.f64, DType.i32) or x.dtype in (DType.f64, DType.i32) else DType.f32
+    q = x.cast(work) / scale.cast(work)
+    if precision in (DType.f16, DType.bf16):
+        q = q.cast(precision).cast(work)
+    q = unop("round", q)
+    if zp is not None:
+        q = q + zp.cast(work)
+    lo, hi = _int_range(out)
+    return minimum(maximum(q, as_expr(float(lo), work)), as_expr(float(hi), work)).cast(out)
+
+
+@op("QuantizeLinear", OpPatternKind.BROADCAST)
+class QuantizeLinear:
+    """y = saturate(round_half_even(x / y_scale) + y_zero_point). ONNX spec: QuantizeLinear-25.
+
+    Inputs: x (f32/f16/bf16, or i32) of any shape; y_scale (f32/f16/bf16; per tensor, per axis
+    [x.shape[axis]] or blocked, see the module docstring); y_zero_point (optional, the output's
+    dtype, the scale's shape). Output: y of x's shape in y_zero_point's dtype, else
+    ``output_dtype``, else u8 (u8, i8, u16, i16). ``saturate`` concerns float8 outputs only
+    (not IR types); ``precision`` names the type of the division (default x's). Raises
+    ShapeError for other dtypes or mis-shaped scales.
+    """
+
+    def infer(node):
+        x, s = node.input(0), node.input(1)
+        if not (x.dtype.is_float or x.dtype == DType.i32):
+            raise ShapeError(f"x has dtype {x.dtype}; QuantizeLinear takes a float or i32 input")
+        if s.dtype not in SCALE_DTYPES + (DType.i32,):
+            raise ShapeError(f"y_scale has dtype {s.dtype}; expected f32, f16, bf16 or i32")
+        out = _q_out_dtype(node)
+        if out not in QUANT_DTYPES:
+            raise ShapeError(f"output type {out} is not supported (u8, i8, u16, i16)")
+        mode, axis = _mode_of(node)
+        _check_params(node, mode, axis, "y_zero_point")
+        return [TensorType(out, x.shape)]
+
+    def reference(node, ins):
+        x, s = ins[0], ins[1]
+        z = ins[2] if len(ins) > 2 else None
+        mode, axis = _mode_of(node)
+        bs = int(node.attr("block_size", 0))
+        out = node.outputs[0].dtype
+        sc = expand_param(s, x.shape, mode, axis, bs)
+        p = int(node.attr("precision", 0))
+        if p:
+            q = x.astype(DType.from_onnx(p).numpy) / sc.astype(DType.from_onnx(p).numpy)
+        else:
+            q = x / sc
+        q = np.rint(q).astype(np.float64)
+        if z is not None:
+            q = q + expand_param(z, x.shape, mode, axis, bs).astype(np.float64)
+        lo, hi = _int_range(out)
+        return [np.clip(q, lo, hi).astype(out.numpy)]
+
+    def scalar_applies(node):
+        return _per_tensor(node)
+
+    def scalar(node, x, s, z=None):
+        return quantize_expr(x, s, z, node.outputs[0].dtype, _precision(node, node.input(0).dtype))
+
+    def lower(ctx):
+        node = ctx.node
+        _lower_per_axis(ctx, lambda x, s, z: quantize_expr(x, s, z, node.outputs[0].dtype,
+                                                           _precision(node, node.input(0).dtype)))
+
+
+# ----------------------------------------------------------------------------- DequantizeLinear
+def dequantize_expr(x: Expr, scale: Expr, zp: Expr | None, out: DType) -> Expr:
+    """(x - zp) * scale in f32 (the spec's float32 difference), rounded once to ``out``."""
+    d = x.cast(DType.f32)
+    if zp is not None:
+        d = d - zp.cast(DType.f32)
+    return (d * scale.cast(DType.f32)).cast(out)
+
+
+def _dq_out_dtype(node) -> DType:
+    out = int(node.attr("output_dtype", 0))
+    return DType.from_onnx(out) if out else node.input(1).dtype
+
+
+@op("DequantizeLinear", OpPatternKind.BROADCAST)
+class DequantizeLinear:
+    """y = (x - x_zero_point) * x_scale. ONNX spec: DequantizeLinear-25.
+
+    Inputs: x (u8, i8, u16, i16, i32) of any shape; x_scale (f32/f16/bf16; per tensor, per axis
+    [x.shape[axis]] or blocked); x_zero_point (optional, x's dtype, the scale's shape). Output: y
+    of x's shape in ``output_dtype`` if given, else the scale's dtype. The difference is taken
+    in float32, as the spec's reference does. Raises ShapeError for other dtypes or
+    mis-shaped scales.
+    """
+
+    def infer(node):
+        x, s, z = node.input(0), node.input(1), node.input(2)
+        if x.dtype not in QUANT_DTYPES + (DType.i32,):
+            raise ShapeError(f"x has dtype {x.dtype}; DequantizeLinear takes u8, i8, u16, i16 or i32")
+        if s.dtype not in SCALE_DTYPES:
+            raise ShapeError(f"x_scale has dtype {s.dtype}; expected f32, f16 or bf16")
+        if z is not None and z.dtype != x.dtype:
+            raise ShapeError(f"x_zero_point has dtype {z.dtype}, x has {x.dtype}")
+        mode, axis = _mode_of(node)
+        _check_params(node, mode, axis, "x_zero_point")
+        out = _dq_out_dtype(node)
+        if not out.is_float:
+            raise ShapeError(f"output_dtype {out} is not a float type")
+        return [TensorType(out, x.shape)]
+
+    def reference(node, ins):
+        x, s = ins[0], ins[1]
+        z = ins[2] if len(ins) > 2 else None
+        mode, axis = _mode_of(node)
+        bs = int(node.attr("block_size", 0))
+        d = x.astype(np.float32)
+        if z is not None:
+            d = d - expand_param(z, x.shape, mode, axis, bs).astype(np.float32)
+        y = d * expand_param(s, x.shape, mode, axis, bs).astype(np.float32)
+        return [y.astype(node.outputs[0].dtype.numpy)]
+
+    def scalar_applies(node):
+        return _per_tensor(node)
+
+    def scalar(node, x, s, z=None):
+        return dequantize_expr(x, s, z, node.outputs[0].dtype)
+
+    def lower(ctx):
+        out = ctx.outputs[0].dtype
+        _lower_per_axis(ctx, lambda x, s, z: dequantize_expr(x, s, z, out))
+
+
+# ----------------------------------------------------------------------------- DynamicQuantizeLinear
+def dynamic_scale_np(x: np.ndarray) -> tuple[np.float32, np.uint8]:
+    """(scale, zero point) of DynamicQuantizeLinear-11 for u8, computed in float32."""
+    hi = np.float32(max(0.0, float(np.max(x)))) if x.size else np.float32(0)
+    lo = np.float32(min(0.0, float(np.min(x)))) if x.size else np.float32(0)
+    scale = np.float32(1.0) if hi == lo else np.float32(hi - lo) / np.float32(255)
+    zp = np.float32(np.clip(np.float32(0) - lo / scale, 0, 255))
+    return scale, np.uint8(np.rint(zp))
+
+
+@op("DynamicQuantizeLinear", OpPatternKind.OPAQUE)
+class DynamicQuantizeLinear:
+    """(y, y_scale, y_zero_point) = DynamicQuantizeLinear(x). ONNX spec: DynamicQuantizeLinear-11.
+
+    x: f32, any shape. y: u8 of x's shape; y_scale: f32 []; y_zero_point: u8 []. The range
+    always includes 0 (max(0, max x), min(0, min x)); scale = range / 255 (1 for an all-zero x);
+    zero point = round_half_even(clamp(-min / scale, 0, 255)); y = saturate(round(x / scale) + zp).
+    The kernel reads x twice: min and max in one pass (one partial pair per vector lane), then
+    the quantization. Raises ShapeError for a non-f32 x.
+    """
+
+    def infer(node):
+        x = node.input(0)
+        if x.dtype != DType.f32:
+            raise ShapeError(f"x has dtype {x.dtype}; DynamicQuantizeLinear takes f32")
+        return [TensorType(DType.u8, x.shape), TensorType(DType.f32, ()), TensorType(DType.u8, ())]
+
+    def reference(node, ins):
+        x = ins[0]
+        scale, zp = dynamic_scale_np(x)
+        y = np.clip(np.rint(x / scale) + np.float32(zp), 0, 255).astype(np.uint8)
+        return [y, np.array(scale, np.float32), np.array(zp, np.uint8)]
+
+    def lower(ctx):
+        from tensorfuse.ir.kernel import select
+        x = ctx.inputs[0]
+        y, ys, yz = ctx.outputs
+        f32 = DType.f32
+        kb = ctx.kernel()
+        lanes = max(1, ctx.target.lanes(f32)) if hasattr(ctx.target, "lanes") else 8
+        n = x.numel
+        main = n - n % lanes
+        lo = kb.local(f32, (lanes,), hint="lo")
+        hi = kb.local(f32, (lanes,), hint="hi")
+        with kb.loop(lanes, kind="vectorize") as l:
+            kb.store(lo, l, as_expr(0.0, f32))
+            kb.store(hi, l, as_expr(0.0, f32))
+        # min/max with 0 as the start: the range includes 0 as the spec's max(0, .)/min(0, .)
+        with kb.reduce(main // lanes, hint="b") as b:
+            with kb.loop(lanes, kind="vectorize") as l:
+                v = x.flat(b * lanes + l)
+                kb.store(lo, l, minimum(lo[l], v))
+                kb.store(hi, l, maximum(hi[l], v))
+        with kb.reduce(n, start=main, hint="t") as t:
+            kb.store(lo, 0, minimum(lo[0], x.flat(t)))
+            kb.store(hi, 0, maximum(hi[0], x.flat(t)))
+        mn, mx = lo.flat(0), hi.flat(0)
+        for l in range(1, lanes):
+            mn, mx = minimum(mn, lo.flat(l)), maximum(mx, hi.flat(l))
+        sc = kb.local(f32, (2,), hint="sc")
+        kb.store(sc, 0, select(mx.eq(mn), as_expr(1.0, f32), (mx - mn) / as_expr(255.0, f32)))
+        zpf = minimum(maximum(as_expr(0.0, f32) - mn / sc.flat(0), as_expr(0.0, f32)), as_expr(255.0, f32))
+        kb.store(sc, 1, unop("round", zpf))
+        kb.store(ys, 0, sc.flat(0))
+        kb.store(yz, 0, sc.flat(1).cast(DType.u8))
+        s, z = sc.flat(0), sc.flat(1)
+        with kb.loop(n, kind="vectorize", role="spatial") as i:
+            q = unop("round", x.flat(i) / s) + z
+            kb.store(y, i, minimum(maximum(q, as_expr(0.0, f32)), as_expr(255.0, f32)).cast(DType.u8))
+
+    def flops(node):
+        return 4.0 * node.inputs[0].type.numel
+
+
+# ----------------------------------------------------------------------------- QLinearMatMul
+@op("QLinearMatMul", OpPatternKind.OUT_ELEMWISE_FUSABLE)
+class QLinearMatMul:
+    """Quantized MatMul. ONNX spec: QLinearMatMul-21.
+
+    Inputs: a (u8/i8), a_scale, a_zero_point (a's dtype), b (u8/i8), b_scale, b_zero_point
+    (b's dtype), y_scale, y_zero_point (its dtype is y's). Scales are f32/f16/bf16; a's
+    parameters are per tensor or per row ([M]), b's per tensor or per column ([N]), y's per
+    tensor; numpy.matmul shapes. y = saturate(round_half_even(acc * a_scale * b_scale / y_scale)
+    + y_zero_point) with acc the int32 product of (a - a_zp) and (b - b_zp); the scale product is
+    formed in float32. Raises ShapeError as MatMulInteger does and for other dtypes.
+    """
+
+    def infer(node):
+        from tensorfuse.ir.ops.linalg import matmul_shape
+        a, b, yz = node.input(0), node.input(3), node.input(7)
+        for v, what in ((a, "a"), (b, "b"), (yz, "y_zero_point")):
+            if v is None:
+                raise ShapeError(f"input {what} is required")
+            if v.dtype not in (DType.u8, DType.i8):
+                raise ShapeError(f"{what} has dtype {v.dtype}; QLinearMatMul takes u8 or i8")
+        for i, what in ((1, "a_scale"), (4, "b_scale"), (6, "y_scale")):
+            v = node.input(i)
+            if v is None or v.dtype not in SCALE_DTYPES:
+                raise ShapeError(f"{what} must be f32, f16 or bf16")
+        for i, like, what in ((2, a, "a_zero_point"), (5, b, "b_zero_point")):
+            v = node.input(i)
+            if v is not None and v.dtype != like.dtype:
+                raise ShapeError(f"{what} has dtype {v.dtype}, expected {like.dtype}")
+        for i, what in ((6, "y_scale"), (7, "y_zero_point")):
+            if node.input(i).type.numel != 1:
+                raise ShapeError(f"{what} must be a scalar")
+        return [TensorType(yz.dtype, matmul_shape(a.shape, b.shape))]
+
+    def reference(node, ins):
+        a, asc, az, b, bsc, bz, ysc, yz = ins
+        ai = a.astype(np.int64) - _row_param(az, a).astype(np.int64)
+        bi = b.astype(np.int64) - np.asarray(bz).astype(np.int64)
+        acc = np.matmul(ai, bi)
+        scale = (_row_param(asc, a).astype(np.float32) * np.asarray(bsc, np.float32)
+                 / np.float32(np.asarray(ysc).reshape(())))
+        y = np.rint(acc.astype(np.float32) * scale) + np.float32(np.asarray(yz).reshape(()))
+        lo, hi = _int_range(DType.from_numpy(yz.dtype))
+        return [np.clip(y, lo, hi).astype(yz.dtype)]
+
+    def lower(ctx):
+        from tensorfuse.ir.ops.linalg import emit_integer_matmul
+        a, asc, az, b, bsc, bz, ysc, yz = ctx.inputs
+        y = ctx.outputs[0]
+        lo, hi = _int_range(y.dtype)
+        f32 = DType.f32
+
+        def finish(acc, bidx, i, j):
+            a_s = (asc.flat(i) if asc.numel > 1 else asc.flat(0)).cast(f32)
+            b_s = (bsc.flat(j) if bsc.numel > 1 else bsc.flat(0)).cast(f32)
+            q = unop("round", acc.cast(f32) * (a_s * b_s / ysc.flat(0).cast(f32))) + yz.flat(0).cast(f32)
+            return minimum(maximum(q, as_expr(float(lo), f32)), as_expr(float(hi), f32)).cast(y.dtype)
+
+        emit_integer_matmul(ctx, a, b, y, az, bz, finish=finish)
+
+    def flops(node):
+        a = node.inputs[0].shape
+        return 2.0 * node.outputs[0].type.numel * a[-1]
+
+
+def _row_param(p, a: np.ndarray) -> np.ndarray:
+    """A per-tensor or per-row ([M]) parameter of a, broadcastable to a."""
+    p = np.asarray(p)
+    if p.size == 1:
+        return p.reshape(())
+    return p.reshape(-1, 1)
