@@ -130,6 +130,56 @@ class FMA(Expr):
         return self.a.lanes
 
 
+#: operand packings of :class:`DotAcc`: name -> (element dtype of ``a``, of ``b``, elements per
+#: 32-bit lane)
+DOT_PACKINGS = {"u8s8": (DType.u8, DType.i8, 4), "s16s16": (DType.i16, DType.i16, 2)}
+#: instruction forms a :class:`DotAcc` may ask for (the meaning is the same for all): "" any
+#: (plain LLVM IR, or scalar code), "vnni" (x86 ``vpdpbusd``, packing u8s8), "pmaddwd" (x86
+#: ``vpmaddwd`` then ``vpaddd``, packing s16s16)
+DOT_ISAS = ("", "vnni", "pmaddwd")
+
+
+@dataclass(eq=False)
+class DotAcc(Expr):
+    """Integer dot-product-accumulate, lane by lane: ``acc`` (i32) plus, per 32-bit lane, the
+    sum of the products of the narrow integers packed in that lane of ``a`` and ``b`` (both
+    i32, little-endian: element t sits in bits [t*w, (t+1)*w)). ``packing`` (see
+    :data:`DOT_PACKINGS`): ``"u8s8"``, four u8 of ``a`` times four i8 of ``b`` (Intel SDM,
+    VPDPBUSD); ``"s16s16"``, two i16 times two i16 (Intel SDM, VPMADDWD). The products and
+    their sum are exact (at most 4 * 255 * 128 in magnitude); adding ``acc`` wraps modulo
+    2**32 (VPDPBUSD, not the saturating VPDPBUSDS). ``isa`` (:data:`DOT_ISAS`): the instruction
+    form the schedule chose from the target's features; codegen honours it, the meaning does
+    not depend on it."""
+    acc: Expr
+    a: Expr
+    b: Expr
+    packing: str = "u8s8"
+    isa: str = ""
+
+    @property
+    def dtype(self):
+        return DType.i32
+
+    @property
+    def lanes(self):
+        return self.acc.lanes
+
+
+def dot_acc(acc, a: Expr, b: Expr, packing: str = "u8s8", isa: str = "") -> Expr:
+    """:class:`DotAcc` of ``acc + dot(a, b)`` per lane; scalar operands broadcast to the others'
+    width. Raises TypeError for operands that are not i32, an unknown packing or isa, or an isa
+    that does not take the packing."""
+    if packing not in DOT_PACKINGS:
+        raise TypeError(f"dot_acc packing must be one of {sorted(DOT_PACKINGS)}, got {packing!r}")
+    if isa not in DOT_ISAS or (isa == "vnni" and packing != "u8s8") or (isa == "pmaddwd" and packing != "s16s16"):
+        raise TypeError(f"dot_acc: isa {isa!r} does not take packing {packing!r}")
+    acc = as_expr(acc, DType.i32)
+    if not (acc.dtype == a.dtype == b.dtype == DType.i32):
+        raise TypeError(f"dot_acc takes i32 operands (packed lanes), got {acc.dtype}, {a.dtype}, {b.dtype}")
+    acc, a, b = _same_lanes("dot_acc", acc, a, b)
+    return DotAcc(acc, a, b, packing, isa)
+
+
 BINOPS_ARITH = ("add", "sub", "mul", "div", "rem", "min", "max", "pow", "and", "or", "xor",
                 "shl", "shr", "atan2")
 BINOPS_CMP = ("lt", "le", "gt", "ge", "eq", "ne")
@@ -667,6 +717,7 @@ class KernelBuilder:
 
     # convenience re-exports
     fma = staticmethod(fma)
+    dot_acc = staticmethod(dot_acc)
     broadcast = staticmethod(broadcast)
     max = staticmethod(maximum)
     min = staticmethod(minimum)

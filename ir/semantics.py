@@ -61,6 +61,10 @@ FMA(a, b, c)        float only: a*b + c, either rounded once (fused) or as mul t
                     (unfused), as the target has FMA; a backend states which (the tests
                     accept either unless told); f16 in the LLVM backend: unfused
 Select(c, a, b)     c ? a : b, per lane
+DotAcc(acc, a, b)   i32 only: per lane, acc + sum_t a_t * b_t where a_t, b_t are the narrow
+                    integers packed little-endian in the i32 lanes of a and b ("u8s8": four
+                    u8 times four i8; "s16s16": two i16 times two i16); the sum of products
+                    is exact, the add to acc wraps (VPDPBUSD, VPMADDWD + VPADDD)
 Cast(T <- S)        S == T: x. to bool: x != 0 (float: NaN -> true).
                     float -> float: widening exact; narrowing rounded once (f64 -> f16 is
                     NOT via f32: 1 + 2^-11 + 2^-40 -> 1 + 2^-10).
@@ -95,7 +99,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .kernel import (BINOPS_ARITH, BINOPS_CMP, FMA, UNOPS, Bin, Broadcast, Buffer, Cast, Const, Expr,
+from .kernel import (BINOPS_ARITH, BINOPS_CMP, DOT_PACKINGS, FMA, UNOPS, Bin, Broadcast, Buffer, Cast, Const, DotAcc, Expr,
                      Load, Ramp, Select, Un, Var)
 from .types import DType
 
@@ -417,6 +421,16 @@ def _int_un(op: str, dt: DType, x: np.ndarray) -> np.ndarray:
     raise UndefinedSemanticsError(f"{op} is not defined on {dt}")
 
 
+def dot_acc_ref(acc, a, b, packing: str) -> np.ndarray:
+    """:class:`~ir.kernel.DotAcc` on arrays of i32 lanes (the table above)."""
+    ta, tb, g = DOT_PACKINGS[packing]
+    acc, a, b = np.broadcast_arrays(np.asarray(acc, np.int32), np.asarray(a, np.int32), np.asarray(b, np.int32))
+    ea = np.ascontiguousarray(a).view(_np(ta)).reshape(a.shape + (g,)).astype(np.int64)
+    eb = np.ascontiguousarray(b).view(_np(tb)).reshape(b.shape + (g,)).astype(np.int64)
+    s = acc.astype(np.int64) + (ea * eb).sum(-1)
+    return ((s + (1 << 31)) % (1 << 32) - (1 << 31)).astype(np.int32)
+
+
 # ----------------------------------------------------------------------------- evaluator
 def _lanes(v: np.ndarray, n: int) -> np.ndarray:
     """A value as shape ``S + (n,)``."""
@@ -500,6 +514,8 @@ class _Eval:
         if isinstance(e, Select):
             c, a, b = np.broadcast_arrays(self(e.cond), self(e.a), self(e.b))
             return np.where(c, a, b).astype(_np(e.dtype))
+        if isinstance(e, DotAcc):
+            return dot_acc_ref(self(e.acc), self(e.a), self(e.b), e.packing)
         raise UndefinedSemanticsError(f"unknown expression {e!r}")
 
 

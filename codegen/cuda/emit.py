@@ -21,13 +21,24 @@ propagate NaN (and order -0 below +0); float remainder is C's fmod; float -> int
 saturate (NaN -> 0); ``round`` rounds half to even; float16 arithmetic is done in float32 and
 rounded back (the same results: float32 holds every float16 product and sum exactly enough),
 f64 -> f16 rounds once.
+
+Index arithmetic is 32-bit where it provably fits: an int64 expression built from constants,
+loop variables of constant bounds and ``+ - * min max`` (and ``/ %`` of a non-negative
+dividend by a positive constant) gets an interval (:meth:`_Fn.rng`); when every
+sub-expression's interval lies inside int32, it is emitted in int32 (``/`` and ``%`` as
+unsigned 32-bit divisions, which NVVM turns into a multiply-high and a shift), a load or store
+at such a non-negative offset indexes with ``uint32`` (numba then skips its negative-index
+wrap-around), and serial loops of such bounds count in int32. Everything else stays int64 as
+the kernel IR types it. The intervals make this exact: no value that could leave int32 is
+computed in it. (Before: 248 of the 315 PTX instructions of resnet18's layer-3 conv were 64-bit
+integer operations, most of them floor-division fix-ups.)
 """
 from __future__ import annotations
 
 import re
 
 from tensorfuse.ir.errors import CompileError
-from tensorfuse.ir.kernel import (FMA, GPU_LOOP_KINDS, Barrier, Bin, Broadcast, Buffer, Cast, Const, For, If,
+from tensorfuse.ir.kernel import (DOT_PACKINGS, FMA, GPU_LOOP_KINDS, DotAcc, Barrier, Bin, Broadcast, Buffer, Cast, Const, For, If,
                                   Kernel, Load, Ramp, Select, Store, Un, Var)
 from tensorfuse.ir.schedule import expr_children
 from tensorfuse.ir.types import DType
@@ -44,6 +55,8 @@ _MATH_UNARY = {"sqrt", "exp", "log", "sin", "cos", "tan", "asin", "acos", "atan"
                "asinh", "acosh", "atanh", "erf", "floor", "ceil", "trunc", "exp2", "log2", "log1p", "expm1"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _ARITH = {"add": "+", "sub": "-", "mul": "*"}
+_NARROW_OPS = ("add", "sub", "mul", "min", "max", "div", "rem")
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 _ATOM = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|-?[0-9]+|True|False|[a-z0-9]+\(-?[0-9a-z.+\-]+\)")
 
 HEADER = '''from numba import cuda, float32, float64, int8, int16, int32, int64, uint8, uint16, uint32, uint64, boolean
@@ -93,6 +106,9 @@ class _Fn:
         self.memo: dict[tuple[int, int], str] = {}
         self.shared: set[int] = set()
         self.nonneg_vars: set[int] = set()     # loop variables that start at >= 0 and count up
+        self.var_rng: dict[int, tuple[int, int]] = {}   # loop variable -> [lo, hi] (constant bounds)
+        self.i32_vars: set[int] = set()        # loop variables emitted as int32 (serial range loops)
+        self.rmemo: dict[int, tuple[int, int] | None] = {}
         for b in k.params:
             self._bind(b, "g_" + b.name)
         for b in k.locals:
@@ -178,7 +194,7 @@ class _Fn:
             except KeyError:
                 raise self.err(f"variable {e.name} used outside its loop") from None
         if isinstance(e, Load):
-            off = self.ex(e.index, 0)
+            off = self.index(e.index) if e.lanes == 1 else self.ex(e.index, 0)
             if lane:
                 off = f"{off} + {lane * e.stride}"
             return f"{self.buf(e.buf)}[{off}]"
@@ -189,20 +205,123 @@ class _Fn:
             return self.ex(e.a, 0)
         if isinstance(e, FMA):
             return self.fma(e.dtype, self.ex(e.a, lane), self.ex(e.b, lane), self.ex(e.c, lane))
+        if isinstance(e, DotAcc):
+            return self.dot_acc(e, lane)
         if isinstance(e, Bin):
-            return self.binop(e.op, e.a.dtype, self.ex(e.a, lane), self.ex(e.b, lane), e.b, e.a)
+            if self.narrow(e):
+                return self.narrow_bin(e)
+            if e.op in _CMP and all(self.fits32(c) for c in (e.a, e.b)):     # a 32-bit compare
+                return f"({self.ex32(e.a)} {_CMP[e.op]} {self.ex32(e.b)})"
+            return self.binop(e.op, e.a.dtype, self.ex64(e.a, lane), self.ex64(e.b, lane), e.b, e.a)
         if isinstance(e, Un):
             return self.unop(e.op, e.a.dtype, self.ex(e.a, lane))
         if isinstance(e, Cast):
             return self.cast(self.ex(e.a, lane), e.a.dtype, e.dtype)
         if isinstance(e, Select):
-            return f"({self.ex(e.a, lane)} if {self.ex(e.cond, lane)} else {self.ex(e.b, lane)})"
+            return f"({self.ex64(e.a, lane)} if {self.ex(e.cond, lane)} else {self.ex64(e.b, lane)})"
         raise self.err(f"unknown expression {e!r}")
+
+    def dot_acc(self, e, lane: int) -> str:
+        """:class:`DotAcc` scalarised: per lane, the packed elements unpacked with shifts and
+        masks (sign-extended by xor/subtract), their products summed in int64, added to the
+        accumulator and wrapped to int32 as every int32 add here is."""
+        ta, tb, g = DOT_PACKINGS[e.packing]
+        w = 32 // g
+        mask, half = (1 << w) - 1, 1 << (w - 1)
+        a, b = self.atom(f"int64({self.ex(e.a, lane)})"), self.atom(f"int64({self.ex(e.b, lane)})")
+
+        def elem(v, t, dt):
+            u = f"(({v} >> {t * w}) & {mask})"
+            return f"(({u} ^ {half}) - {half})" if dt.is_signed else u
+        terms = " + ".join(f"{elem(a, t, ta)} * {elem(b, t, tb)}" for t in range(g))
+        return f"int32(int64({self.ex(e.acc, lane)}) + {terms})"
 
     def fma(self, dt: DType, a: str, b: str, c: str) -> str:
         if dt == DType.f16:   # the LLVM emitter: fmul then fadd, each rounded to half
             return f"float16(float32(float16(float32({a}) * float32({b}))) + float32({c}))"
         return f"{ctor(dt)}(cuda.fma({a}, {b}, {c}))"
+
+    # -- 32-bit index arithmetic -----------------------------------------------------------
+    def rng(self, e):
+        """[lo, hi] of an int64 index expression (constants, loop variables of constant bounds,
+        + - * min max, / % of a non-negative dividend by a positive constant), else None."""
+        key = id(e)
+        if key in self.rmemo:
+            return self.rmemo[key]
+        r = None
+        if e.dtype == DType.i64 and e.lanes == 1:
+            if isinstance(e, Const):
+                r = (int(e.value), int(e.value))
+            elif isinstance(e, Var):
+                r = self.var_rng.get(id(e))
+            elif isinstance(e, Bin) and e.op in _NARROW_OPS:
+                a, b = self.rng(e.a), self.rng(e.b)
+                if a is not None and b is not None:
+                    if e.op == "add":
+                        r = (a[0] + b[0], a[1] + b[1])
+                    elif e.op == "sub":
+                        r = (a[0] - b[1], a[1] - b[0])
+                    elif e.op == "mul":
+                        ps = [x * y for x in a for y in b]
+                        r = (min(ps), max(ps))
+                    elif e.op == "min":
+                        r = (min(a[0], b[0]), min(a[1], b[1]))
+                    elif e.op == "max":
+                        r = (max(a[0], b[0]), max(a[1], b[1]))
+                    elif isinstance(e.b, Const) and b[0] > 0 and a[0] >= 0:
+                        d = b[0]
+                        r = (a[0] // d, a[1] // d) if e.op == "div" else (0, min(a[1], d - 1))
+        self.rmemo[key] = r
+        return r
+
+    def narrow(self, e) -> bool:
+        """Whether ``e`` is emitted as an int32 expression (its interval, and so every
+        sub-expression's, fits int32)."""
+        if isinstance(e, Var):
+            return id(e) in self.i32_vars
+        if not (isinstance(e, Bin) and e.op in _NARROW_OPS):
+            return False
+        r = self.rng(e)
+        return r is not None and _I32_MIN <= r[0] and r[1] <= _I32_MAX
+
+    def fits32(self, e) -> bool:
+        """Whether ``e`` has an interval inside int32 (:meth:`rng`)."""
+        r = self.rng(e)
+        return r is not None and _I32_MIN <= r[0] and r[1] <= _I32_MAX
+
+    def ex32(self, e) -> str:
+        """``e`` (an expression with an interval inside int32) as an int32-typed string."""
+        s = self.ex(e)
+        if self.narrow(e):
+            return s
+        if isinstance(e, Const):
+            return f"int32({int(e.value)})"
+        return f"int32({s})"
+
+    def ex64(self, e, lane: int = 0) -> str:
+        """``e`` as :meth:`ex` gives it, widened back to int64 where it was emitted in int32
+        (an int64 parent that is not itself 32-bit: numba promotes, the simulator's numpy
+        scalars would not)."""
+        s = self.ex(e, lane)
+        return f"int64({s})" if e.dtype == DType.i64 and self.narrow(e) else s
+
+    def index(self, e, lane: int = 0) -> str:
+        """A load or store offset: ``uint32`` when it is a 32-bit expression known >= 0."""
+        s = self.ex(e, lane)
+        r = self.rng(e) if lane == 0 else None
+        if r is not None and r[0] >= 0 and r[1] <= _I32_MAX and not isinstance(e, Const):
+            return f"uint32({s})"
+        return s
+
+    def narrow_bin(self, e) -> str:
+        x, y = self.ex32(e.a), self.ex32(e.b)
+        if e.op in _ARITH:
+            return f"int32({x} {_ARITH[e.op]} {y})"
+        if e.op in ("min", "max"):
+            x, y = self.atom(x), self.atom(y)
+            return f"({x} if {x} {'<' if e.op == 'min' else '>'} {y} else {y})"
+        sym = "//" if e.op == "div" else "%"        # dividend >= 0, divisor a positive constant
+        return f"int32(uint32({x}) {sym} uint32({int(e.b.value)}))"
 
     def nonneg(self, e) -> bool:
         """Whether integer expression ``e`` is known to be >= 0 (index arithmetic over loop
@@ -414,7 +533,7 @@ class _Fn:
             if s.value.dtype != s.buf.dtype:
                 raise self.err(f"store of {s.value.dtype.value} into {s.buf.dtype.value} buffer {s.buf.name}")
             if lanes == 1:
-                idx, v = self.ex(s.index), self.ex(s.value)
+                idx, v = self.index(s.index), self.ex(s.value)
                 self.flush()
                 self.line(f"{b}[{idx}] = {v}")
                 return
@@ -426,11 +545,21 @@ class _Fn:
                 self.line(f"{b}[{off}] = {v}")
         elif isinstance(s, For):
             self.begin([s.start, s.extent])
-            start, stop = self.ex(s.start), self.ex(s.extent)
+            r0, r1 = self.rng(s.start), self.rng(s.extent)
+            i32 = (r0 is not None and r1 is not None and _I32_MIN <= r0[0] and r1[1] <= _I32_MAX
+                   and s.kind not in GPU_LOOP_KINDS)
+            if i32:                                     # numba's 32-bit range iterator
+                start, stop = self.ex32(s.start), self.ex32(s.extent)
+            else:
+                start, stop = self.ex(s.start), self.ex(s.extent)
             self.flush()
             v = self._bind(s.var, "v_" + s.var.name)
             if self.nonneg(s.start):
                 self.nonneg_vars.add(id(s.var))
+            if r0 is not None and r1 is not None:       # the variable runs over [start, extent - 1]
+                self.var_rng[id(s.var)] = (r0[0], max(r0[0], r1[1] - 1))
+            if i32:
+                self.i32_vars.add(id(s.var))
             if s.kind in GPU_LOOP_KINDS:
                 base, step = {"grid_stride": ("cuda.grid(1)", "cuda.gridsize(1)"),
                               "threadIdx.x": ("cuda.threadIdx.x", "cuda.blockDim.x"),

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from tensorfuse.ir.kernel import GPU_LOOP_KINDS, FMA, Barrier, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
 from tensorfuse.ir.schedule import expr_children, expr_nodes, runs_on_thread0_only, statement_is_parallel
 from tensorfuse.ir.types import DType
 # the team record and shared counters' layout belongs to the runtime (which loads saved modules
@@ -196,7 +196,7 @@ class _FnEmitter:
             return hit[1]
         if isinstance(e, (Const, Var)):
             r = True
-        elif isinstance(e, (Bin, Un, Cast, Broadcast, Select, FMA)):
+        elif isinstance(e, (Bin, Un, Cast, Broadcast, Select, FMA, DotAcc)):
             r = all(self._load_free(c) for c in expr_children(e))
         else:                            # a Load, or anything else: emitted every time
             r = False
@@ -217,6 +217,8 @@ class _FnEmitter:
             if e.dtype == DType.f16:
                 return b.fadd(b.fmul(x, y), z)
             return b.call(self._intrinsic("fmuladd", x.type, 3), [x, y, z])
+        if isinstance(e, DotAcc):
+            return self.dot_acc(e, self.expr(e.acc), self.expr(e.a), self.expr(e.b))
         if isinstance(e, Var):
             try:
                 return self.vars[id(e)]
@@ -247,6 +249,42 @@ class _FnEmitter:
         if isinstance(e, Select):
             return b.select(self.expr(e.cond), self.expr(e.a), self.expr(e.b))
         raise CodegenError(f"kernel {self.k.name}: unknown expression {e!r}")
+
+    def dot_acc(self, e: DotAcc, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
+        """:class:`DotAcc`: the instruction its ``isa`` names (Intel SDM: VPDPBUSD, whose
+        accumulation wraps; VPMADDWD then VPADDD) at 8 or 16 lanes, else plain LLVM IR: the
+        packed elements widened to i32, multiplied, and the products of each lane added up
+        (LLVM may still select VPMADDWD there)."""
+        bld = self.b
+        n = e.lanes
+        i32 = ir.IntType(32)
+        if e.isa == "vnni" and n in (8, 16):
+            t = ir.VectorType(i32, n)
+            f = self._decl(f"llvm.x86.avx512.vpdpbusd.{32 * n}", t, [t, t, t])
+            return bld.call(f, [acc, a, b])
+        if e.isa == "pmaddwd" and n in (8, 16):
+            t16 = ir.VectorType(ir.IntType(16), 2 * n)
+            t = ir.VectorType(i32, n)
+            name = "llvm.x86.avx2.pmadd.wd" if n == 8 else "llvm.x86.avx512.pmaddw.d.512"
+            f = self._decl(name, t, [t16, t16])
+            return bld.add(acc, bld.call(f, [bld.bitcast(a, t16), bld.bitcast(b, t16)]))
+        ta, tb, g = DOT_PACKINGS[e.packing]
+        w = 32 // g
+        narrow = ir.VectorType(ir.IntType(w), g * n)
+        wide = ir.VectorType(i32, g * n)
+
+        def widen(v, dt):
+            v = bld.bitcast(v, narrow)
+            return bld.sext(v, wide) if dt.is_signed else bld.zext(v, wide)
+        prod = bld.mul(widen(a, ta), widen(b, tb))
+        und = ir.Constant(wide, ir.Undefined)
+        total = acc
+        for t in range(g):
+            part = bld.shuffle_vector(prod, und, ir.Constant(ir.VectorType(i32, n), [l * g + t for l in range(n)]))
+            if n == 1:
+                part = bld.extract_element(part, ir.Constant(i32, 0))
+            total = bld.add(total, part)
+        return total
 
     def binop(self, op: str, dt: DType, x: ir.Value, y: ir.Value) -> ir.Value:
         b = self.b
