@@ -245,8 +245,7 @@ def conv_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, group: in
 
 def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, group: int,
               geo: Geometry, *, acc_dtype: DType | None = None,
-              load_x: Callable[[Expr, Expr], Expr] | None = None,
-              load_w: Callable[[Expr, Expr], Expr] | None = None,
+              x_zero: Buffer | None = None, w_zero: Buffer | None = None,
               finish: Callable[[Expr, Expr], Expr] | None = None,
               params: list[Buffer] | None = None) -> KernelBuilder:
     """Emit one kernel computing y = conv(x, w) (+ b), then the fused epilogue, for an N-D
@@ -255,24 +254,35 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     Loop nest: parallel over (n, oc); serial over output rows (all spatial dims but the last)
     and tiles of ``ROW_TILE`` columns; a local row accumulator of ``acc_dtype`` (default: x's
     float type, f32 for f16/bf16); reduction over (ic, kernel taps) with clamped tap ranges;
-    innermost the output columns. ``load_x(value, c)`` / ``load_w(value, oc)`` convert loaded
-    elements to ``acc_dtype`` (ConvInteger subtracts zero points there; ``c`` is the input
-    channel); ``finish(acc, oc)`` turns the accumulator (bias added) into y's dtype.
+    innermost the output columns. ``finish(acc, oc)`` turns the accumulator (bias added) into
+    y's dtype (default: a cast).
+
+    The integer path (ConvInteger, QLinearConv, the quantized ops of ``ir.ops.quant``):
+    ``acc_dtype=i32`` with x and w u8/i8, ``x_zero`` (a scalar buffer of x's dtype, or None for
+    0) and ``w_zero`` (w's dtype, a scalar or [M] per output channel, or None): the products
+    are of (x - x_zero) and (w - w_zero[oc]) in int32 (ONNX ConvInteger-10), padding
+    contributing 0; ``b`` (int32 [M]) is added before ``finish``. The zero points are buffers,
+    not load functions, so a schedule sees what it may precompute (the llvm ``conv2d_int8``
+    packs a constant w with its zero points at compile time).
 
     First the target's backend schedules registered for the key ``"conv2d"``
     (``ir.strategy.dispatch``; the llvm ones in ``codegen/llvm/schedules/conv2d*.py``) are
-    asked, with the keywords ``x, w, b, y, group, geo, acc_dtype, params`` and ``hooks`` =
-    ``(load_x, load_w, finish)`` as given (None where not given); the loop nest above is the
-    generic one, used where none applies.
+    asked, with the keywords ``x, w, b, y, group, geo, acc_dtype, params, x_zero, w_zero`` and
+    ``hooks`` = ``(finish,)`` (None when not given; the float schedules take no hooks); the loop
+    nest above is the generic one, used where none applies.
     """
     done = dispatch("conv2d", ctx, x=x, w=w, b=b, y=y, group=group, geo=geo, acc_dtype=acc_dtype,
-                    hooks=(load_x, load_w, finish), params=params)
+                    hooks=(finish,) if finish is not None else (), params=params, x_zero=x_zero, w_zero=w_zero)
     if done is not NO_SCHEDULE:
         return done
     if acc_dtype is None:
         acc_dtype = DType.f32 if x.dtype in (DType.f16, DType.bf16) else x.dtype
-    load_x = load_x or (lambda v, c: v.cast(acc_dtype))
-    load_w = load_w or (lambda v, oc: v.cast(acc_dtype))
+
+    def load_x(v, c):
+        return v.cast(acc_dtype) - x_zero.flat(0).cast(acc_dtype) if x_zero is not None else v.cast(acc_dtype)
+
+    def load_w(v, oc):
+        return v.cast(acc_dtype) - _channel(w_zero, oc, acc_dtype) if w_zero is not None else v.cast(acc_dtype)
     finish = finish or (lambda v, oc: v.cast(y.dtype))
     nsp = geo.rank
     n_, c_ = x.shape[:2]
@@ -636,16 +646,8 @@ class ConvInteger:
         x, w = ctx.inputs[0], ctx.inputs[1]
         xz = ctx.inputs[2] if len(ctx.inputs) > 2 else None
         wz = ctx.inputs[3] if len(ctx.inputs) > 3 else None
-        i32 = DType.i32
-
-        def load_x(v, c):
-            return v.cast(i32) - xz.flat(0).cast(i32) if xz is not None else v.cast(i32)
-
-        def load_w(v, oc):
-            return v.cast(i32) - _channel(wz, oc, i32) if wz is not None else v.cast(i32)
-
         emit_conv(ctx, x, w, None, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node),
-                  acc_dtype=i32, load_x=load_x, load_w=load_w)
+                  acc_dtype=DType.i32, x_zero=xz, w_zero=wz)
 
     flops = conv_flops
 
@@ -705,18 +707,12 @@ class QLinearConv:
         i32, f32 = DType.i32, DType.f32
         info = np.iinfo(y.dtype.numpy)
 
-        def load_x(v, c):
-            return v.cast(i32) - xz.flat(0).cast(i32) if xz is not None else v.cast(i32)
-
-        def load_w(v, oc):
-            return v.cast(i32) - _channel(wz, oc, i32) if wz is not None else v.cast(i32)
-
         def finish(acc, oc):
             scale = xs.flat(0) * _channel(ws, oc, f32) / ys.flat(0)
             q = unop("round", acc.cast(f32) * scale) + yz.flat(0).cast(f32)
             return minimum(maximum(q, float(info.min)), float(info.max)).cast(y.dtype)
 
         emit_conv(ctx, x, w, b, y, int(ctx.attr("group", 1)), conv_geometry_of(ctx.node, 3),
-                  acc_dtype=i32, load_x=load_x, load_w=load_w, finish=finish)
+                  acc_dtype=i32, x_zero=xz, w_zero=wz, finish=finish)
 
     flops = conv_flops

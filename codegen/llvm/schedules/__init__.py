@@ -3,7 +3,8 @@
 
 - ``conv2d``: 2-D float32 convolutions, key ``"conv2d"`` (``ir.ops.conv.emit_conv``): row
   tiles, flat pixel tiles, pointwise (1x1) and im2row GEMMs (:mod:`.conv2d`), Winograd
-  F(2x2, 3x3) (:mod:`.conv2d_winograd`), depthwise (:mod:`.conv2d_depthwise`).
+  F(2x2, 3x3) (:mod:`.conv2d_winograd`), depthwise (:mod:`.conv2d_depthwise`); int8 with int32
+  accumulation on VPDPBUSD / VPMADDWD (:mod:`.conv2d_int8`, helpers in :mod:`.int8`).
 - ``matmul``: MatMul, Gemm, MatMulInteger and their fused forms, key ``"matmul"``
   (``ir.ops.linalg.emit_matmul_core``): register tiles over a packed constant B, i-k-j
   panels, dot products in partial sums (:mod:`.matmul`).
@@ -12,4 +13,4 @@
 - ``pool``: global pools in vector partial accumulators, key ``"global_pool"``
   (``ir.ops.pool.emit_global_pool``) (:mod:`.pool`).
 """
-from . import conv2d, conv2d_depthwise, conv2d_winograd, matmul, norm, pool  # noqa: F401  (registers the schedules)
+from . import conv2d, conv2d_depthwise, conv2d_int8, conv2d_winograd, matmul, norm, pool  # noqa: F401  (registers the schedules)

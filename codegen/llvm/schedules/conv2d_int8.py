@@ -1,0 +1,338 @@
+"""The llvm backend's int8 schedule of 2-D convolutions with int32 accumulation
+(ConvInteger, QLinearConv and the quantized convolutions that reach ``ir.ops.conv.emit_conv``
+with ``acc_dtype=i32``): schedule key ``"conv2d"``, name ``conv2d_int8``.
+
+Where it applies: x u8 or i8 [N, C, H, W] with a scalar zero point (any value, read at run
+time), w u8 or i8 [M, C, KH, KW] a compile-time constant with a constant zero point (scalar
+or per output channel [M]), group 1, any strides, dilations and pads; the target has an
+integer dot product (:func:`int8.dot_forms`: VPDPBUSD, or VPMADDWD on AVX2).
+
+Layout inside the kernel (the graph stays NCHW): the vector lanes are output pixels of one
+row (``L`` = 16 or 8 int32 lanes), so the results store contiguously into Y's rows and the
+epilogue runs on whole vectors, as in the float schedules.
+
+- Weights: packed at compile time into ``Wp [MB, Cq, KH, KW, OCn]`` int32, each int32 holding
+  the ``g`` (4 for VPDPBUSD, 2 for VPMADDWD) consecutive input channels of one tap of one
+  output channel (offset as :mod:`.int8` says), zero beyond C and M. Their corrections
+  (``corr``, ``d`` per channel) are a second packed constant.
+- Activations: each parallel task takes one image and a band of ``band_rows`` output rows and
+  packs the input rows the band reads into a per-thread panel ``Xp [Cq, NR, KR, COLS]`` int32:
+  ``g`` input channels of one pixel per int32, offset to u8 (or widened to i16), the padding
+  filled with the zero point, channels beyond C with 0. Stride 1: KR = 1 and the columns are
+  the padded input columns (tap kw is an offset of kw*dw). Other strides: KR = KW copies, each
+  holding the columns that tap reads for output columns 0, 1, ... so every tap reads a
+  contiguous vector.
+- Micro-kernel: a tile of ``RP`` pixel vectors (consecutive vectors of the band's rows) x
+  ``OCn`` output channels keeps RP*OCn int32 accumulator vectors in registers over the
+  Cq x KH x KW reduction: per step RP vector loads of Xp, OCn broadcasts of Wp and RP*OCn
+  ``DotAcc``; with a nonzero ``d`` also RP row sums (a ``DotAcc`` with ones).
+- Epilogue on registers: the correction (``d * rowsum - a * corr``), the bias, the op's
+  ``finish(acc, oc)`` (requantisation, or the float scale of ConvIntegerToFloat), then
+  ``ctx.apply_epilogue`` on the vector and one store (lane by lane past the row's end).
+
+Knobs: ``int8_lanes`` (16 or 8: narrow rows waste fewer lanes at 8), ``int8_tile`` (RP, OCn),
+``band_rows`` (a divisor of OH; larger bands repack fewer overlapping input rows, the panel
+stays under :data:`PANEL_BYTES` by default), ``oc_split`` (output-channel blocks split into
+this many parallel tasks: images x bands alone may be too few tasks).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tensorfuse.ir.kernel import Expr, KernelBuilder, Ramp, as_expr, binop, broadcast, dot_acc, minimum
+from tensorfuse.ir.knobs import knob
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.strategy import register_schedule
+from tensorfuse.ir.types import DType
+
+from . import int8
+from .conv2d import vector_registers
+
+#: default bound of a task's packed input panel (it lives on the thread's stack and should
+#: stay in L2 while every channel block reads it)
+PANEL_BYTES = 48 * 1024
+#: the schedule does not apply when a band of one output row needs a larger panel
+MAX_PANEL_BYTES = 256 * 1024
+#: parallel tasks the default ``oc_split`` aims at
+MIN_TASKS = 8
+
+
+def _geometry_ok(geo) -> bool:
+    return geo.rank == 2 and max(geo.kernel) <= 11
+
+
+def _lane_use(ow: int, L: int) -> float:
+    return ow / (-(-ow // L) * L)
+
+
+def _panel_shape(geo, L: int, rb: int, cq: int) -> tuple[int, int, int, int]:
+    """(Cq, NR, KR, COLS) of a band of ``rb`` output rows at ``L`` lanes."""
+    (KH, KW), (sh, sw), (dh, dw) = geo.kernel, geo.strides, geo.dilations
+    OW = geo.out_shape[1]
+    nvw = -(-OW // L)
+    nr = (rb - 1) * sh + (KH - 1) * dh + 1
+    if sw == 1:
+        return cq, nr, 1, nvw * L + (KW - 1) * dw
+    return cq, nr, KW, nvw * L
+
+
+def conv_int8_applies(ctx: LowerCtx, *, x, w, y, group, geo, acc_dtype, x_zero=None, w_zero=None, **_) -> bool:
+    """Module docstring: u8/i8 x and constant w, constant w zero point, scalar x zero point,
+    group 1, 2-D, int32 accumulation, a target with an integer dot product, and a panel of one
+    output row within :data:`MAX_PANEL_BYTES`."""
+    if not (acc_dtype == DType.i32 and x.dtype in int8.QUANT and w.dtype in int8.QUANT
+            and group == 1 and _geometry_ok(geo)):
+        return False
+    forms = int8.dot_forms(ctx.target)
+    if not forms or int8.const_input(ctx, w) is None:
+        return False
+    if w_zero is not None and int8.const_input(ctx, w_zero) is None:
+        return False
+    if x_zero is not None and x_zero.numel != 1:
+        return False
+    form = forms[-1]
+    cq = -(-x.shape[1] // form.per_lane)
+    return 4 * _prod(_panel_shape(geo, form.lanes, 1, cq)) <= MAX_PANEL_BYTES
+
+
+def _prod(t) -> int:
+    p = 1
+    for v in t:
+        p *= v
+    return p
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tiles(regs: int, rowsum: bool, m: int, slots: int) -> list[tuple[int, int]]:
+    """(RP, OCn) register tiles: RP*OCn accumulators, RP pixel vectors (and RP row sums), one
+    broadcast and one spare within ``regs``."""
+    out = []
+    for rp in range(1, min(8, slots) + 1):
+        for ocn in range(1, min(16, m) + 1):
+            if rp * ocn + rp * (2 if rowsum else 1) + 2 <= regs:
+                out.append((rp, ocn))
+    return out
+
+
+def _default_tile(regs: int, rowsum: bool, m: int, slots: int) -> tuple[int, int]:
+    """RP = 4 pixel vectors (2 with 16 registers) and as many channels as the rest of the
+    registers hold: loads per step RP + OCn for RP*OCn dot products."""
+    rp = max(1, min(4 if regs >= 32 else 2, slots))
+    ocn = max(1, min(m, (regs - 2 - rp * (2 if rowsum else 1)) // rp))
+    return rp, ocn
+
+
+def _form_for(ctx: LowerCtx, OW: int) -> int:
+    forms = int8.dot_forms(ctx.target)
+    widths = [f.lanes for f in forms if f.isa == forms[0].isa]
+    # the widest vector unless a narrower one uses clearly more of its lanes on short rows
+    best = widths[0]
+    for L in widths[1:]:
+        if _lane_use(OW, L) > _lane_use(OW, best) + 0.15:
+            best = L
+    L = knob("int8_lanes", widths, best, doc="int32 lanes (output pixels) per vector")
+    return next(f for f in forms if f.lanes == L and f.isa == forms[0].isa)
+
+
+@register_schedule("conv2d", "llvm", "conv2d_int8", plevel=40, applies=conv_int8_applies)
+def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero=None, hooks=(), params=None,
+                   **_) -> KernelBuilder:
+    """Integer convolution on the target's dot-product instruction (module docstring); one
+    kernel. ``hooks``' last entry is ``finish(acc, oc)`` (None: the int32 value cast to Y's
+    dtype)."""
+    finish = hooks[-1] if hooks and hooks[-1] is not None else (lambda v, oc: v.cast(y.dtype))
+    N, C, H, W = x.shape
+    M = y.shape[1]
+    (KH, KW), (sh, sw), (dh, dw), (ph, pw) = geo.kernel, geo.strides, geo.dilations, geo.pads_begin
+    OH, OW = geo.out_shape
+    form = _form_for(ctx, OW)
+    L, g = form.lanes, form.per_lane
+    Cq = -(-C // g)
+    K = C * KH * KW
+
+    # ---- weights, packed at compile time
+    wv = int8.const_input(ctx, w)
+    wz = int8.const_input(ctx, w_zero)
+    pw_ = int8.offset_weights(wv.reshape(M, K), wz, form, w.dtype)
+    rowsum = pw_.need_rowsum
+    regs = vector_registers(ctx.target)
+    nvw = -(-OW // L)
+    rb_cands = [d for d in _divisors(OH) if 4 * _prod(_panel_shape(geo, L, d, Cq)) <= MAX_PANEL_BYTES]
+    rb0 = max(d for d in rb_cands if 4 * _prod(_panel_shape(geo, L, d, Cq)) <= PANEL_BYTES) \
+        if any(4 * _prod(_panel_shape(geo, L, d, Cq)) <= PANEL_BYTES for d in rb_cands) else 1
+    RB = knob("band_rows", rb_cands, rb0, doc="output rows per parallel task (its packed input panel)")
+    slots = RB * nvw
+    RP, OCn = knob("int8_tile", _tiles(regs, rowsum, M, slots), _default_tile(regs, rowsum, M, slots),
+                   doc="register tile: pixel vectors x output channels")
+    MB = -(-M // OCn)
+    bands = OH // RB
+    split0 = 1 if N * bands >= MIN_TASKS else min(MB, -(-MIN_TASKS // (N * bands)))
+    SPLIT = knob("oc_split", [s for s in (1, 2, 4, 8, 16) if s <= MB], split0,
+                 doc="channel blocks split into this many parallel tasks")
+    mb_per = -(-MB // SPLIT)
+
+    wfull = pw_.w_p.reshape(M, C, KH, KW)
+    wpad = np.zeros((MB * OCn, Cq * g, KH, KW), np.int64)
+    wpad[:M, :C] = wfull
+    # [MB, OCn, Cq, g, KH, KW] -> [MB, Cq, KH, KW, OCn, g]
+    wt = wpad.reshape(MB, OCn, Cq, g, KH, KW).transpose(0, 2, 4, 5, 1, 3)
+    wp = ctx.pack(int8.pack_lanes(wt, form), "wint8")
+    corr = np.zeros((2, MB * OCn), np.int32)
+    corr[0, :M] = pw_.corr
+    corr[1, :M] = int8.wrap32(pw_.d)
+    cb = ctx.pack(corr, "wcorr")
+    base = params if params is not None else ctx.default_params()
+    params_ = [p for p in base if p is not w and p is not w_zero] + [wp, cb]
+    kb = ctx.kernel(params=params_)
+    Cq_, NR, KR, COLS = _panel_shape(geo, L, RB, Cq)
+    kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: tile {RP} pixel vectors x {OCn} channels, "
+                          f"band {RB} rows, panel {[Cq_, NR, KR, COLS]}, weights {list(wp.shape)}]")
+    xp = kb.local(DType.i32, (Cq * NR * KR * COLS,), hint="xpanel")
+    acc = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="acc")
+    lanes_buf = kb.local(DType.i32, (L,), hint="lanes")
+    i32 = DType.i32
+    s_off = int8.activation_offset(form, x.dtype)
+    mask = (1 << form.bits) - 1
+
+    def xu(v: Expr) -> Expr:
+        """An activation (x's dtype) as the packed element, masked to its bits."""
+        e = v.cast(i32) + s_off if s_off else v.cast(i32)
+        return e & mask
+
+    def packed(vals: list) -> Expr:
+        out = None
+        for t, v in enumerate(vals):
+            if v is None:
+                continue
+            term = v if t == 0 else binop("shl", v, as_expr(t * form.bits, DType.i32))
+            out = term if out is None else out | term
+        return out if out is not None else as_expr(0, i32)
+
+    ntasks = N * bands * SPLIT
+    with kb.loop(ntasks, kind="parallel", hint="task") as task:
+        n = task / (bands * SPLIT) if ntasks > 1 else as_expr(0)
+        rest = task % (bands * SPLIT) if ntasks > 1 else as_expr(0)
+        band = rest / SPLIT if SPLIT > 1 else rest
+        part = rest % SPLIT if SPLIT > 1 else as_expr(0)
+        oh0 = band * RB
+        zx = x_zero.flat(0) if x_zero is not None else as_expr(0, x.dtype)
+        a_u = xu(zx)                                  # the packed padding element (x_u of xz)
+        a_corr = zx.cast(i32) + s_off                 # a of the correction
+        # ---- pack the band's input rows
+        pads = {}
+        for cq_kind, valid in (("full", g), ("tail", C % g)):
+            if valid:
+                pads[cq_kind] = packed([a_u if t < valid else None for t in range(g)])
+        with kb.loop(NR, hint="r") as r:
+            ih = oh0 * sh - ph + r
+            row_in = (ih >= 0) & (ih < H)
+            for kr in range(KR):
+                # output column col reads input column iw = col*cs + off (cs = 1 at stride 1)
+                cs, off = (1, -pw) if sw == 1 else (sw, kr * dw - pw)
+                lo = min(max(-(-(-off) // cs), 0), COLS)                  # first col with iw >= 0
+                hi = max(min(-(-(W - off) // cs), COLS), lo)              # first col with iw >= W
+                for quad, valid in ((None, g), ("tail", C % g)):
+                    if quad is None and C // g == 0:
+                        continue
+                    if quad == "tail" and not valid:
+                        continue
+                    pad = pads["full" if quad is None else "tail"]
+
+                    def body(cq: Expr, valid=valid, pad=pad, cs=cs, off=off, lo=lo, hi=hi, kr=kr):
+                        rowbase = ((cq * NR + r) * KR + kr) * COLS
+                        with kb.if_(row_in) as inside:
+                            with kb.loop(lo, kind="vectorize", hint="c") as col:
+                                kb.store(xp, rowbase + col, pad)
+                            ihc = ih
+                            with kb.loop(hi, start=lo, kind="vectorize", hint="c") as col:
+                                iw = col * cs + off
+                                vals = [xu(x.flat(((n * C + cq * g + t) * H + ihc) * W + iw)) if t < valid else None
+                                        for t in range(g)]
+                                kb.store(xp, rowbase + col, packed(vals))
+                            with kb.loop(COLS, start=hi, kind="vectorize", hint="c") as col:
+                                kb.store(xp, rowbase + col, pad)
+                        with kb.else_(inside):
+                            with kb.loop(COLS, kind="vectorize", hint="c") as col:
+                                kb.store(xp, rowbase + col, pad)
+                    if quad is None:
+                        with kb.loop(C // g, hint="cq") as cq:
+                            body(cq)
+                    else:
+                        body(as_expr(C // g))
+        # ---- the tiles
+        ones = broadcast(as_expr(int(int8.pack_lanes(np.ones((1, g), np.int64), form)[0]), i32), L)
+        zero = broadcast(as_expr(0, i32), L)
+
+        def tile(mb: Expr, s0: Expr, rp: int):
+            # slot s -> (band row, vector of the row)
+            rows = [(s0 + p) / nvw if nvw > 1 else s0 + p for p in range(rp)]
+            vecs = [(s0 + p) % nvw if nvw > 1 else as_expr(0) for p in range(rp)]
+            for q in range(rp * (OCn + 1)):
+                kb.store(acc, q * L, zero)
+            with kb.reduce(Cq, hint="cq") as cq:
+                for kh in range(KH):
+                    for kw in range(KW):
+                        kr = 0 if sw == 1 else kw
+                        coff = kw * dw if sw == 1 else 0
+                        xv = [xp.vload(((cq * NR + rows[p] * sh + kh * dh) * KR + kr) * COLS + vecs[p] * L + coff, L)
+                              for p in range(rp)]
+                        wbase = (((mb * Cq + cq) * KH + kh) * KW + kw) * OCn
+                        for j in range(OCn):
+                            wb = broadcast(wp.flat(wbase + j), L)
+                            for p in range(rp):
+                                q = (p * (OCn + 1) + j) * L
+                                kb.store(acc, q, dot_acc(acc.vload(q, L), xv[p], wb, form.packing, form.isa))
+                        if rowsum:
+                            for p in range(rp):
+                                q = (p * (OCn + 1) + OCn) * L
+                                kb.store(acc, q, dot_acc(acc.vload(q, L), xv[p], ones, form.packing, form.isa))
+            for p in range(rp):
+                oh = oh0 + rows[p]
+                ow0 = vecs[p] * L
+                rs = acc.vload((p * (OCn + 1) + OCn) * L, L) if rowsum else None
+                for j in range(OCn):
+                    oc = mb * OCn + j
+                    v = acc.vload((p * (OCn + 1) + j) * L, L)
+                    if rowsum:
+                        v = v + rs * cb.flat(MB * OCn + oc)
+                    v = v - a_corr * cb.flat(oc)
+                    if b is not None:
+                        v = v + b.flat(oc).cast(i32)
+
+                    def store(v=v, oc=oc, oh=oh, ow0=ow0):
+                        def vector_store():
+                            idx = [n, oc, oh, Ramp(ow0, L)]
+                            kb.store(y, idx, ctx.apply_epilogue(finish(v, oc), idx))
+
+                        def lane_stores():
+                            kb.store(lanes_buf, 0, v)
+                            for ln in range(L):
+                                with kb.if_(ow0 + ln < OW):
+                                    idx = [n, oc, oh, ow0 + ln]
+                                    kb.store(y, idx, ctx.apply_epilogue(finish(lanes_buf[ln], oc), idx))
+                        if OW % L == 0:
+                            vector_store()
+                        else:
+                            with kb.if_(ow0 + L <= OW) as whole:
+                                vector_store()
+                            with kb.else_(whole):
+                                lane_stores()
+                    if M % OCn == 0:
+                        store()
+                    else:
+                        with kb.if_(oc < M):
+                            store()
+
+        mb_lo = part * mb_per if SPLIT > 1 else as_expr(0)
+        mb_hi = minimum(mb_lo + mb_per, as_expr(MB)) if SPLIT > 1 else as_expr(MB)
+        with kb.loop(mb_hi, start=mb_lo, hint="mb", role="spatial") as mb:
+            full = slots // RP
+            if full:
+                with kb.loop(full, hint="s", role="spatial") as st:
+                    tile(mb, st * RP, RP)
+            if slots % RP:
+                tile(mb, as_expr(full * RP), slots % RP)
+    return kb
