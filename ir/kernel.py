@@ -415,6 +415,11 @@ class Buffer:
         return Load(self, self.offset(idx), lanes, stride if lanes > 1 else 1)
 
     def flat(self, i) -> Load:
+        """``buf[i]`` at flat offset ``i``; a :class:`Ramp` ``i`` loads the contiguous vector
+        ``buf[base : base+lanes]`` (so per-column parameters read by a finish function serve
+        scalar and vector columns alike)."""
+        if isinstance(i, Ramp):
+            return Load(self, as_expr(i.base, I64), i.lanes)
         return Load(self, as_expr(i, I64))
 
     def vload(self, i, lanes: int) -> Load:

@@ -83,6 +83,22 @@ class ConstantB:
 
 
 @dataclass(frozen=True)
+class IntegerOperands:
+    """An integer product as buffers, for schedules that pack it (the llvm ``matmul_int8``):
+    ``Y = finish((A - a_zero) @ (B - b_zero))`` in int32 (ONNX MatMulInteger-10). ``a``: u8/i8
+    [..., M, K] (or [K]); ``b``: u8/i8 [..., K, N] (or [K]); ``a_zero``: None (0), a scalar, [M]
+    or [..., M, 1] (A's dtype); ``b_zero``: None, a scalar, [N] or [..., 1, N] (B's dtype).
+    With these, the spec's ``finish(v, bidx, i, j)`` may be called with ``j`` a
+    :class:`~ir.kernel.Ramp` of contiguous columns and ``v`` a vector: it must read
+    per-column parameters with ``Buffer.flat`` or index lists (which take a Ramp)."""
+
+    a: Buffer
+    b: Buffer
+    a_zero: Buffer | None = None
+    b_zero: Buffer | None = None
+
+
+@dataclass(frozen=True)
 class MatMulSpec:
     """``Y[b, i, j] = finish(sum_k load_a(b, i, k) * load_b(b, k, j), b, i, j)`` for ``b``
     over ``batch`` (a shape; () for none), i < M, j < N: what the ``"matmul"`` schedules get.
@@ -91,7 +107,9 @@ class MatMulSpec:
     accumulation dtype) for in-range indices; ``out_index(bidx, i, j)`` is the index list into
     ``y``; ``finish`` maps the accumulated Expr to ``y``'s dtype. ``b_contiguous_in_j``: B is
     read along j (False: Gemm's transB, B' contiguous in k). ``const_b``: the rows view
-    (:class:`ConstantB`) when B is a 2-D constant, else None."""
+    (:class:`ConstantB`) when B is a 2-D constant, else None. ``integer``: the operands of an
+    integer product (:class:`IntegerOperands`; ``load_a``/``load_b`` then subtract the zero
+    points), else None."""
 
     y: Buffer
     M: int
@@ -105,6 +123,7 @@ class MatMulSpec:
     acc: DType
     b_contiguous_in_j: bool = True
     const_b: ConstantB | None = None
+    integer: IntegerOperands | None = None
 
     def store(self, ctx: LowerCtx, kb: KernelBuilder, bidx, i, j, value: Expr) -> None:
         """The one store of output element (bidx, i, j): ``finish`` then the epilogue."""
@@ -395,7 +414,10 @@ def emit_integer_matmul(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer, azp: Buf
     u8/i8 matrices with numpy.matmul shapes (MatMulInteger-10's zero points: scalar, per row of
     A, per column of B), through :func:`emit_matmul_core`. ``finish`` (default: the int32 sum)
     maps the accumulated i32 Expr of output element (bidx, i, j) to Y's dtype, before the
-    fused epilogue (QLinearMatMul requantizes there)."""
+    fused epilogue (QLinearMatMul requantizes there); ``finish`` may get a vector ``v`` and a
+    :class:`~ir.kernel.Ramp` ``j`` (:class:`IntegerOperands`). The zero points go to the
+    schedules as buffers (``MatMulSpec.integer``): the llvm ``matmul_int8`` packs a constant B
+    with its zero point at compile time (``codegen/llvm/schedules/matmul_int8.py``)."""
     a_sh = (1,) + a.shape if len(a.shape) == 1 else a.shape
     b_sh = b.shape + (1,) if len(b.shape) == 1 else b.shape
     M, K = a_sh[-2:]
@@ -415,7 +437,8 @@ def emit_integer_matmul(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer, azp: Buf
         return list(bidx) + ([i] if len(a.shape) > 1 else []) + ([j] if len(b.shape) > 1 else [])
 
     emit_matmul_core(ctx, MatMulSpec(y, M, N, K, tuple(batch), load_a, load_b, out_index,
-                                     finish or (lambda v, *_: v), i32))
+                                     finish or (lambda v, *_: v), i32,
+                                     integer=IntegerOperands(a, b, azp, bzp)))
 
 
 @op("MatMulInteger", OpPatternKind.OUT_ELEMWISE_FUSABLE)

@@ -7,10 +7,11 @@
   accumulation on VPDPBUSD / VPMADDWD (:mod:`.conv2d_int8`, helpers in :mod:`.int8`).
 - ``matmul``: MatMul, Gemm, MatMulInteger and their fused forms, key ``"matmul"``
   (``ir.ops.linalg.emit_matmul_core``): register tiles over a packed constant B, i-k-j
-  panels, dot products in partial sums (:mod:`.matmul`).
+  panels, dot products in partial sums (:mod:`.matmul`); integer products of u8/i8 by a
+  constant B on VPDPBUSD / VPMADDWD (:mod:`.matmul_int8`).
 - ``norm``: row statistics of Layer/Instance/GroupNormalization in vector partial sums,
   key ``"row_norm"`` (``ir.ops.norm.emit_row_norm``) (:mod:`.norm`).
 - ``pool``: global pools in vector partial accumulators, key ``"global_pool"``
   (``ir.ops.pool.emit_global_pool``) (:mod:`.pool`).
 """
-from . import conv2d, conv2d_depthwise, conv2d_int8, conv2d_winograd, matmul, norm, pool  # noqa: F401  (registers the schedules)
+from . import conv2d, conv2d_depthwise, conv2d_int8, conv2d_winograd, matmul, matmul_int8, norm, pool  # noqa: F401  (registers the schedules)

@@ -1,0 +1,230 @@
+"""The llvm backend's int8 GEMM schedule: schedule key ``"matmul"``, name ``matmul_int8``, for
+the integer products of ``ir.ops.linalg.emit_integer_matmul`` (MatMulInteger, QLinearMatMul,
+MatMulIntegerToFloat: ``MatMulSpec.integer``).
+
+Where it applies: A u8 or i8 [..., M, K] with a scalar zero point (any value, read at run time)
+or one per row ([M], A 2-D); B u8 or i8 [K, N], a compile-time constant, with a constant zero
+point (scalar or [N]); a target with an integer dot product (:func:`int8.dot_forms`).
+
+- B is packed at compile time into panels ``Bp [NBLK, Kq, NB*L]`` int32: lane j of a panel
+  holds the ``g`` consecutive k (4 for VPDPBUSD, 2 for VPMADDWD) of column j, offset as
+  :mod:`.int8` says, zero beyond K and N; the corrections per column are a second constant.
+- Each parallel task takes a block of ``sweep_rows`` x R rows of A (A's batch dims folded into
+  the rows) and packs them into a per-thread panel ``Ap [rows, Kq]`` int32 (``g`` k per int32,
+  offset to u8 or widened to i16), with each row's sum where a B zero point needs it.
+- Micro-kernel: R rows x NB vectors of L columns, R*NB int32 accumulators in registers over
+  Kq steps of NB vector loads of Bp, R broadcasts of Ap and R*NB ``DotAcc``.
+- Epilogue on registers: the zero-point correction, the op's ``finish(v, bidx, i, Ramp(j0, L))``,
+  ``ctx.apply_epilogue``, one vector store (lane by lane past N).
+
+Knobs: ``int8_tile`` (R, NB), ``sweep_rows`` (R-row tiles per task and packed panel),
+``col_split`` (panels split into this many parallel tasks).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tensorfuse.ir.kernel import Expr, Ramp, as_expr, binop, broadcast, dot_acc, minimum
+from tensorfuse.ir.knobs import knob
+from tensorfuse.ir.lowering import LowerCtx
+from tensorfuse.ir.ops.linalg import MatMulSpec, unravel
+from tensorfuse.ir.strategy import register_schedule
+from tensorfuse.ir.types import DType
+
+from . import int8
+from .conv2d import vector_registers
+
+#: default bound of a task's packed rows of A (they stay in L1 while every panel reads them)
+A_PANEL_BYTES = 24 * 1024
+#: parallel tasks the default ``col_split`` aims at
+MIN_TASKS = 8
+
+
+def _applies(ctx: LowerCtx, mm: MatMulSpec) -> bool:
+    io = mm.integer
+    if io is None or mm.acc != DType.i32 or mm.K == 0 or mm.N == 0 or mm.M == 0:
+        return False
+    a, b = io.a, io.b
+    if a.dtype not in int8.QUANT or b.dtype not in int8.QUANT or len(b.shape) != 2 or len(a.shape) < 2:
+        return False
+    if not int8.dot_forms(ctx.target) or int8.const_input(ctx, b) is None:
+        return False
+    if io.b_zero is not None and (int8.const_input(ctx, io.b_zero) is None or
+                                  io.b_zero.numel not in (1, mm.N) or len(io.b_zero.shape) > 1):
+        return False
+    if io.a_zero is not None and io.a_zero.numel != 1 and not (len(io.a_zero.shape) == 1 and len(a.shape) == 2):
+        return False
+    return True
+
+
+def _default_tile(regs: int, rows: int, nvec: int) -> tuple[int, int]:
+    nb = min(4 if regs >= 32 else 2, nvec)
+    r = max(1, min((regs - nb - 2) // nb, 8 if regs >= 32 else 6, rows))
+    return r, nb
+
+
+@register_schedule("matmul", "llvm", "matmul_int8", plevel=40, applies=_applies)
+def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
+    """Integer GEMM on the target's dot-product instruction over B packed in panels (module
+    docstring); one kernel."""
+    io = mm.integer
+    a, b, y = io.a, io.b, mm.y
+    K, N, M = mm.K, mm.N, mm.M
+    rows = a.numel // K
+    forms = int8.dot_forms(ctx.target)
+    widths = [f.lanes for f in forms]
+    L = knob("int8_lanes", widths, widths[0], doc="int32 lanes (output columns) per vector")
+    form = next(f for f in forms if f.lanes == L)
+    g = form.per_lane
+    Kq = -(-K // g)
+    nvec = -(-N // L)
+    regs = vector_registers(ctx.target)
+    tiles = [(r, nb) for nb in range(1, min(4, nvec) + 1) for r in range(1, min(12, rows) + 1)
+             if r * nb + nb + 2 <= regs]
+    R, NB = knob("int8_tile", tiles, _default_tile(regs, rows, nvec), doc="register tile: rows x column vectors")
+    blk = NB * L
+    NBLK = -(-N // blk)
+    full = rows // R
+    g0 = max(1, min(max(full, 1), A_PANEL_BYTES // max(1, R * Kq * 4)))
+    G = knob("sweep_rows", [d for d in range(1, min(16, max(full, 1)) + 1)], g0,
+             doc="row tiles per parallel task (its packed rows of A)") if full > 1 else 1
+    ntask_rows = -(-rows // (G * R))
+    split0 = 1 if ntask_rows >= MIN_TASKS else min(NBLK, -(-MIN_TASKS // ntask_rows))
+    SPLIT = knob("col_split", [s for s in (1, 2, 4, 8, 16) if s <= NBLK], split0,
+                 doc="column panels split into this many parallel tasks")
+    per = -(-NBLK // SPLIT)
+
+    # ---- B packed at compile time: columns are the "output channels" of int8.offset_weights
+    bv = int8.const_input(ctx, b)
+    bz = int8.const_input(ctx, io.b_zero)
+    pw = int8.offset_weights(np.ascontiguousarray(bv.T), bz, form, b.dtype)
+    wpad = np.zeros((NBLK * blk, Kq * g), np.int64)
+    wpad[:N, :K] = pw.w_p
+    bp = ctx.pack(int8.pack_lanes(wpad.reshape(NBLK, blk, Kq, g).transpose(0, 2, 1, 3), form), "bint8")
+    corr = np.zeros((2, NBLK * blk), np.int32)
+    corr[0, :N] = pw.corr
+    corr[1, :N] = int8.wrap32(pw.d)
+    cb = ctx.pack(corr, "bcorr")
+    rowsum = pw.need_rowsum
+    params = [p for p in ctx.default_params() if p is not b and p is not io.b_zero] + [bp, cb]
+    kb = ctx.kernel(params=params)
+    kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: tile {R} rows x {NB}x{L} columns, "
+                          f"{G} tiles per task, B packed {list(bp.shape)}]")
+    i32 = DType.i32
+    s_off = int8.activation_offset(form, a.dtype)
+    mask = (1 << form.bits) - 1
+    GR = G * R
+    ap = kb.local(i32, (GR * Kq,), hint="apanel")
+    rs = kb.local(i32, (GR,), hint="rowsum")
+    acc = kb.local(i32, (R * NB * L,), hint="acc")
+    lanes_buf = kb.local(i32, (L,), hint="lanes")
+    a_rank_batch = len(a.shape) - 2
+    batch_dims = y.shape[:-2] if len(y.shape) >= 2 else ()
+
+    def xu(v: Expr) -> Expr:
+        e = v.cast(i32) + s_off if s_off else v.cast(i32)
+        return e & mask
+
+    def a_of(r: Expr) -> Expr:
+        """a of the correction for flat row r: its zero point plus the packing offset."""
+        if io.a_zero is None:
+            return as_expr(s_off, i32)
+        z = io.a_zero.flat(0) if io.a_zero.numel == 1 else io.a_zero.flat(r)
+        return z.cast(i32) + s_off
+
+    def pack_rows(r0: Expr, nrows: int):
+        with kb.loop(nrows, hint="pr") as pr:
+            src = (r0 + pr) * K
+            if rowsum:
+                kb.store(rs, pr, as_expr(0, i32))
+            with kb.loop(K // g, kind="vectorize", hint="kq") as kq:
+                vals = [xu(a.flat(src + kq * g + t)) for t in range(g)]
+                word = vals[0]
+                for t in range(1, g):
+                    word = word | binop("shl", vals[t], as_expr(t * form.bits, i32))
+                kb.store(ap, pr * Kq + kq, word)
+            if K % g:
+                vals = [xu(a.flat(src + (K // g) * g + t)) for t in range(K % g)]
+                word = vals[0]
+                for t in range(1, len(vals)):
+                    word = word | binop("shl", vals[t], as_expr(t * form.bits, i32))
+                kb.store(ap, pr * Kq + K // g, word)
+            if rowsum:
+                # the row's sum of x_u = x + s, as numbers (not masked to the packed bits)
+                with kb.loop(K, hint="k") as k:
+                    v = a.flat(src + k).cast(i32)
+                    kb.store(rs, pr, rs[pr] + (v + s_off if s_off else v))
+
+    def tile(r0: Expr, lr0, nrows: int, jb: Expr):
+        """Rows r0 .. r0+nrows-1 (panel rows lr0 ..) x panel jb."""
+        for q in range(nrows * NB):
+            kb.store(acc, q * L, broadcast(as_expr(0, i32), L))
+        with kb.reduce(Kq, hint="kq") as kq:
+            bvs = [bp.vload((jb * Kq + kq) * blk + v * L, L) for v in range(NB)]
+            for r in range(nrows):
+                av = broadcast(ap.flat((lr0 + r) * Kq + kq), L)
+                for v in range(NB):
+                    q = (r * NB + v) * L
+                    kb.store(acc, q, dot_acc(acc.vload(q, L), av, bvs[v], form.packing, form.isa))
+        for r in range(nrows):
+            row = r0 + r
+            bidx = unravel(row / M, batch_dims) if batch_dims else []
+            i = row % M if batch_dims else row
+            for v in range(NB):
+                j0 = jb * blk + v * L
+                val = acc.vload((r * NB + v) * L, L)
+                if rowsum:
+                    val = val + rs.flat(lr0 + r) * cb.vload(NBLK * blk + j0, L)
+                val = val - a_of(row) * cb.vload(j0, L)
+
+                def vector_store(val=val, j0=j0, bidx=bidx, i=i):
+                    idx = mm.out_index(bidx, i, Ramp(j0, L))
+                    kb.store(y, idx, ctx.apply_epilogue(mm.finish(val, bidx, i, Ramp(j0, L)), idx))
+
+                def lane_stores(val=val, j0=j0, bidx=bidx, i=i):
+                    kb.store(lanes_buf, 0, val)
+                    for ln in range(L):
+                        with kb.if_(j0 + ln < N):
+                            idx = mm.out_index(bidx, i, j0 + ln)
+                            kb.store(y, idx, ctx.apply_epilogue(mm.finish(lanes_buf[ln], bidx, i, j0 + ln), idx))
+                if N % blk == 0:
+                    vector_store()
+                elif N % L == 0:
+                    with kb.if_(j0 < N):
+                        vector_store()
+                else:
+                    with kb.if_(j0 + L <= N) as whole:
+                        vector_store()
+                    with kb.else_(whole):
+                        lane_stores()
+
+    def panels(part: Expr, body):
+        lo = part * per if SPLIT > 1 else as_expr(0)
+        hi = minimum(lo + per, as_expr(NBLK)) if SPLIT > 1 else as_expr(NBLK)
+        with kb.loop(hi, start=lo, hint="jb", role="spatial") as jb:
+            body(jb)
+
+    nfull = rows // GR
+    if nfull:
+        with kb.loop(nfull * SPLIT, kind="parallel", hint="t") as t:
+            blkrow = t / SPLIT if SPLIT > 1 else t
+            part = t % SPLIT if SPLIT > 1 else as_expr(0)
+            r0 = blkrow * GR
+            pack_rows(r0, GR)
+
+            def body(jb):
+                for gi in range(G):
+                    tile(r0 + gi * R, gi * R, R, jb)
+            panels(part, body)
+    rest = rows - nfull * GR
+    if rest:
+        with kb.loop(SPLIT, kind="parallel", hint="t") as part:
+            r0 = as_expr(nfull * GR)
+            pack_rows(r0, rest)
+
+            def body_rest(jb):
+                for gi in range(rest // R):
+                    tile(r0 + gi * R, gi * R, R, jb)
+                if rest % R:
+                    tile(r0 + (rest // R) * R, (rest // R) * R, rest % R, jb)
+            panels(part if SPLIT > 1 else as_expr(0), body_rest)
