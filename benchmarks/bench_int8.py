@@ -1,0 +1,150 @@
+"""Benchmark: tensorfuse's int8 convolution and GEMM kernels beside its float32 kernels of the
+same shapes, in the same run, one thread (issue 23, acceptance 3).
+
+For each shape, two one-node models compiled by tensorfuse for the same target string:
+
+* int8: ``ConvInteger`` (x u8 [1, C, H, W] with a nonzero scalar zero point, w s8 constant) or
+  ``MatMulInteger`` (A u8 [M, K] with a nonzero zero point, B s8 [K, N] constant): int32
+  output, the schedules ``conv2d_int8`` / ``matmul_int8``;
+* fp32: ``Conv`` / ``MatMul`` with the same shapes and a constant float32 weight.
+
+The two are timed in interleaved blocks (``--blocks``) of ``--repeat`` runs each, so a slow
+stretch of the shared machine hits both alike; reported: the median ms, GOP/s (2 * MACs / time;
+int8 multiply-adds count as float ones do) and the ratio int8 / fp32. ``--target`` picks the
+instruction form: this machine (``llvm``: VPDPBUSD where it has AVX-512 VNNI) or, e.g.,
+``"llvm -mattr=-avx512f,-avxvnni"`` (the AVX2 form, VPMADDWD, on an AVX-512 host). The kernel
+comments name the schedule and form actually used (printed with ``--verbose``).
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_int8.py [--target llvm] [--repeat 20] [--blocks 5]
+        [--only conv|gemm] [--json FILE] [--verbose]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(ROOT))
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+#: ResNet-18-like convolutions: (C, M, H, kernel, stride, pad) with input [1, C, H, H]
+CONV_SHAPES = [(64, 64, 56, 3, 1, 1), (128, 128, 28, 3, 1, 1), (256, 256, 14, 3, 1, 1), (512, 512, 7, 3, 1, 1),
+               (64, 128, 56, 3, 2, 1), (64, 256, 56, 1, 1, 0), (256, 64, 56, 1, 1, 0), (128, 512, 28, 1, 1, 0),
+               (512, 128, 28, 1, 1, 0)]
+#: GEMMs [M, K] x [K, N]
+GEMM_SHAPES = [(m, 768, n) for m in (64, 128, 197) for n in (768, 3072)]
+
+
+def _model(nodes, inputs, outputs, inits):
+    g = helper.make_graph(nodes, "m", inputs, outputs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def conv_models(c, m, h, k, s, p, rng):
+    x8 = rng.integers(0, 256, (1, c, h, h)).astype(np.uint8)
+    w8 = rng.integers(-128, 128, (m, c, k, k)).astype(np.int8)
+    attrs = dict(pads=[p] * 4, strides=[s, s])
+    oh = (h + 2 * p - k) // s + 1
+    q = _model([helper.make_node("ConvInteger", ["x", "w", "xz"], ["y"], **attrs)],
+               [helper.make_tensor_value_info("x", TensorProto.UINT8, x8.shape)],
+               [helper.make_tensor_value_info("y", TensorProto.INT32, (1, m, oh, oh))],
+               [numpy_helper.from_array(w8, "w"), numpy_helper.from_array(np.array(128, np.uint8), "xz")])
+    xf = rng.standard_normal((1, c, h, h)).astype(np.float32)
+    wf = (rng.standard_normal((m, c, k, k)) * 0.05).astype(np.float32)
+    f = _model([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, xf.shape)],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, m, oh, oh))],
+               [numpy_helper.from_array(wf, "w")])
+    return (q, {"x": x8}), (f, {"x": xf}), 2.0 * m * oh * oh * c * k * k
+
+
+def gemm_models(mm, k, n, rng):
+    a8 = rng.integers(0, 256, (mm, k)).astype(np.uint8)
+    b8 = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    q = _model([helper.make_node("MatMulInteger", ["a", "b", "az"], ["y"])],
+               [helper.make_tensor_value_info("a", TensorProto.UINT8, a8.shape)],
+               [helper.make_tensor_value_info("y", TensorProto.INT32, (mm, n))],
+               [numpy_helper.from_array(b8, "b"), numpy_helper.from_array(np.array(128, np.uint8), "az")])
+    af = rng.standard_normal((mm, k)).astype(np.float32)
+    bf = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+    f = _model([helper.make_node("MatMul", ["a", "b"], ["y"])],
+               [helper.make_tensor_value_info("a", TensorProto.FLOAT, af.shape)],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, (mm, n))],
+               [numpy_helper.from_array(bf, "b")])
+    return (q, {"a": a8}), (f, {"a": af}), 2.0 * mm * k * n
+
+
+def _time(mod, feeds, repeat: int) -> list[float]:
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        mod.run(**feeds)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return ts
+
+
+def bench(pairs, target: str, repeat: int, blocks: int, verbose: bool) -> list[dict]:
+    import tensorfuse
+    rows = []
+    for name, (q, qf), (f, ff), ops in pairs:
+        mq = tensorfuse.compile(q, target=target, num_threads=1, cache=False)
+        mf = tensorfuse.compile(f, target=target, num_threads=1, cache=False)
+        if verbose:
+            for k in mq.kernels + mf.kernels:
+                print(f"  {name}: {k.schedule}  {k.comment.strip()[:160]}")
+        for mod, feeds in ((mq, qf), (mf, ff)):
+            _time(mod, feeds, 3)
+        tq, tf = [], []
+        for _ in range(blocks):
+            tq += _time(mq, qf, repeat)
+            tf += _time(mf, ff, repeat)
+        a, b = statistics.median(tq), statistics.median(tf)
+        rows.append({"shape": name, "int8_ms": a, "fp32_ms": b, "int8_gops": ops / a / 1e6,
+                     "fp32_gflops": ops / b / 1e6, "ratio": b / a,
+                     "int8_schedule": "+".join(sorted({k.schedule for k in mq.kernels})),
+                     "fp32_schedule": "+".join(sorted({k.schedule for k in mf.kernels}))})
+        r = rows[-1]
+        print(f"{name:34s} {a:8.3f} {b:8.3f} {r['int8_gops']:8.1f} {r['fp32_gflops']:8.1f} {r['ratio']:6.2f}x  "
+              f"{r['int8_schedule']} / {r['fp32_schedule']}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--target", default="llvm")
+    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--blocks", type=int, default=5)
+    ap.add_argument("--only", choices=("conv", "gemm"))
+    ap.add_argument("--json")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    pairs = []
+    if args.only != "gemm":
+        for c, m, h, k, s, p in CONV_SHAPES:
+            pairs.append((f"conv {c}->{m} {h}x{h} k{k} s{s}", *conv_models(c, m, h, k, s, p, rng)))
+    if args.only != "conv":
+        for mm, k, n in GEMM_SHAPES:
+            pairs.append((f"gemm {mm}x{k}x{n}", *gemm_models(mm, k, n, rng)))
+    print(f"target {args.target!r}, 1 thread; median ms over {args.blocks} blocks of {args.repeat} runs")
+    print(f"{'shape':34s} {'int8 ms':>8s} {'fp32 ms':>8s} {'int8 GOP/s':>8s} {'fp32 GFLOP/s':>8s} {'ratio':>7s}  schedules")
+    rows = bench(pairs, args.target, args.repeat, args.blocks, args.verbose)
+    rs = [r["ratio"] for r in rows]
+    print(f"geometric mean int8/fp32: {float(np.exp(np.mean(np.log(rs)))):.2f}x  (min {min(rs):.2f}x, max {max(rs):.2f}x)")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"target": args.target, "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""The llvm int8 schedules (``codegen/llvm/schedules/conv2d_int8.py``, ``matmul_int8.py``) in
+each instruction form: ConvInteger, QLinearConv, MatMulInteger and QLinearMatMul with constant weights, against onnxruntime (or onnx.reference where
+onnxruntime lacks the case or saturates: its u8 x s8 kernels on x86 use VPMADDUBSW, whose
+pairwise int16 sums saturate, a documented MLAS limitation), bit-exact for int32 outputs and
+within one quantization step for requantized ones.
+
+Forms (:data:`FORMS`): VPDPBUSD at 16 lanes (x86-64-v4 + AVX-512 VNNI), at 8 lanes (x86-64-v3 +
+AVX-VNNI), and the AVX2 form (x86-64-v3: VPMADDWD on int16-widened operands). A form the host cannot run is compiled and its kernel IR
+and assembly inspected instead. The kernels are checked to be the int8 schedule's (their
+``DotAcc`` nodes and the instruction in the assembly), not the generic nest."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+import tensorfuse
+from oracle import node_model, ort_run
+from tensorfuse.compiler.pipeline import optimized_llvm
+from tensorfuse.ir.kernel import DotAcc, For, If, Store
+from tensorfuse.ir.schedule import expr_nodes
+from tensorfuse.ir.target import Target
+
+HOST = Target.parse("llvm")
+#: name -> (target string, (packing, isa, lanes) its kernels must use, features the host needs to run it)
+FORMS = {
+    "vnni512": ("llvm -mcpu=x86-64-v4 -mattr=+avx512vnni", ("u8s8", "vnni", 16), {"avx512vnni", "avx512bw"}),
+    "vnni256": ("llvm -mcpu=x86-64-v3 -mattr=+avxvnni", ("u8s8", "vnni", 8), {"avxvnni"}),
+    "avx2": ("llvm -mcpu=x86-64-v3", ("s16s16", "pmaddwd", 8), {"avx2"}),
+}
+
+
+def _runs_here(form: str) -> bool:
+    return FORMS[form][2] <= HOST.feature_set
+
+
+def _dots(mod) -> set:
+    """(packing, isa, lanes) of every DotAcc in the module's kernels."""
+    out = set()
+
+    def walk(stmts):
+        for s in stmts:
+            if isinstance(s, For):
+                walk(s.body)
+            elif isinstance(s, If):
+                walk(s.then)
+                walk(s.orelse)
+            elif isinstance(s, Store):
+                for e in expr_nodes(s.value):
+                    if isinstance(e, DotAcc):
+                        out.add((e.packing, e.isa, e.lanes))
+    for k in mod.kernels:
+        walk(k.body)
+    return out
+
+
+def _check_dots(mod, form: str) -> None:
+    """The kernels use the form's instruction (at its width, or narrower where the schedule
+    chose fewer lanes for short rows)."""
+    dots = _dots(mod)
+    packing, isa, lanes = FORMS[form][1]
+    assert dots and {(p, i) for p, i, _ in dots} == {(packing, isa)} and max(n for *_, n in dots) <= lanes, dots
+
+
+def _q(shape, dtype, rng, lo=None, hi=None):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min if lo is None else lo, (info.max if hi is None else hi) + 1, size=shape).astype(dtype)
+
+
+def _compile_check(model, feeds, form: str, expected, schedule: str, atol=0):
+    """Compile for ``form``; check the schedule and the DotAcc form; run and compare with
+    ``expected`` where the host can, else check the assembly has the instruction."""
+    target, dot, _ = FORMS[form]
+    mod = tensorfuse.compile(model, target=target)
+    assert {k.schedule for k in mod.kernels} == {f"llvm.{schedule}"}, [k.schedule for k in mod.kernels]
+    _check_dots(mod, form)
+    if not _runs_here(form):
+        _, asm = optimized_llvm(mod.llvm_ir, mod.target)
+        assert re.search(r"vpdpbusd\s" if dot[1] == "vnni" else r"vpmaddwd\s", asm)
+        return
+    (got,) = mod.run(**feeds)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    if atol == 0:
+        np.testing.assert_array_equal(got, expected)
+    else:
+        assert np.abs(got.astype(np.int64) - expected.astype(np.int64)).max() <= atol
+
+
+def _oracle(model, feeds, u8s8: bool):
+    """onnxruntime, or onnx.reference for u8 x s8 (onnxruntime's x86 kernels saturate there)."""
+    if u8s8:
+        return ReferenceEvaluator(model).run(None, feeds)[0]
+    return ort_run(model, feeds)[0]
+
+
+# ----------------------------------------------------------------------------- ConvInteger
+CONV_CASES = [
+    # x shape, w shape, attrs, x dtype, w dtype, x zero point, w zero point (None: absent)
+    ((1, 5, 9, 11), (7, 5, 3, 3), {"pads": [1, 1, 1, 1]}, np.uint8, np.int8, 7, None),
+    ((2, 6, 9, 20), (19, 6, 3, 3), {"pads": [1, 2, 0, 1], "strides": [2, 2]}, np.int8, np.int8, -5, 3),
+    ((1, 3, 12, 13), (5, 3, 3, 2), {"dilations": [2, 2], "pads": [2, 1, 1, 2]}, np.uint8, np.uint8, 130,
+     [1, 200, 3, 128, 77]),
+    ((1, 33, 7, 7), (40, 33, 1, 1), {}, np.uint8, np.uint8, 0, 128),
+    ((1, 16, 14, 14), (24, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [1, 2]}, np.uint8, np.int8, 0, 0),
+    ((1, 8, 5, 40), (3, 8, 5, 5), {"pads": [2, 2, 2, 2], "auto_pad": "NOTSET"}, np.int8, np.int8, 0, [0, 4, -9]),
+]
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("xs,ws,attrs,xdt,wdt,xz,wz", CONV_CASES)
+def test_conv_integer(form, xs, ws, attrs, xdt, wdt, xz, wz):
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x, w = _q(xs, xdt, rng), _q(ws, wdt, rng)
+    inits = {"w": w, "xz": np.array(xz, xdt)}
+    names = ["x", "w", "xz"]
+    if wz is not None:
+        inits["wz"] = np.array(wz, wdt)
+        names.append("wz")
+    m = node_model("ConvInteger", {"x": x}, attrs, initializers=inits, input_names=names)
+    per_channel = wz is not None and np.ndim(wz) == 1
+    # onnxruntime takes a scalar w zero point only
+    exp = _oracle(m, {"x": x}, xdt == np.uint8 and wdt == np.int8 or per_channel)
+    _compile_check(m, {"x": x}, form, exp, "conv2d_int8")
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("wdt", [np.int8, np.uint8])
+def test_conv_integer_saturation_edge(form, wdt):
+    """x = 255 everywhere and weights -128 / 127 (s8) or 255 / 0 (u8) in runs: VPMADDUBSW's
+    pairwise int16 sum would saturate (2 * 255 * 127 > 32767); the int32 result must be exact."""
+    x = np.full((1, 8, 6, 19), 255, np.uint8)
+    w = np.empty((20, 8, 3, 3), wdt)
+    hi, lo = (127, -128) if wdt == np.int8 else (255, 0)
+    w[:10] = hi
+    w[10:] = lo
+    w[::3, ::2] = lo
+    m = node_model("ConvInteger", {"x": x}, {"pads": [1, 1, 1, 1]},
+                   initializers={"w": w, "xz": np.array(0, np.uint8)}, input_names=["x", "w", "xz"])
+    exp = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    assert np.abs(exp).max() > 2 ** 15            # the edge is reached
+    _compile_check(m, {"x": x}, form, exp, "conv2d_int8")
+
+
+# ----------------------------------------------------------------------------- QLinearConv
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("xdt,wdt,per_channel", [(np.uint8, np.int8, True), (np.uint8, np.uint8, False),
+                                                  (np.int8, np.int8, True)])
+def test_qlinear_conv(form, xdt, wdt, per_channel):
+    rng = np.random.default_rng(5)
+    m_ = 21
+    x, w = _q((1, 10, 11, 17), xdt, rng), _q((m_, 10, 3, 3), wdt, rng)
+    ws = np.linspace(0.002, 0.004, m_).astype(np.float32) if per_channel else np.array(0.003, np.float32)
+    wz = np.zeros(m_, wdt) if per_channel else np.array(0 if wdt == np.int8 else 120, wdt)
+    ydt = xdt
+    inits = {"xs": np.array(0.05, np.float32), "xz": np.array(3 if xdt == np.int8 else 130, xdt), "w": w,
+             "ws": ws, "wz": wz, "ys": np.array(0.7, np.float32), "yz": np.array(10 if ydt == np.int8 else 128, ydt),
+             "b": rng.integers(-5000, 5000, m_).astype(np.int32)}
+    names = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"]
+    m = node_model("QLinearConv", {"x": x}, {"pads": [1, 1, 1, 1], "strides": [1, 2]}, initializers=inits,
+                   input_names=names)
+    exp = _oracle(m, {"x": x}, (xdt, wdt) == (np.uint8, np.int8))
+    _compile_check(m, {"x": x}, form, exp, "conv2d_int8", atol=1)
+
+
+def test_conv_int8_not_chosen_where_it_does_not_apply():
+    """A grouped ConvInteger and one whose weights are a graph input keep the generic nest."""
+    rng = np.random.default_rng(0)
+    x, w = _q((1, 4, 6, 6), np.uint8, rng), _q((4, 2, 3, 3), np.uint8, rng)
+    m = node_model("ConvInteger", {"x": x}, {"group": 2}, initializers={"w": w}, input_names=["x", "w"])
+    mod = tensorfuse.compile(m)
+    assert [k.schedule for k in mod.kernels] == ["generic"] and not _dots(mod)
+    np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])
+    m = node_model("ConvInteger", {"x": x, "w": _q((4, 4, 3, 3), np.uint8, rng)}, {}, input_names=["x", "w"])
+    assert [k.schedule for k in tensorfuse.compile(m).kernels] == ["generic"]
+
+
+# ----------------------------------------------------------------------------- MatMulInteger
+MM_CASES = [
+    # A shape, B shape, A dtype, B dtype, a zero point, b zero point (None: absent)
+    ((13, 37), (37, 50), np.uint8, np.int8, 7, None),
+    ((2, 3, 64), (64, 96), np.int8, np.int8, -3, 5),
+    ((70, 30), (30, 33), np.uint8, np.uint8, 128, 131),
+    ((64, 768), (768, 80), np.uint8, np.int8, 0, 0),
+    ((1, 3), (3, 1), np.int8, np.uint8, 1, 200),
+]
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("ash,bsh,adt,bdt,az,bz", MM_CASES)
+def test_matmul_integer(form, ash, bsh, adt, bdt, az, bz):
+    rng = np.random.default_rng(sum(ash) + sum(bsh))
+    a, b = _q(ash, adt, rng), _q(bsh, bdt, rng)
+    inits = {"b": b, "az": np.array(az, adt)}
+    names = ["a", "b", "az"]
+    if bz is not None:
+        inits["bz"] = np.array(bz, bdt)
+        names.append("bz")
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers=inits, input_names=names)
+    exp = _oracle(m, {"a": a}, (adt, bdt) == (np.uint8, np.int8))
+    _compile_check(m, {"a": a}, form, exp, "matmul_int8")
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_matmul_integer_per_row_and_per_column_zero_points(form):
+    """a_zero_point [M] and b_zero_point [N] (neither onnxruntime nor onnx.reference takes a
+    per-row A zero point: the ONNX spec's formula in numpy is the oracle)."""
+    rng = np.random.default_rng(3)
+    a, b = _q((9, 21), np.int8, rng), _q((21, 35), np.uint8, rng)
+    az, bz = _q((9,), np.int8, rng), _q((35,), np.uint8, rng)
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b, "az": az, "bz": bz},
+                   input_names=["a", "b", "az", "bz"])
+    exp = ((a.astype(np.int64) - az[:, None]) @ (b.astype(np.int64) - bz)).astype(np.int32)
+    _compile_check(m, {"a": a}, form, exp, "matmul_int8")
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_matmul_integer_saturation_edge(form):
+    a = np.full((7, 40), 255, np.uint8)
+    b = np.where(np.arange(40 * 24).reshape(40, 24) % 5 < 3, 127, -128).astype(np.int8)
+    b[:, :4] = 127
+    b[:, 4:8] = -128
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b}, input_names=["a", "b"])
+    exp = ReferenceEvaluator(m).run(None, {"a": a})[0]
+    assert exp[0, 0] == 255 * 127 * 40 and exp[0, 4] == -255 * 128 * 40
+    _compile_check(m, {"a": a}, form, exp, "matmul_int8")
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qlinear_matmul(form, per_column):
+    """The requantizing finish runs on column vectors (per-column scales and zero points read
+    as vectors)."""
+    rng = np.random.default_rng(4)
+    a, b = _q((6, 50), np.uint8, rng), _q((50, 37), np.uint8, rng)
+    bs = np.linspace(0.01, 0.02, 37).astype(np.float32) if per_column else np.array(0.01, np.float32)
+    bz = _q((37,), np.uint8, rng, 100, 150) if per_column else np.array(131, np.uint8)
+    inits = {"as": np.array(0.02, np.float32), "az": np.array(120, np.uint8), "b": b, "bs": bs, "bz": bz,
+             "ys": np.array(0.9, np.float32), "yz": np.array(100, np.uint8)}
+    m = node_model("QLinearMatMul", {"a": a}, {}, initializers=inits,
+                   input_names=["a", "as", "az", "b", "bs", "bz", "ys", "yz"])
+    _compile_check(m, {"a": a}, form, ort_run(m, {"a": a})[0], "matmul_int8", atol=1)
+
+
+def test_int8_instructions_in_the_assembly():
+    """The assembly of each form holds its instruction and not the other's (and never
+    VPMADDUBSW, whose saturation the schedules avoid)."""
+    rng = np.random.default_rng(0)
+    a, b = _q((16, 64), np.uint8, rng), _q((64, 64), np.int8, rng)
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b}, input_names=["a", "b"])
+    for form, insn, other in (("vnni512", r"vpdpbusd\s[^\n]*%zmm", r"vpmaddwd\s"),
+                              ("vnni256", r"vpdpbusd\s[^\n]*%ymm", r"vpmaddwd\s"),
+                              ("avx2", r"vpmaddwd\s[^\n]*%ymm", r"vpdpbusd\s")):
+        mod = tensorfuse.compile(m, target=FORMS[form][0])
+        _, asm = optimized_llvm(mod.llvm_ir, mod.target)
+        assert re.search(insn, asm) and not re.search(other, asm) and "vpmaddubsw" not in asm, form
