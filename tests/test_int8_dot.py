@@ -115,3 +115,28 @@ def test_dot_acc_forms_compile_to(lanes, packing, isa, mattr, insn):
     kernel, _ = _kernel(lanes, 2, packing, isa)
     asm = _asm(kernel, Target.parse(f"llvm -mcpu=x86-64-v3 -mattr={mattr}"))
     assert re.search(insn, asm), asm[:2000]
+
+
+@pytest.mark.parametrize("packing", ["u8s8", "s16s16"])
+def test_dot_acc_cuda_renderer_scalarises(packing, tmp_path, monkeypatch):
+    """The cuda backend renders DotAcc lane by lane (under the CUDA simulator): the same
+    results as the evaluator, edge values included."""
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    from numba import config
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("numba was imported without the CUDA simulator (run with NUMBA_ENABLE_CUDASIM=1)")
+    from numba import cuda
+    from tensorfuse.codegen.cuda.jit import build_library
+    lanes, n = 4, 3
+    acc, a, b = _operands(lanes, n, packing, np.random.default_rng(7))
+    accb, ab, bb = (Buffer(nm, DType.i32, (n * lanes,)) for nm in ("acc", "a", "b"))
+    out = Buffer("out", DType.i32, (n * lanes,))
+    kb = KernelBuilder(f"cuda_dot_{packing}", [accb, ab, bb, out])
+    with kb.loop(n, role="spatial") as i:
+        kb.store(out, i * lanes, dot_acc(accb.vload(i * lanes, lanes), ab.vload(i * lanes, lanes),
+                                         bb.vload(i * lanes, lanes), packing))
+    lib = build_library([kb.kernel], cache_dir=str(tmp_path), block=32, max_blocks=1)
+    dev = [cuda.to_device(x) for x in (acc, a, b, np.zeros(n * lanes, np.int32))]
+    lib.launch(kb.kernel.name, dev)
+    cuda.synchronize()
+    np.testing.assert_array_equal(dev[3].copy_to_host(), sem.dot_acc_ref(acc, a, b, packing))
