@@ -3,7 +3,8 @@
 - O0: nothing (import only; every op its own kernel).
 - O1: constant folding (shape subgraphs included), dead-node elimination, CSE, identity
   elimination and Transpose/Reshape chains (``SIMPLIFY_RULES``), repeated to a fixed point.
-- O2 (default): O1 + ``FOLD_RULES`` (BatchNorm folding) + ``FUSE_RULES`` (the fusion catalogue),
+- O2 (default): ``QUANTIZE_RULES`` first (integer kernels for QDQ products, before folding), then
+  O1 + ``FOLD_RULES`` (BatchNorm folding) + ``FUSE_RULES`` (the fusion catalogue),
   with folding and DCE between them, then ``fuse_ops`` (compiler/passes/fuse_ops.py): the
   remaining elementwise chains and anchor epilogues grouped into fused functions.
 - O3: O2 + ``O3_RULES`` and rules marked ``numerics_changing``.
@@ -82,7 +83,7 @@ class PipelineResult:
         return "\n".join(lines)
 
 
-RULE_SET_NAMES = ("simplify", "fold", "fuse", "o3")
+RULE_SET_NAMES = ("quantize", "simplify", "fold", "fuse", "o3")
 
 
 def _rule_name(r) -> str:
@@ -128,7 +129,7 @@ def rule_sets(rules: Iterable = ()) -> dict[str, list]:
     (``compiler.rules``, ``SIMPLIFY_RULES``) with the rules under test (``rules``, see
     :func:`rules_under_test`) in front of their set, in the order given."""
     from tensorfuse.compiler import rules as builtin
-    sets = {"simplify": list(SIMPLIFY_RULES), "fold": list(builtin.FOLD_RULES),
+    sets = {"quantize": list(builtin.QUANTIZE_RULES), "simplify": list(SIMPLIFY_RULES), "fold": list(builtin.FOLD_RULES),
             "fuse": list(builtin.FUSE_RULES), "o3": list(builtin.O3_RULES)}
     added: dict[str, list] = {}
     for r in rules or ():
@@ -214,7 +215,12 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
                      ("simplify", RewritePass("simplify", _select(sets["simplify"], opt_level, disabled), log, verify=verify))]
     if opt_level == 0:
         return []
-    passes: list = [("cleanup", cleanup)]
+    passes: list = []
+    if opt_level >= 2:
+        # before the first constant folding, which would fold DequantizeLinear(W) into float W
+        passes += [("quantize", RewritePass("quantize", _select(sets["quantize"], opt_level, disabled), log,
+                                            verify=verify))]
+    passes += [("cleanup", cleanup)]
     from tensorfuse.compiler.passes.layout import LayoutPass
     layout_passes = [("layout", LayoutPass(layout, log)), ("dce", eliminate_dead_nodes)] if layout != "NCHW" else []
     if opt_level == 1:

@@ -96,6 +96,11 @@ class OpDef:
     #: folds into it, bias/residual/activation epilogues make it a tensorfuse::Fused* op); the
     #: fusion report of ``explain`` lists what became of each one (compiler/explain.py)
     fusion_anchor: bool = False
+    #: an anchor (OUT_ELEMWISE_FUSABLE) whose lowering computes in its own output type and
+    #: applies the epilogue only at the single store, so the epilogue may end in another dtype
+    #: of the same shape (ConvIntegerToFloat -> QuantizeLinear stores u8): fuse_ops then lets
+    #: dtype-changing elementwise ops join it (compiler/passes/fuse_ops.py)
+    epilogue_casts: bool = False
     doc: str = ""
 
     def __post_init__(self):

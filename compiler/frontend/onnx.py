@@ -30,7 +30,7 @@ MIN_OPSET = 7
 MAX_OPSET = onnx.defs.onnx_opset_version()
 SUPPORTED_DOMAINS = ("", "ai.onnx")
 #: further op domains whose ops the registry may hold (registered with that domain)
-EXTRA_DOMAINS = ("ai.onnx.ml",)
+EXTRA_DOMAINS = ("ai.onnx.ml", "com.microsoft")
 
 
 def registry_domain(domain: str) -> str | None:
@@ -382,7 +382,10 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
     dom = registry_domain(n.domain)
     od = find_op(n.op_type, dom)
     dom_opset = ctx.opset if dom == "" else next((i.version for i in ctx.opset_imports if i.domain == dom), 1)
-    version = onnx.defs.get_schema(n.op_type, dom_opset, dom).since_version
+    try:
+        version = onnx.defs.get_schema(n.op_type, dom_opset, dom).since_version
+    except onnx.defs.SchemaError:       # onnx has no schema for a contrib op (com.microsoft)
+        version = dom_opset
     try:
         if n.op_type in CONTROL_FLOW_OPS and dom == "":
             from tensorfuse.compiler.frontend.control_flow import import_control_flow

@@ -9,7 +9,8 @@ Grouping asks the registry only (``OpDef.kind``, ``OpDef.scalar``); it keeps no 
 - An **anchor** is an op of kind OUT_ELEMWISE_FUSABLE (Conv, ConvTranspose, MatMul, Gemm, the
   pools, FusedConv/FusedMatMul/FusedGemm ...): its lowering applies ``ctx.apply_epilogue``.
   Elementwise ops after it join its epilogue when each keeps the anchor's output type (dtype
-  and shape), so the epilogue runs on the value the anchor is about to store. The anchor's own
+  and shape), so the epilogue runs on the value the anchor is about to store; the shape alone
+  for an anchor with ``OpDef.epilogue_casts`` (a QuantizeLinear after an integer conv). The anchor's own
   value may have other consumers (or be a graph output): the epilogue then stores it too, in
   the same kernel (TVM requires a single consumer instead; storing it costs no extra pass over
   memory). An elementwise op next to both an anchored group and loop groups joins the anchor
@@ -114,7 +115,10 @@ class _Planner:
         a = grp.anchor
         out = a.outputs[0]
         if n.outputs[0].type != out.type:
-            return False
+            od = find_op(a.op, a.domain)
+            # an anchor that applies its epilogue at the store takes another dtype of its shape
+            if not (od.epilogue_casts and n.outputs[0].shape == out.shape):
+                return False
         # n may read the anchor's first output and epilogue values, not the anchor's other outputs
         epilogue_values = {id(out)} | {id(m.outputs[0]) for m in grp.nodes[1:]}
         for v in n.inputs:

@@ -4,6 +4,8 @@ The pipeline (:mod:`compiler.pipeline`) reads these lists; a rule is a :class:`c
 subclass (see docs/writing-a-fusion-rule.md). Add a rule by appending its class to the list of
 its purpose, in the order it should be tried:
 
+- ``QUANTIZE_RULES`` (O2+, first, before constant folding): QDQ and dynamically quantized
+  products into integer kernels (compiler/rules/quantize.py).
 - ``FOLD_RULES`` (O2+): folding that needs patterns, e.g. BatchNormalization into Conv/Gemm.
 - ``FUSE_RULES`` (O2+): the fusion catalogue (Conv+bias+activation, LayerNorm, attention ...).
 - ``O3_RULES`` (O3 only): numerics-changing rewrites a user opts into; each says by how much.
@@ -13,9 +15,10 @@ The simplification rules of O1 live in :mod:`compiler.passes.simplify` (``SIMPLI
 from __future__ import annotations
 
 from tensorfuse.compiler.rules import (conv_patchify, fold_batchnorm, fuse_attention, fuse_conv, fuse_gelu, fuse_layernorm,
-                                      fuse_matmul)
+                                      fuse_matmul, quantize)
 
-FOLD_RULES: list = [*fold_batchnorm.RULES]
+QUANTIZE_RULES: list = [*quantize.RULES]
+FOLD_RULES: list = [*fold_batchnorm.RULES, *quantize.FOLD]
 # GELU and LayerNorm are recognised before the anchors take activations; EmbedLayerNorm is tried
 # before SkipLayerNorm on the same LayerNormalization (fuse_layernorm.RULES keeps that order); a
 # patch-embedding Conv becomes a MatMul before the Conv anchors could take it

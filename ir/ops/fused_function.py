@@ -194,8 +194,9 @@ def _lower_anchored(ctx: LowerCtx, g: _Group, anchor_name: str) -> None:
     main = epi[-1].outputs[0]
     if id(main) not in g.out:
         raise ShapeError(f"the last body node's value %{main.name} must be a body output")
+    casts = get_op(anchor.op, anchor.domain).epilogue_casts
     for n in epi:
-        if n.outputs[0].type != a_out.type:
+        if n.outputs[0].type != a_out.type and not (casts and n.outputs[0].shape == a_out.shape):
             raise ShapeError(f"epilogue node {n.name} gives {n.outputs[0].type}, the anchor {anchor_name} "
                              f"gives {a_out.type}; an epilogue keeps the anchor's type")
     # the anchor as a node of the outer graph: its inputs are the FusedFunction node's (so

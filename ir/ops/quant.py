@@ -411,3 +411,158 @@ def _row_param(p, a: np.ndarray) -> np.ndarray:
     if p.size == 1:
         return p.reshape(())
     return p.reshape(-1, 1)
+
+
+# ----------------------------------------------------------------------------- integer products to float
+def _param_vec(p, m: int) -> np.ndarray:
+    """A per-tensor or per-channel parameter as a float32/int64 vector of m entries (numpy)."""
+    a = np.asarray(p).reshape(-1)
+    return np.broadcast_to(a, (m,))
+
+
+def _check_scalar_or(node, i: int, m: int | None, what: str, dtypes) -> None:
+    v = node.input(i)
+    if v is None:
+        return
+    if v.dtype not in dtypes:
+        raise ShapeError(f"{what} has dtype {v.dtype}; expected {' or '.join(str(d) for d in dtypes)}")
+    if not (v.type.numel == 1 and v.type.rank <= 1) and not (m is not None and tuple(v.shape) == (m,)):
+        per = f" or [{m}]" if m is not None else ""
+        raise ShapeError(f"{what} must be a scalar{per}, got shape {list(v.shape)}")
+
+
+def _channel_expr(buf, oc, dt: DType) -> Expr:
+    return (buf.flat(oc) if buf.numel > 1 else buf.flat(0)).cast(dt)
+
+
+def _conv_attrs_for(name: str):
+    from tensorfuse.ir.registry import onnx_attr_specs
+    return onnx_attr_specs(name)
+
+
+@op("ConvIntegerToFloat", OpPatternKind.OUT_ELEMWISE_FUSABLE, domain="tensorfuse", epilogue_casts=True,
+    attrs=_conv_attrs_for("Conv"))
+class ConvIntegerToFloat:
+    """Y = ConvInteger(X, W, x_zero_point, w_zero_point) * (x_scale * w_scale[m]) + B[m], in f32.
+
+    What the quantization rules (compiler/rules/quantize.py) make of
+    Conv(DequantizeLinear(X), DequantizeLinear(W), B): the convolution of the quantized values
+    in int32 (exact), then one float scale per output channel and the float bias. Inputs: X
+    (u8/i8) [N, C, D1..Dn]; W (i8/u8) [M, C/group, k1..kn]; x_scale (f32 scalar); w_scale (f32,
+    scalar or [M]); x_zero_point (optional, X's dtype, scalar); w_zero_point (optional, W's
+    dtype, scalar or [M]); B (optional, f32 [M]). Attributes: Conv's (ONNX spec: Conv-22; the
+    int32 convolution is ConvInteger-10's). Its epilogue may end in another dtype (a
+    QuantizeLinear stores u8). Raises ShapeError for other dtypes or parameter shapes.
+    """
+
+    def infer(node):
+        from tensorfuse.ir.ops.conv import QUANT_TYPES, _infer_conv_shape
+        x, w = node.input(0), node.input(1)
+        for v, what in ((x, "X"), (w, "W")):
+            if v.dtype not in QUANT_TYPES:
+                raise ShapeError(f"{what} has dtype {v.dtype}; ConvIntegerToFloat takes u8 or i8")
+        m = w.shape[0] if w.type.rank else None
+        _check_scalar_or(node, 2, None, "x_scale", (DType.f32,))
+        _check_scalar_or(node, 3, m, "w_scale", (DType.f32,))
+        _check_scalar_or(node, 4, None, "x_zero_point", (x.dtype,))
+        _check_scalar_or(node, 5, m, "w_zero_point", (w.dtype,))
+        b = node.input(6)
+        if b is not None and (b.dtype != DType.f32 or tuple(b.shape) != (m,)):
+            raise ShapeError(f"B must be f32 [{m}], got {b.dtype}{list(b.shape)}")
+        if node.input(2) is None or node.input(3) is None:
+            raise ShapeError("x_scale and w_scale are required")
+        return [TensorType(DType.f32, _infer_conv_shape(node, x, w, None))]
+
+    def reference(node, ins):
+        from tensorfuse.ir.ops.conv import conv_geometry_of, conv_reference
+        ins = list(ins) + [None] * (7 - len(ins))
+        x, w, xs, ws, xz, wz, b = ins
+        m = w.shape[0]
+        xi = x.astype(np.int64) - (0 if xz is None else int(np.asarray(xz).reshape(())))
+        wi = w.astype(np.int64) - (0 if wz is None else _param_vec(wz, m).astype(np.int64)
+                                   .reshape((m,) + (1,) * (w.ndim - 1)))
+        acc = conv_reference(xi, wi, None, int(node.attr("group", 1)), conv_geometry_of(node), acc_dtype=np.int64)
+        shape = (1, m) + (1,) * (x.ndim - 2)
+        scale = (np.float32(np.asarray(xs).reshape(())) * _param_vec(ws, m).astype(np.float32)).reshape(shape)
+        y = acc.astype(np.float32) * scale
+        if b is not None:
+            y = y + b.astype(np.float32).reshape(shape)
+        return [y.astype(np.float32)]
+
+    def lower(ctx):
+        from tensorfuse.ir.ops.conv import conv_geometry_of, emit_conv
+        ins = list(ctx.inputs) + [None] * (7 - len(ctx.inputs))
+        x, w, xs, ws, xz, wz, b = ins
+        i32, f32 = DType.i32, DType.f32
+
+        def finish(acc, oc):
+            y = acc.cast(f32) * (xs.flat(0) * _channel_expr(ws, oc, f32))
+            return y + b.flat(oc) if b is not None else y
+
+        emit_conv(ctx, x, w, None, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node),
+                  acc_dtype=i32, x_zero=xz, w_zero=wz, finish=finish)
+
+    def flops(node):
+        from tensorfuse.ir.ops.conv import conv_flops
+        return conv_flops(node)
+
+
+@op("MatMulIntegerToFloat", OpPatternKind.OUT_ELEMWISE_FUSABLE, domain="com.microsoft", epilogue_casts=True)
+class MatMulIntegerToFloat:
+    """Y = MatMulInteger(A, B, a_zero_point, b_zero_point) * (a_scale * b_scale) + bias, in the
+    scales' float type. onnxruntime contrib op com.microsoft.MatMulIntegerToFloat (its
+    quantizer and optimizer write it; the quantization rules make it of MatMul/Gemm between
+    DequantizeLinear nodes and of dynamic quantization's MatMulInteger -> Cast -> Mul).
+
+    Inputs: A (u8/i8) [..., M, K]; B (i8/u8) [..., K, N] (numpy.matmul shapes); a_scale (f32,
+    scalar); b_scale (f32, scalar or [N]); a_zero_point (optional, A's dtype, scalar);
+    b_zero_point (optional, B's dtype, scalar or [N]); bias (optional, f32 [N]). The product of
+    the scales is formed first (as onnxruntime does), then acc * scale + bias. Raises
+    ShapeError for other dtypes or parameter shapes.
+    """
+
+    def infer(node):
+        from tensorfuse.ir.ops.linalg import matmul_shape
+        a, b = node.input(0), node.input(1)
+        for v, what in ((a, "A"), (b, "B")):
+            if v.dtype not in (DType.u8, DType.i8):
+                raise ShapeError(f"{what} has dtype {v.dtype}; MatMulIntegerToFloat takes u8 or i8")
+        n = b.shape[-1] if b.type.rank >= 2 else None
+        if node.input(2) is None or node.input(3) is None:
+            raise ShapeError("a_scale and b_scale are required")
+        _check_scalar_or(node, 2, None, "a_scale", (DType.f32,))
+        _check_scalar_or(node, 3, n, "b_scale", (DType.f32,))
+        _check_scalar_or(node, 4, None, "a_zero_point", (a.dtype,))
+        _check_scalar_or(node, 5, n, "b_zero_point", (b.dtype,))
+        bias = node.input(6)
+        if bias is not None and (bias.dtype != DType.f32 or tuple(bias.shape) != (n,)):
+            raise ShapeError(f"bias must be f32 [{n}], got {bias.dtype}{list(bias.shape)}")
+        return [TensorType(DType.f32, matmul_shape(a.shape, b.shape))]
+
+    def reference(node, ins):
+        ins = list(ins) + [None] * (7 - len(ins))
+        a, b, asc, bsc, az, bz, bias = ins
+        n = b.shape[-1]
+        ai = a.astype(np.int64) - (0 if az is None else int(np.asarray(az).reshape(())))
+        bi = b.astype(np.int64) - (0 if bz is None else _param_vec(bz, n).astype(np.int64))
+        acc = np.matmul(ai, bi)
+        scale = np.float32(np.asarray(asc).reshape(())) * _param_vec(bsc, n).astype(np.float32)
+        y = acc.astype(np.float32) * scale
+        if bias is not None:
+            y = y + bias.astype(np.float32)
+        return [y.astype(np.float32)]
+
+    def lower(ctx):
+        from tensorfuse.ir.ops.linalg import emit_integer_matmul
+        ins = list(ctx.inputs) + [None] * (7 - len(ctx.inputs))
+        a, b, asc, bsc, az, bz, bias = ins
+        f32 = DType.f32
+
+        def finish(acc, bidx, i, j):
+            y = acc.cast(f32) * (asc.flat(0) * _channel_expr(bsc, j, f32))
+            return y + bias.flat(j) if bias is not None else y
+
+        emit_integer_matmul(ctx, a, b, ctx.outputs[0], az, bz, finish=finish)
+
+    def flops(node):
+        return 2.0 * node.outputs[0].type.numel * node.inputs[0].shape[-1]

@@ -1,0 +1,253 @@
+"""Quantization rules: QDQ and dynamically quantized products become integer kernels.
+
+A QDQ model (onnxruntime's ``quantize_static``, QDQ format) writes each quantized product as
+float ops between DequantizeLinear (DQ) and QuantizeLinear (Q) nodes:
+``Q(Conv(DQ(x_q), DQ(w_q), DQ(b_q)))``. Its meaning is the float computation on the
+dequantized values; onnxruntime's QDQ transformers turn such groups into QLinearConv and
+friends (onnxruntime/core/optimizer/qdq_transformer). Here the rules make the product itself
+integer and leave the rest to the epilogue:
+
+- ``Conv(DQ(x), DQ(W const), b)`` ==> ``tensorfuse::ConvIntegerToFloat(x, W, ...)``: int32
+  convolution of the quantized values, one float scale per output channel, the float bias;
+- ``MatMul(DQ(a), DQ(B const))`` and ``Gemm(DQ(a), DQ(B const), C)`` ==>
+  ``com.microsoft::MatMulIntegerToFloat``;
+- dynamic quantization's ``Mul(Cast(MatMulInteger(a, B, ...)), scale)`` ==>
+  ``MatMulIntegerToFloat`` (``quantize_dynamic`` writes that chain).
+
+What follows the product (bias, BatchNormalization folded into the scale and bias by
+:class:`FoldBatchNormIntoConvIntegerToFloat`, Relu, the residual Add with its own DQ, the Q of
+the output) stays as written and joins the integer kernel's epilogue in fuse_ops, since both
+new ops apply their epilogue at the store (``OpDef.epilogue_casts``): the kernel then stores
+u8 directly. The numbers: the int32 sum is exact where the float conv of dequantized values
+rounds, so outputs are within one quantization step of the unfused QDQ semantics (a value
+within rounding of a .5 tie may land one step away), the contract of docs.
+
+These rules run first at O2 (the ``quantize`` set, before constant folding, which would fold
+DQ(W) into float weights and lose the integers). A DQ whose consumers all became integer
+products is dead and removed; one that stays (the float path) is folded or runs elementwise.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tensorfuse.compiler.pattern import Any, Const, OneOf, Optional, P
+from tensorfuse.compiler.rewrite import Fail, Rule
+from tensorfuse.compiler.rules._activation import build_or_fail
+from tensorfuse.ir.types import DType
+
+INT8 = (DType.u8, DType.i8)
+
+
+def _dq(x, name: str, scale=None, zp=None):
+    """A DequantizeLinear of ``x`` with constant scale and (optional) zero point."""
+    return P.DequantizeLinear(x, (scale or Const()).named(f"{name}_scale"),
+                              Optional(zp or Const()).named(f"{name}_zp")).named(f"{name}_dq")
+
+
+def _per_tensor(m, name: str) -> Fail | bool:
+    """The DQ ``name`` has one scale and one zero point."""
+    s, z = m[f"{name}_scale"], m[f"{name}_zp"]
+    if s.data.size != 1 or (z is not None and z.data.size != 1):
+        return Fail(f"{m[name + '_dq'].name}: the activation's scale/zero point is not per tensor "
+                    f"(shape {list(s.shape)})")
+    if int(m[f"{name}_dq"].attr("block_size", 0) or 0) > 0:
+        return Fail(f"{m[name + '_dq'].name}: blocked quantization")
+    return True
+
+
+def _weight_params(m, name: str, axis: int, channels: int) -> tuple | Fail:
+    """(scale f32 [channels] or scalar, zero point [channels] or scalar or None) of the weight DQ
+    ``name``, quantized per tensor or along ``axis`` (the output-channel axis of the product)."""
+    dq = m[f"{name}_dq"]
+    s, z = m[f"{name}_scale"].data, m[f"{name}_zp"]
+    z = None if z is None else z.data
+    if int(dq.attr("block_size", 0) or 0) > 0:
+        return Fail(f"{dq.name}: blocked weight quantization is not an integer product here")
+    if s.size == 1:
+        return s.astype(np.float32).reshape(()), None if z is None else z.reshape(())
+    w = dq.inputs[0]
+    if int(dq.attr("axis", 1)) % w.type.rank != axis:
+        return Fail(f"{dq.name}: weights quantized along axis {dq.attr('axis', 1)}, the product's output "
+                    f"channels are axis {axis}")
+    if s.size != channels:
+        return Fail(f"{dq.name}: {s.size} scales for {channels} output channels")
+    if s.dtype != np.float32:
+        return Fail(f"{dq.name}: scale dtype {s.dtype}, not float32")
+    return s.astype(np.float32).reshape(-1), None if z is None else z.reshape(-1)
+
+
+def _check_operands(x, w, where: str) -> Fail | bool:
+    if x.dtype not in INT8 or w.dtype not in INT8:
+        return Fail(f"{where}: quantized types {x.dtype} x {w.dtype}; the integer kernels take u8/i8")
+    return True
+
+
+def _bias_value(b, node_name: str, channels: int) -> np.ndarray | None | Fail:
+    """The float bias [channels] of value ``b`` (a DQ of an int32 constant is dequantized here),
+    or None for no bias."""
+    if b is None:
+        return None
+    if b.data is not None:
+        data = b.data
+    elif b.producer is not None and b.producer.op == "DequantizeLinear" and \
+            all(v is None or v.data is not None for v in b.producer.inputs):
+        from tensorfuse.ir.registry import run_reference
+        data = run_reference(b.producer, [None if v is None else v.data for v in b.producer.inputs])[0]
+    else:
+        return Fail(f"{node_name}: the bias '{b.name}' is computed at run time")
+    if data.dtype != np.float32 or data.size != channels:
+        return Fail(f"{node_name}: the bias '{b.name}' is {data.dtype}{list(data.shape)}, expected float32 [{channels}]")
+    return data.astype(np.float32).reshape(channels)
+
+
+class QuantizeConv(Rule):
+    """Conv(DQ(x), DQ(W const), b) ==> tensorfuse::ConvIntegerToFloat(x, W, x_scale, w_scale, x_zp, w_zp, b): int32 conv, float scale per channel."""
+    pattern = P.Conv(_dq(Any("xq"), "x"), _dq(Const(name="wq"), "w"), Optional(Any()).named("b"))
+
+    def condition(self, m):
+        ok = _check_operands(m.xq, m.wq, m.conv.name)
+        if ok is not True:
+            return ok
+        ok = _per_tensor(m, "x")
+        if ok is not True:
+            return ok
+        if m.conv.outputs[0].dtype != DType.f32:
+            return Fail(f"{m.conv.name}: output {m.conv.outputs[0].dtype}, the integer conv gives f32")
+        return True
+
+    def rewrite(self, m, build):
+        channels = m.wq.shape[0]
+        wp = _weight_params(m, "w", 0, channels)
+        if isinstance(wp, Fail):
+            return wp
+        ws, wz = wp
+        b = _bias_value(m.b, m.conv.name, channels)
+        if isinstance(b, Fail):
+            return b
+        xs = m.x_scale.data.astype(np.float32).reshape(())
+        args = [m.xq, m.wq, build.const(xs, "x_scale"), build.const(ws, "w_scale"),
+                m.x_zp, None if wz is None else build.const(wz, "w_zp"),
+                None if b is None else build.const(b, "bias")]
+        return build_or_fail(build, "ConvIntegerToFloat", *args, domain="tensorfuse", expect=m.conv.outputs[0],
+                             **m.conv.attrs)
+
+
+class QuantizeMatMul(Rule):
+    """MatMul(DQ(a), DQ(B const [K, N])) ==> com.microsoft::MatMulIntegerToFloat(a, B, a_scale, b_scale, a_zp, b_zp): int32 product, float scale per column."""
+    pattern = P.MatMul(_dq(Any("aq"), "a"), _dq(Const(name="bq").rank(2), "b"))
+
+    def condition(self, m):
+        ok = _check_operands(m.aq, m.bq, m.matmul.name)
+        if ok is not True:
+            return ok
+        if m.matmul.outputs[0].dtype != DType.f32:
+            return Fail(f"{m.matmul.name}: output {m.matmul.outputs[0].dtype}, the integer product gives f32")
+        return _per_tensor(m, "a")
+
+    def rewrite(self, m, build):
+        wp = _weight_params(m, "b", 1, m.bq.shape[1])
+        if isinstance(wp, Fail):
+            return wp
+        bs, bz = wp
+        as_ = m.a_scale.data.astype(np.float32).reshape(())
+        return build_or_fail(build, "MatMulIntegerToFloat", m.aq, m.bq, build.const(as_, "a_scale"),
+                             build.const(bs, "b_scale"), m.a_zp, None if bz is None else build.const(bz, "b_zp"),
+                             domain="com.microsoft", expect=m.matmul.outputs[0])
+
+
+class QuantizeGemm(Rule):
+    """Gemm(DQ(a), DQ(B const), C) with transA=0 ==> MatMulIntegerToFloat(a, B', ..., bias=alpha/beta-scaled C): B' = B^T for transB=1."""
+    pattern = P.Gemm(_dq(Any("aq"), "a"), _dq(Const(name="bq").rank(2), "b"), Optional(Any()).named("b_bias"))
+
+    def condition(self, m):
+        g = m.gemm
+        if int(g.attr("transA", 0)):
+            return Fail(f"{g.name}: transA=1")
+        ok = _check_operands(m.aq, m.bq, g.name)
+        if ok is not True:
+            return ok
+        if g.outputs[0].dtype != DType.f32:
+            return Fail(f"{g.name}: output {g.outputs[0].dtype}, the integer product gives f32")
+        return _per_tensor(m, "a")
+
+    def rewrite(self, m, build):
+        g = m.gemm
+        trans = bool(int(g.attr("transB", 0)))
+        n = m.bq.shape[0] if trans else m.bq.shape[1]
+        wp = _weight_params(m, "b", 0 if trans else 1, n)
+        if isinstance(wp, Fail):
+            return wp
+        bs, bz = wp
+        alpha, beta = float(g.attr("alpha", 1.0)), float(g.attr("beta", 1.0))
+        bias = None
+        if m.b_bias is not None:
+            c = _bias_value(m.b_bias, g.name, n)
+            if isinstance(c, Fail):
+                return c
+            bias = (np.float64(beta) * c.astype(np.float64)).astype(np.float32)
+        w = np.ascontiguousarray(m.bq.data.T) if trans else m.bq.data
+        scale = (np.float64(alpha) * bs.astype(np.float64)).astype(np.float32) if alpha != 1.0 else bs
+        as_ = m.a_scale.data.astype(np.float32).reshape(())
+        return build_or_fail(build, "MatMulIntegerToFloat", m.aq, build.const(w, "b_quantized"),
+                             build.const(as_, "a_scale"), build.const(scale, "b_scale"), m.a_zp,
+                             None if bz is None else build.const(bz, "b_zp"),
+                             None if bias is None else build.const(bias, "bias"),
+                             domain="com.microsoft", expect=g.outputs[0])
+
+
+class DynamicMatMulToFloat(Rule):
+    """Mul(Cast(MatMulInteger(a, B, a_zp, b_zp), to=float), s) with s one element ==> MatMulIntegerToFloat(a, B, s, 1, a_zp, b_zp): quantize_dynamic's chain in one kernel."""
+    pattern = P.Mul(P.Cast(P.MatMulInteger(Any("aq"), Any("bq"), Optional(Any()).named("a_zp"),
+                                           Optional(Any()).named("b_zp")).single_use()).single_use(),
+                    Any("s"))
+
+    def condition(self, m):
+        if m.cast.outputs[0].dtype != DType.f32:
+            return Fail(f"{m.cast.name}: casts to {m.cast.outputs[0].dtype}, not f32")
+        if m.s.type.numel != 1 or m.s.dtype != DType.f32:
+            return Fail(f"{m.mul.name}: the scale '{m.s.name}' is {m.s.type}, not one f32")
+        if m.mul.outputs[0].shape != m.cast.outputs[0].shape:
+            return Fail(f"{m.mul.name}: the scale broadcasts the product to another shape")
+        az = m.a_zp
+        if az is not None and az.type.numel != 1:
+            return Fail(f"{m.matmulinteger.name}: a_zero_point is per row")
+        bz = m.b_zp
+        if bz is not None and bz.type.rank > 1:
+            return Fail(f"{m.matmulinteger.name}: b_zero_point of rank {bz.type.rank}")
+        return True
+
+    def rewrite(self, m, build):
+        s = m.s if m.s.type.rank == 0 else build.op("Reshape", m.s, build.const(np.zeros(0, np.int64), "scalar"))
+        return build_or_fail(build, "MatMulIntegerToFloat", m.aq, m.bq, s,
+                             build.const(np.array(1.0, np.float32), "one"), m.a_zp, m.b_zp,
+                             domain="com.microsoft", expect=m.mul.outputs[0])
+
+
+class FoldBatchNormIntoConvIntegerToFloat(Rule):
+    """BatchNormalization(ConvIntegerToFloat(x, W, xs, ws, xz, wz, b)) ==> ConvIntegerToFloat(x, W, xs, ws * a, xz, wz, b * a + shift), a = gamma / sqrt(var + eps)."""
+    rule_set = "fold"
+    pattern = P.BatchNormalization(
+        P.__getattr__("tensorfuse::ConvIntegerToFloat")(Any("xq"), Const(name="wq"), Const(name="xs"),
+                                                         Const(name="ws"), Optional(Any()).named("xz"),
+                                                         Optional(Any()).named("wz"),
+                                                         Optional(Const()).named("b")).named("qconv").single_use(),
+        gamma=Const(), beta=Const(), mean=Const(), var=Const())
+
+    def condition(self, m):
+        from tensorfuse.compiler.rules.fold_batchnorm import _bn_condition
+        return _bn_condition(m, m.wq.shape[0])
+
+    def rewrite(self, m, build):
+        from tensorfuse.compiler.rules.fold_batchnorm import _scale_shift
+        a, shift = _scale_shift(m)
+        ch = m.wq.shape[0]
+        ws = np.broadcast_to(m.ws.data.astype(np.float64).reshape(-1), (ch,)) * a
+        b0 = np.zeros(ch) if m.b is None else m.b.data.astype(np.float64)
+        b2 = b0 * a + shift
+        return build_or_fail(build, "ConvIntegerToFloat", m.xq, m.wq, m.xs, build.const(ws.astype(np.float32), "w_scale_bn"),
+                             m.xz, m.wz, build.const(b2.astype(np.float32), "b_bn"), domain="tensorfuse",
+                             expect=m.batchnormalization.outputs[0], **m.qconv.attrs)
+
+
+RULES = [QuantizeConv, QuantizeMatMul, QuantizeGemm, DynamicMatMulToFloat]
+FOLD = [FoldBatchNormIntoConvIntegerToFloat]

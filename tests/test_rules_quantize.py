@@ -1,0 +1,212 @@
+"""Quantization rules (compiler/rules/quantize.py): each fires on the QDQ form onnxruntime's
+quantizer writes, refuses where it must (explain's reason), and keeps the outputs within one
+quantization step of onnxruntime's unfused QDQ semantics (ORT_DISABLE_ALL)."""
+import numpy as np
+import pytest
+from onnx import helper
+
+import tensorfuse
+from tests.fusion_util import count, graph_model, optimized, why_not
+from tests.oracle import ort_run, rand
+
+CITF = "tensorfuse::ConvIntegerToFloat"
+MITF = "com.microsoft::MatMulIntegerToFloat"
+Y_SCALE = np.float32(0.05)
+
+
+def _qdq(src, dst, scale, zp, nodes, axis=None):
+    """Q then DQ of ``src`` into ``dst`` (the activations' quantization)."""
+    kw = {} if axis is None else {"axis": axis}
+    nodes += [helper.make_node("QuantizeLinear", [src, scale, zp], [dst + "_q"], **kw),
+              helper.make_node("DequantizeLinear", [dst + "_q", scale, zp], [dst], **kw)]
+
+
+def _conv_qdq_model(xt=np.uint8, act="Relu", weight_axis=0, per_channel=True, bn=False, runtime_weights=False,
+                    x_axis=None):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 4, 7, 7)).astype(np.float32)
+    w = rng.integers(-127, 128, (6, 4, 3, 3)).astype(np.int8)
+    ws = (rng.random(6 if per_channel else 1) * 0.01 + 0.002).astype(np.float32)
+    if not per_channel:
+        ws = ws.reshape(())
+    zt = np.uint8 if xt == np.uint8 else np.int8
+    inits = {"xs": np.float32(0.02) if x_axis is None else np.full(4, 0.02, np.float32),
+             "xz": np.array(128 if xt == np.uint8 else 0, zt) if x_axis is None else np.full(4, 128 if xt == np.uint8 else 0, zt),
+             "ws": ws, "wz": np.zeros(ws.shape, np.int8),
+             "bq": rng.integers(-500, 500, 6).astype(np.int32), "bs": (0.02 * ws).astype(np.float32),
+             "bz": np.zeros(ws.shape, np.int32),
+             "ys": Y_SCALE, "yz": np.array(0 if act == "Relu" and xt == np.uint8 else 10, zt)}
+    feeds = {"x": x}
+    if runtime_weights:
+        feeds["w"] = w
+    else:
+        inits["w"] = w
+    nodes = []
+    _qdq("x", "xd", "xs", "xz", nodes, axis=x_axis)
+    nodes += [helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=weight_axis),
+              helper.make_node("DequantizeLinear", ["bq", "bs", "bz"], ["bd"], axis=0),
+              helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], pads=[1, 1, 1, 1])]
+    src = "c"
+    if bn:
+        inits.update(g=rng.random(6).astype(np.float32) + 0.5, be=rng.standard_normal(6).astype(np.float32),
+                     mu=rng.standard_normal(6).astype(np.float32) * 0.1, var=rng.random(6).astype(np.float32) + 0.5)
+        nodes.append(helper.make_node("BatchNormalization", [src, "g", "be", "mu", "var"], ["cbn"]))
+        src = "cbn"
+    if act:
+        nodes.append(helper.make_node(act, [src], ["a"]))
+        src = "a"
+    _qdq(src, "y", "ys", "yz", nodes)
+    return graph_model(nodes, feeds, ["y"], inits, opset=21), feeds
+
+
+def _assert_within_one_step(model, feeds, scale=Y_SCALE, opt_levels=(2,)):
+    exp = ort_run(model, feeds)
+    for lvl in opt_levels:
+        got = tensorfuse.compile(model, opt_level=lvl).run(**feeds)
+        for g, e in zip(got, exp):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            np.testing.assert_allclose(g, e, rtol=0, atol=float(scale) * 1.001)
+            # and it is not a constant: most elements agree exactly
+            assert np.mean(g == e) > 0.95 and np.std(e) > 0
+
+
+# ----------------------------------------------------------------------------- QuantizeConv
+@pytest.mark.parametrize("xt", [np.uint8, np.int8])
+@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("act", ["Relu", None])
+def test_quantize_conv_fires_and_keeps_the_numbers(xt, per_channel, act):
+    m, feeds = _conv_qdq_model(xt, act, per_channel=per_channel)
+    g = optimized(m)
+    assert count(g, CITF) == 1 and count(g, "Conv") == 0, g.op_histogram()
+    assert count(g, "DequantizeLinear") == 1          # the output's; those of x, W and b went into the conv
+    _assert_within_one_step(m, feeds, opt_levels=(0, 2))
+
+
+def test_quantize_conv_epilogue_stores_the_quantized_output_in_one_kernel():
+    m, feeds = _conv_qdq_model(np.uint8, "Relu")
+    g = optimized(m, grouping=True)
+    anchored = [n for n in g.nodes if n.op == "FusedFunction" and n.attr("anchor")]
+    assert len(anchored) == 1
+    body_ops = [n.op for n in anchored[0].attrs["body"].nodes]
+    assert body_ops[0] == "ConvIntegerToFloat" and "QuantizeLinear" in body_ops and "Relu" in body_ops
+
+
+def test_quantize_conv_folds_batchnorm_into_scale_and_bias():
+    m, feeds = _conv_qdq_model(np.uint8, "Relu", bn=True)
+    g = optimized(m)
+    assert count(g, CITF) == 1 and count(g, "BatchNormalization") == 0, g.op_histogram()
+    _assert_within_one_step(m, feeds)
+
+
+def test_quantize_conv_not_fired_for_weights_quantized_along_the_input_channels():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 4, 7, 7)).astype(np.float32)
+    inits = {"xs": np.float32(0.02), "xz": np.uint8(128), "w": rng.integers(-127, 128, (6, 4, 3, 3)).astype(np.int8),
+             "ws": np.full(4, 0.01, np.float32), "wz": np.zeros(4, np.int8)}
+    nodes = []
+    _qdq("x", "xd", "xs", "xz", nodes)
+    nodes += [helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=1),
+              helper.make_node("Conv", ["xd", "wd"], ["y"], pads=[1, 1, 1, 1])]
+    m = graph_model(nodes, {"x": x}, ["y"], inits, opset=21)
+    assert count(optimized(m), CITF) == 0
+    assert "weights quantized along axis 1, the product's output channels are axis 0" in why_not(m, "QuantizeConv")
+    exp = ort_run(m, {"x": x})[0]
+    got = tensorfuse.compile(m).run(x=x)[0]
+    np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-4)
+
+
+def test_quantize_conv_not_fired_for_per_channel_activations():
+    m, feeds = _conv_qdq_model(np.uint8, "Relu", x_axis=1)
+    assert count(optimized(m), CITF) == 0
+    assert "not per tensor" in why_not(m, "QuantizeConv")
+    _assert_within_one_step(m, feeds)
+
+
+def test_quantize_conv_not_fired_for_runtime_weights():
+    m, feeds = _conv_qdq_model(np.uint8, "Relu", runtime_weights=True)
+    assert count(optimized(m), CITF) == 0
+    assert "expected a constant" in why_not(m, "QuantizeConv")
+    _assert_within_one_step(m, feeds)
+
+
+# ----------------------------------------------------------------------------- MatMul / Gemm
+def _matmul_qdq_model(kind="MatMul", trans_b=0, alpha=1.0, beta=1.0, per_column=True):
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((2, 5, 16) if kind == "MatMul" else (5, 16)).astype(np.float32)
+    bshape = (8, 16) if trans_b else (16, 8)
+    n_axis = 0 if trans_b else 1
+    inits = {"as": np.float32(0.03), "az": np.uint8(120), "b": rng.integers(-127, 128, bshape).astype(np.int8),
+             "bs": (rng.random(8) * 0.01 + 0.001).astype(np.float32) if per_column else np.float32(0.005),
+             "ys": Y_SCALE, "yz": np.uint8(128)}
+    nodes = []
+    _qdq("a", "ad", "as", "az", nodes)
+    nodes.append(helper.make_node("DequantizeLinear", ["b", "bs"], ["bd"], axis=n_axis))
+    if kind == "MatMul":
+        nodes.append(helper.make_node("MatMul", ["ad", "bd"], ["p"]))
+    else:
+        inits["c"] = rng.standard_normal(8).astype(np.float32)
+        nodes.append(helper.make_node("Gemm", ["ad", "bd", "c"], ["p"], transB=trans_b, alpha=alpha, beta=beta))
+    _qdq("p", "y", "ys", "yz", nodes)
+    return graph_model(nodes, {"a": a}, ["y"], inits, opset=21), {"a": a}
+
+
+@pytest.mark.parametrize("per_column", [True, False])
+def test_quantize_matmul_fires_and_keeps_the_numbers(per_column):
+    m, feeds = _matmul_qdq_model(per_column=per_column)
+    g = optimized(m)
+    assert count(g, MITF) == 1 and count(g, "MatMul") == 0, g.op_histogram()
+    _assert_within_one_step(m, feeds, opt_levels=(0, 2))
+
+
+@pytest.mark.parametrize("trans_b,alpha,beta", [(0, 1.0, 1.0), (1, 1.0, 1.0), (1, 0.5, 2.0)])
+def test_quantize_gemm_fires_and_keeps_the_numbers(trans_b, alpha, beta):
+    m, feeds = _matmul_qdq_model("Gemm", trans_b, alpha, beta)
+    g = optimized(m)
+    assert count(g, MITF) == 1 and count(g, "Gemm") == 0, g.op_histogram()
+    _assert_within_one_step(m, feeds)
+
+
+def test_quantize_gemm_not_fired_with_trans_a():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((16, 5)).astype(np.float32)
+    inits = {"as": np.float32(0.03), "az": np.uint8(120), "b": rng.integers(-127, 128, (16, 8)).astype(np.int8),
+             "bs": np.float32(0.004)}
+    nodes = []
+    _qdq("a", "ad", "as", "az", nodes)
+    nodes += [helper.make_node("DequantizeLinear", ["b", "bs"], ["bd"]),
+              helper.make_node("Gemm", ["ad", "bd"], ["y"], transA=1)]
+    m = graph_model(nodes, {"a": a}, ["y"], inits, opset=21)
+    assert count(optimized(m), MITF) == 0
+    assert "transA=1" in why_not(m, "QuantizeGemm")
+    np.testing.assert_allclose(tensorfuse.compile(m).run(a=a)[0], ort_run(m, {"a": a})[0], rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- dynamic quantization
+def _dynamic_model(scale_shape=()):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 16)).astype(np.float32)
+    inits = {"w": rng.integers(-127, 128, (16, 8)).astype(np.int8), "wz": np.int8(0),
+             "ws": np.full(scale_shape, 0.004, np.float32), "bias": rng.standard_normal(8).astype(np.float32)}
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("Mul", ["xs", "ws"], ["s"]),
+             helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=1),
+             helper.make_node("Mul", ["accf", "s"], ["p"]),
+             helper.make_node("Add", ["p", "bias"], ["y"])]
+    return graph_model(nodes, {"x": x}, ["y"], inits, opset=21), {"x": x}
+
+
+def test_dynamic_matmul_to_float_fires_and_is_exact():
+    m, feeds = _dynamic_model()
+    g = optimized(m)
+    assert count(g, MITF) == 1 and count(g, "MatMulInteger") == 0 and count(g, "Cast") == 0, g.op_histogram()
+    exp = ort_run(m, feeds)[0]
+    for lvl in (0, 2):
+        np.testing.assert_allclose(tensorfuse.compile(m, opt_level=lvl).run(**feeds)[0], exp, rtol=1e-6, atol=1e-6)
+
+
+def test_dynamic_matmul_to_float_not_fired_for_a_per_column_scale():
+    m, feeds = _dynamic_model(scale_shape=(8,))
+    assert count(optimized(m), MITF) == 0
+    assert "not one f32" in why_not(m, "DynamicMatMulToFloat")
+    np.testing.assert_allclose(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0], rtol=1e-6, atol=1e-6)
