@@ -255,3 +255,20 @@ def test_int8_instructions_in_the_assembly():
         mod = tensorfuse.compile(m, target=FORMS[form][0])
         _, asm = optimized_llvm(mod.llvm_ir, mod.target)
         assert re.search(insn, asm) and not re.search(other, asm) and "vpmaddubsw" not in asm, form
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("hw", [7, 28])
+def test_conv_int8_layouts(form, hw):
+    """Short rows (7 columns) at 16 lanes take the flat layout (pixel vectors over a band's
+    rows, lanes stored pixel by pixel), long rows and 8 lanes (7 of 8 used) the row layout:
+    the knob value the kernel carries, and the results against onnxruntime."""
+    layout = "flat" if (hw == 7 and FORMS[form][1][2] == 16) else "rows"
+    rng = np.random.default_rng(hw)
+    x, w = _q((1, 24, hw, hw), np.uint8, rng), _q((20, 24, 3, 3), np.uint8, rng)
+    m = node_model("ConvInteger", {"x": x}, {"pads": [1, 1, 1, 1]},
+                   initializers={"w": w, "xz": np.array(3, np.uint8), "wz": np.array(100, np.uint8)},
+                   input_names=["x", "w", "xz", "wz"])
+    mod = tensorfuse.compile(m, target=FORMS[form][0])
+    assert [k.knobs.get("int8_layout") for k in mod.kernels] == [layout]
+    _compile_check(m, {"x": x}, form, ort_run(m, {"x": x})[0], "conv2d_int8")

@@ -65,15 +65,40 @@ def _lane_use(ow: int, L: int) -> float:
     return ow / (-(-ow // L) * L)
 
 
-def _panel_shape(geo, L: int, rb: int, cq: int) -> tuple[int, int, int, int]:
-    """(Cq, NR, KR, COLS) of a band of ``rb`` output rows at ``L`` lanes."""
+def _panel_shape(geo, L: int, rb: int, cq: int, flat: bool = False) -> tuple[int, int, int, int]:
+    """(Cq, NR, KR, COLS) of a band of ``rb`` output rows at ``L`` lanes (``flat``: columns
+    exactly as many as the band's output rows read, see :func:`_plane`)."""
     (KH, KW), (sh, sw), (dh, dw) = geo.kernel, geo.strides, geo.dilations
     OW = geo.out_shape[1]
     nvw = -(-OW // L)
     nr = (rb - 1) * sh + (KH - 1) * dh + 1
+    if flat:
+        return cq, nr, 1, OW + (KW - 1) * dw
     if sw == 1:
         return cq, nr, 1, nvw * L + (KW - 1) * dw
     return cq, nr, KW, nvw * L
+
+
+def _plane(geo, L: int, rb: int, flat: bool) -> int:
+    """int32 words of one packed channel group of a band's panel: NR*KR*COLS, and for the flat
+    layout a tail that the last vectors' taps may read past the band's last row (their lanes
+    beyond it are discarded)."""
+    _, nr, kr, cols = _panel_shape(geo, L, rb, 1, flat)
+    return nr * kr * cols + (2 * L + (geo.kernel[1] - 1) * geo.dilations[1] if flat else 0)
+
+
+def _flat_vectors(geo, L: int, rb: int) -> int:
+    """Vectors of the flat layout covering a band of ``rb`` rows: positions r*COLS + ow."""
+    cols = _panel_shape(geo, L, rb, 1, True)[3]
+    return -(-((rb - 1) * cols + geo.out_shape[1]) // L)
+
+
+#: default bound of the flat layout's panel (a whole small plane: resnet's 7x7 x 512 channels
+#: takes 59 KiB, in L2)
+FLAT_PANEL_BYTES = 96 * 1024
+#: the flat layout's tiles are unrolled (their lanes' output positions are constants): at most
+#: this many vectors per band
+MAX_FLAT_VECTORS = 8
 
 
 def conv_int8_applies(ctx: LowerCtx, *, x, w, y, group, geo, acc_dtype, x_zero=None, w_zero=None, **_) -> bool:
@@ -119,9 +144,11 @@ def _tiles(regs: int, rowsum: bool, m: int, slots: int) -> list[tuple[int, int]]
 
 def _default_tile(regs: int, rowsum: bool, m: int, slots: int) -> tuple[int, int]:
     """RP = 4 pixel vectors (2 with 16 registers) and as many channels as the rest of the
-    registers hold: loads per step RP + OCn for RP*OCn dot products."""
+    registers hold: loads per step RP + OCn for RP*OCn dot products. With 16 registers at
+    most 4 channels: VPMADDWD's product needs a register before its VPADDD, and 2 x 6 spilled
+    (measured on the AVX2 form: 2 x 4 is 10-15% faster than 2 x 6)."""
     rp = max(1, min(4 if regs >= 32 else 2, slots))
-    ocn = max(1, min(m, (regs - 2 - rp * (2 if rowsum else 1)) // rp))
+    ocn = max(1, min(m, (regs - 2 - rp * (2 if rowsum else 1)) // rp, 16 if regs >= 32 else 4))
     return rp, ocn
 
 
@@ -137,6 +164,38 @@ def _form_for(ctx: LowerCtx, OW: int) -> int:
     return next(f for f in forms if f.lanes == L and f.isa == forms[0].isa)
 
 
+def _layout(ctx: LowerCtx, geo, Cq: int):
+    """(flat, form, band_rows): the flat layout where a stride-1 convolution's short rows leave
+    too many lanes of the row layout idle (7-column rows: 7 of 8 lanes per 8-lane vector in
+    rows, 12.25 of 16 per 16-lane vector flat), the lanes, and the band of output rows."""
+    OH, OW = geo.out_shape
+    row_form = _form_for(ctx, OW)
+    forms = int8.dot_forms(ctx.target)
+    Lw = forms[0].lanes
+    flat_ok = geo.strides == [1, 1]
+    rbs_flat = [d for d in _divisors(OH) if _flat_vectors(geo, Lw, d) <= MAX_FLAT_VECTORS
+                and 4 * Cq * _plane(geo, Lw, d, True) <= FLAT_PANEL_BYTES] if flat_ok else []
+    flat0 = False
+    if rbs_flat:
+        rb = max(rbs_flat)
+        useful_flat = rb * OW / _flat_vectors(geo, Lw, rb)
+        useful_rows = OW / -(-OW // row_form.lanes) * row_form.lanes / Lw
+        flat0 = useful_flat > 1.15 * useful_rows
+    flat = knob("int8_layout", ["rows", "flat"] if rbs_flat else ["rows"], "flat" if flat0 else "rows",
+                doc="pixel vectors along output rows, or over a band's rows flattened (stride 1)") == "flat"
+    form = forms[0] if flat else row_form
+    L = form.lanes
+    if flat:
+        cands = rbs_flat
+        rb0 = max(rbs_flat)
+    else:
+        cands = [d for d in _divisors(OH) if 4 * Cq * _plane(geo, L, d, False) <= MAX_PANEL_BYTES]
+        fit = [d for d in cands if 4 * Cq * _plane(geo, L, d, False) <= PANEL_BYTES]
+        rb0 = max(fit) if fit else 1
+    RB = knob("band_rows", cands, rb0, doc="output rows per parallel task (its packed input panel)")
+    return flat, form, RB
+
+
 @register_schedule("conv2d", "llvm", "conv2d_int8", plevel=40, applies=conv_int8_applies)
 def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero=None, hooks=(), params=None,
                    **_) -> KernelBuilder:
@@ -148,9 +207,10 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     M = y.shape[1]
     (KH, KW), (sh, sw), (dh, dw), (ph, pw) = geo.kernel, geo.strides, geo.dilations, geo.pads_begin
     OH, OW = geo.out_shape
-    form = _form_for(ctx, OW)
-    L, g = form.lanes, form.per_lane
+    g = int8.dot_forms(ctx.target)[0].per_lane
     Cq = -(-C // g)
+    flat, form, RB = _layout(ctx, geo, Cq)
+    L = form.lanes
     K = C * KH * KW
 
     # ---- weights, packed at compile time
@@ -160,11 +220,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     rowsum = pw_.need_rowsum
     regs = vector_registers(ctx.target)
     nvw = -(-OW // L)
-    rb_cands = [d for d in _divisors(OH) if 4 * _prod(_panel_shape(geo, L, d, Cq)) <= MAX_PANEL_BYTES]
-    rb0 = max(d for d in rb_cands if 4 * _prod(_panel_shape(geo, L, d, Cq)) <= PANEL_BYTES) \
-        if any(4 * _prod(_panel_shape(geo, L, d, Cq)) <= PANEL_BYTES for d in rb_cands) else 1
-    RB = knob("band_rows", rb_cands, rb0, doc="output rows per parallel task (its packed input panel)")
-    slots = RB * nvw
+    slots = _flat_vectors(geo, L, RB) if flat else RB * nvw
     RP, OCn = knob("int8_tile", _tiles(regs, rowsum, M, slots), _default_tile(regs, rowsum, M, slots),
                    doc="register tile: pixel vectors x output channels")
     MB = -(-M // OCn)
@@ -185,12 +241,16 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     corr[1, :M] = int8.wrap32(pw_.d)
     cb = ctx.pack(corr, "wcorr")
     base = params if params is not None else ctx.default_params()
-    params_ = [p for p in base if p is not w and p is not w_zero] + [wp, cb]
+    # (x's zero point may be the very buffer of w's: CSE merges equal constants)
+    params_ = [p for p in base if p is not w and (p is not w_zero or p is x_zero)] + [wp, cb]
     kb = ctx.kernel(params=params_)
-    Cq_, NR, KR, COLS = _panel_shape(geo, L, RB, Cq)
+    Cq_, NR, KR, COLS = _panel_shape(geo, L, RB, Cq, flat)
+    PL = _plane(geo, L, RB, flat)
     kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: tile {RP} pixel vectors x {OCn} channels, "
-                          f"band {RB} rows, panel {[Cq_, NR, KR, COLS]}, weights {list(wp.shape)}]")
-    xp = kb.local(DType.i32, (Cq * NR * KR * COLS,), hint="xpanel")
+                          f"{'flat ' if flat else ''}band {RB} rows, panel {[Cq_, NR, KR, COLS]}, "
+                          f"weights {list(wp.shape)}]")
+    xp = kb.local(DType.i32, (Cq * PL,), hint="xpanel")
+    fin_bufs = {}
     acc = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="acc")
     lanes_buf = kb.local(DType.i32, (L,), hint="lanes")
     i32 = DType.i32
@@ -242,7 +302,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                     pad = pads["full" if quad is None else "tail"]
 
                     def body(cq: Expr, valid=valid, pad=pad, cs=cs, off=off, lo=lo, hi=hi, kr=kr):
-                        rowbase = ((cq * NR + r) * KR + kr) * COLS
+                        rowbase = cq * PL + (r * KR + kr) * COLS
                         with kb.if_(row_in) as inside:
                             with kb.loop(lo, kind="vectorize", hint="c") as col:
                                 kb.store(xp, rowbase + col, pad)
@@ -262,23 +322,34 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                             body(cq)
                     else:
                         body(as_expr(C // g))
+        if flat:        # the tail the last vectors may read: defined values, discarded lanes
+            with kb.loop(Cq, hint="cq") as cq:
+                with kb.loop(PL - NR * COLS, kind="vectorize", hint="c") as c:
+                    kb.store(xp, cq * PL + NR * COLS + c, as_expr(0, i32))
         # ---- the tiles
         ones = broadcast(as_expr(int(int8.pack_lanes(np.ones((1, g), np.int64), form)[0]), i32), L)
         zero = broadcast(as_expr(0, i32), L)
 
-        def tile(mb: Expr, s0: Expr, rp: int):
-            # slot s -> (band row, vector of the row)
-            rows = [(s0 + p) / nvw if nvw > 1 else s0 + p for p in range(rp)]
-            vecs = [(s0 + p) % nvw if nvw > 1 else as_expr(0) for p in range(rp)]
+        def tile(mb: Expr, s0, rp: int):
+            # slot s -> (band row, vector of the row); flat: s0 is a constant
+            if flat:
+                rows = vecs = [as_expr(0)] * rp
+            else:
+                rows = [(s0 + p) / nvw if nvw > 1 else s0 + p for p in range(rp)]
+                vecs = [(s0 + p) % nvw if nvw > 1 else as_expr(0) for p in range(rp)]
+
+            def xaddr(cq, p, kh, kw):
+                if flat:
+                    return cq * PL + (s0 + p) * L + kh * dh * COLS + kw * dw
+                kr = 0 if sw == 1 else kw
+                coff = kw * dw if sw == 1 else 0
+                return cq * PL + ((rows[p] * sh + kh * dh) * KR + kr) * COLS + vecs[p] * L + coff
             for q in range(rp * (OCn + 1)):
                 kb.store(acc, q * L, zero)
             with kb.reduce(Cq, hint="cq") as cq:
                 for kh in range(KH):
                     for kw in range(KW):
-                        kr = 0 if sw == 1 else kw
-                        coff = kw * dw if sw == 1 else 0
-                        xv = [xp.vload(((cq * NR + rows[p] * sh + kh * dh) * KR + kr) * COLS + vecs[p] * L + coff, L)
-                              for p in range(rp)]
+                        xv = [xp.vload(xaddr(cq, p, kh, kw), L) for p in range(rp)]
                         wbase = (((mb * Cq + cq) * KH + kh) * KW + kw) * OCn
                         for j in range(OCn):
                             wb = broadcast(wp.flat(wbase + j), L)
@@ -302,7 +373,22 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                     if b is not None:
                         v = v + b.flat(oc).cast(i32)
 
-                    def store(v=v, oc=oc, oh=oh, ow0=ow0):
+                    def store(v=v, oc=oc, oh=oh, ow0=ow0, p=p):
+                        if flat:
+                            # lanes at band positions r*COLS + ow: finish on the vector, then
+                            # each output pixel's epilogue and store
+                            f = finish(v, oc)
+                            fb = fin_bufs.get(f.dtype)
+                            if fb is None:
+                                fb = fin_bufs[f.dtype] = kb.local(f.dtype, (L,), hint="fin")
+                            kb.store(fb, 0, f)
+                            for ln in range(L):
+                                ro, ow = divmod((s0 + p) * L + ln, COLS)
+                                if ow < OW and ro < RB:
+                                    idx = [n, oc, oh0 + ro, as_expr(ow)]
+                                    kb.store(y, idx, ctx.apply_epilogue(fb[ln], idx))
+                            return
+
                         def vector_store():
                             idx = [n, oc, oh, Ramp(ow0, L)]
                             kb.store(y, idx, ctx.apply_epilogue(finish(v, oc), idx))
@@ -330,9 +416,15 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         mb_hi = minimum(mb_lo + mb_per, as_expr(MB)) if SPLIT > 1 else as_expr(MB)
         with kb.loop(mb_hi, start=mb_lo, hint="mb", role="spatial") as mb:
             full = slots // RP
-            if full:
-                with kb.loop(full, hint="s", role="spatial") as st:
+            if flat:
+                for st in range(full):
                     tile(mb, st * RP, RP)
-            if slots % RP:
-                tile(mb, as_expr(full * RP), slots % RP)
+                if slots % RP:
+                    tile(mb, full * RP, slots % RP)
+            else:
+                if full:
+                    with kb.loop(full, hint="s", role="spatial") as st:
+                        tile(mb, st * RP, RP)
+                if slots % RP:
+                    tile(mb, as_expr(full * RP), slots % RP)
     return kb

@@ -106,7 +106,8 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     corr[1, :N] = int8.wrap32(pw.d)
     cb = ctx.pack(corr, "bcorr")
     rowsum = pw.need_rowsum
-    params = [p for p in ctx.default_params() if p is not b and p is not io.b_zero] + [bp, cb]
+    # (A's zero point may be the very buffer of B's: CSE merges equal constants)
+    params = [p for p in ctx.default_params() if p is not b and (p is not io.b_zero or p is io.a_zero)] + [bp, cb]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: tile {R} rows x {NB}x{L} columns, "
                           f"{G} tiles per task, B packed {list(bp.shape)}]")
