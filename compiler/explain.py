@@ -453,6 +453,9 @@ class FusionReport:
     node: str | None = None
     #: what tuning records did (``explain_report(..., tuning=)``), else None
     tuning: TuningReport | None = None
+    #: the quantization section (compiler/qdq_report.py): integer kernels and every Q/DQ left in
+    #: place with its reason; None for a model without quantization
+    quant: object | None = None
 
     def __str__(self) -> str:
         filt = "".join([f", rule {self.rule}" if self.rule else "", f", node {self.node}" if self.node else ""])
@@ -466,6 +469,8 @@ class FusionReport:
         lines += [str(g) for g in self.groups] or ["  (none)"]
         lines.append("anchor ops of the model and the rules that fused them:")
         lines += [str(a) for a in self.anchors] or ["  (none)"]
+        if self.quant is not None:
+            lines.append(str(self.quant))
         if self.tuning is not None:
             lines.append(str(self.tuning))
         return "\n".join(lines)
@@ -517,7 +522,8 @@ def _why_not_grouped(pl, grp, n) -> str:
         return f"{what} not fused {into}: it is {kind}, and only elementwise/broadcast ops join a group"
     if grp.anchor is not None:
         out = grp.anchor.outputs[0]
-        if n.outputs[0].type != out.type:
+        casts = od is not None and find_op(grp.anchor.op, grp.anchor.domain).epilogue_casts
+        if n.outputs[0].type != out.type and not (casts and n.outputs[0].shape == out.shape):
             return (f"{what} not fused {into}: its output is {n.outputs[0].type}, the anchor's {out.type} "
                     f"(an epilogue keeps the anchor's dtype and shape)")
         if not pl.can_join_anchor(grp, n):
@@ -627,9 +633,19 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
                                                        [(r, why) for r, why in after[n.name] if why is not None]))
         reports.append(rep)
 
+    quant: list = []
+
+    def triage(planned=None) -> None:
+        """The quantization section, on the graph before grouping (compiler/qdq_report.py)."""
+        from tensorfuse.compiler.qdq_report import quant_report
+        reasons = {c.node: dict(c.reasons) for p in reports if p.name == "quantize" for c in p.not_applied}
+        moved = [c for a in res.log if a.rule == "DropQDQAroundDataMovement" for c in a.created]
+        quant.append(quant_report(g, planned, reasons, moved, sources))
+
     def run_fuse_ops() -> None:
         pl = _Planner(g)
         planned = pl.plan()
+        triage(planned)
         users = g.users()
         members_of = {}
         for grp in planned:
@@ -676,6 +692,8 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
         else:
             _run(name, p, g, res, False, dumper)
 
+    if not quant:
+        triage()
     # the fate of every anchor op: replay the rewrites in order (a rewrite may give its new node
     # the name of a node it replaced, so names are reused), carrying for each current node name
     # the rules that made it and the original nodes it covers
@@ -723,7 +741,7 @@ def explain_report(model: Any, *, opt_level: int = 2, rule: str | None = None, n
             others = [f"{onnx_ops.get(x, '?')} '{x}'" for x in f[3] if x != lab]
             anchors.append(AnchorFate(lab, n.op_type, f[0], f[1], list(f[2]), others))
 
-    report = FusionReport(label, opt_level, reports, groups, anchors, rule, node)
+    report = FusionReport(label, opt_level, reports, groups, anchors, rule, node, quant=quant[0])
     if tuning is not None:
         report.tuning = tuning_report(g, tgt, tuning, num_threads=num_threads)
     if rule is not None:

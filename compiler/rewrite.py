@@ -71,12 +71,15 @@ class Rule:
     """Base class of rewrite rules; see the module docstring.
 
     Class attributes: ``pattern`` (a Pattern, or a tuple of Patterns for several outputs),
-    ``numerics_changing`` (True: only at O3; the docstring says by how much). ``name`` is the
-    class name; ``doc`` the docstring's first line.
+    ``numerics_changing`` (True: only at O3; the docstring says by how much), ``name_from``
+    (the capture whose node name the one node a rewrite makes takes; None: the match's first
+    node in graph order, the anchor of an epilogue fusion). ``name`` is the class name; ``doc``
+    the docstring's first line.
     """
 
     pattern = None
     numerics_changing = False
+    name_from: str | None = None
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -206,7 +209,7 @@ def _apply(graph: Graph, rule: Rule, m: Match, node: Node) -> "Application | Fai
             raise RewriteError(f"rule {rule.name} at node {node.name}: the replacement depends on a "
                                f"reader of the value it replaces ({e})") from None
     _drop_unused_captured_constants(graph, m)
-    _adopt_names(graph, m, created, mapping, build)
+    _adopt_names(graph, m, created, mapping, build, getattr(rule, "name_from", None))
     return Application(rule.name, [n.name for n in m.nodes], [n.name for n in created],
                        {old.name: new.name for old, new in mapping.items() if old is not new},
                        root=root, root_op=root_op)
@@ -231,10 +234,11 @@ def _insertion_point(graph: Graph, created: list[Node], pos: dict, m: Match, map
     return first_reader if need < first_reader else at
 
 
-def _adopt_names(graph: Graph, m: Match, created: list[Node], mapping: dict, build: Builder) -> None:
+def _adopt_names(graph: Graph, m: Match, created: list[Node], mapping: dict, build: Builder,
+                 name_from: str | None = None) -> None:
     """Keep the model's names visible: when a rewrite made one node (Constants aside) and the
     match's first node (in graph order: the anchor of an epilogue fusion, the Conv of a
-    BatchNormalization fold) is gone, the new node takes that node's name; each new value
+    BatchNormalization fold; or the rule's ``name_from`` capture) is gone, the new node takes that node's name; each new value
     that replaced a value no longer in the graph takes that value's name. Names the rule
     gave itself (``build.op(..., name=...)``, ``out_names``) are kept."""
     made = [n for n in created if n.op != "Constant"]
@@ -242,7 +246,7 @@ def _adopt_names(graph: Graph, m: Match, created: list[Node], mapping: dict, bui
         return
     new = made[0]
     alive = {id(n) for n in graph.nodes}
-    anchor = m.nodes[0]
+    anchor = m[name_from] if name_from is not None and m[name_from] is not None else m.nodes[0]
     if id(anchor) not in alive and anchor.name and id(new) in build.auto_names:
         new.name = anchor.name
     if id(new) not in build.auto_value_names:

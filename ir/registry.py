@@ -101,6 +101,12 @@ class OpDef:
     #: of the same shape (ConvIntegerToFloat -> QuantizeLinear stores u8): fuse_ops then lets
     #: dtype-changing elementwise ops join it (compiler/passes/fuse_ops.py)
     epilogue_casts: bool = False
+    #: how a per-tensor QuantizeLinear/DequantizeLinear pair passes through the op's input 0
+    #: (onnxruntime drops such DQ -> op -> Q pairs so data moves as int8): "copy" (every output
+    #: element is an input element: Reshape, Transpose, Slice, Gather ...), "monotone" (a
+    #: nondecreasing selection: MaxPool; needs a positive scale), "" (none). Read by
+    #: compiler/rules/quantize.py
+    quant_passthrough: str = ""
     doc: str = ""
 
     def __post_init__(self):

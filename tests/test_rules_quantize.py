@@ -6,6 +6,7 @@ import pytest
 from onnx import helper
 
 import tensorfuse
+from tensorfuse.ir.types import DType
 from tests.fusion_util import count, graph_model, optimized, why_not
 from tests.oracle import ort_run, rand
 
@@ -210,3 +211,74 @@ def test_dynamic_matmul_to_float_not_fired_for_a_per_column_scale():
     assert count(optimized(m), MITF) == 0
     assert "not one f32" in why_not(m, "DynamicMatMulToFloat")
     np.testing.assert_allclose(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- explain's triage
+def test_explain_lists_integer_kernels_and_every_qdq_left_with_its_reason():
+    """A QDQ conv whose output feeds a float Softmax (no integer kernel) and a per-axis
+    quantized activation blocking a second conv: the report names each."""
+    from tensorfuse.compiler.explain import explain_report
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    inits = {"xs": np.float32(0.02), "xz": np.uint8(128), "w": rng.integers(-127, 128, (4, 4, 1, 1)).astype(np.int8),
+             "ws": np.float32(0.01), "ys": np.full(4, 0.05, np.float32), "yz": np.full(4, 128, np.uint8)}
+    nodes = []
+    _qdq("x", "xd", "xs", "xz", nodes)
+    nodes += [helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"]),
+              helper.make_node("Conv", ["xd", "wd"], ["c1"], name="conv_int")]
+    _qdq("c1", "c1d", "ys", "yz", nodes, axis=1)                       # per-axis: blocks the next conv
+    nodes += [helper.make_node("Conv", ["c1d", "wd"], ["c2"], name="conv_float"),
+              helper.make_node("Softmax", ["c2"], ["y"], axis=1, name="soft")]
+    m = graph_model(nodes, {"x": x}, ["y"], inits, opset=21)
+    rep = explain_report(m)
+    q = rep.quant
+    assert [g.node for g in q.groups] == ["conv_int"] and q.groups[0].op == CITF
+    text = str(rep)
+    assert "quantization: 1 integer kernel" in text
+    dq_left = {e.node: e for e in q.left if e.op == "DequantizeLinear"}
+    (per_axis,) = [e for e in dq_left.values() if any("conv_float" in r for r in e.reasons)]
+    assert any("blocks QuantizeConv at Conv 'conv_float'" in r and "not per tensor" in r for r in per_axis.reasons)
+    # the result stays right: within one step of the per-axis quantization (scale 0.05) before the Softmax
+    exp = ort_run(m, {"x": x})[0]
+    np.testing.assert_allclose(tensorfuse.compile(m).run(x=x)[0], exp, rtol=1e-4, atol=1e-4)
+
+
+def test_explain_has_no_quantization_section_for_a_float_model():
+    from tensorfuse.compiler.explain import explain_report
+    m = graph_model([helper.make_node("Relu", ["x"], ["y"])], {"x": rand(2, 3)}, ["y"])
+    rep = explain_report(m)
+    assert rep.quant is None and "quantization:" not in str(rep)
+
+
+# ----------------------------------------------------------------------------- DQ -> data movement -> Q
+def _movement_model(op, out_scale=Y_SCALE, **attrs):
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((1, 3, 6, 6)) * 2).astype(np.float32)
+    inits = {"s": Y_SCALE, "z": np.uint8(100), "s2": np.float32(out_scale), "shape": np.array([1, 3, 36], np.int64)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"])]
+    ins = ["d", "shape"] if op == "Reshape" else ["d"]
+    nodes += [helper.make_node(op, ins, ["m"], **attrs),
+              helper.make_node("QuantizeLinear", ["m", "s2", "z"], ["mq"]),
+              helper.make_node("DequantizeLinear", ["mq", "s2", "z"], ["y"])]
+    return graph_model(nodes, {"x": x}, ["y"], inits, opset=21), {"x": x}
+
+
+@pytest.mark.parametrize("op,attrs", [("Reshape", {}), ("Transpose", {"perm": [0, 2, 3, 1]}),
+                                      ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2]})])
+def test_drop_qdq_around_data_movement_fires_and_is_exact(op, attrs):
+    m, feeds = _movement_model(op, **attrs)
+    g = optimized(m)
+    mover = [n for n in g.nodes if n.op == op]
+    assert len(mover) == 1 and mover[0].inputs[0].dtype == DType.u8, g.op_histogram()
+    exp = ort_run(m, feeds)[0]
+    np.testing.assert_array_equal(tensorfuse.compile(m).run(**feeds)[0], exp)
+
+
+def test_drop_qdq_not_fired_when_the_scales_differ():
+    m, feeds = _movement_model("Transpose", out_scale=0.07, perm=[0, 2, 3, 1])
+    g = optimized(m)
+    assert [n for n in g.nodes if n.op == "Transpose"][0].inputs[0].dtype.is_float
+    assert "scale / zero point differ" in why_not(m, "DropQDQAroundDataMovement")
+    _assert_within_one_step(m, feeds, scale=0.07)
+

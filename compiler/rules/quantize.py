@@ -12,7 +12,10 @@ integer and leave the rest to the epilogue:
 - ``MatMul(DQ(a), DQ(B const))`` and ``Gemm(DQ(a), DQ(B const), C)`` ==>
   ``com.microsoft::MatMulIntegerToFloat``;
 - dynamic quantization's ``Mul(Cast(MatMulInteger(a, B, ...)), scale)`` ==>
-  ``MatMulIntegerToFloat`` (``quantize_dynamic`` writes that chain).
+  ``MatMulIntegerToFloat`` (``quantize_dynamic`` writes that chain);
+- ``Q(Reshape / Transpose / Slice / Gather / MaxPool ...(DQ(x)))`` with one scale and zero point
+  ==> the op on x itself (``OpDef.quant_passthrough``): exact, since those ops only move or
+  select elements.
 
 What follows the product (bias, BatchNormalization folded into the scale and bias by
 :class:`FoldBatchNormIntoConvIntegerToFloat`, Relu, the residual Add with its own DQ, the Q of
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensorfuse.compiler.pattern import Any, Const, OneOf, Optional, P
+from tensorfuse.compiler.pattern import Any, Const, Op, Optional, P
 from tensorfuse.compiler.rewrite import Fail, Rule
 from tensorfuse.compiler.rules._activation import build_or_fail
 from tensorfuse.ir.types import DType
@@ -102,6 +105,7 @@ def _bias_value(b, node_name: str, channels: int) -> np.ndarray | None | Fail:
 
 class QuantizeConv(Rule):
     """Conv(DQ(x), DQ(W const), b) ==> tensorfuse::ConvIntegerToFloat(x, W, x_scale, w_scale, x_zp, w_zp, b): int32 conv, float scale per channel."""
+    name_from = "conv"
     pattern = P.Conv(_dq(Any("xq"), "x"), _dq(Const(name="wq"), "w"), Optional(Any()).named("b"))
 
     def condition(self, m):
@@ -134,6 +138,7 @@ class QuantizeConv(Rule):
 
 class QuantizeMatMul(Rule):
     """MatMul(DQ(a), DQ(B const [K, N])) ==> com.microsoft::MatMulIntegerToFloat(a, B, a_scale, b_scale, a_zp, b_zp): int32 product, float scale per column."""
+    name_from = "matmul"
     pattern = P.MatMul(_dq(Any("aq"), "a"), _dq(Const(name="bq").rank(2), "b"))
 
     def condition(self, m):
@@ -157,6 +162,7 @@ class QuantizeMatMul(Rule):
 
 class QuantizeGemm(Rule):
     """Gemm(DQ(a), DQ(B const), C) with transA=0 ==> MatMulIntegerToFloat(a, B', ..., bias=alpha/beta-scaled C): B' = B^T for transB=1."""
+    name_from = "gemm"
     pattern = P.Gemm(_dq(Any("aq"), "a"), _dq(Const(name="bq").rank(2), "b"), Optional(Any()).named("b_bias"))
 
     def condition(self, m):
@@ -197,6 +203,7 @@ class QuantizeGemm(Rule):
 
 class DynamicMatMulToFloat(Rule):
     """Mul(Cast(MatMulInteger(a, B, a_zp, b_zp), to=float), s) with s one element ==> MatMulIntegerToFloat(a, B, s, 1, a_zp, b_zp): quantize_dynamic's chain in one kernel."""
+    name_from = "matmulinteger"
     pattern = P.Mul(P.Cast(P.MatMulInteger(Any("aq"), Any("bq"), Optional(Any()).named("a_zp"),
                                            Optional(Any()).named("b_zp")).single_use()).single_use(),
                     Any("s"))
@@ -249,5 +256,48 @@ class FoldBatchNormIntoConvIntegerToFloat(Rule):
                              expect=m.batchnormalization.outputs[0], **m.qconv.attrs)
 
 
-RULES = [QuantizeConv, QuantizeMatMul, QuantizeGemm, DynamicMatMulToFloat]
+def _passthrough_ops() -> tuple[str, ...]:
+    from tensorfuse.ir.registry import op_names
+    return op_names("quant_passthrough")
+
+
+def _same_scalar(a, b) -> bool:
+    """Two constant scale / zero point values (None: absent, a zero point of 0) are one scalar."""
+    da = np.zeros(()) if a is None else a.data
+    db = np.zeros(()) if b is None else b.data
+    return da.size == 1 and db.size == 1 and float(da.reshape(())) == float(db.reshape(()))
+
+
+class DropQDQAroundDataMovement(Rule):
+    """Q(op(DQ(x, s, z), ...), s, z) with op moving data (OpDef.quant_passthrough: Reshape, Transpose, Slice, Gather, MaxPool ...) ==> op(x, ...): the data moves as int8."""
+    name_from = "mover"
+    pattern = P.QuantizeLinear(
+        Op(_passthrough_ops(), P.DequantizeLinear(Any("x"), Const(name="s1"), Optional(Const()).named("z1"))
+             .named("dq"), Optional(Any()), Optional(Any()), Optional(Any()), Optional(Any()))
+        .named("mover").single_use(),
+        Const(name="s2"), Optional(Const()).named("z2")).named("q")
+
+    def condition(self, m):
+        from tensorfuse.ir.registry import get_op
+        mv = m.mover
+        if not (_same_scalar(m.s1, m.s2) and _same_scalar(m.z1, m.z2)):
+            return Fail(f"{m.q.name}: its scale / zero point differ from {m.dq.name}'s (or are not per tensor)")
+        if m.q.outputs[0].dtype != m.x.dtype:
+            return Fail(f"{m.q.name}: quantizes to {m.q.outputs[0].dtype}, {m.dq.name} reads {m.x.dtype}")
+        if int(m.dq.attr("block_size", 0) or 0) or int(m.q.attr("block_size", 0) or 0):
+            return Fail(f"{m.q.name}: blocked quantization")
+        if len([o for o in mv.outputs if o is not None]) != 1:
+            return Fail(f"{mv.name}: {mv.op} has more than one output")
+        kind = get_op(mv.op, mv.domain).quant_passthrough
+        if kind == "monotone" and not float(m.s1.data.reshape(())) > 0:
+            return Fail(f"{mv.name}: {mv.op} selects by order, and the scale {m.s1.data.reshape(())} is not positive")
+        return True
+
+    def rewrite(self, m, build):
+        mv = m.mover
+        dom = {"domain": mv.domain} if mv.domain else {}
+        return build_or_fail(build, mv.op, m.x, *mv.inputs[1:], expect=m.q.outputs[0], **dom, **mv.attrs)
+
+
+RULES = [DropQDQAroundDataMovement, QuantizeConv, QuantizeMatMul, QuantizeGemm, DynamicMatMulToFloat]
 FOLD = [FoldBatchNormIntoConvIntegerToFloat]

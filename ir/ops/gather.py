@@ -41,7 +41,7 @@ def np_wrap(idx: np.ndarray, dim: int, what: str = "index") -> np.ndarray:
     return np.where(idx < 0, idx + dim, idx)
 
 
-@op("Gather", INJ)
+@op("Gather", INJ, quant_passthrough="copy")
 class Gather:
     """Gather(data, indices) -> data indexed along ``axis`` (default 0) by indices.
 

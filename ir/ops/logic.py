@@ -201,7 +201,7 @@ class CastLike:
 
 
 # ----------------------------------------------------------------------------- identity-like
-@op("Identity", EW)
+@op("Identity", EW, quant_passthrough="copy")
 class Identity:
     """y = x (any tensor dtype, same shape). ONNX spec: Identity-25."""
     infer = infer_ew

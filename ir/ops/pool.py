@@ -288,7 +288,7 @@ def _lp_p(node) -> int:
 
 
 # ----------------------------------------------------------------------------- ops
-@op("MaxPool", POOL)
+@op("MaxPool", POOL, quant_passthrough="monotone")
 class MaxPool:
     """N-D max pooling. ONNX spec: MaxPool-22.
 
@@ -415,7 +415,7 @@ class GlobalAveragePool:
     flops = _global_flops
 
 
-@op("GlobalMaxPool", POOL)
+@op("GlobalMaxPool", POOL, quant_passthrough="monotone")
 class GlobalMaxPool:
     """Max over all spatial dims. ONNX spec: GlobalMaxPool-22. X float [N, C, D1..Dn] ->
     Y [N, C, 1, ..., 1], X's dtype. NaN is skipped (IEEE maxNum, as onnxruntime for one NaN in

@@ -50,7 +50,7 @@ def np_space_to_depth(x, bs, mode):
     return np.ascontiguousarray(t.reshape(b, c * bs * bs, h // bs, w // bs))
 
 
-@op("DepthToSpace", INJ)
+@op("DepthToSpace", INJ, quant_passthrough="copy")
 class DepthToSpace:
     """DepthToSpace(input) -> [N, C/bs^2, H*bs, W*bs]: depth moved into spatial blocks.
 
@@ -78,7 +78,7 @@ class DepthToSpace:
         lower_index_map(ctx, src)
 
 
-@op("SpaceToDepth", INJ)
+@op("SpaceToDepth", INJ, quant_passthrough="copy")
 class SpaceToDepth:
     """SpaceToDepth(input) -> [N, C*bs^2, H/bs, W/bs]: spatial blocks moved into depth, the
     inverse of DepthToSpace with the same ``mode`` (DCR default; CRD since 28). Any dtype; 4-D

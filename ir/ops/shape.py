@@ -102,7 +102,7 @@ def reshape_shape(in_shape: Sequence[int], shape: Sequence[int], allowzero: int)
     return tuple(out)
 
 
-@op("Reshape", INJ, const_inputs=(1,), reshape_only=True)
+@op("Reshape", INJ, const_inputs=(1,), reshape_only=True, quant_passthrough="copy")
 class Reshape:
     """Reshape(data, shape) -> data with a new shape, same row-major elements.
 
@@ -132,7 +132,7 @@ def flatten_shape(shape: Sequence[int], axis: int) -> tuple[int, int]:
     return prod(shape[:axis]), prod(shape[axis:])
 
 
-@op("Flatten", INJ, reshape_only=True)
+@op("Flatten", INJ, reshape_only=True, quant_passthrough="copy")
 class Flatten:
     """Flatten(input) -> 2-D [prod(dims[:axis]), prod(dims[axis:])], axis in [-r, r] (default 1).
 
@@ -165,7 +165,7 @@ def _squeeze_import(ctx, proto, version):
     return import_axes_attr_as_input(ctx, proto, "axes", 1)
 
 
-@op("Squeeze", INJ, const_inputs=(1,), reshape_only=True)
+@op("Squeeze", INJ, const_inputs=(1,), reshape_only=True, quant_passthrough="copy")
 class Squeeze:
     """Squeeze(data, axes?) -> data without the listed size-1 axes (all size-1 axes if omitted).
 
@@ -192,7 +192,7 @@ def unsqueeze_shape(shape: Sequence[int], axes) -> tuple[int, ...]:
     return tuple(1 if i in ax else next(it) for i in range(r))
 
 
-@op("Unsqueeze", INJ, const_inputs=(1,), reshape_only=True)
+@op("Unsqueeze", INJ, const_inputs=(1,), reshape_only=True, quant_passthrough="copy")
 class Unsqueeze:
     """Unsqueeze(data, axes) -> data with size-1 axes inserted at ``axes`` of the output.
 
@@ -226,7 +226,7 @@ def transpose_perm(node, rank: int) -> list[int]:
     return [p % rank for p in perm]
 
 
-@op("Transpose", INJ)
+@op("Transpose", INJ, quant_passthrough="copy")
 class Transpose:
     """Transpose(data) -> data with axes permuted: out.shape[i] = in.shape[perm[i]].
 
@@ -255,7 +255,7 @@ def _bcast_index(in_shape, out_idx) -> list:
     return [Const(0, I64) if d == 1 else i for d, i in zip(in_shape, idx)]
 
 
-@op("Expand", OpPatternKind.BROADCAST, const_inputs=(1,))
+@op("Expand", OpPatternKind.BROADCAST, const_inputs=(1,), quant_passthrough="copy")
 class Expand:
     """Expand(input, shape) -> input broadcast to broadcast(input.shape, shape) (bidirectional:
     a 1 in ``shape`` keeps the input's dim).
@@ -291,7 +291,7 @@ def tile_shape(shape, repeats) -> tuple[int, ...]:
     return tuple(d * r for d, r in zip(shape, reps))
 
 
-@op("Tile", INJ, const_inputs=(1,))
+@op("Tile", INJ, const_inputs=(1,), quant_passthrough="copy")
 class Tile:
     """Tile(input, repeats) -> input repeated repeats[i] times along axis i.
 

@@ -307,7 +307,7 @@ def _slice_import(ctx, proto, version):
     return ctx.default_import(proto, inputs=ins, attrs=attrs)
 
 
-@op("Slice", INJ, const_inputs=(1, 2, 3, 4))
+@op("Slice", INJ, const_inputs=(1, 2, 3, 4), quant_passthrough="copy")
 class Slice:
     """Slice(data, starts, ends, axes?, steps?) -> data[start:end:step] on the listed axes.
 
