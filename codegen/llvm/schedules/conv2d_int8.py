@@ -28,7 +28,8 @@ epilogue runs on whole vectors, as in the float schedules.
   ``DotAcc``; with a nonzero ``d`` also RP row sums (a ``DotAcc`` with ones).
 - Epilogue on registers: the correction (``d * rowsum - a * corr``), the bias, the op's
   ``finish(acc, oc)`` (requantisation, or the float scale of ConvIntegerToFloat), then
-  ``ctx.apply_epilogue`` on the vector and one store (lane by lane past the row's end).
+  ``ctx.apply_epilogue`` on the vector and one store; a row's last partial vector (and the flat
+  layout's runs of lanes in one output row) in vectors of 8, 4, 2 and 1 lanes.
 
 Knobs: ``int8_lanes`` (16 or 8: narrow rows waste fewer lanes at 8), ``int8_tile`` (RP, OCn),
 ``band_rows`` (a divisor of OH; larger bands repack fewer overlapping input rows, the panel
@@ -241,8 +242,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     corr[1, :M] = int8.wrap32(pw_.d)
     cb = ctx.pack(corr, "wcorr")
     base = params if params is not None else ctx.default_params()
-    # (x's zero point may be the very buffer of w's: CSE merges equal constants)
-    params_ = [p for p in base if p is not w and (p is not w_zero or p is x_zero)] + [wp, cb]
+    # w's zero point stays a parameter: CSE merges equal constants, so the buffer may also be
+    # x's zero point or one the fused epilogue reads (a QuantizeLinear's)
+    params_ = [p for p in base if p is not w] + [wp, cb]
     kb = ctx.kernel(params=params_)
     Cq_, NR, KR, COLS = _panel_shape(geo, L, RB, Cq, flat)
     PL = _plane(geo, L, RB, flat)
@@ -250,7 +252,6 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                           f"{'flat ' if flat else ''}band {RB} rows, panel {[Cq_, NR, KR, COLS]}, "
                           f"weights {list(wp.shape)}]")
     xp = kb.local(DType.i32, (Cq * PL,), hint="xpanel")
-    fin_bufs = {}
     acc = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="acc")
     lanes_buf = kb.local(DType.i32, (L,), hint="lanes")
     i32 = DType.i32
@@ -330,6 +331,19 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         ones = broadcast(as_expr(int(int8.pack_lanes(np.ones((1, g), np.int64), form)[0]), i32), L)
         zero = broadcast(as_expr(0, i32), L)
 
+        def store_run(lane0: int, length: int, oc: Expr, oh: Expr, ow0: Expr):
+            """Output pixels ow0 .. ow0+length-1 of row oh from lanes lane0.. of ``lanes_buf``
+            (the corrected accumulators): vectors of 8, 4, 2 lanes, then 1, each with finish
+            and the epilogue on the vector before its store (a row's tail, the flat layout's
+            runs), instead of one scalar epilogue per pixel."""
+            off = 0
+            while off < length:
+                wd = 1 << ((length - off).bit_length() - 1)
+                val = lanes_buf.vload(lane0 + off, wd) if wd > 1 else lanes_buf[lane0 + off]
+                idx = [n, oc, oh, Ramp(ow0 + off, wd) if wd > 1 else ow0 + off]
+                kb.store(y, idx, ctx.apply_epilogue(finish(val, oc), idx))
+                off += wd
+
         def tile(mb: Expr, s0, rp: int):
             # slot s -> (band row, vector of the row); flat: s0 is a constant
             if flat:
@@ -375,37 +389,27 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
 
                     def store(v=v, oc=oc, oh=oh, ow0=ow0, p=p):
                         if flat:
-                            # lanes at band positions r*COLS + ow: finish on the vector, then
-                            # each output pixel's epilogue and store
-                            f = finish(v, oc)
-                            fb = fin_bufs.get(f.dtype)
-                            if fb is None:
-                                fb = fin_bufs[f.dtype] = kb.local(f.dtype, (L,), hint="fin")
-                            kb.store(fb, 0, f)
-                            for ln in range(L):
-                                ro, ow = divmod((s0 + p) * L + ln, COLS)
-                                if ow < OW and ro < RB:
-                                    idx = [n, oc, oh0 + ro, as_expr(ow)]
-                                    kb.store(y, idx, ctx.apply_epilogue(fb[ln], idx))
+                            # lanes at band positions r*COLS + ow: each row's run of lanes
+                            kb.store(lanes_buf, 0, v)
+                            base = (s0 + p) * L
+                            for ro in range(base // COLS, min(RB, -(-(base + L) // COLS))):
+                                a0 = max(base, ro * COLS)
+                                a1 = min(base + L, ro * COLS + OW)
+                                if a1 > a0:
+                                    store_run(a0 - base, a1 - a0, oc, oh0 + ro, as_expr(a0 - ro * COLS))
                             return
 
                         def vector_store():
                             idx = [n, oc, oh, Ramp(ow0, L)]
                             kb.store(y, idx, ctx.apply_epilogue(finish(v, oc), idx))
-
-                        def lane_stores():
-                            kb.store(lanes_buf, 0, v)
-                            for ln in range(L):
-                                with kb.if_(ow0 + ln < OW):
-                                    idx = [n, oc, oh, ow0 + ln]
-                                    kb.store(y, idx, ctx.apply_epilogue(finish(lanes_buf[ln], oc), idx))
                         if OW % L == 0:
                             vector_store()
                         else:
                             with kb.if_(ow0 + L <= OW) as whole:
                                 vector_store()
-                            with kb.else_(whole):
-                                lane_stores()
+                            with kb.else_(whole):        # the row's last vector
+                                kb.store(lanes_buf, 0, v)
+                                store_run(0, OW % L, oc, oh, ow0)
                     if M % OCn == 0:
                         store()
                     else:

@@ -106,8 +106,9 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     corr[1, :N] = int8.wrap32(pw.d)
     cb = ctx.pack(corr, "bcorr")
     rowsum = pw.need_rowsum
-    # (A's zero point may be the very buffer of B's: CSE merges equal constants)
-    params = [p for p in ctx.default_params() if p is not b and (p is not io.b_zero or p is io.a_zero)] + [bp, cb]
+    # B's zero point stays a parameter: CSE merges equal constants, so the buffer may also be
+    # A's zero point or one the fused epilogue reads (a QuantizeLinear's)
+    params = [p for p in ctx.default_params() if p is not b] + [bp, cb]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: tile {R} rows x {NB}x{L} columns, "
                           f"{G} tiles per task, B packed {list(bp.shape)}]")
