@@ -272,3 +272,17 @@ def test_conv_int8_layouts(form, hw):
     mod = tensorfuse.compile(m, target=FORMS[form][0])
     assert [k.knobs.get("int8_layout") for k in mod.kernels] == [layout]
     _compile_check(m, {"x": x}, form, ort_run(m, {"x": x})[0], "conv2d_int8")
+
+
+def test_shared_zero_point_buffer():
+    """x's and w's zero point one initializer (as CSE makes equal constants): the packed
+    weights replace w, the zero point stays readable."""
+    rng = np.random.default_rng(9)
+    x, w = _q((1, 6, 8, 8), np.uint8, rng), _q((5, 6, 3, 3), np.uint8, rng)
+    m = node_model("ConvInteger", {"x": x}, {}, initializers={"w": w, "z": np.array(128, np.uint8)},
+                   input_names=["x", "w", "z", "z"])
+    _compile_check(m, {"x": x}, "vnni512", ort_run(m, {"x": x})[0], "conv2d_int8")
+    a, b = _q((5, 20), np.uint8, rng), _q((20, 9), np.uint8, rng)
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b, "z": np.array(128, np.uint8)},
+                   input_names=["a", "b", "z", "z"])
+    _compile_check(m, {"a": a}, "vnni512", ort_run(m, {"a": a})[0], "matmul_int8")
