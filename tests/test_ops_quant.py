@@ -183,3 +183,105 @@ def test_matmul_integer_to_float_against_onnxruntime_contrib_op():
     exp = ort_run(m, {"a": a})[0]
     for outs in _run(m, {"a": a}):
         np.testing.assert_allclose(outs[0], exp, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- onnxruntime's contrib ops
+def _ms_model(op_type, inputs: dict, inits: dict, names, out_type, out_shape, **attrs):
+    node = helper.make_node(op_type, names, ["y"], domain="com.microsoft", **attrs)
+    g_in = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()]
+    graph = helper.make_graph([node], "t", g_in, [helper.make_tensor_value_info("y", out_type, out_shape)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def _assert_contrib(m, feeds, atol):
+    """Compiled (imported as the QDQ decomposition) and the op's own numpy reference (an IR node
+    of the contrib op, as ``OpDef.reference`` evaluates it) both match onnxruntime's kernel."""
+    from tensorfuse.ir.builder import Builder
+    from tensorfuse.ir.graph import Graph
+    from tensorfuse.ir.registry import run_reference
+    exp = ort_run(m, feeds)[0]
+    for outs in _run(m, feeds):
+        assert outs[0].dtype == exp.dtype and outs[0].shape == exp.shape
+        np.testing.assert_allclose(outs[0].astype(np.float64), exp.astype(np.float64), rtol=0, atol=atol)
+    node = m.graph.node[0]
+    consts = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
+    g = Graph()
+    vals = [g.add_const(feeds[n] if n in feeds else consts[n], n) if n else None for n in node.input]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    y = Builder(g).op(node.op_type, *vals, domain="com.microsoft", **attrs)
+    (ref,) = run_reference(y.producer, [v if v is None else v.data for v in vals])
+    assert ref.dtype == exp.dtype and ref.shape == exp.shape
+    np.testing.assert_allclose(ref.astype(np.float64), exp.astype(np.float64), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("op_type", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize("dt", [np.uint8, np.int8])
+def test_qlinear_binary_contrib_ops(op_type, dt):
+    rng = np.random.default_rng(7)
+    info = np.iinfo(dt)
+    a = rng.integers(info.min, info.max + 1, (2, 3, 4)).astype(dt)
+    b = rng.integers(info.min, info.max + 1, (3, 1)).astype(dt)
+    inits = {"as": np.float32(0.05), "az": np.array(3, dt), "b": b, "bs": np.float32(0.04), "bz": np.array(-2 if dt == np.int8 else 7, dt),
+             "cs": np.float32(0.08 if op_type == "QLinearAdd" else 0.3), "cz": np.array(10, dt)}
+    m = _ms_model(op_type, {"a": a}, inits, ["a", "as", "az", "b", "bs", "bz", "cs", "cz"],
+                  helper.np_dtype_to_tensor_dtype(np.dtype(dt)), (2, 3, 4))
+    _assert_contrib(m, {"a": a}, atol=1)
+
+
+@pytest.mark.parametrize("op_type,attrs", [("QLinearSigmoid", {}), ("QLinearLeakyRelu", {"alpha": 0.1})])
+def test_qlinear_unary_contrib_ops(op_type, attrs):
+    x = np.arange(0, 256, dtype=np.uint8).reshape(4, 64)
+    inits = {"xs": np.float32(0.05), "xz": np.uint8(128), "ys": np.float32(1 / 256 if op_type == "QLinearSigmoid" else 0.04),
+             "yz": np.uint8(0 if op_type == "QLinearSigmoid" else 100)}
+    m = _ms_model(op_type, {"x": x}, inits, ["x", "xs", "xz", "ys", "yz"], onnx.TensorProto.UINT8, (4, 64), **attrs)
+    _assert_contrib(m, {"x": x}, atol=1)
+
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_qlinear_global_average_pool_contrib_op(channels_last):
+    rng = np.random.default_rng(8)
+    x = rng.integers(0, 256, (1, 5, 6, 3) if channels_last else (1, 3, 5, 6)).astype(np.uint8)
+    inits = {"xs": np.float32(0.05), "xz": np.uint8(120), "ys": np.float32(0.02), "yz": np.uint8(128)}
+    shape = (1, 1, 1, 3) if channels_last else (1, 3, 1, 1)
+    m = _ms_model("QLinearGlobalAveragePool", {"x": x}, inits, ["x", "xs", "xz", "ys", "yz"], onnx.TensorProto.UINT8,
+                  shape, channels_last=channels_last)
+    _assert_contrib(m, {"x": x}, atol=1)
+
+
+def test_qlinear_concat_contrib_op():
+    rng = np.random.default_rng(9)
+    a = rng.integers(0, 256, (1, 2, 3)).astype(np.uint8)
+    b = rng.integers(0, 256, (1, 4, 3)).astype(np.uint8)
+    inits = {"ys": np.float32(0.1), "yz": np.uint8(128), "as": np.float32(0.05), "az": np.uint8(100),
+             "bs": np.float32(0.2), "bz": np.uint8(130)}
+    m = _ms_model("QLinearConcat", {"a": a, "b": b}, inits, ["ys", "yz", "a", "as", "az", "b", "bs", "bz"],
+                  onnx.TensorProto.UINT8, (1, 6, 3), axis=1)
+    _assert_contrib(m, {"a": a, "b": b}, atol=1)
+
+
+@pytest.mark.parametrize("quantized_output", [True, False])
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_qgemm_contrib_op(quantized_output, trans_b):
+    rng = np.random.default_rng(10)
+    a = rng.integers(0, 256, (5, 16)).astype(np.uint8)
+    b = rng.integers(-127, 128, (8, 16) if trans_b else (16, 8)).astype(np.int8)
+    inits = {"as": np.float32(0.03), "az": np.uint8(128), "b": b, "bs": np.float32(0.01), "bz": np.int8(0),
+             "c": rng.integers(-1000, 1000, 8).astype(np.int32)}
+    names = ["a", "as", "az", "b", "bs", "bz", "c"]
+    if quantized_output:
+        inits.update(ys=np.float32(0.2), yz=np.uint8(128))
+        names += ["ys", "yz"]
+    m = _ms_model("QGemm", {"a": a}, inits, names, onnx.TensorProto.UINT8 if quantized_output else onnx.TensorProto.FLOAT,
+                  (5, 8), transB=trans_b, alpha=1.0)
+    _assert_contrib(m, {"a": a}, atol=1 if quantized_output else 1e-4)
+
+
+def test_dynamic_quantize_matmul_contrib_op():
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((3, 7, 16)).astype(np.float32)
+    inits = {"b": rng.integers(-127, 128, (16, 8)).astype(np.int8), "bs": (rng.random(8) * 0.01).astype(np.float32),
+             "bz": np.zeros(8, np.int8), "bias": rng.standard_normal(8).astype(np.float32)}
+    m = _ms_model("DynamicQuantizeMatMul", {"a": a}, inits, ["a", "b", "bs", "bz", "bias"], onnx.TensorProto.FLOAT,
+                  (3, 7, 8))
+    _assert_contrib(m, {"a": a}, atol=1e-4)
