@@ -9,7 +9,7 @@ For every model given (default: ../shared/models, and the exported models of
 - (every model) ``NAME.qdq_s8s8.onnx``: ``quantize_static``, QDQ format, int8 activations and weights, per
   tensor;
 - ``NAME.dynamic.onnx``: ``quantize_dynamic`` (int8 weights, activations quantized at run time by
-  DynamicQuantizeLinear), for models with MatMul/Gemm and no Conv (the transformers' recipe).
+  DynamicQuantizeLinear), for models with MatMul nodes (the transformers' recipe).
 
 Calibration: ``--calib N`` random inputs per model (seeded; ids in their declared ranges), with
 onnxruntime's MinMax calibrator. The model is first run through
@@ -86,7 +86,8 @@ class _Reader:
 
 
 def has_matmul(model: onnx.ModelProto) -> bool:
-    return any(n.op_type in ("MatMul", "Gemm") for n in model.graph.node)
+    """MatMul nodes: a transformer's projections (a CNN's classifier is one Gemm)."""
+    return any(n.op_type == "MatMul" for n in model.graph.node)
 
 
 def is_cnn(model: onnx.ModelProto) -> bool:
@@ -119,7 +120,7 @@ def quantize_one(path: pathlib.Path, out: pathlib.Path, calib: int, ranges, reci
                             calibrate_method=CalibrationMethod.MinMax,
                             extra_options={"ActivationSymmetric": False})
             written.append(dst)
-        if "dynamic" in recipes and has_matmul(model) and not is_cnn(model):
+        if "dynamic" in recipes and has_matmul(model):
             dst = out / f"{name}.dynamic.onnx"
             quantize_dynamic(str(pre), str(dst), weight_type=QuantType.QInt8)
             written.append(dst)
