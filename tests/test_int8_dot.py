@@ -140,3 +140,23 @@ def test_dot_acc_cuda_renderer_scalarises(packing, tmp_path, monkeypatch):
     lib.launch(kb.kernel.name, dev)
     cuda.synchronize()
     np.testing.assert_array_equal(dev[3].copy_to_host(), sem.dot_acc_ref(acc, a, b, packing))
+
+
+@pytest.mark.parametrize("dst", [DType.u8, DType.i8, DType.u16, DType.i16])
+@pytest.mark.parametrize("src", [DType.f32, DType.f64])
+def test_vector_float_to_narrow_int_saturates(src, dst):
+    """The vector form of a saturating float -> 8/16-bit cast (the QuantizeLinear epilogue's
+    last step; the LLVM backend clamps and converts through i32 rather than let LLVM scalarise
+    llvm.fpto[su]i.sat) against the evaluator: NaN -> 0, out of range -> the bounds,
+    truncation toward zero."""
+    vals = np.array([np.nan, -np.inf, np.inf, -0.0, 0.5, -0.5, -1.5, 126.9, 127.5, 128.0, -128.7, -129.0,
+                     254.6, 255.4, 256.0, 300.0, 32767.5, 32768.0, -32768.9, 65535.2, 65536.0, 1e10,
+                     -1e10, 3.0, 7.99, -7.99, 100.0, 200.0, 1000.0, -1000.0, 40000.0, 0.0], src.numpy)
+    n = vals.size
+    xb, yb = Buffer("x", src, (n,)), Buffer("y", dst, (n,))
+    kb = KernelBuilder(f"cast_{src.value}_{dst.value}", [xb, yb])
+    with kb.loop(n // 16, hint="i") as i:
+        kb.store(yb, i * 16, xb.vload(i * 16, 16).cast(dst))
+    (got,) = run_llvm(kb.kernel, [vals], [((n,), dst.numpy)])
+    want = sem.evaluate(xb.vload(0, n).cast(dst), {xb: vals})
+    np.testing.assert_array_equal(got, want.reshape(-1))

@@ -250,6 +250,24 @@ class _FnEmitter:
             return b.select(self.expr(e.cond), self.expr(e.a), self.expr(e.b))
         raise CodegenError(f"kernel {self.k.name}: unknown expression {e!r}")
 
+    def _narrow_sat_vector(self, x: ir.Value, dst: DType) -> ir.Value:
+        """A float vector to an 8- or 16-bit integer vector, saturating, NaN -> 0 (what
+        ``llvm.fptoui.sat`` means; x86 has no such instruction, and LLVM scalarises a vector of
+        it: each QuantizeLinear epilogue lane became a compare, a convert and an insert). Here:
+        NaN to 0, a clamp to the type's range (exact in f32 and f64), then an in-range
+        conversion through i32 and a truncation, which stay vector instructions."""
+        b = self.b
+        info_lo, info_hi = (-(1 << (8 * dst.itemsize - 1)), (1 << (8 * dst.itemsize - 1)) - 1) \
+            if dst.is_signed else (0, (1 << (8 * dst.itemsize)) - 1)
+        n = x.type.count
+        zero = ir.Constant(x.type, [0.0] * n)
+        lo = ir.Constant(x.type, [float(info_lo)] * n)
+        hi = ir.Constant(x.type, [float(info_hi)] * n)
+        x = b.select(b.fcmp_unordered("uno", x, x), zero, x)
+        x = b.select(b.fcmp_ordered("<", x, lo), lo, x)
+        x = b.select(b.fcmp_ordered(">", x, hi), hi, x)
+        return b.trunc(b.fptosi(x, ir.VectorType(ir.IntType(32), n)), ir.VectorType(ltype(dst), n))
+
     def dot_acc(self, e: DotAcc, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
         """:class:`DotAcc`: the instruction its ``isa`` names (Intel SDM: VPDPBUSD, whose
         accumulation wraps; VPMADDWD then VPADDD) at 8 or 16 lanes, else plain LLVM IR: the
@@ -432,6 +450,8 @@ class _FnEmitter:
         if src.is_float:
             if src == DType.f16:
                 x, src = b.fpext(x, _like(x.type, F32)), DType.f32
+            if isinstance(x.type, ir.VectorType) and dst.itemsize <= 2:
+                return self._narrow_sat_vector(x, dst)
             name = "fptosi" if dst.is_signed else "fptoui"
             t = _like(x.type, ltype(dst))     # (a vector's element type, not the vector)
             f = self._decl(f"llvm.{name}.sat.{_suffix(t)}.{_suffix(x.type)}", t, [x.type])
