@@ -7,6 +7,7 @@ from onnx import helper
 
 import tensorfuse
 from tensorfuse.ir.types import DType
+from tensorfuse.compiler.pattern import Any, Optional, P
 from tests.fusion_util import count, graph_model, optimized, why_not
 from tests.oracle import ort_run, rand
 
@@ -282,3 +283,34 @@ def test_drop_qdq_not_fired_when_the_scales_differ():
     assert "scale / zero point differ" in why_not(m, "DropQDQAroundDataMovement")
     _assert_within_one_step(m, feeds, scale=0.07)
 
+
+
+# ----------------------------------------------------------------------------- verify's quantization contract
+def test_verify_passes_a_qdq_model_within_one_step_and_reports_the_contract():
+    from tensorfuse.compiler.verify import quantization_steps, verify
+    m, feeds = _conv_qdq_model(np.uint8, "Relu")
+    steps = quantization_steps(m)
+    assert steps["y"] == pytest.approx(float(Y_SCALE)) and steps["y_q"] == 1.0 and steps["xd"] == pytest.approx(0.02)
+    res = verify(m, inputs=feeds)
+    assert res.ok, str(res)
+    assert "one quantization step" in str(res)
+
+
+def test_verify_still_fails_a_wrong_integer_kernel():
+    """A rule that drops the conv's bias is caught: beyond one step and beyond the relative L2 limit."""
+    from tensorfuse.compiler.rewrite import Rule
+    from tensorfuse.compiler.verify import verify
+
+    class _DropBias(Rule):
+        """ConvIntegerToFloat with a bias ==> without it (wrong on purpose)."""
+        rule_set = "fold"
+        pattern = P.__getattr__(CITF)(Any("x"), Any("w"), Any("xs"), Any("ws"), Optional(Any()).named("xz"),
+                                      Optional(Any()).named("wz"), Any("b")).named("c")
+
+        def rewrite(self, m, build):
+            return build.op("ConvIntegerToFloat", m.x, m.w, m.xs, m.ws, m.xz, m.wz, domain="tensorfuse",
+                            **m.c.attrs)
+
+    m, feeds = _conv_qdq_model(np.uint8, None)
+    res = verify(m, inputs=feeds, rules=[_DropBias])
+    assert not res.ok and res.rule_counts["_DropBias"] == 1
