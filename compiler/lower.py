@@ -199,6 +199,10 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
             raise
         except Exception as e:
             raise CompileError(f"lowering {n.qualified_op} node '{n.name}' failed: {type(e).__name__}: {e}") from e
+        for sbuf in ctx.scratch_buffers:        # a lowering's scratch (split-K partials): temps
+            ss = len(lg.slots)
+            lg.slots.append(Slot(ss, sbuf.name, "temp", TensorType(sbuf.dtype, sbuf.shape)))
+            slot_by_buf[id(sbuf)] = ss
         for pbuf, arr in ctx.packed:            # packed constants: slots of their own
             ps = len(lg.slots)
             lg.slots.append(Slot(ps, pbuf.name, "const", TensorType(pbuf.dtype, pbuf.shape)))

@@ -54,6 +54,8 @@ class LowerCtx:
         #: constants made while lowering (packed weights): (Buffer, array) pairs that
         #: ``lower_graph`` turns into constant slots
         self.packed: list[tuple[Buffer, np.ndarray]] = []
+        #: scratch buffers made while lowering (:meth:`scratch`): temp slots of the node's own
+        self.scratch_buffers: list[Buffer] = []
 
     def pack(self, array: np.ndarray, hint: str = "packed") -> Buffer:
         """A new compile-time constant (e.g. weights repacked for a micro-kernel) as a Buffer
@@ -62,6 +64,15 @@ class LowerCtx:
         from .types import DType
         buf = Buffer(f"{self.name}_{hint}{len(self.packed)}", DType.from_numpy(a.dtype), tuple(a.shape))
         self.packed.append((buf, a))
+        return buf
+
+    def scratch(self, dtype: DType, shape, hint: str = "scratch") -> Buffer:
+        """A new global buffer that only this node's kernels use, to pass values from one of its
+        kernels to the next (a split-K GEMM's partial sums): ``lower_graph`` gives it a temp
+        slot, which the memory plan places like any intermediate (live from the node's first
+        call that names it to its last). Its contents are undefined until a kernel writes them."""
+        buf = Buffer(f"{self.name}_{hint}{len(self.scratch_buffers)}", dtype, tuple(int(d) for d in shape))
+        self.scratch_buffers.append(buf)
         return buf
 
     @property

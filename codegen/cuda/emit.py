@@ -55,8 +55,13 @@ _MATH_UNARY = {"sqrt", "exp", "log", "sin", "cos", "tan", "asin", "acos", "atan"
                "asinh", "acosh", "atanh", "erf", "floor", "ceil", "trunc", "exp2", "log2", "log1p", "expm1"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _ARITH = {"add": "+", "sub": "-", "mul": "*"}
+#: an ``unroll`` loop of at most this many iterations (constant bounds) is emitted unrolled
+MAX_UNROLL = 64
 _NARROW_OPS = ("add", "sub", "mul", "min", "max", "div", "rem")
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+#: the largest stride of a GPU loop: a grid-stride loop's threads in a grid of 65535 blocks of
+#: 1024 (the launch caps grids at the target's ``max_blocks``, 65535)
+_GPU_STRIDE_MAX = 65535 * 1024
 _ATOM = re.compile(r"[A-Za-z_][A-Za-z_0-9]*|-?[0-9]+|True|False|[a-z0-9]+\(-?[0-9a-z.+\-]+\)")
 
 HEADER = '''from numba import cuda, float32, float64, int8, int16, int32, int64, uint8, uint16, uint32, uint64, boolean
@@ -306,20 +311,28 @@ class _Fn:
         return f"int64({s})" if e.dtype == DType.i64 and self.narrow(e) else s
 
     def index(self, e, lane: int = 0) -> str:
-        """A load or store offset: ``uint32`` when it is a 32-bit expression known >= 0."""
+        """A load or store offset: ``uint32`` when it is a 32-bit expression known >= 0, with a
+        constant addend kept outside (``uint32(base) + 16``: numba adds it in 64 bits, so NVVM
+        folds it into the instruction's immediate offset, as it cannot through a 32-bit add
+        that might wrap)."""
         s = self.ex(e, lane)
         r = self.rng(e) if lane == 0 else None
-        if r is not None and r[0] >= 0 and r[1] <= _I32_MAX and not isinstance(e, Const):
-            return f"uint32({s})"
-        return s
+        if r is None or r[0] < 0 or r[1] > _I32_MAX or isinstance(e, Const):
+            return s
+        if isinstance(e, Bin) and e.op == "add" and isinstance(e.b, Const) and e.b.value > 0:
+            rb = self.rng(e.a)
+            if rb is not None and rb[0] >= 0:
+                return f"{self.index(e.a)} + {int(e.b.value)}"
+        return f"uint32({s})"
 
     def narrow_bin(self, e) -> str:
+        # every node wrapped back to int32: numba widens int32 + int32 to int64, and LLVM does
+        # not narrow a whole tree back from one truncation at its root
         x, y = self.ex32(e.a), self.ex32(e.b)
         if e.op in _ARITH:
             return f"int32({x} {_ARITH[e.op]} {y})"
-        if e.op in ("min", "max"):
-            x, y = self.atom(x), self.atom(y)
-            return f"({x} if {x} {'<' if e.op == 'min' else '>'} {y} else {y})"
+        if e.op in ("min", "max"):      # the builtin (a select): a conditional expression costs
+            return f"int32({e.op}({x}, {y}))"      # numba's compiler two basic blocks
         sym = "//" if e.op == "div" else "%"        # dividend >= 0, divisor a positive constant
         return f"int32(uint32({x}) {sym} uint32({int(e.b.value)}))"
 
@@ -398,12 +411,8 @@ class _Fn:
         if op in ("and", "or", "xor"):
             sym = {"and": "&", "or": "|", "xor": "^"}[op]
             return f"{T}({x} {sym} {y})"
-        if op == "min":
-            x, y = self.atom(x), self.atom(y)
-            return f"({x} if {x} < {y} else {y})"
-        if op == "max":
-            x, y = self.atom(x), self.atom(y)
-            return f"({x} if {x} > {y} else {y})"
+        if op in ("min", "max"):       # the builtin (a select): no basic blocks for numba to analyse
+            return f"{T}({op}({x}, {y}))"
         if op in ("shl", "shr"):
             y = self.atom(y)
             ok = f"({y} >= 0 and {y} < {W})" if signed else f"{y} < {T}({W})"
@@ -566,12 +575,31 @@ class _Fn:
                               "blockIdx.x": ("cuda.blockIdx.x", "cuda.gridDim.x")}[s.kind]
                 end = self.atom(stop) if not _ATOM.fullmatch(stop) else stop
                 self.flush()
-                self.line(f"{v} = int64({base}) + {start}" + (f"    # {s.comment}" if s.comment else ""))
-                self.line(f"while {v} < {end}:")
-                self.depth += 1
-                self.stmts(s.body)
-                self.line(f"{v} += int64({step})")
-                self.depth -= 1
+                if (r0 is not None and r1 is not None and r0[0] >= 0
+                        and r1[1] + _GPU_STRIDE_MAX <= _I32_MAX):
+                    # a 32-bit counter: no value it takes (at most extent + one stride) leaves int32
+                    self.i32_vars.add(id(s.var))
+                    self.line(f"{v} = int32(int32({base}) + {start})" + (f"    # {s.comment}" if s.comment else ""))
+                    self.line(f"while {v} < {end}:")
+                    self.depth += 1
+                    self.stmts(s.body)
+                    self.line(f"{v} = int32({v} + int32({step}))")
+                    self.depth -= 1
+                else:
+                    self.line(f"{v} = int64({base}) + {start}" + (f"    # {s.comment}" if s.comment else ""))
+                    self.line(f"while {v} < {end}:")
+                    self.depth += 1
+                    self.stmts(s.body)
+                    self.line(f"{v} += int64({step})")
+                    self.depth -= 1
+            elif (s.kind == "unroll" and i32 and isinstance(s.start, Const) and isinstance(s.extent, Const)
+                  and 0 <= s.extent.value - s.start.value <= MAX_UNROLL):
+                # unrolled here, not left to NVVM (which unrolls numba's range loops by 2 to 4):
+                # the variable a constant in each copy, a register tile's shared-memory offsets
+                # fold into the loads' immediates
+                for c in range(int(s.start.value), int(s.extent.value)):
+                    self.line(f"{v} = int32({c})" + (f"    # {s.comment}" if s.comment and c == s.start.value else ""))
+                    self.stmts(s.body)
             elif s.kind in ("serial", "parallel", "vectorize", "unroll"):
                 self.line(f"for {v} in range({start}, {stop}):" + (f"    # {s.comment}" if s.comment else ""))
                 self.depth += 1

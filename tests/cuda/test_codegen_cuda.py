@@ -432,11 +432,11 @@ def test_embed_layernorm_block_schedule():
 
 def test_matmul_tiled_schedule():
     """MatMul, batched MatMul and Gemm (transposed, with C and an epilogue at O2) big enough for
-    the cuda shared-memory tile schedule (16x16 tiles, partial edge tiles)."""
+    the cuda register-tiled schedule (32x32 tiles of 4x4 per thread, partial edge tiles)."""
     a, b = rand(20, 19), rand(19, 18, seed=1)
     m = node_model("MatMul", {"a": a, "b": b})
     (k,) = cu.lower_cuda(m).kernels
-    assert k.launch is not None and k.launch.block == (256,)
+    assert k.launch is not None and k.launch.block == (64,) and k.schedule == "cuda.matmul_tiled"
     check(m, {"a": a, "b": b}, rtol=1e-4, atol=1e-5)
     q, kk = rand(2, 17, 16, seed=2), rand(2, 16, 17, seed=3)
     check(node_model("MatMul", {"q": q, "k": kk}), {"q": q, "k": kk}, rtol=1e-4, atol=1e-5)

@@ -96,7 +96,7 @@ def _generic():
 
 # (make the model, optimisation level, the schedule its first kernel takes, the knobs it declares)
 WORKLOADS = {
-    "conv_implicit_gemm": (_conv, 1, "cuda.conv2d_nhwc_implicit_gemm", {"tile", "thread_tile", "k_slice"}),
+    "conv_implicit_gemm": (_conv, 1, "cuda.conv2d_nhwc_implicit_gemm", {"tile", "thread_tile", "k_slice", "split_k"}),
     "conv_depthwise": (_depthwise, 1, "cuda.conv2d_nhwc_depthwise", {"channels_per_block", "threads_per_block"}),
     "global_pool_nhwc": (_global_pool_nhwc, 1, "cuda.global_pool_nhwc_channel_tiles",
                          {"channels_per_block", "threads_per_block"}),
@@ -110,8 +110,10 @@ WORKLOADS = {
 
 
 def _scheduled(lg, schedule: str):
+    """The kernel of ``schedule`` (the first: a split-K GEMM's partial products, before their sum)."""
     ks = [k for k in lg.kernels if k.schedule == schedule]
-    assert len(ks) == 1, [(k.name, k.schedule) for k in lg.kernels]
+    assert len(ks) == 1 or (len(ks) == 2 and ks[1].name.endswith("_splitk_sum")), \
+        [(k.name, k.schedule) for k in lg.kernels]
     return ks[0]
 
 
@@ -146,13 +148,18 @@ def test_every_candidate_of_every_knob(name):
 
 def test_knobs_shape_the_launch():
     """The knob values reach the kernels: the GEMM's block is (tile / thread_tile)^2 threads
-    with 2 tile x k_slice shared elements; a row schedule's block is block_threads; a generic
-    kernel's launches are built with launch_threads threads per block."""
+    with double-buffered k_slice x tile slices of B and of A (rows padded by 4) and a tile x tile
+    output tile in shared memory, and split_k makes a second kernel summing the partials; a row
+    schedule's block is block_threads; a generic kernel's launches are built with
+    launch_threads threads per block."""
     from tensorfuse.codegen.cuda.jit import build_library
     model, _ = _conv()
     k = _scheduled(lower(model, 1, {"tile": 32, "thread_tile": 4, "k_slice": 8}), "cuda.conv2d_nhwc_implicit_gemm")
     assert k.launch.block == (64,)
-    assert sorted(b.numel for b in k.locals if b.scope == "shared") == [256, 256]
+    assert sorted(b.numel for b in k.locals if b.scope == "shared") == [2 * 8 * 32, 2 * 8 * 36, 32 * 32]
+    lg = lower(model, 1, {"k_slice": 4, "split_k": 4})
+    names = [k.name for k in lg.kernels if k.schedule == "cuda.conv2d_nhwc_implicit_gemm"]
+    assert len(names) == 2 and names[1].endswith("_splitk_sum"), names
     model, _ = _softmax()
     k = _scheduled(lower(model, 0, {"block_threads": 64}), "cuda.softmax_block_per_row")
     assert k.launch.block == (64,)

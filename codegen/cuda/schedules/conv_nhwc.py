@@ -45,20 +45,23 @@ def _tiled_ok(ctx, x, w, b, y, group, geo) -> bool:
 
 @register_schedule("conv2d_nhwc", "cuda", "conv2d_nhwc_implicit_gemm", plevel=10, applies=_tiled_ok)
 def conv_tiled(ctx, x, w, b, y, group: int, geo):
-    """ConvNHWC on cuda as an implicit GEMM (:func:`.gemm.tiled_gemm`, knobs ``tile``,
-    ``thread_tile``, ``k_slice``): per group g, A [P, K] with rows the output pixels
-    p = (n, oh, ow) flattened and columns k = (kh, kw, ic) (ic innermost), gathered im2col-style
-    from x (zero outside the input: pads, any stride and dilation); B [K, M/group] =
-    w[kh, kw, ic, g*M/group + j], which for the HWIO layout is w's memory read as a row-major
-    [K, M] matrix. A thread block per output tile of (pixels, channels), block-stride over
-    groups x tiles; K staged in slices through shared memory; each output's accumulator (f32
-    for f16/bf16) gets the bias, then ``ctx.apply_epilogue`` (folded BatchNorm arrives as bias
-    and scaled weights; activation, residual Z), before its one store."""
+    """ConvNHWC on cuda as an implicit GEMM (:func:`.gemm.tiled_gemm`: block tiles, per-thread
+    register tiles, double-buffered shared-memory K slices, split-K for small grids; knobs
+    ``tile``, ``thread_tile``, ``k_slice``, ``split_k``): per group g, A [P, K] with rows the
+    output pixels p = (n, oh, ow) flattened and columns k = (kh, kw, ic) (ic innermost),
+    gathered im2col-style from x [N, H, W, C] (zero outside the input: pads, any stride and
+    dilation); B [K, M/group] = w[kh, kw, ic, g*M/group + j], which for the HWIO layout is w's
+    memory read as a row-major [K, M] matrix. Consecutive threads load consecutive k of a pixel
+    (consecutive channels of x) and consecutive output channels of w: coalesced. Each output's
+    accumulator (f32 for f16/bf16) gets the bias, then ``ctx.apply_epilogue`` (folded BatchNorm
+    arrives as bias and scaled weights; activation, residual Z), before its one store (after the
+    split-K sum when K is split)."""
     (n_, h_, w_, c_), (kh_, kw_, cg, m_), (oh_, ow_), mg, acc_dt, (sh, sw), (dh, dw), (ph, pw) = \
         _conv_dims(x, w, group, geo)
     P, K = n_ * oh_ * ow_, kh_ * kw_ * cg
-    T, R, KT = gemm_knobs(ctx.target, acc_dt)
-    kb = ctx.kernel()
+    cfg = gemm_knobs(ctx.target, acc_dt, P, mg, K, group)
+    inside_always = not any((ph, pw, geo.pads_end[0], geo.pads_end[1])) and \
+        (oh_ - 1) * sh + (kh_ - 1) * dh < h_ and (ow_ - 1) * sw + (kw_ - 1) * dw < w_
 
     def group_of(bidx):
         return bidx[0] if group > 1 else as_expr(0)
@@ -68,17 +71,16 @@ def conv_tiled(ctx, x, w, b, y, group: int, geo):
         kh, kw, ic = unravel(k, [kh_, kw_, cg])
         ih, iw = oh * sh - ph + kh * dh, ow * sw - pw + kw * dw
         c = group_of(bidx) * cg + ic if group > 1 else ic
-        v = x[[n, _clamp(ih, h_ - 1), _clamp(iw, w_ - 1), c]].cast(acc_dt)
-        if not any((ph, pw, geo.pads_end[0], geo.pads_end[1])) and \
-                (oh_ - 1) * sh + (kh_ - 1) * dh < h_ and (ow_ - 1) * sw + (kw_ - 1) * dw < w_:
+        v = x[[n, ih, iw, c]].cast(acc_dt)
+        if inside_always:
             return v                      # every tap inside the input
-        inside = (ih >= 0) & (ih < h_) & (iw >= 0) & (iw < w_)
-        return select(inside, v, as_expr(0, acc_dt))
+        # padding: zero outside; the GEMM's lazy select skips the load there (no clamping)
+        return v, (ih >= 0) & (ih < h_) & (iw >= 0) & (iw < w_)
 
     def load_b(bidx, k, j):
         return w.flat(k * m_ + (group_of(bidx) * mg + j if group > 1 else j)).cast(acc_dt)
 
-    def store(bidx, i, j, v):
+    def store(kb, bidx, i, j, v):
         n, oh, ow = unravel(i, [n_, oh_, ow_])
         oc = group_of(bidx) * mg + j if group > 1 else j
         if b is not None:
@@ -86,9 +88,9 @@ def conv_tiled(ctx, x, w, b, y, group: int, geo):
         idx = [n, oh, ow, oc]
         kb.store(y, idx, ctx.apply_epilogue(v.cast(y.dtype), idx))
 
-    tiled_gemm(ctx, kb, P, mg, K, (group,) if group > 1 else (), load_a, load_b, store, acc_dt, T, R, KT)
-    kb.kernel.comment += f"  [implicit GEMM {P}x{mg}x{K}" + (f", {group} groups]" if group > 1 else "]")
-    return kb
+    tiled_gemm(ctx, P, mg, K, (group,) if group > 1 else (), load_a, load_b, store, acc_dt, cfg,
+               what=f"  [implicit GEMM {P}x{mg}x{K}" + (f", {group} groups]" if group > 1 else "]"))
+    return ctx.kernels[-1]
 
 
 def _depthwise_ok(ctx, x, w, b, y, group, geo) -> bool:
