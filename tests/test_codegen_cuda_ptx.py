@@ -143,13 +143,13 @@ class _FixedKnobs:
         return dict(self.knobs)
 
 
-#: knob values far from the defaults: the tiled GEMM's general path (R x R outputs per thread,
-#: K slices smaller and larger than the tile), the largest and smallest blocks
+#: knob values far from the defaults: the register-tiled GEMM's other tiles (4x4 and 8x8 per
+#: thread, K slices of 8 and 4, split-K), the largest and smallest blocks
 KNOB_SETTINGS = [
     {"tile": 32, "thread_tile": 4, "k_slice": 8, "channels_per_block": 64, "threads_per_block": 1024,
      "launch_threads": 1024},
-    {"tile": 8, "k_slice": 32, "block_threads": 32, "channels_per_block": 8, "threads_per_block": 64,
-     "launch_threads": 32},
+    {"tile": 64, "thread_tile": 8, "k_slice": 4, "split_k": 2, "block_threads": 32, "channels_per_block": 8,
+     "threads_per_block": 64, "launch_threads": 32},
 ]
 
 
@@ -186,3 +186,57 @@ def test_tuned_knobs_compile_to_sm90_ptx(tmp_path, knobs):
     assert set(ptx) == set(lib.kernel_names)
     for name, text in ptx.items():
         assert ".target sm_90" in text, name
+
+
+def _gemm_entry_stats(model, opt_level, schedule, tmp_path):
+    """(kernel, EntryStats, ptxas resources or {}) of the first kernel of ``schedule`` in
+    ``model`` lowered for cuda, compiled to sm_90 PTX."""
+    from tensorfuse.codegen.cuda.jit import build_library
+    from tensorfuse.codegen.cuda.ptx_stats import analyze_ptx, ptxas_resources
+    ks = [k for k in _kernels(model, opt_level) if k.schedule == schedule]
+    assert ks, schedule
+    lib = build_library(ks[:1], cache_dir=str(tmp_path))
+    ptx = lib.ptx(cc=(9, 0))[ks[0].name]
+    (st,) = analyze_ptx(ptx)
+    return ks[0], st, ptxas_resources(ptx, "sm_90").get(st.name, {})
+
+
+def _gemm_model(M, K, N):
+    r = np.random.default_rng(4)
+    f = TensorProto.FLOAT
+    return _model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+                   helper.make_node("Relu", ["hb"], ["y"])],
+                  [helper.make_tensor_value_info("x", f, [M, K])], [helper.make_tensor_value_info("y", f, [M, N])],
+                  {"w": r.standard_normal((K, N)).astype(np.float32), "b": r.standard_normal(N).astype(np.float32)})
+
+
+def _conv_model():
+    r = np.random.default_rng(5)
+    f = TensorProto.FLOAT
+    return _model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+                  [helper.make_tensor_value_info("x", f, [1, 64, 14, 14])],
+                  [helper.make_tensor_value_info("y", f, [1, 128, 14, 14])],
+                  {"w": r.standard_normal((128, 64, 3, 3)).astype(np.float32)})
+
+
+@pytest.mark.skipif(not _nvvm_ok(), reason="libNVVM not found (pip install nvidia-nvvm==13.0.88)")
+@pytest.mark.parametrize("what", ["matmul", "conv"])
+def test_gemm_inner_loop_feeds_the_fma_units(tmp_path, what):
+    """Issue 21's acceptance for the FP32 GEMM and implicit-GEMM conv, read off the sm_90 PTX
+    (``codegen/cuda/ptx_stats.py``): in the inner loop (the innermost loop holding FMAs) at least
+    one FMA per 2 instructions, no 64-bit index arithmetic (only the address formation of the
+    shared-memory loads: ``mul.wide`` / ``add.s64``), and no local memory in the whole kernel (no
+    spills: the register tile stays in registers; with ptxas, its spill bytes are 0 too)."""
+    if what == "matmul":
+        k, st, res = _gemm_entry_stats(_gemm_model(256, 128, 192), 2, "cuda.matmul_tiled", tmp_path)
+    else:
+        k, st, res = _gemm_entry_stats(_conv_model(), 2, "cuda.conv2d_nhwc_implicit_gemm", tmp_path)
+    assert "registers per thread" in k.comment, k.comment
+    loop = st.loop
+    assert loop is not None, "no loop with FMAs"
+    assert loop.fma_ratio >= 0.5, (loop.fma, loop.instructions)
+    assert loop.fma >= 32 and loop.ld_shared * 2 <= loop.fma, loop     # R/2 FMAs per shared load
+    assert loop.i64_index == 0, loop
+    assert st.local_ops == 0, st.local_ops
+    if res:
+        assert res["spill_stores"] == 0 and res["spill_loads"] == 0 and res["stack_bytes"] == 0, res
