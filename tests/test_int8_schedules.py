@@ -105,6 +105,11 @@ CONV_CASES = [
     ((1, 33, 7, 7), (40, 33, 1, 1), {}, np.uint8, np.uint8, 0, 128),
     ((1, 16, 14, 14), (24, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [1, 2]}, np.uint8, np.int8, 0, 0),
     ((1, 8, 5, 40), (3, 8, 5, 5), {"pads": [2, 2, 2, 2], "auto_pad": "NOTSET"}, np.int8, np.int8, 0, [0, 4, -9]),
+    # a stem: 7x7 stride 2 (two column phases, one kernel row per reduction step)
+    ((1, 3, 30, 31), (8, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}, np.uint8, np.int8, 128, None),
+    # stride 3 in width with dilation in height: three column phases
+    ((1, 4, 17, 19), (6, 4, 3, 3), {"strides": [2, 3], "dilations": [2, 1], "pads": [0, 1, 1, 0]}, np.uint8,
+     np.uint8, 9, 77),
 ]
 
 

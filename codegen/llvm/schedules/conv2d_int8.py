@@ -18,10 +18,11 @@ epilogue runs on whole vectors, as in the float schedules.
 - Activations: each parallel task takes one image and a band of ``band_rows`` output rows and
   packs the input rows the band reads into a per-thread panel ``Xp [Cq, NR, KR, COLS]`` int32:
   ``g`` input channels of one pixel per int32, offset to u8 (or widened to i16), the padding
-  filled with the zero point, channels beyond C with 0. Stride 1: KR = 1 and the columns are
-  the padded input columns (tap kw is an offset of kw*dw). Other strides: KR = KW copies, each
-  holding the columns that tap reads for output columns 0, 1, ... so every tap reads a
-  contiguous vector.
+  filled with the zero point, channels beyond C with 0. The columns are split by phase: with
+  stride sw, copy k holds input columns c*sw + phase_k - pw, and tap kw (kw*dw = q*sw + phase)
+  reads its phase's copy from column ow + q, a contiguous vector for consecutive output
+  columns. KR copies, one per phase the taps use: 1 at stride 1 (the padded input row), 2 for
+  resnet's 7x7 and 3x3 stride-2 convolutions.
 - Micro-kernel: a tile of ``RP`` pixel vectors (consecutive vectors of the band's rows) x
   ``OCn`` output channels keeps RP*OCn int32 accumulator vectors in registers over the
   Cq x KH x KW reduction: per step RP vector loads of Xp, OCn broadcasts of Wp and RP*OCn
@@ -75,9 +76,15 @@ def _panel_shape(geo, L: int, rb: int, cq: int, flat: bool = False) -> tuple[int
     nr = (rb - 1) * sh + (KH - 1) * dh + 1
     if flat:
         return cq, nr, 1, OW + (KW - 1) * dw
-    if sw == 1:
-        return cq, nr, 1, nvw * L + (KW - 1) * dw
-    return cq, nr, KW, nvw * L
+    phases, qmax = _phases(geo)
+    return cq, nr, len(phases), nvw * L + qmax
+
+
+def _phases(geo) -> tuple[list[int], int]:
+    """The column phases (kw*dw mod sw) the taps read, in order, and the largest column
+    offset (kw*dw div sw) of a tap."""
+    KW, sw, dw = geo.kernel[1], geo.strides[1], geo.dilations[1]
+    return sorted({kw * dw % sw for kw in range(KW)}), (KW - 1) * dw // sw
 
 
 def _plane(geo, L: int, rb: int, flat: bool) -> int:
@@ -94,6 +101,9 @@ def _flat_vectors(geo, L: int, rb: int) -> int:
     return -(-((rb - 1) * cols + geo.out_shape[1]) // L)
 
 
+#: kernels of at most this many taps run all of them in one step of the channel loop (larger
+#: ones one kernel row per step)
+MAX_UNROLLED_TAPS = 16
 #: default bound of the flat layout's panel (a whole small plane: resnet's 7x7 x 512 channels
 #: takes 59 KiB, in L2)
 FLAT_PANEL_BYTES = 96 * 1024
@@ -247,6 +257,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     params_ = [p for p in base if p is not w] + [wp, cb]
     kb = ctx.kernel(params=params_)
     Cq_, NR, KR, COLS = _panel_shape(geo, L, RB, Cq, flat)
+    phases = _phases(geo)[0]
     PL = _plane(geo, L, RB, flat)
     kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: tile {RP} pixel vectors x {OCn} channels, "
                           f"{'flat ' if flat else ''}band {RB} rows, panel {[Cq_, NR, KR, COLS]}, "
@@ -290,9 +301,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         with kb.loop(NR, hint="r") as r:
             ih = oh0 * sh - ph + r
             row_in = (ih >= 0) & (ih < H)
-            for kr in range(KR):
-                # output column col reads input column iw = col*cs + off (cs = 1 at stride 1)
-                cs, off = (1, -pw) if sw == 1 else (sw, kr * dw - pw)
+            for kr, phase in enumerate(_phases(geo)[0] if not flat else [0]):
+                # panel column col holds input column iw = col*cs + off
+                cs, off = sw, phase - pw
                 lo = min(max(-(-(-off) // cs), 0), COLS)                  # first col with iw >= 0
                 hi = max(min(-(-(W - off) // cs), COLS), lo)              # first col with iw >= W
                 for quad, valid in ((None, g), ("tail", C % g)):
@@ -355,25 +366,34 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             def xaddr(cq, p, kh, kw):
                 if flat:
                     return cq * PL + (s0 + p) * L + kh * dh * COLS + kw * dw
-                kr = 0 if sw == 1 else kw
-                coff = kw * dw if sw == 1 else 0
+                kr = phases.index(kw * dw % sw)
+                coff = kw * dw // sw
                 return cq * PL + ((rows[p] * sh + kh * dh) * KR + kr) * COLS + vecs[p] * L + coff
             for q in range(rp * (OCn + 1)):
                 kb.store(acc, q * L, zero)
-            with kb.reduce(Cq, hint="cq") as cq:
-                for kh in range(KH):
-                    for kw in range(KW):
-                        xv = [xp.vload(xaddr(cq, p, kh, kw), L) for p in range(rp)]
-                        wbase = (((mb * Cq + cq) * KH + kh) * KW + kw) * OCn
-                        for j in range(OCn):
-                            wb = broadcast(wp.flat(wbase + j), L)
-                            for p in range(rp):
-                                q = (p * (OCn + 1) + j) * L
-                                kb.store(acc, q, dot_acc(acc.vload(q, L), xv[p], wb, form.packing, form.isa))
-                        if rowsum:
-                            for p in range(rp):
-                                q = (p * (OCn + 1) + OCn) * L
-                                kb.store(acc, q, dot_acc(acc.vload(q, L), xv[p], ones, form.packing, form.isa))
+            def taps(cq, kh):
+                for kw in range(KW):
+                    xv = [xp.vload(xaddr(cq, p, kh, kw), L) for p in range(rp)]
+                    wbase = (((mb * Cq + cq) * KH + kh) * KW + kw) * OCn
+                    for j in range(OCn):
+                        wb = broadcast(wp.flat(wbase + j), L)
+                        for p in range(rp):
+                            q = (p * (OCn + 1) + j) * L
+                            kb.store(acc, q, dot_acc(acc.vload(q, L), xv[p], wb, form.packing, form.isa))
+                    if rowsum:
+                        for p in range(rp):
+                            q = (p * (OCn + 1) + OCn) * L
+                            kb.store(acc, q, dot_acc(acc.vload(q, L), xv[p], ones, form.packing, form.isa))
+            if KH * KW <= MAX_UNROLLED_TAPS:
+                with kb.reduce(Cq, hint="cq") as cq:
+                    for kh in range(KH):
+                        taps(cq, kh)
+            else:
+                # large kernels (resnet's 7x7 stem, few channels): one kernel row per loop
+                # step; with all 49 taps in one straight block, LLVM's scheduler chained
+                # the updates of each accumulator (3x slower)
+                with kb.reduce(Cq * KH, hint="ck") as ck:
+                    taps(ck / KH if KH > 1 else ck, ck % KH if KH > 1 else as_expr(0))
             for p in range(rp):
                 oh = oh0 + rows[p]
                 ow0 = vecs[p] * L
