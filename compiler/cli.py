@@ -637,6 +637,10 @@ def cmd_verify(args) -> int:
                  target=args.target, bisect=not args.no_bisect, groups=not args.no_groups,
                  num_threads=args.threads)
     _say(str(res))
+    if args.float_model:
+        from tensorfuse.compiler.quant_error import quant_error_report
+        _check_model_path(args.float_model)
+        _say(str(quant_error_report(model, args.float_model, res.inputs)))
     return EXIT_OK if res.ok else EXIT_MISMATCH
 
 
@@ -875,6 +879,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--inputs", metavar="IN.npz", help="inputs by name instead of random ones")
     s.add_argument("--no-bisect", action="store_true", help="do not look for the rule application")
     s.add_argument("--no-groups", action="store_true", help="do not compare the fused groups")
+    s.add_argument("--float-model", metavar="FLOAT.onnx",
+                   help="a quantized MODEL's float original: also print each quantized tensor's error against "
+                        "the float tensor of the same name (where quantization loses accuracy)")
     s.add_argument("--threads", type=POSITIVE, metavar="N",
                    help="threads the modules run with (tuning records are chosen for this count; default: the "
                         "cores this process may use)")

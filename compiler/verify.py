@@ -260,6 +260,8 @@ class VerifyResult:
     inputs_given: bool = False
     #: the rules under test (``rules=``) and how many times each was applied at ``opt_level``
     rule_counts: dict[str, int] = field(default_factory=dict)
+    #: the inputs the models ran on ({name: array})
+    inputs: dict = field(default_factory=dict, repr=False)
 
     @property
     def rules_not_fired(self) -> list[str]:
@@ -573,6 +575,7 @@ def verify(model: Any, opt_level: int = 2, *, rtol: float = DEFAULT_RTOL, atol: 
                        _check_outputs(mod, inputs, ref, rtol, atol, steps), len(log), notes=notes,
                        target=str(target), inputs_given=given,
                        rule_counts={(r.__name__ if isinstance(r, type) else r.name): 0 for r in rules})
+    res.inputs = dict(inputs)
     for a in log:
         if a.rule in res.rule_counts:
             res.rule_counts[a.rule] += 1

@@ -3,7 +3,7 @@ quantizer writes, refuses where it must (explain's reason), and keeps the output
 quantization step of onnxruntime's unfused QDQ semantics (ORT_DISABLE_ALL)."""
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 import tensorfuse
 from tensorfuse.ir.types import DType
@@ -314,3 +314,21 @@ def test_verify_still_fails_a_wrong_integer_kernel():
     m, feeds = _conv_qdq_model(np.uint8, None)
     res = verify(m, inputs=feeds, rules=[_DropBias])
     assert not res.ok and res.rule_counts["_DropBias"] == 1
+
+
+def test_per_layer_quantization_error_against_the_float_model():
+    from tensorfuse.compiler.quant_error import quant_error_report
+    qm, feeds = _conv_qdq_model(np.uint8, "Relu", per_channel=True)
+    inits = {t.name: numpy_helper.to_array(t) for t in qm.graph.initializer}
+    w = inits["w"].astype(np.float32) * inits["ws"].reshape(-1, 1, 1, 1)
+    b = inits["bq"].astype(np.float32) * inits["bs"]
+    fm = graph_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+                      helper.make_node("Relu", ["c"], ["a"]), helper.make_node("Identity", ["a"], ["y"])],
+                     feeds, ["y"], {"w": w, "b": b}, opset=21)
+    rep = quant_error_report(qm, fm, feeds)
+    (layer,) = rep.layers
+    assert layer.name == "a" and layer.op == "Relu" and layer.scale == pytest.approx(float(Y_SCALE))
+    # the error of 8-bit activations and weights: clearly nonzero, far below 10%
+    assert 1e-4 < layer.rel_l2 < 0.1
+    assert rep.outputs[0].rel_l2 == pytest.approx(layer.rel_l2, rel=1e-6)
+    assert "Relu" in str(rep)
