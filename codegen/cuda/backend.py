@@ -67,7 +67,8 @@ class CUDABackend(Backend):
         return kernel
 
     def build(self, lowered, graph, input_names, output_names, target, *, log=None):
-        """Compile every kernel with ``codegen.cuda.jit.build_library`` and make the
+        """Compile every kernel with ``codegen.cuda.jit.build_library`` (and, on a GPU, to device
+        code: ``CudaLibrary.compile_all``, so no kernel compiles at the first run) and make the
         :class:`~runtime.cuda_module.CudaModule` (constants uploaded); (the module, None: no
         code text for the report). Raises CompileError when the cuda code generator is missing or fails, or when no GPU
         or simulator is available."""
@@ -81,6 +82,7 @@ class CUDABackend(Backend):
         except ImportError as e:
             raise CompileError(f"the cuda code generator (codegen.cuda.jit) cannot be imported: {e}") from e
         library = build_library(list(lowered.kernels))
+        library.compile_all()           # every kernel now, not at the first run
         try:
             return CudaModule(program_of(lowered, log), library, input_names, output_names,
                               target=str(target) if target is not None else "cuda"), None
@@ -115,6 +117,8 @@ class CUDABackend(Backend):
         from tensorfuse.runtime.cuda_module import CudaModule
         try:
             library = self.load_library(blob)
+            if hasattr(library, "compile_all"):     # at load, not at the first run (numba's disk cache)
+                library.compile_all()
         except Exception as e:          # noqa: BLE001 - whatever the library raises names the cause
             raise ArtifactError(f"{path}: its cuda kernel library cannot be loaded ({type(e).__name__}: {e})") from None
         try:

@@ -5,7 +5,8 @@ emits its Python source (:mod:`tensorfuse.codegen.cuda.emit`), writes it to a co
 file (``<sha256 of the text>.py`` under the cache directory: files rather than ``exec``, so that
 ``cuda.jit(cache=True)`` can cache the compiled code beside them) and imports it. Each launch
 function is wrapped with ``cuda.jit`` (``cache=True`` on a GPU; under the simulator caching
-does not apply) and compiled by numba at its first launch.
+does not apply); :meth:`CudaLibrary.compile_all` compiles them all when the backend builds or
+loads a module (else numba would at each kernel's first launch).
 
 The runtime calls :meth:`CudaLibrary.launch` with one 1-D C-contiguous device array per kernel
 parameter (flat views of its arena); launches are asynchronous on the default stream.
@@ -152,6 +153,27 @@ class CudaLibrary:
                 j.append((jitted[fname], tuple(grid), tuple(block)))
             self._jitted[name] = j
         return j
+
+    def compile_all(self) -> int:
+        """Compile every launch function of every kernel now, at ``compile()`` (or load) time,
+        instead of at its first launch: on a GPU each is compiled for the argument types the
+        runtime passes (one 1-D C-contiguous array per parameter, :func:`param_type`) and kept
+        in numba's disk cache beside its content-addressed source (``cache=True``), so a later
+        compile or load of the same kernel reads it back; under the simulator this makes the
+        simulated kernels (nothing to compile). Returns the number of launch functions.
+        CompileError naming the kernel when numba or NVVM rejects one."""
+        sim = simulator_enabled()
+        n = 0
+        for name in self.kernel_names:
+            sig = tuple(param_type(DType(d)) for d in self._entries[name]["dtypes"])
+            for fn, _, _ in self._launches(name):
+                if not sim:
+                    try:
+                        fn.compile(sig)
+                    except Exception as ex:
+                        raise CompileError(f"cuda kernel {name}: compiling it failed: {type(ex).__name__}: {ex}") from ex
+                n += 1
+        return n
 
     def launch(self, name: str, args: list) -> None:
         """Run kernel ``name`` on the default stream (asynchronously). ``args``: one 1-D
