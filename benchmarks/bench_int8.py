@@ -36,8 +36,9 @@ sys.path.insert(0, os.path.dirname(ROOT))
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-#: ResNet-18-like convolutions: (C, M, H, kernel, stride, pad) with input [1, C, H, H]
-CONV_SHAPES = [(64, 64, 56, 3, 1, 1), (128, 128, 28, 3, 1, 1), (256, 256, 14, 3, 1, 1), (512, 512, 7, 3, 1, 1),
+#: ResNet-18-like convolutions: (C, M, H, kernel, stride, pad) with input [1, C, H, H] (the stem,
+#: the 3x3 stages, a strided 3x3, 1x1 projections)
+CONV_SHAPES = [(3, 64, 224, 7, 2, 3), (64, 64, 56, 3, 1, 1), (128, 128, 28, 3, 1, 1), (256, 256, 14, 3, 1, 1), (512, 512, 7, 3, 1, 1),
                (64, 128, 56, 3, 2, 1), (64, 256, 56, 1, 1, 0), (256, 64, 56, 1, 1, 0), (128, 512, 28, 1, 1, 0),
                (512, 128, 28, 1, 1, 0)]
 #: GEMMs [M, K] x [K, N]
