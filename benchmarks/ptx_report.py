@@ -16,7 +16,9 @@ and prints one row per kernel launch function:
   ``loop``: its instructions, ``fma/ins``: FMAs per instruction (1 is every issue slot an FMA),
   ``i64``: 64-bit integer instructions in it, ``i64ix``: those that are index arithmetic (not
   the address formation of a load: ``mul.wide``, ``add.s64``), ``mma``: tensor-core
-  instructions;
+  instructions; ``outer``, ``o.i64ix``: the instructions and 64-bit index operations of the
+  loop around it outside it (a GEMM's per-K-slice work: its global loads with their im2col
+  index arithmetic, shared stores, the barrier), which the FMA share above leaves out;
 - ``occ``: resident warps per SM over the maximum (64) from registers, shared memory and
   block size (``ptx_stats.occupancy``);
 - ``GFLOP``, ``MB``: the kernel's FLOPs (the node's, first kernel of a node only) and the bytes
@@ -108,6 +110,8 @@ def report(model: str, target: str = "cuda", opt_level: int = 2, only: str | Non
                         "fma_ratio": round(loop.fma_ratio, 3) if loop else None,
                         "loop_i64": loop.i64 if loop else None, "loop_i64_index": loop.i64_index if loop else None,
                         "loop_ld_shared": loop.ld_shared if loop else None, "mma": st.whole.mma,
+                        "around_instructions": st.around.instructions if st.around else None,
+                        "around_i64_index": st.around.i64_index if st.around else None,
                         "blocks_per_sm": bps, "occupancy": round(occ, 3), "flops": fl, "bytes": nbytes,
                         "bound_us": roof["bound"] * 1e6, "memory_us": roof["memory_s"] * 1e6,
                         "compute_us": roof["compute_s"] * 1e6 if roof["compute_s"] else None,
@@ -121,7 +125,8 @@ def _fmt(v, spec: str = "", none: str = "-") -> str:
 
 def print_table(rows: list[dict], out=sys.stdout) -> None:
     hdr = (f"{'kernel':34s} {'sched':22s} {'grid x block':>13s} {'regs':>4s} {'spill':>5s} {'smem':>6s} "
-           f"{'local':>5s} {'loop':>5s} {'fma/ins':>7s} {'i64':>4s} {'i64ix':>5s} {'mma':>3s} {'occ':>5s} "
+           f"{'local':>5s} {'loop':>5s} {'fma/ins':>7s} {'i64':>4s} {'i64ix':>5s} {'outer':>5s} {'o.i64ix':>7s} "
+           f"{'mma':>3s} {'occ':>5s} "
            f"{'GFLOP':>7s} {'MB':>6s} {'bound us':>8s}")
     print(hdr, file=out)
     print("-" * len(hdr), file=out)
@@ -131,7 +136,8 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
         print(f"{name[:34]:34s} {sched[:22]:22s} {str(r['grid'][0]) + 'x' + str(r['block'][0]):>13s} "
               f"{_fmt(r['registers']):>4s} {_fmt(r['spill_bytes']):>5s} {r['shared_bytes']:>6d} {r['local_ops']:>5d} "
               f"{_fmt(r['loop_instructions']):>5s} {_fmt(r['fma_ratio'], '.2f'):>7s} {_fmt(r['loop_i64']):>4s} "
-              f"{_fmt(r['loop_i64_index']):>5s} {r['mma']:>3d} {r['occupancy']:>5.2f} "
+              f"{_fmt(r['loop_i64_index']):>5s} {_fmt(r['around_instructions']):>5s} "
+              f"{_fmt(r['around_i64_index']):>7s} {r['mma']:>3d} {r['occupancy']:>5.2f} "
               f"{_fmt(r['flops'] / 1e9 if r['flops'] else None, '.3f'):>7s} {r['bytes'] / 1e6:>6.2f} "
               f"{r['bound_us']:>8.2f}", file=out)
     tot = sum(r["bound_us"] for r in rows)

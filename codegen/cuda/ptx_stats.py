@@ -8,7 +8,8 @@ FMAs: PTX loops are backward branches (``bra $L__BB0_3`` after the label ``$L__B
 loops whose body holds an ``fma``, those with no such loop nested inside, the one with the most
 FMAs. Its instruction mix counts PTX instructions (labels, directives and braces are not),
 ``fma.*`` (and ``mad.*`` of floats), ``mma``/``wmma``, and 64-bit integer operations in two
-kinds:
+kinds (``around`` counts the same for the loop enclosing the inner loop, outside it: a GEMM's
+per-K-slice work, global loads and their index arithmetic, shared stores, barriers):
 
 - ``i64``: every integer instruction with a 64-bit type (``.s64/.u64/.b64``) except moves,
   loads, stores and ``cvta``;
@@ -92,6 +93,9 @@ class EntryStats:
     local_ops: int = 0
     loop: Mix | None = None
     loop_lines: tuple[int, int] | None = None
+    #: the loop around the inner loop (a GEMM's K-slice loop: global loads, shared stores,
+    #: barriers), its instructions outside the inner loop; None when there is none
+    around: Mix | None = None
     whole: Mix = field(default_factory=Mix)
     # from ptxas -v (None without ptxas)
     registers: int | None = None
@@ -196,6 +200,10 @@ def analyze_entry(name: str, lines: list[str]) -> EntryStats:
         a, b = max(inner, key=lambda ab: sum(ab[0] <= i <= ab[1] for i in fma_lines))
         st.loop_lines = (a, b)
         st.loop = _count(lines[a:b + 1])
+        outer = [(c, d) for c, d in _loops(lines) if c <= a and b <= d and (c, d) != (a, b)]
+        if outer:
+            c, d = min(outer, key=lambda cd: cd[1] - cd[0])
+            st.around = _count(lines[c:a] + lines[b + 1:d + 1])
     return st
 
 
