@@ -291,3 +291,51 @@ def test_shared_zero_point_buffer():
     m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b, "z": np.array(128, np.uint8)},
                    input_names=["a", "b", "z", "z"])
     _compile_check(m, {"a": a}, "vnni512", ort_run(m, {"a": a})[0], "matmul_int8")
+
+
+def _fixed(**knobs):
+    """Tuning records that give every workload the same knob values."""
+    from tensorfuse.compiler.tuning import TuningRecords
+
+    class Fixed(TuningRecords):
+        def knobs_for(self, key, *args, **kw):
+            return dict(knobs)
+
+        def for_target(self, *args, **kw):
+            return self
+    return Fixed([])
+
+
+@pytest.mark.parametrize("knobs", [
+    {"int8_tile": (1, 1), "band_rows": 1, "oc_split": 2},
+    {"int8_tile": (6, 2), "int8_lanes": 8, "int8_layout": "rows", "oc_split": 4},
+    {"int8_tile": (3, 7), "int8_layout": "rows", "band_rows": 3},
+    {"int8_tile": (2, 5), "int8_layout": "flat", "band_rows": 9},
+])
+def test_conv_int8_knobs(knobs):
+    """Knob values the tuner may pick (away from the defaults) compute the same result."""
+    rng = np.random.default_rng(11)
+    x, w = _q((2, 13, 9, 9), np.int8, rng), _q((22, 13, 3, 3), np.int8, rng)
+    m = node_model("ConvInteger", {"x": x}, {"pads": [1, 1, 1, 1]},
+                   initializers={"w": w, "xz": np.array(-7, np.int8), "wz": np.array(2, np.int8)},
+                   input_names=["x", "w", "xz", "wz"])
+    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs))
+    (k,) = mod.kernels
+    assert {n: k.knobs[n] for n in knobs} == knobs, k.knobs
+    if _runs_here("vnni512"):
+        np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])
+
+
+@pytest.mark.parametrize("knobs", [{"int8_tile": (1, 1), "sweep_rows": 1, "col_split": 2},
+                                   {"int8_tile": (7, 2), "int8_lanes": 8, "sweep_rows": 2, "col_split": 4}])
+def test_matmul_int8_knobs(knobs):
+    rng = np.random.default_rng(12)
+    a, b = _q((40, 70), np.uint8, rng), _q((70, 90), np.uint8, rng)
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b, "az": np.array(3, np.uint8),
+                                                                "bz": np.array(200, np.uint8)},
+                   input_names=["a", "b", "az", "bz"])
+    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs))
+    (k,) = mod.kernels
+    assert {n: k.knobs[n] for n in knobs} == knobs, k.knobs
+    if _runs_here("vnni512"):
+        np.testing.assert_array_equal(mod.run(a=a)[0], ort_run(m, {"a": a})[0])
