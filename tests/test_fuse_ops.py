@@ -65,11 +65,22 @@ def test_add_mul_relu_chain_is_one_flat_kernel():
     (f,) = fused_nodes(mod.graph)
     assert f.attr("kind") == "BROADCAST" and f.attr("anchor") == ""
     assert [n.op for n in f.attrs["body"].nodes] == ["Add", "Mul", "Relu"]
-    (k,) = mod.kernels                          # one flat loop over the 24 elements, one store
-    (top,) = k.body
-    assert isinstance(top, For) and (top.start.value, top.extent.value) == (0, 24)
-    (st,) = top.body
-    assert isinstance(st, Store) and st.buf.name == "z" and st.index is top.var
+    # one flat loop over the 24 elements in vectors of the target's f32 lanes, one store each,
+    # then the elements left over one at a time
+    from tensorfuse.ir.target import Target
+    L = Target.parse("llvm").lanes(np.float32)
+    (k,) = mod.kernels
+    vec, *tail = k.body
+    assert isinstance(vec, For) and (vec.start.value, vec.extent.value) == (0, 24 // L)
+    (st,) = vec.body
+    assert isinstance(st, Store) and st.buf.name == "z" and st.value.lanes == L
+    if 24 % L:
+        (t,) = tail
+        assert (t.start.value, t.extent.value) == (24 - 24 % L, 24)
+        (st,) = t.body
+        assert st.buf.name == "z" and st.value.lanes == 1 and st.index is t.var
+    else:
+        assert not tail
 
 
 def test_broadcasting_chain_loads_each_input_with_broadcasting():

@@ -82,18 +82,48 @@ def erf_np(x: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- lowering
+#: element types a flat elementwise loop computes in explicit vectors on a CPU target (see
+#: :func:`flat_vector_loop`); others (bool, f16, 64-bit, the small ints of other ops) keep the
+#: scalar loop that LLVM may vectorise itself
+VECTOR_LOOP_DTYPES = (DType.f32, DType.i32, DType.u8, DType.i8)
+
+
+def flat_vector_loop(ctx: LowerCtx, kb: KernelBuilder, numel: int, dtypes, body) -> None:
+    """A flat loop over ``numel`` elements calling ``body(i, lanes)`` per step: on a CPU target,
+    when every dtype in ``dtypes`` is one of :data:`VECTOR_LOOP_DTYPES`, in explicit vectors of
+    the target's f32 lanes (``i`` the first element, ``lanes`` > 1: the body loads and stores
+    ``lanes`` contiguous elements, so exp/erf/tanh run as vector code) plus a scalar tail;
+    otherwise one ``vectorize`` loop of single elements (``lanes`` = 1). The vector loop is a
+    spatial loop that ``default_schedule`` makes parallel."""
+    tgt = ctx.target
+    lanes = tgt.lanes(DType.f32) if not tgt.simt else 1
+    if lanes <= 1 or numel < lanes or any(d not in VECTOR_LOOP_DTYPES for d in dtypes):
+        with kb.loop(numel, kind="vectorize", role="spatial") as i:
+            body(i, 1)
+        return
+    main = numel - numel % lanes
+    with kb.loop(main // lanes, role="spatial", hint="v") as v:
+        body(v * lanes, lanes)
+    if main < numel:
+        with kb.loop(numel, start=main, kind="vectorize", role="spatial", hint="t") as i:
+            body(i, 1)
+
+
 def lower_elementwise(ctx: LowerCtx, fn: Callable[..., Expr], inputs: Sequence[int] | None = None) -> None:
     """One kernel: out[idx] = fn(*loads) with numpy broadcasting of every present input.
 
     ``fn`` gets one Expr per input (None inputs skipped unless listed in ``inputs``).
-    When no input broadcasts, the loop is flat over all elements (vectorisable).
+    When no input broadcasts, the loop is flat over all elements, in explicit vectors where
+    :func:`flat_vector_loop` allows.
     """
     out = ctx.outputs[0]
     bufs = [b for b in ctx.inputs if b is not None] if inputs is None else [ctx.inputs[i] for i in inputs]
     kb = ctx.kernel()
     if all(b is None or b.shape == out.shape for b in bufs):
-        with kb.loop(out.numel, kind="vectorize", role="spatial") as i:
-            kb.store(out, i, as_expr(fn(*[None if b is None else b.flat(i) for b in bufs]), out.dtype))
+        def body(i, lanes):
+            loads = [None if b is None else (b.vload(i, lanes) if lanes > 1 else b.flat(i)) for b in bufs]
+            kb.store(out, i, as_expr(fn(*loads), out.dtype))
+        flat_vector_loop(ctx, kb, out.numel, [out.dtype] + [b.dtype for b in bufs if b is not None], body)
         return
     with kb.grid(out.shape) as idx:
         kb.store(out, idx, as_expr(fn(*[None if b is None else b.bcast(idx) for b in bufs]), out.dtype))

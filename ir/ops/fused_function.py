@@ -137,10 +137,17 @@ def _lower_loop(ctx: LowerCtx, g: _Group) -> None:
     flat = all(tuple(v.shape) == shape or v.type.numel == 1 for v in values)
     kb = ctx.kernel()
     if flat:
-        with kb.loop(numel, kind="vectorize", role="spatial") as i:
-            g.compose(kb, g.body.nodes, {},
-                      lambda bv: g.buf[id(bv)].flat(i if tuple(bv.shape) == shape else 0),
-                      lambda buf, e: kb.store(buf, i, e))
+        from tensorfuse.ir.kernel import broadcast
+        from tensorfuse.ir.ops._common import flat_vector_loop
+
+        def body(i, lanes):
+            def load(bv):
+                b = g.buf[id(bv)]
+                if tuple(bv.shape) != shape:            # one element, read by every lane
+                    return b.flat(0) if lanes == 1 else broadcast(b.flat(0), lanes)
+                return b.flat(i) if lanes == 1 else b.vload(i, lanes)
+            g.compose(kb, g.body.nodes, {}, load, lambda buf, e: kb.store(buf, i, e))
+        flat_vector_loop(ctx, kb, numel, [v.dtype for v in values], body)
     else:
         with kb.grid(shape) as idx:
             g.compose(kb, g.body.nodes, {}, lambda bv: g.buf[id(bv)].bcast(idx),

@@ -300,41 +300,46 @@ class DynamicQuantizeLinear:
         return [y, np.array(scale, np.float32), np.array(zp, np.uint8)]
 
     def lower(ctx):
-        from tensorfuse.ir.kernel import select
+        from tensorfuse.ir.kernel import broadcast, select
+        from tensorfuse.ir.ops._common import flat_vector_loop
         x = ctx.inputs[0]
         y, ys, yz = ctx.outputs
         f32 = DType.f32
         kb = ctx.kernel()
-        lanes = max(1, ctx.target.lanes(f32)) if hasattr(ctx.target, "lanes") else 8
+        lanes = 1 if ctx.target.simt else max(1, ctx.target.lanes(f32))
         n = x.numel
         main = n - n % lanes
         lo = kb.local(f32, (lanes,), hint="lo")
         hi = kb.local(f32, (lanes,), hint="hi")
-        with kb.loop(lanes, kind="vectorize") as l:
-            kb.store(lo, l, as_expr(0.0, f32))
-            kb.store(hi, l, as_expr(0.0, f32))
-        # min/max with 0 as the start: the range includes 0 as the spec's max(0, .)/min(0, .)
-        with kb.reduce(main // lanes, hint="b") as b:
-            with kb.loop(lanes, kind="vectorize") as l:
-                v = x.flat(b * lanes + l)
-                kb.store(lo, l, minimum(lo[l], v))
-                kb.store(hi, l, maximum(hi[l], v))
+        zero = as_expr(0.0, f32)
+        # min/max with 0 as the start: the range includes 0 as the spec's max(0, .)/min(0, .);
+        # one partial pair per vector lane, then across the lanes
+        kb.store(lo, 0, broadcast(zero, lanes) if lanes > 1 else zero)
+        kb.store(hi, 0, broadcast(zero, lanes) if lanes > 1 else zero)
+        if main:
+            with kb.reduce(main // lanes, hint="b") as blk:
+                v = x.vload(blk * lanes, lanes) if lanes > 1 else x.flat(blk)
+                kb.store(lo, 0, minimum(lo.vload(0, lanes) if lanes > 1 else lo[0], v))
+                kb.store(hi, 0, maximum(hi.vload(0, lanes) if lanes > 1 else hi[0], v))
         with kb.reduce(n, start=main, hint="t") as t:
             kb.store(lo, 0, minimum(lo[0], x.flat(t)))
             kb.store(hi, 0, maximum(hi[0], x.flat(t)))
         mn, mx = lo.flat(0), hi.flat(0)
-        for l in range(1, lanes):
-            mn, mx = minimum(mn, lo.flat(l)), maximum(mx, hi.flat(l))
+        for ln in range(1, lanes):
+            mn, mx = minimum(mn, lo.flat(ln)), maximum(mx, hi.flat(ln))
         sc = kb.local(f32, (2,), hint="sc")
         kb.store(sc, 0, select(mx.eq(mn), as_expr(1.0, f32), (mx - mn) / as_expr(255.0, f32)))
-        zpf = minimum(maximum(as_expr(0.0, f32) - mn / sc.flat(0), as_expr(0.0, f32)), as_expr(255.0, f32))
+        zpf = minimum(maximum(zero - mn / sc.flat(0), zero), as_expr(255.0, f32))
         kb.store(sc, 1, unop("round", zpf))
         kb.store(ys, 0, sc.flat(0))
         kb.store(yz, 0, sc.flat(1).cast(DType.u8))
-        s, z = sc.flat(0), sc.flat(1)
-        with kb.loop(n, kind="vectorize", role="spatial") as i:
-            q = unop("round", x.flat(i) / s) + z
-            kb.store(y, i, minimum(maximum(q, as_expr(0.0, f32)), as_expr(255.0, f32)).cast(DType.u8))
+
+        def body(i, w):
+            s, z = sc.flat(0), sc.flat(1)
+            xv = x.vload(i, w) if w > 1 else x.flat(i)
+            q = unop("round", xv / s) + z
+            kb.store(y, i, minimum(maximum(q, zero), as_expr(255.0, f32)).cast(DType.u8))
+        flat_vector_loop(ctx, kb, n, [f32, DType.u8], body)
 
     def flops(node):
         return 4.0 * node.inputs[0].type.numel
