@@ -170,15 +170,46 @@ def test_qlinear_conv(form, xdt, wdt, per_channel):
 
 
 def test_conv_int8_not_chosen_where_it_does_not_apply():
-    """A grouped ConvInteger and one whose weights are a graph input keep the generic nest."""
+    """A ConvInteger whose weights are a graph input, and a 1-D one, keep the generic nest."""
     rng = np.random.default_rng(0)
-    x, w = _q((1, 4, 6, 6), np.uint8, rng), _q((4, 2, 3, 3), np.uint8, rng)
-    m = node_model("ConvInteger", {"x": x}, {"group": 2}, initializers={"w": w}, input_names=["x", "w"])
+    x = _q((1, 4, 6, 6), np.uint8, rng)
+    m = node_model("ConvInteger", {"x": x, "w": _q((4, 4, 3, 3), np.uint8, rng)}, {}, input_names=["x", "w"])
     mod = tensorfuse.compile(m)
     assert [k.schedule for k in mod.kernels] == ["generic"] and not _dots(mod)
-    np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])
-    m = node_model("ConvInteger", {"x": x, "w": _q((4, 4, 3, 3), np.uint8, rng)}, {}, input_names=["x", "w"])
-    assert [k.schedule for k in tensorfuse.compile(m).kernels] == ["generic"]
+    x1, w1 = _q((1, 4, 9), np.uint8, rng), _q((3, 4, 3), np.uint8, rng)
+    m = node_model("ConvInteger", {"x": x1}, {}, initializers={"w": w1}, input_names=["x", "w"])
+    mod = tensorfuse.compile(m)
+    assert [k.schedule for k in mod.kernels] == ["generic"]
+    np.testing.assert_array_equal(mod.run(x=x1)[0], ort_run(m, {"x": x1})[0])
+
+
+GROUP_CASES = [
+    # x shape, w shape, attrs, x dtype, w dtype, x zero point, w zero point
+    ((1, 8, 10, 10), (16, 4, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}, np.uint8, np.int8, 5, None),
+    # depthwise, strided, per-channel w zero points
+    ((2, 12, 9, 13), (12, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 12, "strides": [2, 2]}, np.int8, np.int8, -3,
+     [1, 0, 2, 0, 0, 5, 0, 0, -4, 0, 0, 7]),
+    # depthwise as mobilenet's, u8 weights with a zero point
+    ((1, 32, 14, 14), (32, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 32}, np.uint8, np.uint8, 128, 100),
+    ((1, 20, 7, 7), (10, 4, 1, 1), {"group": 5}, np.uint8, np.uint8, 1, 2),
+]
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("xs,ws,attrs,xdt,wdt,xz,wz", GROUP_CASES)
+def test_conv_integer_grouped(form, xs, ws, attrs, xdt, wdt, xz, wz):
+    """Grouped and depthwise convolutions run group by group on the int8 schedule."""
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x, w = _q(xs, xdt, rng), _q(ws, wdt, rng)
+    inits = {"w": w, "xz": np.array(xz, xdt)}
+    names = ["x", "w", "xz"]
+    if wz is not None:
+        inits["wz"] = np.array(wz, wdt)
+        names.append("wz")
+    m = node_model("ConvInteger", {"x": x}, attrs, initializers=inits, input_names=names)
+    per_channel = wz is not None and np.ndim(wz) == 1
+    exp = _oracle(m, {"x": x}, (xdt, wdt) == (np.uint8, np.int8) or per_channel)
+    _compile_check(m, {"x": x}, form, exp, "conv2d_int8")
 
 
 # ----------------------------------------------------------------------------- MatMulInteger

@@ -4,7 +4,8 @@ with ``acc_dtype=i32``): schedule key ``"conv2d"``, name ``conv2d_int8``.
 
 Where it applies: x u8 or i8 [N, C, H, W] with a scalar zero point (any value, read at run
 time), w u8 or i8 [M, C, KH, KW] a compile-time constant with a constant zero point (scalar
-or per output channel [M]), group 1, any strides, dilations and pads; the target has an
+or per output channel [M]), any group (run group by group: the panel packs one group's
+channels, depthwise convolutions included), any strides, dilations and pads; the target has an
 integer dot product (:func:`int8.dot_forms`: VPDPBUSD, or VPMADDWD on AVX2).
 
 Layout inside the kernel (the graph stays NCHW): the vector lanes are output pixels of one
@@ -114,10 +115,10 @@ MAX_FLAT_VECTORS = 8
 
 def conv_int8_applies(ctx: LowerCtx, *, x, w, y, group, geo, acc_dtype, x_zero=None, w_zero=None, **_) -> bool:
     """Module docstring: u8/i8 x and constant w, constant w zero point, scalar x zero point,
-    group 1, 2-D, int32 accumulation, a target with an integer dot product, and a panel of one
+    2-D, int32 accumulation, a target with an integer dot product, and a panel of one
     output row within :data:`MAX_PANEL_BYTES`."""
     if not (acc_dtype == DType.i32 and x.dtype in int8.QUANT and w.dtype in int8.QUANT
-            and group == 1 and _geometry_ok(geo)):
+            and _geometry_ok(geo)):
         return False
     forms = int8.dot_forms(ctx.target)
     if not forms or int8.const_input(ctx, w) is None:
@@ -127,7 +128,7 @@ def conv_int8_applies(ctx: LowerCtx, *, x, w, y, group, geo, acc_dtype, x_zero=N
     if x_zero is not None and x_zero.numel != 1:
         return False
     form = forms[-1]
-    cq = -(-x.shape[1] // form.per_lane)
+    cq = -(-(x.shape[1] // group) // form.per_lane)
     return 4 * _prod(_panel_shape(geo, form.lanes, 1, cq)) <= MAX_PANEL_BYTES
 
 
@@ -214,8 +215,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     kernel. ``hooks``' last entry is ``finish(acc, oc)`` (None: the int32 value cast to Y's
     dtype)."""
     finish = hooks[-1] if hooks and hooks[-1] is not None else (lambda v, oc: v.cast(y.dtype))
-    N, C, H, W = x.shape
-    M = y.shape[1]
+    N, CX, H, W = x.shape
+    G = group
+    C, M = CX // G, y.shape[1] // G          # one group's input and output channels
     (KH, KW), (sh, sw), (dh, dw), (ph, pw) = geo.kernel, geo.strides, geo.dilations, geo.pads_begin
     OH, OW = geo.out_shape
     g = int8.dot_forms(ctx.target)[0].per_lane
@@ -227,7 +229,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     # ---- weights, packed at compile time
     wv = int8.const_input(ctx, w)
     wz = int8.const_input(ctx, w_zero)
-    pw_ = int8.offset_weights(wv.reshape(M, K), wz, form, w.dtype)
+    pw_ = int8.offset_weights(wv.reshape(G * M, K), wz, form, w.dtype)
     rowsum = pw_.need_rowsum
     regs = vector_registers(ctx.target)
     nvw = -(-OW // L)
@@ -236,20 +238,20 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                    doc="register tile: pixel vectors x output channels")
     MB = -(-M // OCn)
     bands = OH // RB
-    split0 = 1 if N * bands >= MIN_TASKS else min(MB, -(-MIN_TASKS // (N * bands)))
+    split0 = 1 if N * G * bands >= MIN_TASKS else min(MB, -(-MIN_TASKS // (N * G * bands)))
     SPLIT = knob("oc_split", [s for s in (1, 2, 4, 8, 16) if s <= MB], split0,
                  doc="channel blocks split into this many parallel tasks")
     mb_per = -(-MB // SPLIT)
 
-    wfull = pw_.w_p.reshape(M, C, KH, KW)
-    wpad = np.zeros((MB * OCn, Cq * g, KH, KW), np.int64)
-    wpad[:M, :C] = wfull
-    # [MB, OCn, Cq, g, KH, KW] -> [MB, Cq, KH, KW, OCn, g]
-    wt = wpad.reshape(MB, OCn, Cq, g, KH, KW).transpose(0, 2, 4, 5, 1, 3)
+    MBP = MB * OCn
+    wpad = np.zeros((G, MBP, Cq * g, KH, KW), np.int64)
+    wpad[:, :M, :C] = pw_.w_p.reshape(G, M, C, KH, KW)
+    # [G, MB, OCn, Cq, g, KH, KW] -> [G, MB, Cq, KH, KW, OCn, g]
+    wt = wpad.reshape(G, MB, OCn, Cq, g, KH, KW).transpose(0, 1, 3, 5, 6, 2, 4)
     wp = ctx.pack(int8.pack_lanes(wt, form), "wint8")
-    corr = np.zeros((2, MB * OCn), np.int32)
-    corr[0, :M] = pw_.corr
-    corr[1, :M] = int8.wrap32(pw_.d)
+    corr = np.zeros((2, G, MBP), np.int32)
+    corr[0, :, :M] = pw_.corr.reshape(G, M)
+    corr[1, :, :M] = int8.wrap32(pw_.d).reshape(G, M)
     cb = ctx.pack(corr, "wcorr")
     base = params if params is not None else ctx.default_params()
     # w's zero point stays a parameter: CSE merges equal constants, so the buffer may also be
@@ -283,9 +285,11 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             out = term if out is None else out | term
         return out if out is not None else as_expr(0, i32)
 
-    ntasks = N * bands * SPLIT
+    ntasks = N * G * bands * SPLIT
     with kb.loop(ntasks, kind="parallel", hint="task") as task:
-        n = task / (bands * SPLIT) if ntasks > 1 else as_expr(0)
+        ng = task / (bands * SPLIT) if ntasks > 1 else as_expr(0)       # image x group
+        n = ng / G if G > 1 else ng
+        gi = ng % G if G > 1 else as_expr(0)
         rest = task % (bands * SPLIT) if ntasks > 1 else as_expr(0)
         band = rest / SPLIT if SPLIT > 1 else rest
         part = rest % SPLIT if SPLIT > 1 else as_expr(0)
@@ -321,7 +325,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                             ihc = ih
                             with kb.loop(hi, start=lo, kind="vectorize", hint="c") as col:
                                 iw = col * cs + off
-                                vals = [xu(x.flat(((n * C + cq * g + t) * H + ihc) * W + iw)) if t < valid else None
+                                vals = [xu(x.flat(((n * CX + gi * C + cq * g + t) * H + ihc) * W + iw)) if t < valid else None
                                         for t in range(g)]
                                 kb.store(xp, rowbase + col, packed(vals))
                             with kb.loop(COLS, start=hi, kind="vectorize", hint="c") as col:
@@ -374,7 +378,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             def taps(cq, kh):
                 for kw in range(KW):
                     xv = [xp.vload(xaddr(cq, p, kh, kw), L) for p in range(rp)]
-                    wbase = (((mb * Cq + cq) * KH + kh) * KW + kw) * OCn
+                    wbase = ((((gi * MB + mb) * Cq + cq) * KH + kh) * KW + kw) * OCn
                     for j in range(OCn):
                         wb = broadcast(wp.flat(wbase + j), L)
                         for p in range(rp):
@@ -399,11 +403,13 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 ow0 = vecs[p] * L
                 rs = acc.vload((p * (OCn + 1) + OCn) * L, L) if rowsum else None
                 for j in range(OCn):
-                    oc = mb * OCn + j
+                    ocl = mb * OCn + j                       # the group's channel
+                    oc = gi * M + ocl if G > 1 else ocl      # Y's
+                    cix = gi * MBP + ocl if G > 1 else ocl
                     v = acc.vload((p * (OCn + 1) + j) * L, L)
                     if rowsum:
-                        v = v + rs * cb.flat(MB * OCn + oc)
-                    v = v - a_corr * cb.flat(oc)
+                        v = v + rs * cb.flat(G * MBP + cix)
+                    v = v - a_corr * cb.flat(cix)
                     if b is not None:
                         v = v + b.flat(oc).cast(i32)
 
@@ -433,7 +439,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                     if M % OCn == 0:
                         store()
                     else:
-                        with kb.if_(oc < M):
+                        with kb.if_(ocl < M):
                             store()
 
         mb_lo = part * mb_per if SPLIT > 1 else as_expr(0)
