@@ -332,3 +332,33 @@ def test_per_layer_quantization_error_against_the_float_model():
     assert 1e-4 < layer.rel_l2 < 0.1
     assert rep.outputs[0].rel_l2 == pytest.approx(layer.rel_l2, rel=1e-6)
     assert "Relu" in str(rep)
+
+
+# ----------------------------------------------------------------------------- activations the Q's saturation does
+def _act_q_model(act, zp, scale=0.05, lo=0.0, hi=6.0, dt=np.uint8):
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((2, 3, 8)) * 4).astype(np.float32)
+    inits = {"s": np.float32(scale), "z": np.array(zp, dt), "lo": np.float32(lo), "hi": np.float32(hi)}
+    ins = ["x"] if act == "Relu" else ["x", "lo", "hi"]
+    nodes = [helper.make_node(act, ins, ["a"]), helper.make_node("QuantizeLinear", ["a", "s", "z"], ["y"])]
+    return graph_model(nodes, {"x": x}, ["y"], inits, opset=21), {"x": x}
+
+
+@pytest.mark.parametrize("act,zp,kw", [("Relu", 0, {}), ("Relu", -128, {"dt": np.int8}),
+                                        ("Clip", 0, {"scale": 6 / 255, "lo": 0.0, "hi": 6.0}),
+                                        ("Clip", 0, {"scale": 0.01, "lo": -1.0, "hi": 100.0})])
+def test_activation_before_saturating_quantize_is_dropped(act, zp, kw):
+    m, feeds = _act_q_model(act, zp, **kw)
+    g = optimized(m)
+    assert count(g, act) == 0 and count(g, "QuantizeLinear") == 1, g.op_histogram()
+    exp = ort_run(m, feeds)[0]
+    np.testing.assert_array_equal(tensorfuse.compile(m).run(**feeds)[0], exp)
+
+
+@pytest.mark.parametrize("act,zp,kw,why", [("Relu", 10, {}, "lower bound 0 is inside"),
+                                            ("Clip", 0, {"scale": 0.05, "lo": 0.0, "hi": 6.0}, "upper bound 6 is inside")])
+def test_activation_inside_the_quantized_range_stays(act, zp, kw, why):
+    m, feeds = _act_q_model(act, zp, **kw)
+    assert count(optimized(m), act) == 1
+    assert why in why_not(m, "DropActivationBeforeSaturatingQuantize")
+    np.testing.assert_array_equal(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0])

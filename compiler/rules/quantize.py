@@ -13,6 +13,7 @@ integer and leave the rest to the epilogue:
   ``com.microsoft::MatMulIntegerToFloat``;
 - dynamic quantization's ``Mul(Cast(MatMulInteger(a, B, ...)), scale)`` ==>
   ``MatMulIntegerToFloat`` (``quantize_dynamic`` writes that chain);
+- ``Q(Relu(x))`` / ``Q(Clip(x))`` whose bounds the Q's saturation already applies ==> ``Q(x)``;
 - ``Q(Reshape / Transpose / Slice / Gather / MaxPool ...(DQ(x)))`` with one scale and zero point
   ==> the op on x itself (``OpDef.quant_passthrough``): exact, since those ops only move or
   select elements.
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensorfuse.compiler.pattern import Any, Const, Op, Optional, P
+from tensorfuse.compiler.pattern import Any, Const, OneOf, Op, Optional, P
 from tensorfuse.compiler.rewrite import Fail, Rule
 from tensorfuse.compiler.rules._activation import build_or_fail
 from tensorfuse.ir.types import DType
@@ -299,5 +300,52 @@ class DropQDQAroundDataMovement(Rule):
         return build_or_fail(build, mv.op, m.x, *mv.inputs[1:], expect=m.q.outputs[0], **dom, **mv.attrs)
 
 
-RULES = [DropQDQAroundDataMovement, QuantizeConv, QuantizeMatMul, QuantizeGemm, DynamicMatMulToFloat]
+def _q_range(m) -> tuple[float, float] | Fail:
+    """The float interval QuantizeLinear ``m.q`` maps onto its integer range without clipping:
+    [(qmin - z) * s, (qmax - z) * s] (s > 0)."""
+    s = float(m.s.data.reshape(-1)[0])
+    if m.s.data.size != 1 or not s > 0:
+        return Fail(f"{m.q.name}: the scale is not one positive number")
+    if m.z is not None and m.z.data.size != 1:
+        return Fail(f"{m.q.name}: the zero point is not per tensor")
+    dt = m.q.outputs[0].dtype
+    info = np.iinfo(dt.numpy)
+    z = 0.0 if m.z is None else float(m.z.data.reshape(-1)[0])
+    return (info.min - z) * s, (info.max - z) * s
+
+
+class DropActivationBeforeSaturatingQuantize(Rule):
+    """Q(Relu(x)) or Q(Clip(x, lo, hi)) whose clipping the Q's saturation already does (Relu: zero point = the type's minimum; Clip: lo <= the Q range's low end + half a step, hi >= its high end) ==> Q(x)."""
+    name_from = "q"
+    pattern = P.QuantizeLinear(
+        OneOf(P.Relu(Any("x")), P.Clip(Any("x"), Optional(Const()).named("lo"), Optional(Const()).named("hi")),
+              name="act").single_use(),
+        Const(name="s"), Optional(Const()).named("z")).named("q")
+
+    def condition(self, m):
+        rng = _q_range(m)
+        if isinstance(rng, Fail):
+            return rng
+        qlo, qhi = rng
+        half = float(m.s.data.reshape(-1)[0]) / 2
+        n = m.act.producer
+        if n.op == "Relu":
+            lo, hi = 0.0, None
+        else:
+            lo = None if m.lo is None else float(m.lo.data.reshape(-1)[0])
+            hi = None if m.hi is None else float(m.hi.data.reshape(-1)[0])
+        # Q's saturation gives qlo for everything below qlo; a lower bound lo of the activation
+        # changes nothing when every value it clips to lo quantizes to qmin as well: lo <= qlo + s/2
+        # (round half to even: lo = qlo + s/2 exactly may round up; require strictly below then)
+        if lo is not None and not lo < qlo + half:
+            return Fail(f"{n.name}: its lower bound {lo:g} is inside the quantized range [{qlo:g}, {qhi:g}]")
+        if hi is not None and not hi > qhi - half:
+            return Fail(f"{n.name}: its upper bound {hi:g} is inside the quantized range [{qlo:g}, {qhi:g}]")
+        return True
+
+    def rewrite(self, m, build):
+        return build_or_fail(build, "QuantizeLinear", m.x, m.s, m.z, expect=m.q.outputs[0], **m.q.attrs)
+
+
+RULES = [DropActivationBeforeSaturatingQuantize, DropQDQAroundDataMovement, QuantizeConv, QuantizeMatMul, QuantizeGemm, DynamicMatMulToFloat]
 FOLD = [FoldBatchNormIntoConvIntegerToFloat]
