@@ -215,8 +215,14 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
             pack_rows(r0, GR)
 
             def body(jb):
-                for gi in range(G):
-                    tile(r0 + gi * R, gi * R, R, jb)
+                # a loop, not G unrolled copies: the tile's epilogue (a QDQ model's Q -> DQ -> Add
+                # -> Q chains, several stores) is then emitted once per tile shape, which keeps
+                # compile time in check (bert_mini QDQ: 1 MB of kernel IR per GEMM when unrolled)
+                if G == 1:
+                    tile(r0, as_expr(0), R, jb)
+                else:
+                    with kb.loop(G, hint="gi") as gi:
+                        tile(r0 + gi * R, gi * R, R, jb)
             panels(part, body)
     rest = rows - nfull * GR
     if rest:
@@ -225,8 +231,11 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
             pack_rows(r0, rest)
 
             def body_rest(jb):
-                for gi in range(rest // R):
-                    tile(r0 + gi * R, gi * R, R, jb)
+                if rest // R == 1:
+                    tile(r0, as_expr(0), R, jb)
+                elif rest // R > 1:
+                    with kb.loop(rest // R, hint="gi") as gi:
+                        tile(r0 + gi * R, gi * R, R, jb)
                 if rest % R:
                     tile(r0 + (rest // R) * R, (rest // R) * R, rest % R, jb)
             panels(part if SPLIT > 1 else as_expr(0), body_rest)
