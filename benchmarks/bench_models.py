@@ -180,15 +180,23 @@ def collect_models(args) -> list[tuple[pathlib.Path, dict | None]]:
         if entries is not None:
             out.extend((folder / e["file"], e) for e in entries)
         else:
-            out.extend((p, None) for p in sorted(folder.glob("*.onnx")))
+            out.extend((p, entry_for(p)) for p in sorted(folder.glob("*.onnx")))
 
     def entry_for(path: pathlib.Path) -> dict | None:
-        # models.json describes the files of its own folder only
+        # models.json describes the files of its own folder only, and the quantized copies of
+        # them (benchmarks/quantize_models.py names them NAME.qdq_u8s8.onnx ..., anywhere):
+        # their inputs are the float model's
         for folder in {path.parent, args.models_dir}:
             if _in_dir(path, folder):
                 for e in _entries(folder) or ():
                     if e["file"] == path.name:
                         return e
+        for tag in (".qdq_", ".dynamic"):
+            if tag in path.name:
+                base = path.name[:path.name.index(tag)] + ".onnx"
+                for e in _entries(args.models_dir) or ():
+                    if e["file"] == base:
+                        return dict(e, file=path.name)
         return None
 
     if not args.models:
