@@ -414,7 +414,7 @@ def test_ir_after_an_unknown_pass_lists_the_passes(small):
     r = cli("ir", small, "--after", "nosuchpass")
     assert r.returncode == 2
     assert r.stderr.splitlines()[0] == ("tensorfuse ir: error: unknown pass 'nosuchpass'; passes at O2: "
-                                        "fold_constants, dce, cse, simplify, fold_rules, fuse, fuse_ops"), r.stderr
+                                        "quantize, fold_constants, dce, cse, simplify, fold_rules, fuse, fuse_ops"), r.stderr
     r = cli("ir", small, "-O", "1", "--after", "fuse_ops")
     assert r.returncode == 2 and "passes at O1: fold_constants, dce, cse, simplify\n" in r.stderr, r.stderr
     r = cli("ir", small, "--after", "fuse_ops")                  # a pass of the pipeline that changed it

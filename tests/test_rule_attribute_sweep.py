@@ -15,9 +15,9 @@ checks that every schema attribute is either swept or listed, so a new attribute
 new rule) cannot go unnoticed. The base case of each rule (every attribute at its default) must
 fire. ``TF_SWEEP_FULL=1`` adds more values (more paddings, dilations, LeakyRelu alphas).
 
-Size: 32 graphs over the 25 rules, 283 combinations (300 with TF_SWEEP_FULL), about 95 s of CPU
-(two compiles each). ``make test`` runs 210 of them: each rule's base case, the first value of
-each swept attribute or input, and every value the rule must not fire for; the other 73 values
+Size: 39 graphs over the 32 rules, 314 combinations (333 with TF_SWEEP_FULL), about 105 s of CPU
+(two compiles each). ``make test`` runs 232 of them: each rule's base case, the first value of
+each swept attribute or input, and every value the rule must not fire for; the other 82 values
 (a second padding, dilation, alpha ...) are marked heavy, so ``make test-heavy`` (.ci/run) runs
 them (:func:`_in_default_suite`).
 """
@@ -478,6 +478,106 @@ class Spec:
     base: dict = field(default_factory=dict)           # overrides of the base case
 
 
+
+# ----------------------------------------------------------------------------- quantized graphs
+#: the output quantization step of the QDQ sweeps (compiler/rules/quantize.py): their outputs are
+#: DequantizeLinear(QuantizeLinear(..)) values, compared within one step (docs/quantization.md)
+Q_STEP = 0.05
+
+
+def _q(b: B, src: str, scale: str, zp: str, out: str) -> str:
+    b.node("QuantizeLinear", [src, scale, zp], out + "_q")
+    return b.node("DequantizeLinear", [out + "_q", scale, zp], out)
+
+
+def _q_out(b: B, src: str) -> str:
+    b.inits.update(ys=np.float32(Q_STEP), yz=np.uint8(128))
+    return _q(b, src, "ys", "yz", "y")
+
+
+def g_qconv(ov, bn: bool = False):
+    """DQ(x) and DQ(int8 W, per output channel) -> Conv (+ DQ'd int32 bias) [-> BN] -> Q -> DQ."""
+    b = B(ov["_opset"])
+    a = ov.get("conv", {})
+    group = a.get("group") or 1
+    k = a.get("kernel_shape") or [3, 3]
+    rng = np.random.default_rng(7)
+    b.inputs["x"] = rand(1, 4, 7, 7, seed=0)
+    ws = (rng.random(4) * 0.01 + 0.005).astype(np.float32)
+    b.inits.update(xs=np.float32(0.02), xz=np.uint8(128), w=rng.integers(-127, 128, (4, 4 // group, *k)).astype(np.int8),
+                   ws=ws, bq=rng.integers(-300, 300, 4).astype(np.int32), bs=(np.float32(0.02) * ws).astype(np.float32))
+    _q(b, "x", "xs", "xz", "xd")
+    b.nodes.append(_node("DequantizeLinear", ["w", "ws"], ["wd"], {"axis": 0}))
+    b.nodes.append(_node("DequantizeLinear", ["bq", "bs"], ["bd"], {"axis": 0}))
+    b.node("Conv", ["xd", "wd", "bd"], "c", a)
+    src = _bn(b, "c", ov.get("bn", {}), 4, out="cbn") if bn else "c"
+    _q_out(b, src)
+    return b.done(["y"])
+
+
+def g_qconv_bn(ov):
+    return g_qconv(ov, bn=True)
+
+
+def g_qgemm(ov, op: str = "Gemm"):
+    """DQ(a) and DQ(int8 B, per column) -> MatMul or Gemm (+ C) -> Q -> DQ."""
+    b = B(ov["_opset"])
+    a = ov.get("gemm", {})
+    rng = np.random.default_rng(8)
+    ta, tb = a.get("transA") or 0, a.get("transB") or 0
+    b.inputs["a"] = rand(*((16, 3) if ta else (3, 16)), seed=0)
+    b.inits.update(as_=np.float32(0.03), az=np.uint8(128), w=rng.integers(-127, 128, (8, 16) if tb else (16, 8)).astype(np.int8),
+                   ws=(rng.random(8) * 0.01 + 0.002).astype(np.float32), c=rand(8, seed=2))
+    _q(b, "a", "as_", "az", "ad")
+    b.nodes.append(_node("DequantizeLinear", ["w", "ws"], ["wd"], {"axis": 0 if tb else 1}))
+    if op == "Gemm":
+        b.node("Gemm", ["ad", "wd", "c"], "p", a)
+    else:
+        b.node("MatMul", ["ad", "wd"], "p")
+    _q_out(b, "p")
+    return b.done(["y"])
+
+
+def g_qmatmul(ov):
+    return g_qgemm(ov, "MatMul")
+
+
+def g_dynamic_matmul(ov):
+    """quantize_dynamic's chain: DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scale) -> Add(bias)."""
+    b = B(ov["_opset"])
+    rng = np.random.default_rng(9)
+    b.inputs["x"] = rand(3, 16, seed=0)
+    b.inits.update(w=rng.integers(-127, 128, (16, 8)).astype(np.int8), wz=np.int8(0), ws=np.float32(0.004),
+                   bias=rand(8, seed=2))
+    b.nodes.append(_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], {}))
+    b.node("Mul", ["xs", "ws"], "s")
+    b.node("MatMulInteger", ["xq", "w", "xz", "wz"], "acc")
+    b.node("Cast", ["acc"], "accf", {"to": TensorProto.FLOAT})
+    b.node("Mul", ["accf", "s"], "p")
+    b.node("Add", ["p", "bias"], "y")
+    return b.done(["y"])
+
+
+def g_qdq_transpose(ov):
+    """Q -> DQ -> Transpose -> Q -> DQ with one scale: the Transpose moves int8."""
+    b = B(ov["_opset"])
+    b.inputs["x"] = rand(2, 3, 4, seed=0)
+    b.inits.update(ys=np.float32(Q_STEP), yz=np.uint8(128))
+    _q(b, "x", "ys", "yz", "xd")
+    b.node("Transpose", ["xd"], "t", ov.get("transpose"))
+    _q(b, "t", "ys", "yz", "y")
+    return b.done(["y"])
+
+
+def g_relu_q(ov):
+    """Relu -> QuantizeLinear with zero point 0 (u8): the Q clips at 0 anyway."""
+    b = B(ov["_opset"])
+    b.inputs["x"] = rand(2, 3, 8, seed=0)
+    b.inits.update(s=np.float32(Q_STEP), z=np.uint8(0))
+    b.node("Relu", ["x"], "r")
+    b.node("QuantizeLinear", ["r", "s", "z"], "y")
+    return b.done(["y"])
+
 CONV_V = {
     "strides": [V([2, 2]), V([1, 2])],
     "pads": [V([1, 1, 1, 1]), V([0, 1, 2, 0])],
@@ -658,6 +758,22 @@ SPECS = [
     # O3
     Spec("ApproximateGelu", g_gelu_op, {"gelu": "Gelu"},
          {("gelu", "approximate"): [V("none", fires=True), V("tanh", fires=False)]}, opset=20, level=3, atol=1e-3),
+    # quantization (compiler/rules/quantize.py): outputs within one quantization step
+    Spec("QuantizeConv", g_qconv, {"conv": "Conv"}, _keyed("conv", CONV_V), opset=21, atol=Q_STEP * 1.001),
+    Spec("FoldBatchNormIntoConvIntegerToFloat", g_qconv_bn, {"bn": "BatchNormalization"}, _keyed("bn", BN_V),
+         opset=21, atol=Q_STEP * 1.001),
+    Spec("QuantizeMatMul", g_qmatmul, {"matmul": "MatMul"}, {}, opset=21, atol=Q_STEP * 1.001),
+    Spec("QuantizeGemm", g_qgemm, {"gemm": "Gemm"},
+         {("gemm", "alpha"): [V(0.5, fires=True)], ("gemm", "beta"): [V(2.0, fires=True), V(0.0, fires=True)],
+          ("gemm", "transB"): [V(1, fires=True)], ("gemm", "transA"): [V(1, fires=False)]},
+         opset=21, atol=Q_STEP * 1.001),
+    Spec("DynamicMatMulToFloat", g_dynamic_matmul, {"cast": "Cast"},
+         {("cast", "saturate"): [V(0, fires=True)]},
+         not_swept={("cast", "to"): "the rule wants FLOAT (the chain quantize_dynamic writes)"}, opset=21),
+    Spec("DropQDQAroundDataMovement", g_qdq_transpose, {"transpose": "Transpose"},
+         {("transpose", "perm"): [V([2, 0, 1], fires=True), V(None, fires=True)]},
+         base={"transpose": {"perm": [0, 2, 1]}}, opset=21, atol=Q_STEP * 1.001),
+    Spec("DropActivationBeforeSaturatingQuantize", g_relu_q, {"relu": "Relu"}, {}, opset=21),
 ]
 
 def _combos(full: bool = FULL):

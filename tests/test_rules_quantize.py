@@ -90,6 +90,12 @@ def test_quantize_conv_epilogue_stores_the_quantized_output_in_one_kernel():
     anchored = [n for n in g.nodes if n.op == "FusedFunction" and n.attr("anchor")]
     assert len(anchored) == 1
     body_ops = [n.op for n in anchored[0].attrs["body"].nodes]
+    # (the Relu before a u8 Q with zero point 0 is dropped: DropActivationBeforeSaturatingQuantize)
+    assert body_ops[0] == "ConvIntegerToFloat" and "QuantizeLinear" in body_ops and "Relu" not in body_ops
+    m2, _ = _conv_qdq_model(np.int8, "Relu")           # zero point 10: the Relu stays, in the epilogue
+    g2 = optimized(m2, grouping=True)
+    (anchored,) = [n for n in g2.nodes if n.op == "FusedFunction" and n.attr("anchor")]
+    body_ops = [n.op for n in anchored.attrs["body"].nodes]
     assert body_ops[0] == "ConvIntegerToFloat" and "QuantizeLinear" in body_ops and "Relu" in body_ops
 
 
