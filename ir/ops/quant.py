@@ -70,6 +70,16 @@ def expand_param(p: np.ndarray, x_shape: tuple[int, ...], mode: str, axis: int, 
     return np.repeat(p, block_size, axis=axis).take(range(x_shape[axis]), axis=axis)
 
 
+def _expanded(node, ins) -> tuple:
+    """(x, its scale, its zero point or None) of a Q/DQ node's inputs, the parameters broadcastable
+    to x (numpy), for the references."""
+    x, s = ins[0], ins[1]
+    z = ins[2] if len(ins) > 2 else None
+    mode, axis = _mode_of(node)
+    bs = int(node.attr("block_size", 0))
+    return x, expand_param(s, x.shape, mode, axis, bs), None if z is None else expand_param(z, x.shape, mode, axis, bs)
+
+
 def _int_range(dt: DType) -> tuple[int, int]:
     info = np.iinfo(dt.numpy)
     return int(info.min), int(info.max)
@@ -175,20 +185,16 @@ class QuantizeLinear:
         return [TensorType(out, x.shape)]
 
     def reference(node, ins):
-        x, s = ins[0], ins[1]
-        z = ins[2] if len(ins) > 2 else None
-        mode, axis = _mode_of(node)
-        bs = int(node.attr("block_size", 0))
+        x, sc, zc = _expanded(node, ins)
         out = node.outputs[0].dtype
-        sc = expand_param(s, x.shape, mode, axis, bs)
         p = int(node.attr("precision", 0))
         if p:
             q = x.astype(DType.from_onnx(p).numpy) / sc.astype(DType.from_onnx(p).numpy)
         else:
             q = x / sc
         q = np.rint(q).astype(np.float64)
-        if z is not None:
-            q = q + expand_param(z, x.shape, mode, axis, bs).astype(np.float64)
+        if zc is not None:
+            q = q + zc.astype(np.float64)
         lo, hi = _int_range(out)
         return [np.clip(q, lo, hi).astype(out.numpy)]
 
@@ -245,14 +251,11 @@ class DequantizeLinear:
         return [TensorType(out, x.shape)]
 
     def reference(node, ins):
-        x, s = ins[0], ins[1]
-        z = ins[2] if len(ins) > 2 else None
-        mode, axis = _mode_of(node)
-        bs = int(node.attr("block_size", 0))
+        x, sc, zc = _expanded(node, ins)
         d = x.astype(np.float32)
-        if z is not None:
-            d = d - expand_param(z, x.shape, mode, axis, bs).astype(np.float32)
-        y = d * expand_param(s, x.shape, mode, axis, bs).astype(np.float32)
+        if zc is not None:
+            d = d - zc.astype(np.float32)
+        y = d * sc.astype(np.float32)
         return [y.astype(node.outputs[0].dtype.numpy)]
 
     def scalar_applies(node):
