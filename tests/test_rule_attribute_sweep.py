@@ -15,8 +15,8 @@ checks that every schema attribute is either swept or listed, so a new attribute
 new rule) cannot go unnoticed. The base case of each rule (every attribute at its default) must
 fire. ``TF_SWEEP_FULL=1`` adds more values (more paddings, dilations, LeakyRelu alphas).
 
-Size: 39 graphs over the 32 rules, 314 combinations (333 with TF_SWEEP_FULL), about 105 s of CPU
-(two compiles each). ``make test`` runs 232 of them: each rule's base case, the first value of
+Size: 40 graphs over the 33 rules, 318 combinations (337 with TF_SWEEP_FULL), about 105 s of CPU
+(two compiles each). ``make test`` runs 234 of them: each rule's base case, the first value of
 each swept attribute or input, and every value the rule must not fire for; the other 82 values
 (a second padding, dilation, alpha ...) are marked heavy, so ``make test-heavy`` (.ci/run) runs
 them (:func:`_in_default_suite`).
@@ -569,6 +569,19 @@ def g_qdq_transpose(ov):
     return b.done(["y"])
 
 
+def g_qconcat(ov):
+    """Two Q -> DQ values with one scale -> Concat -> Q -> DQ: the Concat moves int8."""
+    b = B(ov["_opset"])
+    b.inputs["a"] = rand(1, 2, 3, 3, seed=0)
+    b.inputs["c"] = rand(1, 2, 3, 3, seed=1)
+    b.inits.update(ys=np.float32(Q_STEP), yz=np.uint8(128))
+    _q(b, "a", "ys", "yz", "ad")
+    _q(b, "c", "ys", "yz", "cd")
+    b.node("Concat", ["ad", "cd"], "cat", {"axis": 1} | ov.get("concat", {}))
+    _q(b, "cat", "ys", "yz", "y")
+    return b.done(["y"])
+
+
 def g_relu_q(ov):
     """Relu -> QuantizeLinear with zero point 0 (u8): the Q clips at 0 anyway."""
     b = B(ov["_opset"])
@@ -774,6 +787,9 @@ SPECS = [
          {("transpose", "perm"): [V([2, 0, 1], fires=True), V(None, fires=True)]},
          base={"transpose": {"perm": [0, 2, 1]}}, opset=21, atol=Q_STEP * 1.001),
     Spec("DropActivationBeforeSaturatingQuantize", g_relu_q, {"relu": "Relu"}, {}, opset=21),
+    Spec("ConcatOnInt8", g_qconcat, {"concat": "Concat"},
+         {("concat", "axis"): [V(0, fires=True), V(-1, fires=True), V(3, fires=True)]}, opset=21,
+         atol=Q_STEP * 1.001),
 ]
 
 def _combos(full: bool = FULL):

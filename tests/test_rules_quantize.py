@@ -2,6 +2,7 @@
 quantizer writes, refuses where it must (explain's reason), and keeps the outputs within one
 quantization step of onnxruntime's unfused QDQ semantics (ORT_DISABLE_ALL)."""
 import numpy as np
+import onnx
 import pytest
 from onnx import helper, numpy_helper
 
@@ -368,3 +369,45 @@ def test_activation_inside_the_quantized_range_stays(act, zp, kw, why):
     assert count(optimized(m), act) == 1
     assert why in why_not(m, "DropActivationBeforeSaturatingQuantize")
     np.testing.assert_array_equal(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0])
+
+
+# ----------------------------------------------------------------------------- Concat on int8
+def _concat_model(scale_b=Y_SCALE):
+    rng = np.random.default_rng(13)
+    a = (rng.standard_normal((1, 2, 3, 3)) * 2).astype(np.float32)
+    b = (rng.standard_normal((1, 4, 3, 3)) * 2).astype(np.float32)
+    inits = {"s": Y_SCALE, "sb": np.float32(scale_b), "z": np.uint8(128)}
+    nodes = [helper.make_node("QuantizeLinear", ["a", "s", "z"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "s", "z"], ["ad"]),
+             helper.make_node("QuantizeLinear", ["b", "sb", "z"], ["bq"]),
+             helper.make_node("DequantizeLinear", ["bq", "sb", "z"], ["bd"]),
+             helper.make_node("Concat", ["ad", "bd"], ["c"], axis=1),
+             helper.make_node("QuantizeLinear", ["c", "s", "z"], ["y"])]
+    return graph_model(nodes, {"a": a, "b": b}, ["y"], inits, opset=21), {"a": a, "b": b}
+
+
+def test_concat_on_int8_fires_and_is_exact():
+    m, feeds = _concat_model()
+    g = optimized(m)
+    (cat,) = [n for n in g.nodes if n.op == "Concat"]
+    assert cat.inputs[0].dtype == DType.u8 and count(g, "DequantizeLinear") == 0, g.op_histogram()
+    np.testing.assert_array_equal(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0])
+
+
+def test_concat_on_int8_requantizes_an_input_of_another_scale():
+    m, feeds = _concat_model(scale_b=0.07)
+    g = optimized(m)
+    (cat,) = [n for n in g.nodes if n.op == "Concat"]
+    assert cat.inputs[0].dtype == DType.u8 and cat.inputs[1].dtype == DType.u8
+    assert cat.inputs[1].producer.op == "QuantizeLinear"           # DQ(b, 0.07) requantized to 0.05
+    np.testing.assert_array_equal(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0])
+
+
+def test_concat_on_int8_not_fired_when_the_concat_is_read_elsewhere():
+    m, feeds = _concat_model()
+    m.graph.output.append(helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, (1, 6, 3, 3)))
+    assert count(optimized(m), "Concat") == 1
+    assert "graph output" in why_not(m, "ConcatOnInt8")
+    exp = ort_run(m, feeds)
+    for g_, e in zip(tensorfuse.compile(m).run(**feeds), exp):
+        np.testing.assert_allclose(g_.astype(np.float64), e.astype(np.float64), atol=1e-6)

@@ -13,6 +13,8 @@ integer and leave the rest to the epilogue:
   ``com.microsoft::MatMulIntegerToFloat``;
 - dynamic quantization's ``Mul(Cast(MatMulInteger(a, B, ...)), scale)`` ==>
   ``MatMulIntegerToFloat`` (``quantize_dynamic`` writes that chain);
+- ``Q(Concat(v1, v2 ...))`` ==> ``Concat(Q(v1), Q(v2) ...)`` (exact; ``Q(DQ(x))`` with equal
+  parameters is ``x``): each Q joins its producer's epilogue and the Concat moves int8;
 - ``Q(Relu(x))`` / ``Q(Clip(x))`` whose bounds the Q's saturation already applies ==> ``Q(x)``;
 - ``Q(Reshape / Transpose / Slice / Gather / MaxPool ...(DQ(x)))`` with one scale and zero point
   ==> the op on x itself (``OpDef.quant_passthrough``): exact, since those ops only move or
@@ -347,5 +349,34 @@ class DropActivationBeforeSaturatingQuantize(Rule):
         return build_or_fail(build, "QuantizeLinear", m.x, m.s, m.z, expect=m.q.outputs[0], **m.q.attrs)
 
 
-RULES = [DropActivationBeforeSaturatingQuantize, DropQDQAroundDataMovement, QuantizeConv, QuantizeMatMul, QuantizeGemm, DynamicMatMulToFloat]
+class ConcatOnInt8(Rule):
+    """Q(Concat(v1, v2 ...), s, z) ==> Concat(Q(v1, s, z), Q(v2, s, z) ...), with Q(DQ(x, s, z), s, z) = x: exact (Q is elementwise); each input's Q then joins its producer's epilogue and the Concat moves int8 (onnxruntime's QLinearConcat)."""
+    name_from = "q"
+    pattern = P.QuantizeLinear(Any("cat").single_use(), Const(name="s2"), Optional(Const()).named("z2")).named("q")
+
+    def condition(self, m):
+        n = m.cat.producer
+        if n is None or n.op != "Concat" or n.domain:
+            return Fail(f"{m.q.name}: input 0 is not a Concat")
+        if int(m.q.attr("block_size", 0) or 0) or m.s2.data.size != 1:
+            return Fail(f"{m.q.name}: not quantized per tensor")
+        return True
+
+    def rewrite(self, m, build):
+        n = m.cat.producer
+        parts = []
+        for v in n.inputs:
+            dq = v.producer
+            if (dq is not None and dq.op == "DequantizeLinear" and dq.inputs[1].data is not None
+                    and (dq.input(2) is None or dq.input(2).data is not None)
+                    and not int(dq.attr("block_size", 0) or 0)
+                    and _same_scalar(dq.inputs[1], m.s2) and _same_scalar(dq.input(2), m.z2)
+                    and dq.inputs[0].dtype == m.q.outputs[0].dtype):
+                parts.append(dq.inputs[0])               # Q(DQ(x)) with the same parameters is x
+            else:
+                parts.append(build.op("QuantizeLinear", v, m.s2, m.z2, **m.q.attrs))
+        return build_or_fail(build, "Concat", *parts, expect=m.q.outputs[0], **n.attrs)
+
+
+RULES = [DropActivationBeforeSaturatingQuantize, DropQDQAroundDataMovement, ConcatOnInt8, QuantizeConv, QuantizeMatMul, QuantizeGemm, DynamicMatMulToFloat]
 FOLD = [FoldBatchNormIntoConvIntegerToFloat]
