@@ -28,6 +28,7 @@ import numpy as np
 
 from tensorfuse.ir.kernel import Expr, as_expr, maximum, minimum, unop
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.ops.conv import _channel, _per_channel
 from tensorfuse.ir.types import DType, TensorType
 
 QUANT_DTYPES = (DType.u8, DType.i8, DType.u16, DType.i16)
@@ -422,12 +423,6 @@ def _row_param(p, a: np.ndarray) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- integer products to float
-def _param_vec(p, m: int) -> np.ndarray:
-    """A per-tensor or per-channel parameter as a float32/int64 vector of m entries (numpy)."""
-    a = np.asarray(p).reshape(-1)
-    return np.broadcast_to(a, (m,))
-
-
 def _check_scalar_or(node, i: int, m: int | None, what: str, dtypes) -> None:
     v = node.input(i)
     if v is None:
@@ -437,10 +432,6 @@ def _check_scalar_or(node, i: int, m: int | None, what: str, dtypes) -> None:
     if not (v.type.numel == 1 and v.type.rank <= 1) and not (m is not None and tuple(v.shape) == (m,)):
         per = f" or [{m}]" if m is not None else ""
         raise ShapeError(f"{what} must be a scalar{per}, got shape {list(v.shape)}")
-
-
-def _channel_expr(buf, oc, dt: DType) -> Expr:
-    return (buf.flat(oc) if buf.numel > 1 else buf.flat(0)).cast(dt)
 
 
 def _conv_attrs_for(name: str):
@@ -487,11 +478,11 @@ class ConvIntegerToFloat:
         x, w, xs, ws, xz, wz, b = ins
         m = w.shape[0]
         xi = x.astype(np.int64) - (0 if xz is None else int(np.asarray(xz).reshape(())))
-        wi = w.astype(np.int64) - (0 if wz is None else _param_vec(wz, m).astype(np.int64)
+        wi = w.astype(np.int64) - (0 if wz is None else _per_channel(wz, m, np.int64).reshape(m)
                                    .reshape((m,) + (1,) * (w.ndim - 1)))
         acc = conv_reference(xi, wi, None, int(node.attr("group", 1)), conv_geometry_of(node), acc_dtype=np.int64)
         shape = (1, m) + (1,) * (x.ndim - 2)
-        scale = (np.float32(np.asarray(xs).reshape(())) * _param_vec(ws, m).astype(np.float32)).reshape(shape)
+        scale = (np.float32(np.asarray(xs).reshape(())) * _per_channel(ws, m, np.float32).reshape(m)).reshape(shape)
         y = acc.astype(np.float32) * scale
         if b is not None:
             y = y + b.astype(np.float32).reshape(shape)
@@ -504,7 +495,7 @@ class ConvIntegerToFloat:
         i32, f32 = DType.i32, DType.f32
 
         def finish(acc, oc):
-            y = acc.cast(f32) * (xs.flat(0) * _channel_expr(ws, oc, f32))
+            y = acc.cast(f32) * (xs.flat(0) * _channel(ws, oc, f32))
             return y + b.flat(oc) if b is not None else y
 
         emit_conv(ctx, x, w, None, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node),
@@ -552,9 +543,9 @@ class MatMulIntegerToFloat:
         a, b, asc, bsc, az, bz, bias = ins
         n = b.shape[-1]
         ai = a.astype(np.int64) - (0 if az is None else int(np.asarray(az).reshape(())))
-        bi = b.astype(np.int64) - (0 if bz is None else _param_vec(bz, n).astype(np.int64))
+        bi = b.astype(np.int64) - (0 if bz is None else _per_channel(bz, n, np.int64).reshape(n))
         acc = np.matmul(ai, bi)
-        scale = np.float32(np.asarray(asc).reshape(())) * _param_vec(bsc, n).astype(np.float32)
+        scale = np.float32(np.asarray(asc).reshape(())) * _per_channel(bsc, n, np.float32).reshape(n)
         y = acc.astype(np.float32) * scale
         if bias is not None:
             y = y + bias.astype(np.float32)
@@ -567,7 +558,7 @@ class MatMulIntegerToFloat:
         f32 = DType.f32
 
         def finish(acc, bidx, i, j):
-            y = acc.cast(f32) * (asc.flat(0) * _channel_expr(bsc, j, f32))
+            y = acc.cast(f32) * (asc.flat(0) * _channel(bsc, j, f32))
             return y + bias.flat(j) if bias is not None else y
 
         emit_integer_matmul(ctx, a, b, ctx.outputs[0], az, bz, finish=finish)
