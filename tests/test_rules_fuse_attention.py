@@ -118,3 +118,62 @@ def test_attention_not_fused_on_vectors():
     assert count(optimized(m), ATT) == 0
     assert "has rank 1" in why_not(m, "FuseAttention")
     assert_matches_ort(m, {"q": q, "k": k, "v": v}, rtol=RT, atol=AT, opt_levels=(2,))
+
+
+def _where_attention(s=S, d=D, cond=None, fill=np.finfo(np.float32).min, cond_input=False, fill_shape=()):
+    """GPT-2's eager causal form: MatMul(q, kT) -> Div(sqrt(d)) -> Where(cond, scores, fill) ->
+    Softmax -> MatMul(., v); cond a constant lower-triangular [1, 1, s, s] bool (or a graph
+    input when ``cond_input``)."""
+    q, k, v = rand(B, H, s, d), rand(B, H, s, d, seed=1), rand(B, H, s, d, seed=2)
+    feeds = {"q": q, "k": k, "v": v}
+    if cond is None:
+        cond = np.tril(np.ones((s, s), bool))[None, None]
+    inits = {"c": np.array(np.sqrt(d), np.float32), "fill": np.full(fill_shape, fill, np.float32)}
+    if cond_input:
+        feeds["cond"] = cond
+    else:
+        inits["cond"] = cond
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Div", ["s", "c"], ["ss"]),
+             helper.make_node("Where", ["cond", "ss", "fill"], ["sm"]),
+             helper.make_node("Softmax", ["sm"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    return graph_model(nodes, feeds, ["y"], inits), feeds
+
+
+@pytest.mark.parametrize("kw", [
+    {},                                           # scalar kernel (d = 8), finfo.min fill
+    {"fill": -np.inf},
+    {"fill": -10000.0},
+    {"s": 21, "d": 32},                           # the vector rows (value columns in whole vectors), a partial key vector
+    {"s": 21, "d": 32, "cond_input": True, "cond": rand(B, 1, 21, 21, dtype=np.bool_, seed=4)},
+    {"cond_input": True, "cond": rand(B, H, S, S, dtype=np.bool_, seed=5)},
+])
+def test_attention_fuses_where_mask(kw):
+    m, feeds = _where_attention(**kw)
+    g = optimized(m)
+    assert g.op_histogram() == {ATT: 1}, g.op_histogram()
+    att = [n for n in g.nodes if n.qualified_op == ATT][0]
+    assert att.attr("mask_fill") == pytest.approx(float(kw.get("fill", np.finfo(np.float32).min)))
+    assert abs(att.attr("scale") - 1 / np.sqrt(kw.get("d", D))) < 1e-6
+    assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(0, 2))
+
+
+def test_attention_where_mask_fully_masked_row_is_uniform():
+    # a row whose keys are all masked: Where gives fill everywhere, the softmax is uniform (an
+    # additive mask would not give this); the fused op must keep Where's meaning
+    cond = np.tril(np.ones((S, S), bool))[None, None].copy()
+    cond[..., 2, :] = False
+    m, feeds = _where_attention(cond=cond, fill=-1e4)
+    assert count(optimized(m), ATT) == 1
+    y = assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(2,))[0]
+    # every key weighs 1/S: row 2 is the mean of V's rows (numpy, independent of both engines)
+    np.testing.assert_allclose(y[:, :, 2, :], feeds["v"].mean(axis=-2), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_not_fused_with_a_tensor_fill():
+    m, feeds = _where_attention(fill_shape=(S,))
+    assert count(optimized(m), ATT) == 0
+    assert "fails a scalar fill value" in why_not(m, "FuseAttention")
+    assert_matches_ort(m, feeds, rtol=RT, atol=AT, opt_levels=(2,))

@@ -3,7 +3,9 @@
     MatMul(Softmax(MatMul(q, kT) * scale + mask, axis=-1), v)
 
 The scale may be a Mul or a Div by a scalar constant on the scores, on q or on kT (or several of
-them: the factors multiply); the additive mask is any value that broadcasts to the scores; the
+them: the factors multiply); the mask is an Add of any value that broadcasts to the scores, or a
+``Where(cond, scores, fill)`` with a bool condition and a scalar constant fill (GPT-2's causal
+mask: the fused op's ``mask_fill``); the
 Softmax must be on the last axis. The fused op takes K as [..., Sk, D]: kT is transposed back,
 composed with the Transpose that produced it when there is one (the usual export reshapes the
 keys to [b, s, h, d] and transposes with perm [0, 2, 3, 1]).
@@ -33,7 +35,10 @@ def _scaled(x, name: str):
 
 _scores = P.MatMul(_scaled(Any("q"), "qs"), _scaled(Any("kt"), "ks")).named("qk").single_use()
 _logits = _scaled(_scores, "ss")
-_masked = OneOf(P.Add(_logits, Any("mask")).single_use().named("add_mask"), _logits)
+_fill = Const().where(lambda v: np.asarray(v.data).size == 1, "a scalar fill value").named("fill")
+_masked = OneOf(P.Add(_logits, Any("mask")).single_use().named("add_mask"),
+                P.Where(Any("cond"), _logits, _fill).single_use().named("where_mask"),
+                _logits)
 pattern_ = P.MatMul(P.Softmax(_masked).single_use(), Any("v")).named("attn")
 
 
@@ -84,6 +89,14 @@ class FuseAttention(Rule):
                 return f
         if m.mask is not None and m.mask.dtype != m.q.dtype:
             return Fail(f"mask '{m.mask.name}' is {m.mask.dtype}, the scores are {m.q.dtype}")
+        if m.where_mask is not None:
+            wm = m.where_mask
+            if m.fill.dtype != m.q.dtype:
+                return Fail(f"{wm.name}: the fill '{m.fill.name}' is {m.fill.dtype}, the scores are {m.q.dtype}")
+            scores = wm.inputs[1]
+            if wm.outputs[0].shape[-2:] != scores.shape[-2:]:
+                return Fail(f"{wm.name}: the condition broadcasts the scores {list(scores.shape)} "
+                            f"to {list(wm.outputs[0].shape)}")
         return True
 
     def rewrite(self, m, build):
@@ -101,6 +114,10 @@ class FuseAttention(Rule):
             k = src.inputs[0] if q == list(range(rank)) else build.Transpose(src.inputs[0], perm=q)
         else:
             k = build.Transpose(kt, perm=swap)
+        if m.where_mask is not None:
+            fill = float(np.asarray(m.fill.data).reshape(-1)[0])
+            return build_or_fail(build, "Attention", m.q, k, m.v, m.cond, domain="tensorfuse",
+                                 expect=m.attn.outputs[0], scale=float(scale), mask_fill=fill)
         return build_or_fail(build, "Attention", m.q, k, m.v, m.mask, domain="tensorfuse",
                              expect=m.attn.outputs[0], scale=float(scale))
 

@@ -7,7 +7,8 @@ buffer for attention, the sum of the addends kept in the output row for the Laye
 
 Ops here:
 
-- ``Attention(Q, K, V, mask?)``: softmax(Q @ K^T * scale + mask) @ V, softmax on the last axis.
+- ``Attention(Q, K, V, mask?)``: softmax(Q @ K^T * scale + mask) @ V, softmax on the last axis
+  (or, with ``mask_fill``, a bool mask selecting between the scores and the fill).
 - ``SkipLayerNormalization(X, skip, scale, B?, bias?)``: LayerNormalization(X + skip + bias),
   optionally also returning the sum.
 - ``EmbedLayerNormalization(table_0, ids_0, ..., scale, B?, addend...)``: LayerNormalization of
@@ -119,23 +120,31 @@ def _emit_layernorm_rows(kb: KernelBuilder, shape: tuple[int, ...], axis: int, e
 
 # ----------------------------------------------------------------------------- Attention
 @op("Attention", OpPatternKind.OPAQUE, domain=DOMAIN,
-    attrs={"scale": AttrSpec("float", None, required=True)})
+    attrs={"scale": AttrSpec("float", None, required=True), "mask_fill": AttrSpec("float", None)})
 class Attention:
     """Scaled dot-product attention: Y = Softmax(Q @ K^T * scale + mask, axis=-1) @ V.
 
-    Inputs: Q [b..., Sq, D], K [b..., Sk, D], V [b..., Sk, Dv], mask (optional, additive)
-    broadcastable to [b..., Sq, Sk]; batch dims broadcast as in MatMul. All one float dtype.
-    Output: Y [b..., Sq, Dv]. Attribute ``scale`` (required float). Means the ONNX ops
+    Inputs: Q [b..., Sq, D], K [b..., Sk, D], V [b..., Sk, Dv], mask (optional) broadcastable
+    to [b..., Sq, Sk]; batch dims broadcast as in MatMul. Q, K, V one float dtype. Output:
+    Y [b..., Sq, Dv]. Attributes: ``scale`` (required float); ``mask_fill`` (optional float).
+    Without ``mask_fill`` the mask is additive, of Q's dtype, and the op means the ONNX ops
     MatMul(Q, Transpose(K)) -> Mul(scale) -> Add(mask) -> Softmax(axis=-1) -> MatMul(., V)
-    (ONNX spec: MatMul-13, Mul-14, Add-14, Softmax-13). Raises ShapeError on rank < 2,
-    mismatched D / Sk, a mask that does not broadcast, or mixed dtypes.
+    (ONNX spec: MatMul-13, Mul-14, Add-14, Softmax-13). With ``mask_fill`` the mask is bool
+    and selects: the scores are Where(mask, Q @ K^T * scale, mask_fill) (Where-16), the form
+    GPT-2 and other causal models export (a constant lower-triangular mask, a fill such as
+    float32's lowest value). Raises ShapeError on rank < 2, mismatched D / Sk, a mask that
+    does not broadcast, a mask of the wrong dtype, or mixed dtypes.
     """
 
     def infer(node):
         q, k, v = node.inputs[:3]
         mask = node.input(3)
-        named = [("Q", q), ("K", k), ("V", v)] + ([("mask", mask)] if mask is not None else [])
+        where = node.attr("mask_fill") is not None
+        named = [("Q", q), ("K", k), ("V", v)] + ([("mask", mask)] if mask is not None and not where else [])
         dt = _same_dtype(named)
+        if where and (mask is None or mask.dtype != DType.bool):
+            raise ShapeError(f"mask_fill is set: the mask must be bool, got "
+                             f"{'none' if mask is None else mask.dtype}")
         check_float(q, "Q")
         if node.attr("scale") is None:
             raise ShapeError("attribute 'scale' is required")
@@ -164,7 +173,10 @@ class Attention:
         if k.shape[-2] == 0:        # no keys: an empty sum over them, zeros (as MatMul gives)
             return [np.matmul(np.zeros(q.shape[:-1] + (0,), dt), v).astype(dt)]
         s = np.matmul(q, np.swapaxes(k, -1, -2)) * dt.type(node.attr("scale"))
-        if mask is not None:
+        fill = node.attr("mask_fill")
+        if mask is not None and fill is not None:
+            s = np.where(mask, s, dt.type(fill))
+        elif mask is not None:
             s = s + mask
         s = s - s.max(axis=-1, keepdims=True)
         e = np.exp(s)
@@ -209,10 +221,10 @@ class Attention:
             ks = sk
         kt = kb.local(ct, (d * ks,), hint="kt") if transpose_k else None
 
+        fill = ctx.attr("mask_fill")
+
         def finish_score(b, i, j, value):
-            sc = value.cast(y.dtype) * scale
-            if mask is not None:
-                sc = sc + mask.bcast(list(b) + [i, j])
+            sc = apply_mask(value.cast(y.dtype) * scale, mask, fill, list(b) + [i, j])
             kb.store(scores, j, sc.cast(ct))
 
         vec = transpose_k and vec_ok
@@ -227,7 +239,7 @@ class Attention:
                         for j in range(sk, ks):
                             kb.store(kt, c * ks + j, as_expr(0.0, ct))
             if vec:
-                _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scale, L, sk)
+                _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale, L, sk)
                 return
             with kb.loop(sq, hint="q", role="spatial" if gpu else "") as i:
                 if transpose_k:
@@ -279,7 +291,18 @@ class Attention:
 ATTENTION_ROWS = (1, 2, 4, 6)
 
 
-def _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scale: float, L: int, sk: int) -> None:
+def apply_mask(score, mask, fill, idx):
+    """The masked score: ``score + mask[idx]`` (additive mask), ``Where(mask[idx], score, fill)``
+    (bool mask, ``fill`` the Attention's ``mask_fill``), or ``score`` without a mask; ``idx`` may
+    end in a Ramp (a vector of keys)."""
+    if mask is None:
+        return score
+    if fill is None:
+        return score + mask.bcast(idx)
+    return select(mask.bcast(idx), score, as_expr(float(fill), score.dtype))
+
+
+def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: float, L: int, sk: int) -> None:
     """Rows of f32 attention with vector registers (value columns in whole vectors; the ``sk``
     keys padded to whole vectors: ``kt`` is K^T [d, ks], ks = sk rounded up to L, the padding
     lanes scoring -inf so their exp is 0).
@@ -327,16 +350,14 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, b, bidx, kt, scale: float, L:
                     j0 = (c0 + t) * L
                     val = accv.vload((r * TQ + t) * L, L) * scale
                     if j0 + L <= sk:
-                        if mask is not None:
-                            val = val + mask.bcast(list(b) + [i, Ramp(as_expr(j0), L)])
-                        kb.store(sc, r * ks + j0, val)
+                        kb.store(sc, r * ks + j0, apply_mask(val, mask, fill, list(b) + [i, Ramp(as_expr(j0), L)]))
                         continue
                     kb.store(sc, r * ks + j0, val)     # the last vector: keys j0..sk-1, then padding
                     for j in range(j0, j0 + L):
                         if j >= sk:
                             kb.store(sc, r * ks + j, as_expr(-math.inf, f32))
                         elif mask is not None:
-                            kb.store(sc, r * ks + j, sc[r * ks + j] + mask.bcast(list(b) + [i, as_expr(j)]))
+                            kb.store(sc, r * ks + j, apply_mask(sc[r * ks + j], mask, fill, list(b) + [i, as_expr(j)]))
         for r in range(nr):
             base = r * ks
             kb.store(red, 0, sc.vload(base, L))
