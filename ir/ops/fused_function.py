@@ -148,12 +148,108 @@ def _lower_loop(ctx: LowerCtx, g: _Group) -> None:
                 return b.flat(i) if lanes == 1 else b.vload(i, lanes)
             g.compose(kb, g.body.nodes, {}, load, lambda buf, e: kb.store(buf, i, e))
         flat_vector_loop(ctx, kb, numel, [v.dtype for v in values], body)
-    else:
+    elif not _broadcast_rows(ctx, kb, g, shape, values):
         with kb.grid(shape) as idx:
             g.compose(kb, g.body.nodes, {}, lambda bv: g.buf[id(bv)].bcast(idx),
                       lambda buf, e: kb.store(buf, idx, e))
     # one output written at the element its same-shape inputs are read: may run in place
     ctx.elementwise_inplace = len(ctx.outputs) == 1
+
+
+def _row_split(shape: tuple[int, ...], in_shapes) -> int:
+    """How many trailing axes of ``shape`` form the rows of a broadcast loop: the most axes
+    (at least one) such that every input shape, aligned to the right, is either equal to
+    ``shape`` on all of them or 1 on all of them (a [1,1,1,128] mask against [1,4,128,128]
+    gives 1 axis; a [64,1,1] bias against [1,64,56,56] gives 2)."""
+    r = len(shape)
+    best = 0
+    for k in range(1, r + 1):
+        ok = True
+        for s in in_shapes:
+            tail = [1] * max(0, k - len(s)) + list(s[max(0, len(s) - k):])
+            if not (tail == list(shape[r - k:]) or all(d == 1 for d in tail)):
+                ok = False
+                break
+        if not ok:
+            break
+        best = k
+    return best
+
+
+def _broadcast_rows(ctx: LowerCtx, kb: KernelBuilder, g: _Group, shape, values) -> bool:
+    """A loop group whose inputs broadcast, as one spatial loop over rows (the leading axes)
+    and, per row, a loop over the trailing axes in explicit vectors of the target's f32 lanes
+    plus a scalar tail: an input that is whole along the row is read as contiguous vectors,
+    one that is 1 along it as one element in every lane. Returns False (the caller emits the
+    per-element grid) when the target has no vectors, a dtype has no vector loop, or the rows
+    are shorter than one vector (see :func:`_row_split`)."""
+    from tensorfuse.ir.kernel import broadcast
+    from tensorfuse.ir.ops._common import VECTOR_LOOP_DTYPES
+
+    tgt = ctx.target
+    lanes = tgt.lanes(DType.f32) if not tgt.simt else 1
+    ins = [bv for bv in g.body.inputs if id(bv) not in g.imm]
+    if lanes <= 1 or any(v.dtype not in VECTOR_LOOP_DTYPES for v in values) or not shape:
+        return False
+    k = _row_split(tuple(shape), [tuple(bv.shape) for bv in ins])
+    if k == 0:
+        return False
+    rank = len(shape)
+    inner = math.prod(shape[rank - k:])
+    rows = math.prod(shape[:rank - k])
+    if inner < lanes:
+        return False
+    # per input: strides of its aligned outer axes (0 where it broadcasts) and whether it is
+    # whole along the row
+    plan = {}
+    for bv in ins:
+        s = tuple(bv.shape)
+        full = tuple(s[max(0, len(s) - k):]) == tuple(shape[rank - k:]) and len(s) >= k
+        b = g.buf[id(bv)]
+        strides = b.strides
+        outer = []
+        for ax in range(rank - k):
+            j = ax - (rank - len(s))
+            if j >= 0 and s[j] != 1:
+                outer.append((ax, strides[j]))
+        plan[id(bv)] = (full, outer)
+    out_strides = [math.prod(shape[ax + 1:rank - k]) for ax in range(rank - k)]
+    with kb.loop(rows, role="spatial", hint="r") as r:
+        coords = {}
+
+        def coord(ax):
+            if ax not in coords:
+                c = r if out_strides[ax] == 1 else r // out_strides[ax]
+                coords[ax] = c if ax == 0 else c % shape[ax]
+            return coords[ax]
+
+        bases = {}
+        for bv in ins:
+            full, outer = plan[id(bv)]
+            off = 0
+            for ax, st in outer:
+                off = coord(ax) * st + off
+            bases[id(bv)] = off
+
+        def row_body(j, w):
+            def load(bv):
+                b = g.buf[id(bv)]
+                full, _ = plan[id(bv)]
+                if not full:
+                    e = b.flat(bases[id(bv)])
+                    return e if w == 1 else broadcast(e, w)
+                off = bases[id(bv)] + j
+                return b.flat(off) if w == 1 else b.vload(off, w)
+            o = r * inner + j
+            g.compose(kb, g.body.nodes, {}, load, lambda buf, e: kb.store(buf, o, e))
+
+        main = inner - inner % lanes
+        with kb.loop(main // lanes, role="spatial", hint="v") as v:
+            row_body(v * lanes, lanes)
+        if main < inner:
+            with kb.loop(inner, start=main, kind="vectorize", role="spatial", hint="t") as t:
+                row_body(t, 1)
+    return True
 
 
 # ----------------------------------------------------------------------------- anchored groups

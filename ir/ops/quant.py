@@ -113,8 +113,12 @@ def _lower_per_axis(ctx, fn) -> None:
     block = int(ctx.attr("block_size", 0))
     kb = ctx.kernel()
     if mode == "tensor":
-        with kb.loop(y.numel, kind="vectorize", role="spatial") as i:
-            kb.store(y, i, fn(x.flat(i), s.flat(0), None if z is None else z.flat(0)))
+        from tensorfuse.ir.ops._common import flat_vector_loop
+
+        def body(i, lanes):
+            xv = x.flat(i) if lanes == 1 else x.vload(i, lanes)
+            kb.store(y, i, fn(xv, s.flat(0), None if z is None else z.flat(0)))
+        flat_vector_loop(ctx, kb, y.numel, [x.dtype, y.dtype], body)
         return
     with kb.grid(y.shape) as idx:
         if mode == "axis":

@@ -11,7 +11,9 @@
   constant B on VPDPBUSD / VPMADDWD (:mod:`.matmul_int8`).
 - ``norm``: row statistics of Layer/Instance/GroupNormalization in vector partial sums,
   key ``"row_norm"`` (``ir.ops.norm.emit_row_norm``) (:mod:`.norm`).
+- ``softmax``: Softmax / LogSoftmax over a contiguous f32 last axis in vectors, key
+  ``"softmax"`` (``ir.ops.softmax``) (:mod:`.softmax`).
 - ``pool``: global pools in vector partial accumulators, key ``"global_pool"``
   (``ir.ops.pool.emit_global_pool``) (:mod:`.pool`).
 """
-from . import conv2d, conv2d_depthwise, conv2d_int8, conv2d_winograd, matmul, matmul_int8, norm, pool  # noqa: F401  (registers the schedules)
+from . import conv2d, conv2d_depthwise, conv2d_int8, conv2d_winograd, matmul, matmul_int8, norm, pool, softmax  # noqa: F401  (registers the schedules)
