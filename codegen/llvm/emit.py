@@ -228,7 +228,13 @@ class _FnEmitter:
             et = ltype(e.buf.dtype, True)
             p = b.gep(self._ptr(e.buf), [self.expr(e.index)], source_etype=et)
             vt = ltype(e.buf.dtype, True, e.lanes)
-            if e.lanes > 1 and e.stride != 1:            # a gather: one load per lane
+            if e.lanes > 2 and e.stride == 2:            # two overlapping loads, the even elements
+                q = b.gep(p, [ir.Constant(I64, e.lanes - 1)], source_etype=et)      # [i+L-1, i+2L-1)
+                lo = b.load(p, typ=vt, align=e.buf.dtype.itemsize)
+                hi = b.load(q, typ=vt, align=e.buf.dtype.itemsize)
+                mask = [2 * ln if 2 * ln < e.lanes else 2 * ln + 1 for ln in range(e.lanes)]
+                v = b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), e.lanes), mask))
+            elif e.lanes > 1 and e.stride != 1:          # a gather: one load per lane
                 v = ir.Constant(vt, ir.Undefined)
                 for ln in range(e.lanes):
                     q = b.gep(p, [ir.Constant(I64, ln * e.stride)], source_etype=et)

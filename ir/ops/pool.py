@@ -13,7 +13,10 @@ Kernels follow the convolution's row scheme: a local accumulator per output row,
 taps outside, the contiguous output columns innermost with clamped ranges. 2-D float32
 MaxPool/AveragePool without Indices take :func:`emit_pool2d_rows` instead: per output row a
 vertical pass (the window's rows reduced into a padded local row) and a horizontal one, in
-L-lane vectors, parallel over (n, c, output row).
+L-lane vectors, parallel over (n, c, output row). Before both, MaxPool and AveragePool hand
+over to a backend schedule registered for ``"pool2d"`` (``ir.strategy.dispatch`` with X, Y, the
+geometry, kind, count_include_pad and Indices): on llvm, ``codegen/llvm/schedules/pool.py``
+(2-D MaxPool over f32/u8/i8, AveragePool over f32).
 """
 from __future__ import annotations
 
@@ -319,6 +322,9 @@ class MaxPool:
     def lower(ctx):
         indices = ctx.outputs[1] if len(ctx.outputs) > 1 else None
         x, y, geo = ctx.inputs[0], ctx.outputs[0], pool_geometry(ctx.node)
+        if dispatch("pool2d", ctx, x=x, y=y, geo=geo, kind="max", count_include_pad=0,
+                    indices=indices) is not NO_SCHEDULE:
+            return
         if pool2d_rows_ok(ctx, x, y, geo, "max", indices):
             emit_pool2d_rows(ctx, x, y, geo, "max")
             return
@@ -349,6 +355,9 @@ class AveragePool:
     def lower(ctx):
         x, y, geo = ctx.inputs[0], ctx.outputs[0], pool_geometry(ctx.node)
         cip = int(ctx.attr("count_include_pad", 0))
+        if dispatch("pool2d", ctx, x=x, y=y, geo=geo, kind="avg", count_include_pad=cip,
+                    indices=None) is not NO_SCHEDULE:
+            return
         if pool2d_rows_ok(ctx, x, y, geo, "avg", None):
             emit_pool2d_rows(ctx, x, y, geo, "avg", count_include_pad=cip)
             return
