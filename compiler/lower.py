@@ -67,6 +67,9 @@ class LoweredGraph:
     messages: list[str] = field(default_factory=list)   # check error k is messages[k-1]
     #: workload key -> :class:`Workload`, one per distinct workload lowered (first node of each)
     workloads: dict[str, "Workload"] = field(default_factory=dict)
+    #: temp slot -> the slot it reshapes: a standalone reshape-only node (``OpDef.reshape_only``)
+    #: lowers to no kernel; the memory plan gives it its input's bytes (``runtime.memory_plan``)
+    aliases: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -110,6 +113,15 @@ def _check_dtypes(graph: Graph) -> None:
     if bad:
         lines = [f"  {dt}: {', '.join(where[:10])}{' ...' if len(where) > 10 else ''}" for dt, where in bad.items()]
         raise UnsupportedModelError("the llvm target does not support these tensor dtypes yet:\n" + "\n".join(lines))
+
+
+def _is_alias(n: Node, slots: list[Slot], slot_of: dict[int, int]) -> bool:
+    """Whether reshape-only node ``n`` can be a view of its input: its output is an
+    intermediate (a graph output comes out as its own array) of the input's dtype and size."""
+    if len(n.outputs) != 1 or not n.inputs or n.inputs[0] is None or id(n.inputs[0]) not in slot_of:
+        return False
+    x, y = n.inputs[0], n.outputs[0]
+    return slots[slot_of[id(y)]].kind == "temp" and x.dtype == y.dtype and x.type.numel == y.type.numel
 
 
 def lower_graph(graph: Graph, target=None, tuning=None) -> LoweredGraph:
@@ -184,6 +196,9 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
                 slot_by_buf[id(buf(v))] = slot_of[id(v)]
         if n.outputs and all(v.type.numel == 0 for v in n.outputs):
             continue        # every output empty (a zero-sized dim): nothing to compute, no kernel
+        if od.reshape_only and _is_alias(n, lg.slots, slot_of):
+            lg.aliases[slot_of[id(n.outputs[0])]] = slot_of[id(n.inputs[0])]
+            continue        # the same row-major bytes under another shape: a view, no kernel
         ctx = LowerCtx(n, ins, outs, f"{_ident(n.op).lower()}_{i}", status, lg.messages)
         wkey = workload_key(n)
         fixed = tuning.knobs_for(wkey) if tuning is not None else None
@@ -249,6 +264,6 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
     # double the module's memory and its saved file (resnet18's .tfm: 95.5 MB for 46.8 MB of weights;
     # 48.8 MB with only what runs). The slot stays in the table (no call names it); the graph
     # keeps the original for the compile report.
-    used = {s for c in lg.calls for s in c.slots}
+    used = {s for c in lg.calls for s in c.slots} | set(lg.aliases.values())
     lg.consts = {s: a for s, a in lg.consts.items() if s in used}
     return lg

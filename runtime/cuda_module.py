@@ -13,8 +13,10 @@ device (a numba device array, or any object with ``__cuda_array_interface__``: C
 PyTorch CUDA tensors) is checked from its interface and bound directly, with no copy at all.
 Every kernel call of the program is launched in order on the default stream
 (``library.launch(kernel, [view of each slot])``, the contract of ``codegen.cuda.jit``), then
-``cuda.synchronize()``; the outputs are copied to fresh numpy arrays, or with
-``return_device=True`` written straight into fresh device arrays that are returned.
+``cuda.synchronize()``; a reshape the memory plan made an alias (``MemoryPlan.aliases``) is
+no launch: its slot is bound to the view of the slot it reshapes. The outputs are copied to
+fresh numpy arrays, or with ``return_device=True`` written straight into fresh device arrays
+that are returned.
 
 Nothing here imports the compiler or a code generator: the library is whatever object honours
 the launch contract (``codegen.cuda.jit.CudaLibrary``, or a test's fake).
@@ -351,6 +353,8 @@ class CudaModule(ModuleBase):
                 args[s] = cuda.device_array(int(np.prod(info.shape, dtype=np.int64)), info.dtype)
         if prog.status_slot is not None:
             args[prog.status_slot].copy_to_device(np.zeros(2, np.int64))
+        for s, r in self.memory_plan.aliases.items():       # a reshape views its root's flat array
+            args[s] = args[r]
         return args
 
     def _launch_all(self, args: dict[int, object]) -> None:

@@ -12,9 +12,17 @@
    smaller arena wins. Offsets are multiples of ``alignment`` (64 bytes: a cache line, and enough
    for any vector load).
 
+4. **Aliases**: a slot that only reinterprets another slot's bytes with a new shape (a standalone
+   Reshape, Flatten, Squeeze or Unsqueeze of a contiguous value, which lowers to no kernel:
+   ``aliases``, slot -> the slot it views) has no bytes of its own: each call that touches it
+   touches the slot it views (its *root*, followed through chains of aliases), so the root
+   lives until the alias's last use, and the runtime points the alias at the root's memory
+   (an arena offset, a constant, or a graph input's or output's array). A graph output is
+   never an alias (it comes out as its own array), so an alias never makes two outputs share.
+
 ``peak_live_bytes`` is the lower bound any placement of these buffers must pay: the largest sum
 of the sizes of buffers alive at the same call. ``naive_bytes`` is the sum of all intermediates'
-sizes (one allocation each, no reuse and no in-place sharing).
+sizes (one allocation each, no reuse and no in-place sharing; aliases hold no bytes).
 """
 from __future__ import annotations
 
@@ -52,6 +60,8 @@ class MemoryPlan:
     alignment: int = ALIGNMENT
     strategy: str = ""
     buffers: list[PlannedBuffer] = field(default_factory=list)
+    #: slot -> the slot whose memory it views (resolved: the root is no alias itself)
+    aliases: dict[int, int] = field(default_factory=dict)
 
     @property
     def offsets(self) -> dict[int, int]:
@@ -69,13 +79,18 @@ class MemoryPlan:
     def from_dict(d: dict) -> "MemoryPlan":
         d = dict(d)
         d["buffers"] = [PlannedBuffer(**b) for b in d.get("buffers", [])]
+        d["aliases"] = {int(k): int(v) for k, v in (d.get("aliases") or {}).items()}   # JSON keys are strings
         return MemoryPlan(**d)
+
+    def root(self, slot: int) -> int:
+        """The slot whose memory ``slot`` uses: itself, or the slot an alias views."""
+        return self.aliases.get(slot, slot)
 
     def summary(self) -> str:
         ratio = self.arena_bytes / self.peak_live_bytes if self.peak_live_bytes else 1.0
         return (f"arena {_mib(self.arena_bytes)} ({ratio:.3f} x peak live {_mib(self.peak_live_bytes)}), "
                 f"naive {_mib(self.naive_bytes)}, {len(self.buffers)} buffers, {self.num_inplace} in place, "
-                f"{self.strategy}")
+                + (f"{len(self.aliases)} aliases, " if self.aliases else "") + self.strategy)
 
     def __str__(self) -> str:
         rows = [("slot", "buffer", "offset", "bytes", "live", "in place of")]
@@ -93,14 +108,40 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n} B"
 
 
-def plan_memory(slots, calls, alignment: int = ALIGNMENT) -> MemoryPlan:
+def resolve_aliases(aliases, slots=None) -> dict[int, int]:
+    """``aliases`` (slot -> the slot it views, possibly another alias) with every chain followed
+    to its root. Raises ValueError for a cycle, or (given ``slots``) for an alias that is not a
+    temp, or a root whose bytes differ from the alias's."""
+    out: dict[int, int] = {}
+    for a in aliases or {}:
+        r, seen = a, {a}
+        while r in aliases:
+            r = aliases[r]
+            if r in seen:
+                raise ValueError(f"memory plan: slot {a} aliases itself through {sorted(seen)}")
+            seen.add(r)
+        if slots is not None:
+            if slots[a].kind != "temp":
+                raise ValueError(f"memory plan: slot {a} '{slots[a].name}' is a {slots[a].kind}, only a temp may be an alias")
+            if slots[a].nbytes != slots[r].nbytes:
+                raise ValueError(f"memory plan: alias slot {a} '{slots[a].name}' has {slots[a].nbytes} bytes, "
+                                 f"slot {r} '{slots[r].name}' it views has {slots[r].nbytes}")
+        out[a] = r
+    return out
+
+
+def plan_memory(slots, calls, alignment: int = ALIGNMENT, aliases=None) -> MemoryPlan:
     """Plan the arena for the temp slots.
 
     slots: objects with ``index``, ``name``, ``kind`` ("temp" is planned) and ``nbytes``;
     calls: objects with ``slots`` (the slot of each kernel parameter) and optionally
-    ``inplace_ok`` (pairs (input param, output param)). Returns a :class:`MemoryPlan`.
+    ``inplace_ok`` (pairs (input param, output param)); aliases: temp slot -> the slot whose
+    bytes it views (module docstring, 4). Returns a :class:`MemoryPlan`. Raises ValueError for
+    an alias that is not a temp, of another size than its root, or a cycle of aliases.
     """
-    temps = {s.index: s for s in slots if s.kind == "temp"}
+    alias = resolve_aliases(aliases or {}, slots)
+    temps = {s.index: s for s in slots if s.kind == "temp" and s.index not in alias}
+    calls = [_Viewed(c, alias) for c in calls] if alias else calls
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for t, c in enumerate(calls):
@@ -163,7 +204,25 @@ def plan_memory(slots, calls, alignment: int = ALIGNMENT) -> MemoryPlan:
     buffers = [PlannedBuffer(s, temps[s].name, offs[find(s)], temps[s].nbytes, first[s], last[s], shares.get(s))
                for s in sorted(temps)]
     return MemoryPlan(arena_bytes=arena, naive_bytes=sum(s.nbytes for s in temps.values()),
-                      peak_live_bytes=peak, alignment=alignment, strategy=strategy, buffers=buffers)
+                      peak_live_bytes=peak, alignment=alignment, strategy=strategy, buffers=buffers,
+                      aliases=alias)
+
+
+class _Viewed:
+    """A call as the plan sees it: each alias parameter replaced by the slot it views."""
+
+    def __init__(self, call, alias: dict[int, int]):
+        self.kernel = getattr(call, "kernel", "")
+        self.slots = [alias.get(s, s) for s in call.slots]
+        self.inplace_ok = getattr(call, "inplace_ok", None)
+        self.writes = getattr(call, "writes", None)
+        self.nodes = getattr(call, "nodes", ())
+
+
+def viewed_calls(calls, aliases) -> list:
+    """``calls`` with every alias parameter replaced by the slot whose memory it views (the
+    calls themselves when there are no aliases)."""
+    return [_Viewed(c, aliases) for c in calls] if aliases else list(calls)
 
 
 def _place(bufs, size, first, last, alignment, strategy):
@@ -219,9 +278,12 @@ def call_writes(calls) -> list[set[int]]:
     return out
 
 
-def lifetimes(slots, calls) -> dict[int, tuple[int, int]]:
-    """temp slot -> (first, last) call index touching it, from the calls alone (not the plan)."""
-    temps = {s.index for s in slots if s.kind == "temp"}
+def lifetimes(slots, calls, aliases=None) -> dict[int, tuple[int, int]]:
+    """temp slot -> (first, last) call index touching it, from the calls alone (not the plan);
+    a call touching an alias (``aliases``: slot -> root) touches its root, and aliases have no
+    lifetime of their own."""
+    calls = viewed_calls(calls, aliases)
+    temps = {s.index for s in slots if s.kind == "temp" and s.index not in (aliases or {})}
     life: dict[int, list[int]] = {}
     for t, c in enumerate(calls):
         for s in c.slots:
@@ -243,7 +305,10 @@ def check_plan(plan: MemoryPlan, slots, calls) -> None:
     temp a call touches has a region inside the arena, and two temps whose regions overlap are
     never alive at the same call, except the one pair a call may run in place
     (``inplace_ok``: the input dies at that call, the output is born there, same region).
-    Raises :class:`MemoryPlanError` naming both values and the call."""
+    Raises :class:`MemoryPlanError` naming both values and the call. Calls see aliases as the
+    slots they view (``plan.aliases``)."""
+    aliases = getattr(plan, "aliases", None) or {}
+    calls = viewed_calls(calls, aliases)
     life = lifetimes(slots, calls)
     bufs = {b.slot: b for b in plan.buffers}
     for s in sorted(life):

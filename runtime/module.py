@@ -98,6 +98,9 @@ class Program:
     consts: dict[int, np.ndarray]
     status_slot: int | None = None       # i64[2] word the run-time checks write (code, value)
     messages: list[str] = field(default_factory=list)   # check error k is messages[k-1]
+    #: temp slot -> the slot whose bytes it views (a reshape that runs no kernel; the memory
+    #: plan records them as ``MemoryPlan.aliases``, which is what a run reads)
+    aliases: dict[int, int] = field(default_factory=dict)
 
     @staticmethod
     def from_lowered(lg) -> "Program":
@@ -107,7 +110,8 @@ class Program:
                           [tuple(p) for p in getattr(c, "inplace_ok", None) or ()], None,
                           getattr(c, "writes", None)) for c in lg.calls]
         return Program(slots, list(lg.inputs), list(lg.outputs), calls, dict(lg.consts),
-                       getattr(lg, "status_slot", None), list(getattr(lg, "messages", ())))
+                       getattr(lg, "status_slot", None), list(getattr(lg, "messages", ())),
+                       dict(getattr(lg, "aliases", None) or {}))
 
 
 class _Arena:
@@ -228,8 +232,8 @@ class ModuleBase:
         self.output_info = [TensorInfo(n, slots[s].dtype, slots[s].shape) for n, s in zip(output_names, prog.outputs)]
         self._consts = prog.consts      # held once, never copied on the host
         if plan is None:
-            plan = (plan_memory(prog.slots, prog.calls) if alignment is None
-                    else plan_memory(prog.slots, prog.calls, alignment=alignment))
+            plan = (plan_memory(prog.slots, prog.calls, aliases=prog.aliases) if alignment is None
+                    else plan_memory(prog.slots, prog.calls, alignment=alignment, aliases=prog.aliases))
         self.memory_plan = plan
         #: why this machine cannot run the code (set by the backend), or None
         self._cannot_run: str | None = None
@@ -441,6 +445,8 @@ class Module(ModuleBase):
             table[s] = a.ctypes.data
         for s, a in zip(self._program.outputs, outs):
             table[s] = a.ctypes.data
+        for s, r in self.memory_plan.aliases.items():      # a reshape views its root's bytes
+            table[s] = table[r]
 
     def run(self, *arrays, **named) -> list[np.ndarray]:
         """Run the model. Inputs by position (graph input order) or by name; returns fresh
@@ -475,8 +481,9 @@ class Module(ModuleBase):
         """One run kernel by kernel with the memory checks of :meth:`run`."""
         import zlib
 
-        from .memory_plan import MemoryPlanError, call_writes, check_plan, lifetimes, poison
+        from .memory_plan import MemoryPlanError, call_writes, check_plan, lifetimes, poison, viewed_calls
         prog, plan = self._program, self.memory_plan
+        viewed = viewed_calls(prog.calls, plan.aliases)     # an alias parameter reads its root
         if not self._plan_checked:
             check_plan(plan, prog.slots, prog.calls)
             self._plan_checked = True
@@ -493,7 +500,7 @@ class Module(ModuleBase):
             region[s] = a.reshape(-1).view(np.uint8)
         for s, r in region.items():
             poison(r, slots[s].dtype)
-        life = lifetimes(slots, prog.calls)
+        life = lifetimes(slots, viewed)
         dies: dict[int, list[int]] = {}
         for s, (_, last) in life.items():
             dies.setdefault(last, []).append(s)
@@ -507,8 +514,8 @@ class Module(ModuleBase):
 
         if arena.call_args is None:             # kept with the arena: a late worker may read them
             arena.call_args = [(ctypes.c_void_p * max(len(c.slots), 1))() for c in prog.calls]
-        for t, c in enumerate(prog.calls):
-            for p, s in enumerate(c.slots):
+        for t, (c, cv) in enumerate(zip(prog.calls, viewed)):
+            for p, s in enumerate(cv.slots):
                 if p in writes[t] or s not in region or region[s].size == 0:
                     continue        # an empty tensor (a zero-sized dim) has nothing to read
                 if s not in sealed:
@@ -527,7 +534,7 @@ class Module(ModuleBase):
                 args[p] = arena.table[s]
             arena.call(self._kernel_fn(c.kernel), ctypes.addressof(args))
             for p in writes[t]:
-                s = c.slots[p]
+                s = cv.slots[p]
                 if s in region:
                     sealed[s] = (zlib.crc32(region[s]), t)
                     if s in span:

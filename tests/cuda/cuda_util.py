@@ -51,6 +51,10 @@ def run_lowered(lg, feeds: list[np.ndarray], library=None, cache_dir=None) -> li
     for slot, a in lg.consts.items():
         a = np.ascontiguousarray(a)
         host[offs[slot]:offs[slot] + a.nbytes] = a.view(np.uint8).ravel()
+    for slot, root in getattr(lg, "aliases", {}).items():    # a reshape without a kernel: its input's bytes
+        while root in lg.aliases:
+            root = lg.aliases[root]
+        offs[slot] = offs[root]
     arena = cuda.to_device(host)
 
     def view(slot):
