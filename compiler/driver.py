@@ -20,7 +20,7 @@ from tensorfuse.ir.target import Target
 def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
             input_shapes: dict[str, Any] | None = None, disabled_rules=(), dump_ir=None,
             cache: bool = True, num_threads: int | None = None, max_memory: int | str | None = None,
-            rules=(), tuning=None):
+            rules=(), tuning=None, precision: str | None = None):
     """Compile an ONNX model into an executable module: a :class:`tensorfuse.runtime.Module`
     for "llvm", a :class:`tensorfuse.runtime.cuda_module.CudaModule` for "cuda" (both
     :class:`~tensorfuse.runtime.module.ModuleBase`), or, for a model whose shapes depend on
@@ -71,13 +71,17 @@ def compile(model: Any, target: str = "llvm", opt_level: int = 2, *,
     TypeError (disabled_rules, input_shapes or tuning of the wrong kind), FileNotFoundError /
     ValueError for a missing or corrupt tuning records file (naming the file and line).
 
+    precision (target "cuda"): the GEMM/conv inner product's precision, "fp32" (the default:
+    FMAs), "tf32" (tensor cores, ``mma.sync`` with TF32 operands and FP32 accumulation, sm_80+)
+    or "auto" (PyTorch's convention: TF32 for convolutions, FP32 for MatMul/Gemm); tolerances in
+    docs/cuda.md. For "llvm" only None or "fp32" (ValueError otherwise).
     When shapes depend on the values of graph inputs (Reshape's shape, reduction axes ... given
     as inputs), the result is a ``compiler.specialize.SpecializingModule`` that compiles at its
     first run for those inputs' values (see that module).
     """
     opts = CompileOptions.create(target, opt_level, input_shapes=input_shapes, disabled_rules=disabled_rules,
                                  dump_ir=dump_ir, cache=cache, num_threads=num_threads,
-                                 max_memory=max_memory, rules=rules, tuning=tuning)
+                                 max_memory=max_memory, rules=rules, tuning=tuning, precision=precision)
     return compile_with(model, opts)
 
 
@@ -87,8 +91,10 @@ def compile_with(model: Any, options: CompileOptions):
     from tensorfuse.compiler.specialize import InputValuesNeeded, specialize
     from tensorfuse.runtime.threads import resolve_num_threads
     num_threads = resolve_num_threads(options.num_threads)
+    from tensorfuse.codegen.cuda.mma import precision_scope
     try:
-        m = _cached_build(model, options) if options.cache else _build(model, options)
+        with precision_scope(options.precision):
+            m = _cached_build(model, options) if options.cache else _build(model, options)
     except InputValuesNeeded as e:
         return specialize(e, model, options.target, options.kwargs())
     m.num_threads = num_threads

@@ -79,11 +79,14 @@ class CompileOptions:
     tuning: Any = field(default=None, compare=False)
     #: ``tuning.digest()`` (None without records): what the records change in the code
     tuning_digest: str | None = None
+    #: cuda GEMM/conv precision, None (fp32), "fp32", "tf32" or "auto" (``codegen.cuda.mma``)
+    precision: str | None = None
 
     @classmethod
     def create(cls, target: str = "llvm", opt_level: int = 2, *, input_shapes=None, disabled_rules=(),
                dump_ir=None, cache: bool = True, num_threads: int | None = None,
-               max_memory: int | str | None = None, rules=(), tuning=None) -> "CompileOptions":
+               max_memory: int | str | None = None, rules=(), tuning=None,
+               precision: str | None = None) -> "CompileOptions":
         """Check and normalise. ``tuning``: None, a records file path, a list of paths or
         records, or ``compiler.tuning.TuningRecords`` (chosen again for this target and the
         thread count ``num_threads`` resolves to). Raises ValueError (opt_level not 0..3, a
@@ -99,6 +102,10 @@ class CompileOptions:
         if isinstance(opt_level, bool) or opt_level not in (0, 1, 2, 3):
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         tgt = Target.parse(target)
+        from tensorfuse.codegen.cuda.mma import check_precision
+        if check_precision(precision) not in (None, "fp32") and tgt.kind != "cuda":
+            raise ValueError(f"precision={precision!r} applies to target 'cuda' only; the {tgt.kind} target "
+                             f"computes in fp32")
         from tensorfuse.codegen.base import get_backend
         reason = get_backend(tgt.kind).unavailable_reason()     # e.g. cuda without a GPU or simulator
         if reason is not None:
@@ -111,7 +118,7 @@ class CompileOptions:
         return cls(str(tgt), int(opt_level), _shapes(input_shapes), rule_names(disabled_rules),
                    None if dump_ir is None else os.fspath(dump_ir), bool(cache), num_threads,
                    resolve_max_memory(max_memory), rules_under_test(rules), records,
-                   records.digest() if records is not None else None)
+                   records.digest() if records is not None else None, precision)
 
     @property
     def input_shapes_dict(self) -> dict[str, tuple[int, ...]] | None:
@@ -122,7 +129,7 @@ class CompileOptions:
         return {"opt_level": self.opt_level, "input_shapes": self.input_shapes_dict,
                 "disabled_rules": self.disabled_rules, "dump_ir": self.dump_ir, "cache": self.cache,
                 "num_threads": self.num_threads, "max_memory": self.max_memory, "rules": self.rules,
-                "tuning": self.tuning}
+                "tuning": self.tuning, "precision": self.precision}
 
     def key_options(self) -> dict[str, Any]:
         """The options part of the cache key: every option but :data:`NOT_IN_KEY`, as JSON values
@@ -136,6 +143,8 @@ class CompileOptions:
                 "rules": [r.__name__ if isinstance(r, type) else r.name for r in self.rules]}
         if self.tuning_digest is not None:
             d["tuning"] = self.tuning_digest
+        if self.precision is not None:
+            d["precision"] = self.precision
         return d
 
     def key(self, model: Any) -> dict:

@@ -38,6 +38,8 @@ def print_expr(e) -> str:
         return f"{t}({print_expr(e.a)})"
     if isinstance(e, Select):
         return f"select({print_expr(e.cond)}, {print_expr(e.a)}, {print_expr(e.b)})"
+    if hasattr(e, "print_with"):        # a backend's intrinsic expression (codegen/cuda/mma.py)
+        return e.print_with(print_expr)
     raise TypeError(f"not an expression: {e!r}")
 
 

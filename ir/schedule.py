@@ -41,6 +41,8 @@ def expr_children(e) -> tuple:
         return (e.a, e.b, e.c)
     if isinstance(e, DotAcc):
         return (e.acc, e.a, e.b)
+    if hasattr(e, "operands"):          # a backend's intrinsic expression (codegen/cuda/mma.py)
+        return e.operands()
     return ()
 
 

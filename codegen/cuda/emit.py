@@ -43,6 +43,8 @@ from tensorfuse.ir.kernel import (DOT_PACKINGS, FMA, GPU_LOOP_KINDS, DotAcc, Bar
 from tensorfuse.ir.schedule import expr_children
 from tensorfuse.ir.types import DType
 
+from .mma import MmaTile, render_call
+
 
 class CodegenError(CompileError):
     """Kernel IR the cuda backend cannot emit; names the kernel."""
@@ -72,6 +74,8 @@ if _config.ENABLE_CUDASIM:
 else:
     import math
 '''
+#: imported by kernels that call the tensor-core micro-kernels (``mma.py``)
+MMA_IMPORT = "from tensorfuse.codegen.cuda import mma as _tfmma\n"
 
 
 def ctor(dt: DType) -> str:
@@ -212,6 +216,11 @@ class _Fn:
             return self.fma(e.dtype, self.ex(e.a, lane), self.ex(e.b, lane), self.ex(e.c, lane))
         if isinstance(e, DotAcc):
             return self.dot_acc(e, lane)
+        if isinstance(e, MmaTile):        # one call of the tensor-core micro-kernel, lanes its results
+            key = (id(e), -1)
+            if key not in self.memo:
+                self.memo[key] = self.tmp(render_call(e, self.ex))
+            return f"{self.memo[key]}[{lane}]"
         if isinstance(e, Bin):
             if self.narrow(e):
                 return self.narrow_bin(e)
@@ -658,6 +667,8 @@ def emit_source(name: str, launches: list[Kernel]) -> str:
                 raise CodegenError(f"kernel {name}: buffer {b.name} of dtype {b.dtype.value} has no cuda lowering")
         fname = function_name(lk)
         parts.append("\n".join(_Fn(lk, fname).emit()) + "\n")
+        if "_tfmma." in parts[-1] and MMA_IMPORT not in parts:
+            parts.insert(2, MMA_IMPORT)
         table.append(f"    ({fname!r}, {tuple(lk.launch.grid)!r}, {tuple(lk.launch.block)!r}),")
     parts.append("LAUNCHES = (\n" + "\n".join(table) + ("\n" if table else "") + ")\n")
     return "\n\n".join(parts)

@@ -59,7 +59,7 @@ def conv_tiled(ctx, x, w, b, y, group: int, geo):
     (n_, h_, w_, c_), (kh_, kw_, cg, m_), (oh_, ow_), mg, acc_dt, (sh, sw), (dh, dw), (ph, pw) = \
         _conv_dims(x, w, group, geo)
     P, K = n_ * oh_ * ow_, kh_ * kw_ * cg
-    cfg = gemm_knobs(ctx.target, acc_dt, P, mg, K, group)
+    cfg = gemm_knobs(ctx.target, acc_dt, P, mg, K, group, conv=True)
     inside_always = not any((ph, pw, geo.pads_end[0], geo.pads_end[1])) and \
         (oh_ - 1) * sh + (kh_ - 1) * dh < h_ and (ow_ - 1) * sw + (kw_ - 1) * dw < w_
 

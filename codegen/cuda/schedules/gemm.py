@@ -19,6 +19,14 @@ prove that exact (``emit.py``), and NVVM hoists what does not depend on the slic
 loop. Outputs outside M x N are never stored; loads outside it (and k >= K) read zeros, so
 edge tiles need no other case.
 
+**Tensor cores** (precision "tf32", ``mma.py``; f32 accumulation, K slices of 8, 16 or 32): the
+block's NT / 32 warps tile the T x T output in warp tiles of 16 mf x 8 nf (mf x nf = R^2 / 4
+m16n8k8 fragments: 1x1, 1x4, 2x8 for R = 2, 4, 8), and per k-step of 8 each lane loads its A
+and B fragments from the same double-buffered shared slices (rows padded by :data:`MMA_PAD`
+for conflict-free fragment loads) and makes one call of the TF32 micro-kernel
+(:class:`~..mma.MmaTile`: mf nf ``mma.sync``), its accumulators staying in registers; the
+epilogue is the FMA path's. Without the option ("fp32", the default) the FMA loop below runs.
+
 **Split-K**: when the grid would leave SMs idle (fewer tiles than :data:`SM_COUNT`, late conv
 layers at batch 1) and K is long, the K slices are divided among ``split_k`` blocks per tile.
 Each writes its partial sums to a scratch buffer [S, batch, M, N] (``LowerCtx.scratch``); a
@@ -42,9 +50,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tensorfuse.ir.kernel import LaunchShape, as_expr, fma, minimum, select
+from tensorfuse.ir.kernel import LaunchShape, Ramp, as_expr, fma, minimum, select
 from tensorfuse.ir.knobs import knob
+from tensorfuse.ir.types import DType
 
+from .. import mma
+from ..mma import MmaTile
 from .blocks import block_reduce, unravel
 
 #: the multiprocessors the tile and split-K defaults aim to fill: an H200's 132 (sm_90). More
@@ -53,6 +64,9 @@ SM_COUNT = 132
 #: padding of a row of the k-major A slice in shared memory (elements): its transposing stores
 #: (consecutive threads, consecutive k) then spread over banks; 4 keeps rows 16-byte aligned
 A_PAD = 4
+#: padding of a row of the A and B slices in shared memory on the tensor-core path (elements):
+#: a warp's fragment loads (lane (g, q) reads row k0 + q, column g) then hit 32 distinct banks
+MMA_PAD = 8
 #: MatMul/Gemm with fewer rows than this (batch-1 classifiers, one token) take :func:`gemv`
 GEMV_ROWS = 16
 #: the GEMV block: threads, and the columns a block covers when B is contiguous along them
@@ -69,27 +83,41 @@ class GemmConfig:
     thread_tile: int = 4
     k_slice: int = 16
     split_k: int = 1
+    precision: str = "fp32"
+
+    @property
+    def mma(self) -> tuple[int, int] | None:
+        """The warp tile (m-fragments, n-fragments) of the tensor-core path, or None (FMAs)."""
+        return mma.TILE_SHAPES.get(self.thread_tile) if self.precision == "tf32" else None
 
 
-def _smem_bytes(T: int, KT: int, itemsize: int) -> int:
+def _smem_bytes(T: int, KT: int, itemsize: int, tf32: bool = False) -> int:
     """Shared memory of a tile: double-buffered A and B slices, and the output tile."""
+    if tf32:
+        return (2 * KT * 2 * (T + MMA_PAD) + T * T) * itemsize
     return (2 * KT * ((T + A_PAD) + T) + T * T) * itemsize
 
 
-def gemm_knobs(target, acc, M: int, N: int, K: int, batches: int = 1) -> GemmConfig:
+def gemm_knobs(target, acc, M: int, N: int, K: int, batches: int = 1, conv: bool = False) -> GemmConfig:
     """Declare the knobs ``tile``, ``thread_tile``, ``k_slice`` and ``split_k`` (module doc) of a
     tiled GEMM of ``batches`` products of M x N x K accumulating in dtype ``acc``, and return
-    their values. Candidates the target cannot launch (too many threads, too much shared memory)
-    are left out, so every candidate runs."""
+    their values with the precision. Candidates the target cannot launch (too many threads, too
+    much shared memory) are left out, so every candidate runs. The precision ("fp32" or "tf32",
+    ``mma.py``) is the compile option's (:func:`.mma.gemm_precision`; ``conv``: an implicit-GEMM
+    convolution, for "auto"), "tf32" for f32 accumulation only. It is not a knob: a tuner
+    chooses among kernels of the same numerics, never between precisions."""
     def tiles(t: int) -> int:
         return batches * -(-M // t) * -(-N // t)
+    P = mma.gemm_precision(conv) if acc == DType.f32 else "fp32"
+    tf32 = P == "tf32"
     maxt = target.max_threads_per_block
     ts = [t for t in (32, 64) if _smem_bytes(t, 4, acc.itemsize) <= target.max_shared_bytes]
     T = knob("tile", ts, 64 if min(M, N) > 32 and 64 in ts else ts[0], doc="side of a block's square output tile")
     rs = [r for r in (2, 4, 8) if r < T and 32 <= (T // r) ** 2 <= maxt]
     R = knob("thread_tile", rs, 4 if 4 in rs else rs[-1],
              doc="accumulators per thread along each side of the tile (registers)")
-    ks = [k for k in (4, 8, 16, 32) if _smem_bytes(T, k, acc.itemsize) <= target.max_shared_bytes]
+    ks = [k for k in ((8, 16, 32) if tf32 else (4, 8, 16, 32))
+          if _smem_bytes(T, k, acc.itemsize, tf32) <= target.max_shared_bytes]
     kdef = 16
     KT = knob("k_slice", ks, kdef if kdef in ks else ks[-1], doc="K extent of the shared-memory slices")
     nk = -(-K // KT)
@@ -98,7 +126,7 @@ def gemm_knobs(target, acc, M: int, N: int, K: int, batches: int = 1) -> GemmCon
     while sdef * 2 in ss and tiles(T) * sdef * 2 <= SM_COUNT and nk // (sdef * 2) >= 4:
         sdef *= 2
     S = knob("split_k", ss, sdef, doc="blocks sharing one tile's K range (partials summed by a second kernel)")
-    return GemmConfig(T, R, KT, S)
+    return GemmConfig(T, R, KT, S, P)
 
 
 def tiled_gemm(ctx, M: int, N: int, K: int, batch, load_a, load_b, store, acc, cfg: GemmConfig = GemmConfig(),
@@ -118,7 +146,9 @@ def tiled_gemm(ctx, M: int, N: int, K: int, batch, load_a, load_b, store, acc, c
     T, R, KT = cfg.tile, cfg.thread_tile, cfg.k_slice
     TR = T // R                                 # threads along each side of the tile
     NT = TR * TR
-    TA = T + A_PAD                              # a row of the k-major A slice
+    tc = cfg.mma if acc == DType.f32 and KT % 8 == 0 else None    # tensor cores: (mf, nf)
+    TA = T + (MMA_PAD if tc else A_PAD)         # a row of the k-major A slice
+    TB = T + MMA_PAD if tc else T               # a row of the B slice
     mt, nt = -(-M // T), -(-N // T)
     nb = math.prod(batch) if batch else 1
     nk = -(-K // KT)                            # K slices
@@ -128,11 +158,12 @@ def tiled_gemm(ctx, M: int, N: int, K: int, batch, load_a, load_b, store, acc, c
     kb = ctx.kernel(params=ctx.default_params() + ([ws] if ws is not None else []),
                     suffix="partial" if S > 1 else "")
     sa = kb.shared(acc, (2 * KT * TA,), hint="ta")
-    sb = kb.shared(acc, (2 * KT * T,), hint="tb")
+    sb = kb.shared(acc, (2 * KT * TB,), hint="tb")
     sc = kb.shared(acc, (T * T,), hint="tc")      # the output tile, for the epilogue
     accs = kb.local(acc, (R * R,), hint="acc")
-    fa = kb.local(acc, (R,), hint="fa")         # one k of the thread's A rows and B columns
-    fb = kb.local(acc, (R,), hint="fb")
+    # one k of the thread's A rows and B columns (FMAs), or one k-step's fragments (mma)
+    fa = kb.local(acc, (4 * tc[0] if tc else R,), hint="fa")
+    fb = kb.local(acc, (2 * tc[1] if tc else R,), hint="fb")
     na, nbl = -(-T * KT // NT), -(-KT * T // NT)   # slice elements each thread stages
     ga = kb.local(acc, (na,), hint="ga")        # the next slice, loaded while this one multiplies
     gb = kb.local(acc, (nbl,), hint="gb")
@@ -194,7 +225,8 @@ def tiled_gemm(ctx, M: int, N: int, K: int, batch, load_a, load_b, store, acc, c
                     st()
             for r in range(nbl):
                 e = t + r * NT
-                st = lambda: kb.store(sb, buf * (KT * T) + e, gb[r])  # noqa: E731
+                off = buf * (KT * TB) + ((e / T) * TB + e % T if TB != T else e)
+                st = lambda: kb.store(sb, off, gb[r])  # noqa: E731
                 if (KT * T) % NT:
                     with kb.if_(e < KT * T):
                         st()
@@ -214,31 +246,37 @@ def tiled_gemm(ctx, M: int, N: int, K: int, batch, load_a, load_b, store, acc, c
                 with kb.if_(more):              # the next slice's loads, in flight during the FMAs
                     fetch(t, s + 1)
                 cur = s % 2
-                abase, bbase = cur * (KT * TA) + ty, cur * (KT * T) + tx
-                # the slice: per k, R + R shared loads into registers and R^2 FMAs; U consecutive
-                # k written out (their loads' offsets constants from one address), the rest a
-                # loop: straight-line code of all KT k's costs numba's compiler minutes (its
-                # passes are quadratic in a basic block's length)
-                with kb.loop(KT // U, hint="q") as qo:
-                    qa, qb = abase + qo * (U * TA), bbase + qo * (U * T)
-                    for u in range(U):
-                        for a in range(R):
-                            kb.store(fa, a, sa[qa + (u * TA + a * TR)])
-                        for b in range(R):
-                            kb.store(fb, b, sb[qb + (u * T + b * TR)])
-                        for a in range(R):
+                if tc:
+                    _mma_slice(kb, t, cur, T, KT, TA, TB, tc, sa, sb, fa, fb, accs)
+                else:
+                    abase, bbase = cur * (KT * TA) + ty, cur * (KT * T) + tx
+                    # the slice: per k, R + R shared loads into registers and R^2 FMAs; U consecutive
+                    # k written out (their loads' offsets constants from one address), the rest a
+                    # loop: straight-line code of all KT k's costs numba's compiler minutes (its
+                    # passes are quadratic in a basic block's length)
+                    with kb.loop(KT // U, hint="q") as qo:
+                        qa, qb = abase + qo * (U * TA), bbase + qo * (U * T)
+                        for u in range(U):
+                            for a in range(R):
+                                kb.store(fa, a, sa[qa + (u * TA + a * TR)])
                             for b in range(R):
-                                kb.store(accs, a * R + b, fma(fa[a], fb[b], accs[a * R + b]))
+                                kb.store(fb, b, sb[qb + (u * T + b * TR)])
+                            for a in range(R):
+                                for b in range(R):
+                                    kb.store(accs, a * R + b, fma(fa[a], fb[b], accs[a * R + b]))
                 with kb.if_(more):
                     deposit(t, 1 - cur)
             kb.barrier()
         # the tile's accumulators through shared memory, so that one loop (not R^2 copies of
         # the epilogue) stores them, consecutive threads at consecutive columns (coalesced)
         with kb.loop(NT, kind="threadIdx.x", hint="t") as t:
-            ty, tx = t / TR, t % TR
-            for a in range(R):
-                for b in range(R):
-                    kb.store(sc, (ty + a * TR) * T + tx + b * TR, accs[a * R + b])
+            if tc:
+                _mma_to_tile(kb, t, T, tc, sc, accs)
+            else:
+                ty, tx = t / TR, t % TR
+                for a in range(R):
+                    for b in range(R):
+                        kb.store(sc, (ty + a * TR) * T + tx + b * TR, accs[a * R + b])
         kb.barrier()
         with kb.loop(NT, kind="threadIdx.x", hint="t") as t:
             with kb.loop(R * R, hint="o") as o:
@@ -251,7 +289,9 @@ def tiled_gemm(ctx, M: int, N: int, K: int, batch, load_a, load_b, store, acc, c
                         kb.store(ws, (split * nb + (rest / S if S > 1 else rest)) * (M * N) + i * N + j, sc[e])
         kb.barrier()                        # the next tile's first deposit overwrites buffer 0
     kb.kernel.launch = LaunchShape((max(1, min(nb * mt * nt * S, ctx.target.max_blocks)),), (NT,))
-    kb.kernel.comment += (f"  [cuda: {T}x{T} output tiles, {R}x{R} registers per thread, double-buffered "
+    kb.kernel.comment += (f"  [cuda: {T}x{T} output tiles, "
+                          + (f"TF32 mma.sync m16n8k8, warp tiles of {16 * tc[0]}x{8 * tc[1]}, " if tc else "")
+                          + f"{R}x{R} registers per thread, double-buffered "
                           f"shared-memory slices of K {KT}" + (f", split-K {S}" if S > 1 else "") + "]" + what)
     if ws is None:
         return
@@ -267,6 +307,51 @@ def tiled_gemm(ctx, M: int, N: int, K: int, batch, load_a, load_b, store, acc, c
             v = v + ws.flat(((sp * nb) + flat) * (M * N) + i * N + j)
         store(kb2, bidx, i, j, v)
     kb2.kernel.comment += f"  [cuda: split-K sum of {S} partials]" + what
+
+
+def _warp_origin(t, T: int, tc: tuple[int, int]):
+    """Thread t's lane coordinates (g, q) and its warp tile's first row and column: the block's
+    warps tile the T x T output in T / (16 mf) rows of T / (8 nf) warp tiles."""
+    mf, nf = tc
+    lane, warp = t % 32, t / 32
+    wn = T // (8 * nf)
+    return lane / 4, lane % 4, (warp / wn) * (16 * mf), (warp % wn) * (8 * nf)
+
+
+def _mma_slice(kb, t, cur, T: int, KT: int, TA: int, TB: int, tc, sa, sb, fa, fb, accs) -> None:
+    """The K slice ``cur`` of thread t's warp tile on tensor cores: per k-step of 8, the lane's
+    A fragments (4 per m-fragment) from the k-major A slice and B fragments (2 per n-fragment)
+    from the B slice into registers (PTX ISA fragment layout, ``mma.py``), then one
+    :class:`~..mma.MmaTile` call updating the lane's 4 mf nf accumulators."""
+    mf, nf = tc
+    g, q, r0, c0 = _warp_origin(t, T, tc)
+    abase, bbase = cur * (KT * TA) + r0 + g, cur * (KT * TB) + c0 + g
+    n = 4 * mf * nf
+    for k0 in range(0, KT, 8):
+        ra, rb = abase + (k0 + q) * TA, bbase + (k0 + q) * TB
+        for mi in range(mf):
+            for x, (dk, dr) in enumerate(((0, 0), (0, 8), (4, 0), (4, 8))):
+                kb.store(fa, 4 * mi + x, sa[ra + (dk * TA + 16 * mi + dr)])
+        for ni in range(nf):
+            for x, dk in enumerate((0, 4)):
+                kb.store(fb, 2 * ni + x, sb[rb + (dk * TB + 8 * ni)])
+        kb.store(accs, [Ramp(as_expr(0), n)], MmaTile(tuple(fa[i] for i in range(4 * mf)),
+                                            tuple(fb[i] for i in range(2 * nf)),
+                                            tuple(accs[i] for i in range(n)), mf, nf))
+
+
+def _mma_to_tile(kb, t, T: int, tc, sc, accs) -> None:
+    """Thread t's accumulators (C fragments: rows g and g + 8, columns 2q and 2q + 1 of each
+    16 x 8 fragment) into the output tile ``sc`` [T, T]."""
+    mf, nf = tc
+    g, q, r0, c0 = _warp_origin(t, T, tc)
+    for mi in range(mf):
+        for ni in range(nf):
+            o = 4 * (mi * nf + ni)
+            base = (r0 + 16 * mi + g) * T + c0 + 8 * ni + 2 * q
+            for h in range(2):
+                for j in range(2):
+                    kb.store(sc, base + (8 * h * T + j), accs[o + 2 * h + j])
 
 
 def gemv(ctx, M: int, N: int, K: int, batch, load_a, load_b, store, acc, b_contiguous_in_j: bool,
