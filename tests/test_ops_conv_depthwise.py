@@ -87,6 +87,13 @@ CASES = [
     ((1, 8, 3, 4), (5, 5), {"pads": [3, 3, 3, 3]}, True, 1),                          # rows of padding
     ((1, 8, 3, 4), (5, 5), {"pads": [2, 2, 3, 3], "strides": [2, 2]}, True, 1),
     ((1, 8, 14, 17), (3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}, True, 2),
+    # 7x7 pad 3 as ConvNeXt (the kernel rows in a loop by default): contiguous rows, padded
+    # rows, bands of rows (few channels), stride 2, rows of padding
+    ((1, 4, 40, 40), (7, 7), {"pads": [3, 3, 3, 3]}, True, 2),
+    ((1, 16, 7, 7), (7, 7), {"pads": [3, 3, 3, 3]}, False, 2),
+    ((1, 2, 28, 28), (7, 7), {"pads": [3, 3, 3, 3]}, True, 2),
+    ((1, 8, 29, 29), (7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}, True, 1),
+    ((1, 8, 3, 5), (7, 7), {"pads": [4, 3, 4, 3]}, True, 1),
 ]
 
 

@@ -66,6 +66,7 @@ WORKLOADS = [
     ("depthwise_wide", (1, 4, 5, 21), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, "llvm.conv2d_depthwise"),
     ("depthwise_strided", (1, 8, 12, 12), (8, 1, 3, 3), {"group": 8, "strides": [2, 2], "pads": [1, 1, 1, 1]},
      "llvm.conv2d_depthwise"),
+    ("depthwise_7x7", (1, 4, 9, 11), (4, 1, 7, 7), {"group": 4, "pads": [3, 3, 3, 3]}, "llvm.conv2d_depthwise"),
 ]
 
 

@@ -12,7 +12,12 @@ along the output row and keeps every accumulator in a register.
   (registers after LLVM's SROA) so they stay live over the band.
 - Rows: each run of output rows with the same valid kernel rows (the interior rows, and the
   few border rows at the top and bottom) gets its own loop, with the taps outside the image
-  dropped at compile time: no padding test runs per row or per element.
+  dropped at compile time: no padding test runs per row or per element. Kernels taller than
+  :data:`LOOP_ROWS_ABOVE` rows (knob ``loop_kernel_rows``; dilation 1) instead loop over their
+  kernel rows, the accumulators updated in place: the interior rows with the constant bounds
+  [0, KH), each run of border rows in one loop with bounds computed per row. Two copies of the
+  row code instead of one per run, each KH times smaller: a 7x7's compile time falls from
+  about 10-30 s to 1-4 s.
 - Columns are vectors of L = ``target.lanes(f32)`` lanes: the loop body is a tile of
   :func:`tile_vectors` vectors; after the whole tiles, vectors of L lanes the last of which
   ends at the row's last column and overlaps its predecessor (see :func:`_rest_vectors`).
@@ -39,7 +44,7 @@ along the output row and keeps every accumulator in a register.
 
 Registered as ``conv2d_depthwise`` (key ``"conv2d"``, llvm; it outranks the blocked schedules).
 Knobs: ``tile_vectors`` (:func:`tile_vectors`), ``padded_rows`` (stride 1), ``min_parallel_tasks``
-(:data:`MIN_TASKS`) and, for padded rows in one band, ``copy_ahead`` (:data:`PADDED_COPY_AHEAD`).
+(:data:`MIN_TASKS`), ``loop_kernel_rows`` and, for padded rows in one band, ``copy_ahead`` (:data:`PADDED_COPY_AHEAD`).
 """
 from __future__ import annotations
 
@@ -57,6 +62,10 @@ from .conv2d import PLEVEL, pow2_candidates
 MAX_KERNEL = 7
 #: at most this many runs of output rows with distinct valid kernel rows (one loop each)
 MAX_ROW_PATTERNS = 16
+#: kernels with more rows than this loop over their kernel rows by default (knob
+#: ``loop_kernel_rows``): a 7x7's 49 taps unrolled for each of its 7 runs of rows made
+#: ConvNeXt's 18 depthwise kernels about a third of its compile time
+LOOP_ROWS_ABOVE = 3
 #: the parallel loop has at least this many (n, channel, band) tasks where the rows allow
 MIN_TASKS = 64
 #: padded rows: channels per task such that about this many floats are copied before the
@@ -142,6 +151,10 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                      doc="(n, channel, band of output rows) tasks aimed at: bands split the planes")
     span = (KH - 1) * dh + 1                  # input rows an output row's window covers
     patterns = row_patterns(geo)
+    # kernel rows in a loop (bounds computed per output row) instead of unrolled per run of rows
+    loop_rows = dh == 1 and knob("loop_kernel_rows", (False, True), KH > LOOP_ROWS_ABOVE,
+                                 doc="the kernel rows as a loop with per-row bounds (one copy of the row code) "
+                                     f"instead of every tap unrolled for each run of rows (default: KH > {LOOP_ROWS_ABOVE})")
 
     # bands of output rows: at least MIN_TASKS tasks; a band's local copy within L1 / 2
     NB = min(OH, -(-min_tasks // (N * C)))
@@ -256,7 +269,7 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                     return (nc * H + ih0 + kh * dh) * W
 
                 pidx = {}     # de-interleaved: where tap (kh, kw) of column 0 would be
-                if phased:
+                if phased and not loop_rows:
                     for kh in range(lo, hi):
                         for kw in range(KW):
                             g = (ih0 + kh * dh - ih_a) * W + (kw * dw - pw + sw * kpad)
@@ -269,6 +282,9 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                     columns read from X with the taps outside the row dropped."""
                     if offs is None:
                         offs = [sum(widths[:i]) for i in range(len(widths))]
+                    if loop_rows:
+                        looped(ow0, widths, col, offs)
+                        return
                     chains: list[Expr | None] = [None] * len(widths)
                     for kh in range(lo, hi):
                         for kw in range(KW):
@@ -300,6 +316,34 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                         idx = [n, c, oh, Ramp(ow, lanes) if lanes > 1 else ow]
                         kb.store(y, idx, ctx.apply_epilogue(val, idx))
 
+                def looped(ow0: Expr, widths: list[int], col: int | None, offs: list[int]) -> None:
+                    """:func:`tile` with the kernel rows [lo, hi) (Exprs) in a loop: the
+                    accumulators start from the bias and take one fma per tap in place."""
+                    start = kb.broadcast(wl[nk], 1) if b is not None else zero
+                    for v, lanes in enumerate(widths):
+                        kb.store(acc_buf(lanes), v * lanes, kb.broadcast(start, lanes))
+                    with kb.reduce(hi, start=lo, hint="kh") as kh:
+                        for kw in range(KW):
+                            wv = wl[kh * KW + kw]
+                            iw = kw * dw - pw
+                            for v, (off, lanes) in enumerate(zip(offs, widths)):
+                                if col is not None and not 0 <= (col + off) * sw + iw < W:
+                                    continue
+                                if padded:
+                                    xv = padbuf.vload(pbase + (ih0 + kh - ih_a) * Wp + ow0 + (off + kw * dw), lanes)
+                                elif phased and col is None:
+                                    g = (ih0 + kh - ih_a) * W + (kw * dw - pw + sw * kpad)
+                                    xv = phase.vload((g % sw) * part + g / sw - kpad + ow0 + off, lanes)
+                                else:
+                                    xv = x.vload(xrow(kh) + (ow0 + off) * sw + iw, lanes)
+                                a = acc_buf(lanes)
+                                kb.store(a, v * lanes, fma(wv, xv, a.vload(v * lanes, lanes)))
+                    for v, (off, lanes) in enumerate(zip(offs, widths)):
+                        val = acc_buf(lanes).vload(v * lanes, lanes)
+                        ow = ow0 + off
+                        idx = [n, c, oh, Ramp(ow, lanes) if lanes > 1 else ow]
+                        kb.store(y, idx, ctx.apply_epilogue(val, idx))
+
                 def columns(a: int, e: int) -> None:
                     """Columns [a, e), whose taps all lie inside the (padded) row: whole tiles
                     in a loop, then the rest (:func:`_rest_vectors`)."""
@@ -324,10 +368,30 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                 for col in range(cb, OW):
                     tile(as_expr(col), [1], col)
 
+            if loop_rows:
+                # the interior rows keep constant kernel-row bounds; each run of border rows
+                # between them is one loop whose bounds are computed per row (row_bounds)
+                runs: list[tuple[int, int, int | None, int | None]] = []
+                for s0, e0, lo, hi in patterns:
+                    if (lo, hi) != (0, KH) and runs and runs[-1][2] is None:
+                        runs[-1] = (runs[-1][0], e0, None, None)
+                    else:
+                        runs.append((s0, e0, None, None) if (lo, hi) != (0, KH) else (s0, e0, lo, hi))
+                patterns = runs
+
+                def row_at(oh: Expr, lo, hi) -> None:
+                    if lo is not None:
+                        row(oh, lo, hi)
+                        return
+                    top = as_expr(ph) - oh * sh          # the valid kernel rows (dilation 1)
+                    row(oh, maximum(top, 0), minimum(top + H, as_expr(KH)))
+            else:
+                row_at = row
+
             if NB == 1:                     # a loop per run of rows
                 for s0, e0, lo, hi in patterns:
                     with kb.loop(e0, start=s0, hint="oh") as oh:
-                        row(oh, lo, hi)
+                        row_at(oh, lo, hi)
             else:
                 # bands: the band's rows in one loop of constant extent (the default schedule
                 # counts a loop of unknown extent as a few iterations: the kernel's work would
@@ -335,10 +399,10 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                 def dispatch(oh: Expr, ps) -> None:
                     (_, e0, lo, hi), rest = ps[0], ps[1:]
                     if not rest and OH % B == 0:
-                        row(oh, lo, hi)
+                        row_at(oh, lo, hi)
                         return
                     with kb.if_(oh < e0) as br:
-                        row(oh, lo, hi)
+                        row_at(oh, lo, hi)
                     if rest:
                         with kb.else_(br):
                             dispatch(oh, rest)
