@@ -198,7 +198,8 @@ GROUP_CASES = [
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("xs,ws,attrs,xdt,wdt,xz,wz", GROUP_CASES)
 def test_conv_integer_grouped(form, xs, ws, attrs, xdt, wdt, xz, wz):
-    """Grouped and depthwise convolutions run group by group on the int8 schedule."""
+    """Grouped convolutions run group by group on the int8 schedule, depthwise ones on
+    conv2d_int8_dw."""
     rng = np.random.default_rng(sum(xs) + sum(ws))
     x, w = _q(xs, xdt, rng), _q(ws, wdt, rng)
     inits = {"w": w, "xz": np.array(xz, xdt)}
@@ -209,7 +210,8 @@ def test_conv_integer_grouped(form, xs, ws, attrs, xdt, wdt, xz, wz):
     m = node_model("ConvInteger", {"x": x}, attrs, initializers=inits, input_names=names)
     per_channel = wz is not None and np.ndim(wz) == 1
     exp = _oracle(m, {"x": x}, (xdt, wdt) == (np.uint8, np.int8) or per_channel)
-    _compile_check(m, {"x": x}, form, exp, "conv2d_int8")
+    depthwise = attrs["group"] == xs[1] == ws[0]
+    _compile_check(m, {"x": x}, form, exp, "conv2d_int8_dw" if depthwise else "conv2d_int8")
 
 
 # ----------------------------------------------------------------------------- MatMulInteger
@@ -370,3 +372,92 @@ def test_matmul_int8_knobs(knobs):
     assert {n: k.knobs[n] for n in knobs} == knobs, k.knobs
     if _runs_here("vnni512"):
         np.testing.assert_array_equal(mod.run(a=a)[0], ort_run(m, {"a": a})[0])
+
+
+# ----------------------------------------------------------------------------- depthwise (conv2d_int8_dw)
+DW_CASES = [
+    # x shape, w shape, attrs, x dtype, w dtype, x zero point, w zero point (None: absent)
+    ((1, 16, 14, 14), (16, 1, 3, 3), {"pads": [1, 1, 1, 1]}, np.uint8, np.int8, 3, None),
+    # strided, per-channel zero points, two images, i8 activations
+    ((2, 12, 9, 13), (12, 1, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, np.int8, np.int8, -3,
+     [1, 0, 2, 0, 0, 5, 0, 0, -4, 0, 0, 7]),
+    # u8 weights with a zero point (row sums), a row of exactly 16 and of 17 columns
+    ((1, 8, 6, 16), (8, 1, 3, 3), {"pads": [1, 1, 1, 1]}, np.uint8, np.uint8, 128, 100),
+    ((1, 8, 5, 17), (8, 1, 3, 3), {"pads": [1, 1, 1, 1]}, np.uint8, np.uint8, 7, [0, 1, 2, 3, 250, 5, 6, 7]),
+    # 5x5 stride 2 with asymmetric pads (two words per kernel row on VPMADDWD, one tap of
+    # padding in the second VPDPBUSD word), 7-column rows (8 lanes)
+    ((1, 8, 20, 37), (8, 1, 5, 5), {"pads": [2, 1, 0, 2], "strides": [2, 2]}, np.uint8, np.int8, 9, None),
+    ((1, 6, 7, 7), (6, 1, 3, 3), {"pads": [1, 1, 1, 1]}, np.int8, np.uint8, 0, 128),
+    # dilation, no padding, a kernel row of 1 tap (3x1), stride in height only
+    ((1, 8, 19, 21), (8, 1, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}, np.uint8, np.uint8, 9, 7),
+    ((1, 4, 11, 30), (4, 1, 3, 1), {"strides": [2, 1]}, np.uint8, np.int8, 200, None),
+]
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("xs,ws,attrs,xdt,wdt,xz,wz", DW_CASES)
+def test_conv_integer_depthwise(form, xs, ws, attrs, xdt, wdt, xz, wz):
+    """Depthwise convolutions take the tap-packing schedule (conv2d_int8_dw), exact against
+    onnxruntime / onnx.reference at every stride, pad, dilation and row width above."""
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x, w = _q(xs, xdt, rng), _q(ws, wdt, rng)
+    inits = {"w": w, "xz": np.array(xz, xdt)}
+    names = ["x", "w", "xz"]
+    if wz is not None:
+        inits["wz"] = np.array(wz, wdt)
+        names.append("wz")
+    m = node_model("ConvInteger", {"x": x}, dict(attrs, group=xs[1]), initializers=inits, input_names=names)
+    per_channel = wz is not None and np.ndim(wz) == 1
+    exp = _oracle(m, {"x": x}, (xdt, wdt) == (np.uint8, np.int8) or per_channel)
+    _compile_check(m, {"x": x}, form, exp, "conv2d_int8_dw")
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("stride", [1, 2])
+def test_qlinear_conv_depthwise(form, stride):
+    """QLinearConv depthwise with per-channel weight scales, a bias and the requantizing
+    finish (mobilenet's form): within one quantization step of onnx.reference."""
+    rng = np.random.default_rng(21 + stride)
+    c = 24
+    x, w = _q((1, c, 15, 23), np.uint8, rng), _q((c, 1, 3, 3), np.int8, rng)
+    inits = {"xs": np.array(0.05, np.float32), "xz": np.array(131, np.uint8), "w": w,
+             "ws": np.linspace(0.002, 0.02, c).astype(np.float32), "wz": np.zeros(c, np.int8),
+             "ys": np.array(0.4, np.float32), "yz": np.array(120, np.uint8),
+             "b": rng.integers(-3000, 3000, c).astype(np.int32)}
+    names = ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"]
+    m = node_model("QLinearConv", {"x": x}, {"pads": [1, 1, 1, 1], "strides": [stride, stride], "group": c},
+                   initializers=inits, input_names=names)
+    _compile_check(m, {"x": x}, form, _oracle(m, {"x": x}, True), "conv2d_int8_dw", atol=1)
+
+
+def test_depthwise_int8_falls_back():
+    """Stride 3 (taps of a packed word not one panel column apart) and a channel multiplier of
+    2 keep the group-by-group conv2d_int8 schedule."""
+    rng = np.random.default_rng(2)
+    x = _q((1, 6, 13, 13), np.uint8, rng)
+    for ws, attrs in (((6, 1, 3, 3), {"strides": [3, 3], "group": 6}), ((12, 1, 3, 3), {"group": 6})):
+        w = _q(ws, np.int8, rng)
+        m = node_model("ConvInteger", {"x": x}, attrs, initializers={"w": w}, input_names=["x", "w"])
+        _compile_check(m, {"x": x}, "vnni512", _oracle(m, {"x": x}, True), "conv2d_int8")
+
+
+@pytest.mark.parametrize("knobs", [
+    {"band_rows": 1, "dw_rows": 1, "dw_tail": "whole"},
+    {"band_rows": 1, "dw_rows": 1, "dw_tail": "runs"},
+    {"band_rows": 3, "dw_rows": 2, "int8_lanes": 8, "dw_tail": "runs"},
+    {"band_rows": 9, "dw_rows": 4, "dw_tail": "whole"},
+    {"band_rows": 9, "dw_rows": 7, "int8_lanes": 8, "dw_tail": "runs"},
+])
+def test_conv_int8_dw_knobs(knobs):
+    """Knob values away from the defaults compute the same result (tiles that do not divide
+    the band, partial last vectors both ways)."""
+    rng = np.random.default_rng(13)
+    x, w = _q((2, 5, 9, 19), np.int8, rng), _q((5, 1, 3, 3), np.int8, rng)
+    m = node_model("ConvInteger", {"x": x}, {"pads": [1, 1, 1, 1], "group": 5},
+                   initializers={"w": w, "xz": np.array(-7, np.int8), "wz": np.array(2, np.int8)},
+                   input_names=["x", "w", "xz", "wz"])
+    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs))
+    (k,) = mod.kernels
+    assert k.schedule == "llvm.conv2d_int8_dw" and {n: k.knobs[n] for n in knobs} == knobs, k.knobs
+    if _runs_here("vnni512"):
+        np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])

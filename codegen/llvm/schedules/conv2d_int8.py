@@ -458,3 +458,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 if slots % RP:
                     tile(mb, as_expr(full * RP), slots % RP)
     return kb
+
+
+# the depthwise schedule (registered after this one; it imports helpers from here)
+from . import conv2d_int8_dw  # noqa: E402,F401
