@@ -1,7 +1,9 @@
 """Export real architectures that are not in ../shared/models to ONNX, for benchmarks and tuning.
 
 Random weights, seeded (``torch.manual_seed(0)``); the models come from ``transformers`` (configs
-of the published architectures, built without downloading weights). Each model is exported with
+of the published architectures, built without downloading weights). Convolutions get He-normal
+weights and BatchNorms trained-like statistics (``_conv_init``), so CNN activations keep their
+magnitude through the network. Each model is exported with
 both torch exporters: TorchScript (``dynamo=False``, file ``NAME.ts.onnx``) and the default
 (``torch.export``, ``NAME.dynamo.onnx``), opset 17 or the exporter's default. The files go to
 ``--out`` (never into the repository). torch, transformers and onnxscript are benchmark-only
@@ -63,7 +65,9 @@ def _models():
                                  hidden_sizes=[64, 144, 320, 784], groups_width=16, layer_type="y"),
         "swin_tiny": vision(tr.SwinConfig, tr.SwinModel),
         "mobilenet_v2_hf": vision(tr.MobileNetV2Config, tr.MobileNetV2Model),
-        "efficientnet_b0": vision(tr.EfficientNetConfig, tr.EfficientNetModel),
+        # EfficientNetConfig's defaults are B7 (width 2.0, depth 3.1, 600x600): B0's coefficients
+        "efficientnet_b0": vision(tr.EfficientNetConfig, tr.EfficientNetModel, width_coefficient=1.0,
+                                  depth_coefficient=1.0, image_size=224, hidden_dim=1280, dropout_rate=0.2),
         "t5_encoder": t5_encoder,
         "whisper_tiny_encoder": whisper_encoder,
     }
@@ -86,6 +90,27 @@ class _FirstOutput:
         return W(model).eval()
 
 
+def _conv_init(model) -> None:
+    """He-normal convolution weights and BatchNorm statistics of a trained network's order of
+    magnitude (scale, variance in [0.5, 1.5], shift and mean within +-0.1), in place.
+    transformers' own initialisation (normal, std 0.02, unit BatchNorm) makes deep CNNs'
+    activations vanish: EfficientNet-B0's output was exactly 0 and MobileNetV2's about 1e-21,
+    so no numerical comparison could fail and denormal arithmetic could distort the timings."""
+    import torch
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                fan_in = m.weight[0].numel()
+                m.weight.normal_(0.0, (2.0 / fan_in) ** 0.5)
+                if m.bias is not None:
+                    m.bias.uniform_(-0.1, 0.1)
+            elif isinstance(m, torch.nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.1, 0.1)
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+
+
 def export(name: str, make, out: pathlib.Path, exporters: list[str]) -> None:
     import numpy as np
     import onnx
@@ -93,6 +118,7 @@ def export(name: str, make, out: pathlib.Path, exporters: list[str]) -> None:
     import torch
     torch.manual_seed(0)
     model, args, in_names = make()
+    _conv_init(model)
     model = _FirstOutput(model)
     with torch.no_grad():
         ref = model(*args).numpy()
