@@ -149,3 +149,19 @@ def test_fused_epilogue():
             got = mod.run(x=x)
             for g_, e in zip(got, ort_run(model, {"x": x})):
                 np.testing.assert_allclose(g_, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("form,reg,lanes", [("avx2", "ymm", 32), ("avx512", "zmm", 64)])
+def test_u8_maxpool_runs_in_the_forms_vectors(form, reg, lanes):
+    """A u8 MaxPool with rows of 128 outputs takes the form's widest u8 vectors: VPMAXUB on
+    ymm (AVX2, 32 lanes) or zmm (AVX-512BW, 64 lanes) registers, no zmm in the AVX2 form."""
+    import re
+
+    from tensorfuse.compiler.pipeline import optimized_llvm
+    model = node_model("MaxPool", {"x": _x((1, 2, 8, 130), np.uint8)}, dict(kernel_shape=[3, 3]), opset=19)
+    mod = tensorfuse.compile(model, target=FORMS[form][0], cache=False)
+    (k,) = mod.kernels
+    assert k.schedule == SCHEDULE and k.knobs["lanes"] == lanes
+    _, asm = optimized_llvm(mod.llvm_ir, mod.target)
+    assert re.search(rf"vpmaxub\s+%{reg}", asm), form
+    assert form == "avx512" or "zmm" not in asm

@@ -1,5 +1,7 @@
-"""The llvm backend's schedule of the global pools (GlobalAveragePool, GlobalMaxPool,
-GlobalLpPool): schedule key ``"global_pool"`` (``ir.ops.pool.emit_global_pool``).
+"""The llvm backend's pooling schedules: the global pools (GlobalAveragePool, GlobalMaxPool,
+GlobalLpPool), schedule key ``"global_pool"`` (``ir.ops.pool.emit_global_pool``), and the
+windowed 2-D MaxPool (f32, u8, i8) / AveragePool (f32), key ``"pool2d"`` (the ops' lowerings in
+``ir.ops.pool``): :func:`pool2d_rows_vector`.
 
 ``global_pool_vector`` (plevel 5): float32 planes of at least one vector (``L`` lanes of the
 target; LpPool: p 1 or 2) are read as L-lane vectors into U partial vector accumulators (sums:
@@ -12,7 +14,10 @@ from __future__ import annotations
 
 import math
 
-from tensorfuse.ir.kernel import as_expr, maxnum, unop
+import numpy as np
+
+from tensorfuse.ir.kernel import Load, Ramp, as_expr, maximum, maxnum, minimum, unop
+from tensorfuse.ir.ops.conv import window_hi, window_lo
 from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.strategy import register_schedule
 from tensorfuse.ir.types import DType
@@ -108,7 +113,7 @@ def _pool_lanes(ctx, x, geo) -> list[int]:
     top = ctx.target.lanes(x.dtype)
     out, L = [], POOL_ROWS_MIN_LANES
     while L <= top:
-        if _row_span(geo, L)[1] * x.dtype.itemsize + L <= POOL_ROWS_MAX_ROW_BYTES:
+        if (_row_span(geo, L)[1] + L) * x.dtype.itemsize <= POOL_ROWS_MAX_ROW_BYTES:
             out.append(L)
         L *= 2
     return out
@@ -160,10 +165,6 @@ def pool2d_rows_vector(ctx, x, y, geo, kind: str, count_include_pad: int = 0, in
     Knobs: ``lanes`` (powers of two from 4 to the target's lanes of X's dtype; default the
     widest that is at most OW), ``strided`` (stride > 1 only; default "gather", which LLVM
     turns into wide loads and shuffles), ``rows_per_task`` (1, 2, 4 ... 32 below OH, and OH)."""
-    from tensorfuse.ir.kernel import Load, Ramp, maximum, minimum
-    from tensorfuse.ir.ops.conv import window_hi, window_lo
-    import numpy as np
-
     dt = x.dtype
     n_, c_ = x.shape[:2]
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
