@@ -149,3 +149,56 @@ def test_softmax_rows_vector_nan_row():
     got = tensorfuse.compile(m).run(x=x)[0]
     assert np.isnan(got[1]).all() and not np.isnan(got[[0, 2]]).any()
     np.testing.assert_allclose(got[[0, 2]], ort_run(m, {"x": x})[0][[0, 2]], rtol=2e-6, atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- lookup tables
+def _gelu_qdq(shape, in_type=T.UINT8, zp_in=125):
+    """bert's quantized GELU: DQ -> Div(sqrt 2) -> Erf -> Q/DQ -> Add 1 -> Q/DQ -> Mul x -> Q/DQ -> Mul 0.5 -> Q."""
+    zdt = np.uint8 if in_type == T.UINT8 else np.int8
+    inits = {"s0": np.float32(0.0124), "z0": zdt(zp_in), "sq2": np.float32(1.4142135), "se": np.float32(0.00695),
+             "ze": np.uint8(128), "one": np.float32(1.0), "sa": np.float32(0.0074), "za": np.uint8(0),
+             "sm": np.float32(0.0134), "zm": np.uint8(25), "half": np.float32(0.5), "s1": np.float32(0.00668)}
+    nodes = [h.make_node("DequantizeLinear", ["x", "s0", "z0"], ["d"]), h.make_node("Div", ["d", "sq2"], ["dv"]),
+             h.make_node("Erf", ["dv"], ["e"]), h.make_node("QuantizeLinear", ["e", "se", "ze"], ["eq"]),
+             h.make_node("DequantizeLinear", ["eq", "se", "ze"], ["ed"]), h.make_node("Add", ["ed", "one"], ["a"]),
+             h.make_node("QuantizeLinear", ["a", "sa", "za"], ["aq"]), h.make_node("DequantizeLinear", ["aq", "sa", "za"], ["ad"]),
+             h.make_node("Mul", ["d", "ad"], ["m"]), h.make_node("QuantizeLinear", ["m", "sm", "zm"], ["mq"]),
+             h.make_node("DequantizeLinear", ["mq", "sm", "zm"], ["md"]), h.make_node("Mul", ["md", "half"], ["m1"]),
+             h.make_node("QuantizeLinear", ["m1", "s1", "zm"], ["y"]), h.make_node("Sigmoid", ["d"], ["y2"])]
+    m = _model(nodes, [h.make_tensor_value_info("x", in_type, shape)],
+               [h.make_tensor_value_info("y", T.UINT8, shape), h.make_tensor_value_info("y2", T.FLOAT, shape)], inits)
+    info = np.iinfo(zdt)
+    x = np.random.default_rng(5).integers(info.min, info.max + 1, shape).astype(zdt)
+    x.flat[:256] = np.arange(info.min, info.max + 1).astype(zdt)       # every value at least once
+    return m, {"x": x}
+
+
+@pytest.mark.parametrize("in_type", [T.UINT8, T.INT8])
+def test_one_8bit_input_group_is_a_table(in_type):
+    """A group of one 8-bit input and two outputs runs as two 256-entry tables (one load per
+    element and output), within one quantization step of onnxruntime's unfused QDQ (whose erf
+    may round a value near a .5 tie the other way) and within float rounding for Sigmoid."""
+    m, feeds = _gelu_qdq([3, 17, 40], in_type, 125 if in_type == T.UINT8 else -3)
+    y, y2 = ort_run(m, feeds)
+    mod = tensorfuse.compile(m)
+    tables = [p for k in mod.kernels for p in k.params if "table" in p.name]
+    assert [t.shape for t in tables] == [(256,), (256,)], [k.params for k in mod.kernels]
+    got, got2 = mod.run(**feeds)
+    assert got.dtype == np.uint8 and np.abs(got.astype(int) - y.astype(int)).max() <= 1
+    assert (got == y).mean() > 0.99
+    np.testing.assert_allclose(got2, y2, rtol=1e-6, atol=1e-7)
+
+
+def test_table_needs_one_element_constants():
+    """A per-position constant (a bias [40] after the DQ) makes the group depend on the
+    position: no table, the vector loop."""
+    shape = [3, 40]
+    nodes = [h.make_node("DequantizeLinear", ["x", "s", "z"], ["d"]), h.make_node("Add", ["d", "b"], ["a"]),
+             h.make_node("Erf", ["a"], ["e"]), h.make_node("QuantizeLinear", ["e", "s", "z"], ["y"])]
+    m = _model(nodes, [h.make_tensor_value_info("x", T.UINT8, shape)], [h.make_tensor_value_info("y", T.UINT8, shape)],
+               {"s": np.float32(0.01), "z": np.uint8(128), "b": np.linspace(-1, 1, 40).astype(np.float32)})
+    x = np.random.default_rng(6).integers(0, 256, shape).astype(np.uint8)
+    mod = tensorfuse.compile(m)
+    assert not [p for k in mod.kernels for p in k.params if "table" in p.name]
+    assert _vector_loads(mod) >= 8
+    assert np.abs(mod.run(x=x)[0].astype(int) - ort_run(m, {"x": x})[0].astype(int)).max() <= 1

@@ -133,6 +133,8 @@ def _lower_loop(ctx: LowerCtx, g: _Group) -> None:
         raise ShapeError(f"a fused loop needs outputs of one shape, got {sorted(map(list, shapes))}")
     (shape,) = shapes
     numel = math.prod(shape)
+    if _lookup_table(ctx, g, shape):
+        return
     values = [v for v in g.body.inputs if id(v) not in g.imm] + [o for n in g.body.nodes for o in n.outputs]
     flat = all(tuple(v.shape) == shape or v.type.numel == 1 for v in values)
     kb = ctx.kernel()
@@ -154,6 +156,48 @@ def _lower_loop(ctx: LowerCtx, g: _Group) -> None:
                       lambda buf, e: kb.store(buf, idx, e))
     # one output written at the element its same-shape inputs are read: may run in place
     ctx.elementwise_inplace = len(ctx.outputs) == 1
+
+
+#: the 8-bit dtypes whose every value a lookup table lists
+_TABLE_DTYPES = (DType.u8, DType.i8)
+
+
+def _lookup_table(ctx: LowerCtx, g: _Group, shape) -> bool:
+    """A loop group that is a function of one 8-bit tensor (every other input a one-element
+    constant; its nodes deterministic), such as a QDQ model's ``DQ -> Div -> Erf -> Q -> DQ ->
+    Add -> Q -> ... -> Q`` GELU, as a table of its 256 results: the body's reference (the ops'
+    meaning, ``FusedFunction.reference``) evaluated on every value of the input at compile
+    time, then one load per element and output, ``y[i] = table[x[i]]``. The results are the
+    reference's exactly (no vector erf or exp in between). Knob ``lookup_table`` (default: the
+    body has at least 3 nodes, where the table's per-element load costs less than the chain of
+    vector operations it replaces). Returns False (nothing emitted) where it does not apply."""
+    var = [bv for bv in g.body.inputs if g.outer[id(bv)].const_value() is None]
+    if len(var) != 1 or var[0].dtype not in _TABLE_DTYPES or tuple(var[0].shape) != tuple(shape):
+        return False
+    if any(g.outer[id(bv)].type.numel != 1 for bv in g.body.inputs if bv is not var[0]):
+        return False
+    if not all(get_op(n.op, n.domain).deterministic for n in g.body.nodes):
+        return False
+    from tensorfuse.ir.knobs import knob
+    if not knob("lookup_table", [False, True], len(g.body.nodes) >= 3,
+                doc="compute a one-8-bit-input group as a table of its 256 results"):
+        return False
+    (xv,) = var
+    info = np.iinfo(xv.dtype.numpy)
+    domain = np.arange(info.min, info.max + 1).astype(xv.dtype.numpy).reshape([1] * (len(shape) - 1) + [-1])
+    ins = [domain if bv is xv else np.asarray(g.outer[id(bv)].const_value()) for bv in g.body.inputs]
+    tables = get_op("FusedFunction", DOMAIN).reference(ctx.node, ins)
+    x = g.buf[id(xv)]
+    outs = [(g.out[id(o)], ctx.pack(np.asarray(t, o.dtype.numpy).reshape(-1), "table"))
+            for o, t in zip(g.body.outputs, tables)]
+    kb = ctx.kernel(params=[x] + [t for _, t in outs] + [b for b, _ in outs])
+    with kb.loop(math.prod(shape), kind="vectorize", role="spatial") as i:
+        k = x.flat(i).cast(DType.i64)
+        if info.min:
+            k = k - int(info.min)
+        for b, t in outs:
+            kb.store(b, i, t.flat(k))
+    return True
 
 
 def _row_split(shape: tuple[int, ...], in_shapes) -> int:
@@ -347,6 +391,7 @@ def _lower_anchored(ctx: LowerCtx, g: _Group, anchor_name: str) -> None:
                          f"calls ctx.apply_epilogue; it cannot anchor a fused group")
     ctx.kernels.extend(sub.kernels)
     ctx.packed.extend(sub.packed)
+    ctx.scratch_buffers.extend(sub.scratch_buffers)
 
 
 # ----------------------------------------------------------------------------- FusedFunction

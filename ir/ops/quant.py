@@ -160,8 +160,9 @@ def quantize_expr(x: Expr, scale: Expr, zp: Expr | None, out: DType, precision: 
     q = unop("round", q)
     if zp is not None:
         q = q + zp.cast(work)
-    lo, hi = _int_range(out)
-    return minimum(maximum(q, as_expr(float(lo), work)), as_expr(float(hi), work)).cast(out)
+    # the float -> int cast saturates to out's range, NaN -> 0 (ir/semantics.py): the spec's
+    # saturate, without a clamp of our own before it (which the cast would repeat)
+    return q.cast(out)
 
 
 @op("QuantizeLinear", OpPatternKind.BROADCAST)
