@@ -206,6 +206,19 @@ def nvrtc_ptx(cc: tuple[int, int] = (9, 0)) -> str:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+_LINKED: dict = {}
+
+
+def linked_functions(cc: tuple[int, int] = (9, 0)) -> frozenset:
+    """The function names :func:`nvrtc_ptx` defines for ``cc`` (the ``.extern .func`` a kernel
+    calling them may declare: linked in at load time). Cached per ``cc``."""
+    import re
+    if cc not in _LINKED:
+        _LINKED[cc] = frozenset(re.findall(r"^\.visible\s+\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_]\w*)",
+                                           nvrtc_ptx(cc), re.M))
+    return _LINKED[cc]
+
+
 # -- the simulator's Python form ---------------------------------------------------------------
 def round_tf32(x) -> np.ndarray:
     """float32 values rounded to TF32 as ``cvt.rna.tf32.f32`` does: 10 explicit mantissa bits,

@@ -122,7 +122,8 @@ def compile_unit(unit: Unit, cc: tuple[int, int], ptxas: str | None) -> Result:
                 break
             res.entries += 1
             res.ptx_bytes += len(ptx)
-            externs = unresolved_externs(ptx)
+            from tensorfuse.codegen.cuda.mma import linked_functions
+            externs = [e for e in unresolved_externs(ptx) if e not in linked_functions(cc)]
             if externs:
                 res.error = (f"{fname}: the PTX calls external functions it does not define: {', '.join(externs)} "
                              f"(it does not load without linking them in)")
@@ -145,7 +146,10 @@ def _assemble(ptx: str, cc: tuple[int, int], ptxas: str) -> str | None:
         src = os.path.join(d, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        p = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-o", os.path.join(d, "k.cubin"), src],
+        # -c: a kernel calling the linked tensor-core micro-kernels (codegen/cuda/mma.py) is
+        # relocatable code until the driver links NVRTC's PTX in
+        rel = ["-c"] if unresolved_externs(ptx) else []
+        p = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", *rel, "-o", os.path.join(d, "k.cubin"), src],
                            capture_output=True, text=True)
         return None if p.returncode == 0 else (p.stderr or p.stdout or f"exit status {p.returncode}")
 

@@ -6,7 +6,9 @@ the command line is ``benchmarks/ptx_report.py``).
 ``numba.cuda.compile_ptx`` gives it). The **inner loop** is the innermost loop that contains
 FMAs: PTX loops are backward branches (``bra $L__BB0_3`` after the label ``$L__BB0_3:``); of the
 loops whose body holds an ``fma``, those with no such loop nested inside, the one with the most
-FMAs. Its instruction mix counts PTX instructions (labels, directives and braces are not),
+FMAs (or calls of the linked tensor-core micro-kernels, ``codegen/cuda/mma.py``, whose ``mma``
+are counted at the call when :func:`analyze_ptx` is given NVRTC's PTX of them through
+:func:`functions`). Its instruction mix counts PTX instructions (labels, directives and braces are not),
 ``fma.*`` (and ``mad.*`` of floats), ``mma``/``wmma``, and 64-bit integer operations in two
 kinds (``around`` counts the same for the loop enclosing the inner loop, outside it: a GEMM's
 per-K-slice work, global loads and their index arithmetic, shared stores, barriers):
@@ -53,6 +55,8 @@ class Gpu:
 
 #: NVIDIA H200 (SXM): 132 SMs of sm_90, ~67 TFLOP/s FP32 (non-tensor), HBM3e 4.8 TB/s
 H200 = Gpu("H200", 132, 67e12, 4.8e12)
+#: the H200's dense TF32 tensor-core peak (~495 TFLOP/s) over its FP32 peak
+H200_TF32_OVER_FP32 = 495e12 / 67e12
 
 _LABEL = re.compile(r"^\s*(\$?[\w$]+):\s*$")
 _BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$?[\w$]+)\s*;")
@@ -75,6 +79,15 @@ class Mix:
     ld_global: int = 0
     local: int = 0
     vector_loads: int = 0
+    #: calls of linked functions (the tensor-core micro-kernels), and the instructions those
+    #: calls run (their ``mma`` are counted in ``mma``), when :func:`analyze_ptx` was given them
+    calls: int = 0
+    linked_instructions: int = 0
+
+    @property
+    def instructions_per_mma(self) -> float | None:
+        """Instructions issued per ``mma`` (this stretch's and its linked calls'), or None."""
+        return (self.instructions + self.linked_instructions) / self.mma if self.mma else None
 
     @property
     def fma_ratio(self) -> float:
@@ -116,14 +129,29 @@ def _instruction(line: str) -> str | None:
     return op.rstrip(";") or None
 
 
-def _count(lines: list[str]) -> Mix:
+_CALLEE = re.compile(r"^\s*call(?:\.uni)?\s*(?:\([^)]*\)\s*,)?\s*([A-Za-z_$][\w$]*)")
+
+
+def _callee(lines: list[str], i: int) -> str | None:
+    """The function a ``call`` at line i names (PTX writes it over several lines)."""
+    mt = _CALLEE.match(" ".join(ln.strip() for ln in lines[i:i + 3]))
+    return mt.group(1) if mt else None
+
+
+def _count(lines: list[str], linked: dict | None = None) -> Mix:
     m = Mix()
-    for ln in lines:
+    for i, ln in enumerate(lines):
         op = _instruction(ln)
         if op is None:
             continue
         m.instructions += 1
         base = op.split(".", 1)[0]
+        if base == "call" and linked:
+            f = linked.get(_callee(lines, i))
+            if f is not None:
+                m.calls += 1
+                m.mma += f.mma
+                m.linked_instructions += f.instructions
         if base == "fma" or (base == "mad" and (".f32" in op or ".f64" in op)):
             m.fma += 1
         if base in ("mma", "wmma") or op.startswith("wgmma"):
@@ -184,35 +212,60 @@ def split_entries(ptx: str) -> list[tuple[str, list[str]]]:
     return out
 
 
-def analyze_entry(name: str, lines: list[str]) -> EntryStats:
-    """:class:`EntryStats` of one entry's lines (see the module doc)."""
+def functions(ptx: str) -> dict[str, Mix]:
+    """Name -> :class:`Mix` of each ``.func`` a PTX text defines (NVRTC's output for the linked
+    tensor-core micro-kernels, ``codegen/cuda/mma.py``): what one call of it runs."""
+    out = {}
+    lines = ptx.splitlines()
+    for i, ln in enumerate(lines):
+        mt = re.match(r"^\.visible\s+\.func\s*(?:\([^)]*\)\s*)?([A-Za-z_$][\w$]*)", ln)
+        if not mt:
+            continue
+        j = i
+        while j < len(lines) and lines[j].strip() != "{":
+            j += 1
+        depth, k = 0, j
+        while k < len(lines):
+            depth += lines[k].count("{") - lines[k].count("}")
+            if depth == 0:
+                break
+            k += 1
+        out[mt.group(1)] = _count(lines[j:k + 1])
+    return out
+
+
+def analyze_entry(name: str, lines: list[str], linked: dict | None = None) -> EntryStats:
+    """:class:`EntryStats` of one entry's lines (see the module doc). ``linked``: name ->
+    :class:`Mix` of functions linked in at load time (:func:`functions`): a call of one counts
+    its ``mma`` (and makes its loop an inner-loop candidate, as an FMA does)."""
     st = EntryStats(name)
     text = "\n".join(lines)
     st.shared_bytes = sum(int(bits) // 8 * int(n) for bits, n in _SHARED.findall(text))
-    st.whole = _count(lines)
+    st.whole = _count(lines, linked)
     st.local_ops = st.whole.local
     fma_lines = [i for i, ln in enumerate(lines) if (_instruction(ln) or "").split(".", 1)[0] in ("fma",)
-                 or (_instruction(ln) or "").startswith(("mma", "wmma", "wgmma"))]
+                 or (_instruction(ln) or "").startswith(("mma", "wmma", "wgmma"))
+                 or (linked and (_instruction(ln) or "").startswith("call") and _callee(lines, i) in linked)]
     loops = [(a, b) for a, b in _loops(lines) if any(a <= i <= b for i in fma_lines)]
     inner = [(a, b) for a, b in loops
              if not any((c, d) != (a, b) and a <= c and d <= b for c, d in loops)]
     if inner:
         a, b = max(inner, key=lambda ab: sum(ab[0] <= i <= ab[1] for i in fma_lines))
         st.loop_lines = (a, b)
-        st.loop = _count(lines[a:b + 1])
+        st.loop = _count(lines[a:b + 1], linked)
         outer = [(c, d) for c, d in _loops(lines) if c <= a and b <= d and (c, d) != (a, b)]
         if outer:
             c, d = min(outer, key=lambda cd: cd[1] - cd[0])
-            st.around = _count(lines[c:a] + lines[b + 1:d + 1])
+            st.around = _count(lines[c:a] + lines[b + 1:d + 1], linked)
     return st
 
 
-def analyze_ptx(ptx: str) -> list[EntryStats]:
-    """:class:`EntryStats` for each ``.entry`` of ``ptx``."""
-    return [analyze_entry(n, ls) for n, ls in split_entries(ptx)]
+def analyze_ptx(ptx: str, linked: dict | None = None) -> list[EntryStats]:
+    """:class:`EntryStats` for each ``.entry`` of ``ptx`` (``linked``: :func:`analyze_entry`)."""
+    return [analyze_entry(n, ls, linked) for n, ls in split_entries(ptx)]
 
 
-_PTXAS_FN = re.compile(r"Compiling entry function '([\w$]+)'")
+_PTXAS_FN = re.compile(r"Compiling entry function '([\w$]+)'|Function properties for ([\w$]+)")
 _PTXAS_USED = re.compile(r"Used (\d+) registers")
 _PTXAS_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
@@ -234,7 +287,8 @@ def find_ptxas() -> str | None:
 
 
 def ptxas_resources(ptx: str, arch: str = "sm_90", ptxas: str | None = None) -> dict[str, dict]:
-    """Entry name -> {registers, stack_bytes, spill_stores, spill_loads} from ``ptxas -v``.
+    """Entry (or, for relocatable PTX, function) name -> {registers, stack_bytes, spill_stores,
+    spill_loads} from ``ptxas -v`` (a function's registers count towards its callers').
     RuntimeError when ptxas rejects the PTX; {} without a ptxas."""
     ptxas = ptxas or find_ptxas()
     if ptxas is None:
@@ -243,7 +297,10 @@ def ptxas_resources(ptx: str, arch: str = "sm_90", ptxas: str | None = None) -> 
         src = os.path.join(d, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        p = subprocess.run([ptxas, f"-arch={arch}", "-v", "-o", os.path.join(d, "k.cubin"), src],
+        # -c (relocatable): a kernel calling functions linked in at load time (the tensor-core
+        # micro-kernels, ``codegen/cuda/mma.py``), or NVRTC's PTX of those functions
+        rel = ["-c"] if re.search(r"^\s*\.extern\s+\.func|^\.visible\s+\.func", ptx, re.M) else []
+        p = subprocess.run([ptxas, f"-arch={arch}", "-v", *rel, "-o", os.path.join(d, "k.cubin"), src],
                            capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"ptxas failed: {(p.stderr or p.stdout).strip()[:500]}")
@@ -252,7 +309,7 @@ def ptxas_resources(ptx: str, arch: str = "sm_90", ptxas: str | None = None) -> 
     for ln in (p.stderr + p.stdout).splitlines():
         mt = _PTXAS_FN.search(ln)
         if mt:
-            cur = out.setdefault(mt.group(1), {})
+            cur = out.setdefault(mt.group(1) or mt.group(2), {})
             continue
         if cur is None:
             continue
