@@ -241,6 +241,7 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
             wl = lg.workloads[wkey] = Workload(wkey, n, workload_summary(n), cfg.space, dict(cfg.values),
                                                cfg.schedule, fixed is not None)
         wl.count += 1
+        scratch_seen: set[int] = set()     # a scratch buffer is written by the first kernel naming it
         for j, k in enumerate(ctx.kernels):
             k.schedule, k.knobs, k.workload = cfg.schedule, dict(cfg.values), wkey
             wl.kernels.append(k.name)
@@ -250,7 +251,8 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
                                        [m.name for m in covered], [m.op for m in covered],
                                        flops if j == 0 else None,
                                        elementwise_inplace_pairs(k.params, n_in) if elementwise else [],
-                                       [p for p, b in enumerate(k.params) if any(b is o for o in outs)]))
+                                       [p for p, b in enumerate(k.params) if any(b is o for o in outs)
+                                        or _first_scratch(b, ctx.scratch_buffers, scratch_seen)]))
     for v, out_slot in copies:
         src = Buffer(_ident(v.name), v.dtype, v.shape)
         dst = Buffer(_ident(v.name) + "_out", v.dtype, v.shape)
@@ -267,3 +269,12 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
     used = {s for c in lg.calls for s in c.slots} | set(lg.aliases.values())
     lg.consts = {s: a for s, a in lg.consts.items() if s in used}
     return lg
+
+
+def _first_scratch(b, scratch, seen: set[int]) -> bool:
+    """Whether ``b`` is one of the node's scratch buffers not named by an earlier kernel of it
+    (that kernel fills it: a split-K GEMM's partials, a run-time packed B)."""
+    if id(b) in seen or all(b is not s for s in scratch):
+        return False
+    seen.add(id(b))
+    return True

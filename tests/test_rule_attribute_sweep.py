@@ -542,6 +542,19 @@ def g_qmatmul(ov):
     return g_qgemm(ov, "MatMul")
 
 
+def g_qmatmul_act(ov):
+    """Q/DQ(a) x Q/DQ(b), both activations (attention's Q K^T) -> MatMul -> Q -> DQ."""
+    b = B(ov["_opset"])
+    b.inputs["a"] = rand(2, 5, 16, seed=0)
+    b.inputs["b"] = rand(2, 16, 8, seed=1)
+    b.inits.update(as_=np.float32(0.03), az=np.uint8(128), bs=np.float32(0.025), bz=np.uint8(120))
+    _q(b, "a", "as_", "az", "ad")
+    _q(b, "b", "bs", "bz", "bd")
+    b.node("MatMul", ["ad", "bd"], "p")
+    _q_out(b, "p")
+    return b.done(["y"])
+
+
 def g_dynamic_matmul(ov):
     """quantize_dynamic's chain: DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scale) -> Add(bias)."""
     b = B(ov["_opset"])
@@ -776,6 +789,7 @@ SPECS = [
     Spec("FoldBatchNormIntoConvIntegerToFloat", g_qconv_bn, {"bn": "BatchNormalization"}, _keyed("bn", BN_V),
          opset=21, atol=Q_STEP * 1.001),
     Spec("QuantizeMatMul", g_qmatmul, {"matmul": "MatMul"}, {}, opset=21, atol=Q_STEP * 1.001),
+    Spec("QuantizeMatMulActivations", g_qmatmul_act, {"matmul": "MatMul"}, {}, opset=21, atol=Q_STEP * 1.001),
     Spec("QuantizeGemm", g_qgemm, {"gemm": "Gemm"},
          {("gemm", "alpha"): [V(0.5, fires=True)], ("gemm", "beta"): [V(2.0, fires=True), V(0.0, fires=True)],
           ("gemm", "transB"): [V(1, fires=True)], ("gemm", "transA"): [V(1, fires=False)]},

@@ -190,6 +190,54 @@ def test_quantize_gemm_not_fired_with_trans_a():
     np.testing.assert_allclose(tensorfuse.compile(m).run(a=a)[0], ort_run(m, {"a": a})[0], rtol=1e-4, atol=1e-4)
 
 
+# ----------------------------------------------------------------------------- activation x activation
+def _attention_qdq_model(at=np.uint8, bt=np.uint8, b_axis=None, a_shape=(2, 3, 5, 16), b_shape=(2, 3, 16, 8)):
+    """Q/DQ(a) x Q/DQ(b) -> MatMul -> Q/DQ, both operands graph inputs (attention's Q K^T)."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    zb = (np.uint8(131) if bt == np.uint8 else np.int8(-4))
+    inits = {"as": np.float32(0.03), "az": np.array(120 if at == np.uint8 else 3, at),
+             "bs": np.float32(0.025) if b_axis is None else np.full(b_shape[b_axis], 0.025, np.float32),
+             "bz": np.array(zb, bt) if b_axis is None else np.full(b_shape[b_axis], zb, bt),
+             "ys": Y_SCALE, "yz": np.uint8(128)}
+    nodes = []
+    _qdq("a", "ad", "as", "az", nodes)
+    _qdq("b", "bd", "bs", "bz", nodes, axis=b_axis)
+    nodes.append(helper.make_node("MatMul", ["ad", "bd"], ["p"]))
+    _qdq("p", "y", "ys", "yz", nodes)
+    feeds = {"a": a, "b": b}
+    return graph_model(nodes, feeds, ["y"], inits, opset=21), feeds
+
+
+@pytest.mark.parametrize("at,bt", [(np.uint8, np.uint8), (np.int8, np.int8), (np.uint8, np.int8), (np.int8, np.uint8)])
+def test_quantize_matmul_activations_fires_and_keeps_the_numbers(at, bt):
+    m, feeds = _attention_qdq_model(at, bt)
+    g = optimized(m)
+    assert count(g, MITF) == 1 and count(g, "MatMul") == 0, g.op_histogram()
+    _assert_within_one_step(m, feeds, opt_levels=(0, 2))
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((5, 16), (16, 8)), ((4, 37, 19), (4, 19, 45))])
+def test_quantize_matmul_activations_other_ranks(a_shape, b_shape):
+    m, feeds = _attention_qdq_model(a_shape=a_shape, b_shape=b_shape)
+    assert count(optimized(m), MITF) == 1
+    _assert_within_one_step(m, feeds)
+
+
+def test_quantize_matmul_activations_not_fired_for_a_per_axis_b():
+    m, feeds = _attention_qdq_model(b_axis=3)
+    assert count(optimized(m), MITF) == 0
+    assert "not per tensor" in why_not(m, "QuantizeMatMulActivations")
+    _assert_within_one_step(m, feeds)
+
+
+def test_quantize_matmul_activations_leaves_constant_b_to_quantize_matmul():
+    m, feeds = _matmul_qdq_model(per_column=False)
+    assert "B is a constant" in why_not(m, "QuantizeMatMulActivations")
+    assert count(optimized(m), MITF) == 1
+
+
 # ----------------------------------------------------------------------------- dynamic quantization
 def _dynamic_model(scale_shape=()):
     rng = np.random.default_rng(4)

@@ -11,6 +11,8 @@ integer and leave the rest to the epilogue:
   convolution of the quantized values, one float scale per output channel, the float bias;
 - ``MatMul(DQ(a), DQ(B const))`` and ``Gemm(DQ(a), DQ(B const), C)`` ==>
   ``com.microsoft::MatMulIntegerToFloat``;
+- ``MatMul(DQ(a), DQ(b))`` of two activations, each per tensor (attention's Q K^T and P V) ==>
+  ``MatMulIntegerToFloat`` too: the llvm int8 GEMM packs such a B at run time;
 - dynamic quantization's ``Mul(Cast(MatMulInteger(a, B, ...)), scale)`` ==>
   ``MatMulIntegerToFloat`` (``quantize_dynamic`` writes that chain);
 - ``Q(Concat(v1, v2 ...))`` ==> ``Concat(Q(v1), Q(v2) ...)`` (exact; ``Q(DQ(x))`` with equal
@@ -160,6 +162,33 @@ class QuantizeMatMul(Rule):
         as_ = m.a_scale.data.astype(np.float32).reshape(())
         return build_or_fail(build, "MatMulIntegerToFloat", m.aq, m.bq, build.const(as_, "a_scale"),
                              build.const(bs, "b_scale"), m.a_zp, None if bz is None else build.const(bz, "b_zp"),
+                             domain="com.microsoft", expect=m.matmul.outputs[0])
+
+
+class QuantizeMatMulActivations(Rule):
+    """MatMul(DQ(a), DQ(b)) with b computed at run time, both per tensor ==> com.microsoft::MatMulIntegerToFloat(a, b, a_scale, b_scale, a_zp, b_zp): attention's Q K^T and P V in int32."""
+    name_from = "matmul"
+    pattern = P.MatMul(_dq(Any("aq"), "a"), _dq(Any("bq"), "b"))
+
+    def condition(self, m):
+        ok = _check_operands(m.aq, m.bq, m.matmul.name)
+        if ok is not True:
+            return ok
+        if m.bq.data is not None:
+            return Fail(f"{m.matmul.name}: B is a constant (QuantizeMatMul's case)")
+        if m.aq.type.rank < 2 or m.bq.type.rank < 2:
+            return Fail(f"{m.matmul.name}: a 1-D operand ({m.aq.type} x {m.bq.type})")
+        if m.matmul.outputs[0].dtype != DType.f32:
+            return Fail(f"{m.matmul.name}: output {m.matmul.outputs[0].dtype}, the integer product gives f32")
+        ok = _per_tensor(m, "a")
+        return ok if ok is not True else _per_tensor(m, "b")
+
+    def rewrite(self, m, build):
+        as_ = m.a_scale.data.astype(np.float32).reshape(())
+        bs = m.b_scale.data.astype(np.float32).reshape(())
+        bz = None if m.b_zp is None else build.const(m.b_zp.data.reshape(()), "b_zp")
+        return build_or_fail(build, "MatMulIntegerToFloat", m.aq, m.bq, build.const(as_, "a_scale"),
+                             build.const(bs, "b_scale"), m.a_zp, bz,
                              domain="com.microsoft", expect=m.matmul.outputs[0])
 
 
@@ -378,5 +407,6 @@ class ConcatOnInt8(Rule):
         return build_or_fail(build, "Concat", *parts, expect=m.q.outputs[0], **n.attrs)
 
 
-RULES = [DropActivationBeforeSaturatingQuantize, DropQDQAroundDataMovement, ConcatOnInt8, QuantizeConv, QuantizeMatMul, QuantizeGemm, DynamicMatMulToFloat]
+RULES = [DropActivationBeforeSaturatingQuantize, DropQDQAroundDataMovement, ConcatOnInt8, QuantizeConv, QuantizeMatMul, QuantizeMatMulActivations, QuantizeGemm,
+         DynamicMatMulToFloat]
 FOLD = [FoldBatchNormIntoConvIntegerToFloat]

@@ -4,11 +4,16 @@ MatMulIntegerToFloat: ``MatMulSpec.integer``).
 
 Where it applies: A u8 or i8 [..., M, K] with a scalar zero point (any value, read at run time)
 or one per row ([M], A 2-D); B u8 or i8 [K, N], a compile-time constant, with a constant zero
-point (scalar or [N]); a target with an integer dot product (:func:`int8.dot_forms`).
+point (scalar or [N]), or B [..., K, N] computed at run time (attention's Q K^T and P V) with
+A's batch dims and a per-tensor zero point; a target with an integer dot product
+(:func:`int8.dot_forms`).
 
 - B is packed at compile time into panels ``Bp [NBLK, Kq, NB*L]`` int32: lane j of a panel
   holds the ``g`` consecutive k (4 for VPDPBUSD, 2 for VPMADDWD) of column j, offset as
   :mod:`.int8` says, zero beyond K and N; the corrections per column are a second constant.
+- A run-time B is packed the same way by a first kernel (``<name>_packb``), per batch, into a
+  scratch slot, with its column sums (:func:`_pack_b_at_run_time`); the GEMM's tasks then keep
+  to one batch (rows of one batch share its panels).
 - Each parallel task takes a block of ``sweep_rows`` x R rows of A (A's batch dims folded into
   the rows) and packs them into a per-thread panel ``Ap [rows, Kq]`` int32 (``g`` k per int32,
   offset to u8 or widened to i16), with each row's sum where a B zero point needs it.
@@ -45,12 +50,19 @@ def _applies(ctx: LowerCtx, mm: MatMulSpec) -> bool:
     if io is None or mm.acc != DType.i32 or mm.K == 0 or mm.N == 0 or mm.M == 0:
         return False
     a, b = io.a, io.b
-    if a.dtype not in int8.QUANT or b.dtype not in int8.QUANT or len(b.shape) != 2 or len(a.shape) < 2:
+    if a.dtype not in int8.QUANT or b.dtype not in int8.QUANT or len(b.shape) < 2 or len(a.shape) < 2:
         return False
-    if not int8.dot_forms(ctx.target) or int8.const_input(ctx, b) is None:
+    if not int8.dot_forms(ctx.target):
         return False
-    if io.b_zero is not None and (int8.const_input(ctx, io.b_zero) is None or
-                                  io.b_zero.numel not in (1, mm.N) or len(io.b_zero.shape) > 1):
+    if int8.const_input(ctx, b) is None or len(b.shape) != 2:
+        # B computed at run time (attention's products of two activations): packed by a first
+        # kernel, per batch; A and B have the same batch dims, B's zero point is per tensor
+        if b.numel == 0 or tuple(a.shape[:-2]) != tuple(b.shape[:-2]):
+            return False
+        if io.b_zero is not None and io.b_zero.numel != 1:
+            return False
+    elif io.b_zero is not None and (int8.const_input(ctx, io.b_zero) is None or
+                                    io.b_zero.numel not in (1, mm.N) or len(io.b_zero.shape) > 1):
         return False
     if io.a_zero is not None and io.a_zero.numel != 1 and not (len(io.a_zero.shape) == 1 and len(a.shape) == 2):
         return False
@@ -71,6 +83,11 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     a, b, y = io.a, io.b, mm.y
     K, N, M = mm.K, mm.N, mm.M
     rows = a.numel // K
+    bv = int8.const_input(ctx, b) if len(b.shape) == 2 else None
+    runtime_b = bv is None
+    # row groups that share one B: the batches of a run-time B, else all rows
+    NGRP = b.numel // (K * N) if runtime_b else 1
+    RG = rows // NGRP
     forms = int8.dot_forms(ctx.target)
     widths = [f.lanes for f in forms]
     L = knob("int8_lanes", widths, widths[0], doc="int32 lanes (output columns) per vector")
@@ -79,40 +96,44 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     Kq = -(-K // g)
     nvec = -(-N // L)
     regs = vector_registers(ctx.target)
-    tiles = [(r, nb) for nb in range(1, min(4, nvec) + 1) for r in range(1, min(12, rows) + 1)
+    tiles = [(r, nb) for nb in range(1, min(4, nvec) + 1) for r in range(1, min(12, RG) + 1)
              if r * nb + nb + 2 <= regs]
-    R, NB = knob("int8_tile", tiles, _default_tile(regs, rows, nvec), doc="register tile: rows x column vectors")
+    R, NB = knob("int8_tile", tiles, _default_tile(regs, RG, nvec), doc="register tile: rows x column vectors")
     blk = NB * L
     NBLK = -(-N // blk)
-    full = rows // R
+    full = RG // R
     g0 = max(1, min(max(full, 1), A_PANEL_BYTES // max(1, R * Kq * 4)))
     G = knob("sweep_rows", [d for d in range(1, min(16, max(full, 1)) + 1)], g0,
              doc="row tiles per parallel task (its packed rows of A)") if full > 1 else 1
-    ntask_rows = -(-rows // (G * R))
+    ntask_rows = NGRP * -(-RG // (G * R))
     split0 = 1 if ntask_rows >= MIN_TASKS else min(NBLK, -(-MIN_TASKS // ntask_rows))
     SPLIT = knob("col_split", [s for s in (1, 2, 4, 8, 16) if s <= NBLK], split0,
                  doc="column panels split into this many parallel tasks")
     per = -(-NBLK // SPLIT)
 
-    # ---- B packed at compile time: columns are the "output channels" of int8.offset_weights
-    bv = int8.const_input(ctx, b)
-    bz = int8.const_input(ctx, io.b_zero)
-    pw = int8.offset_weights(np.ascontiguousarray(bv.T), bz, form, b.dtype)
-    wpad = np.zeros((NBLK * blk, Kq * g), np.int64)
-    wpad[:N, :K] = pw.w_p
-    bp = ctx.pack(int8.pack_lanes(wpad.reshape(NBLK, blk, Kq, g).transpose(0, 2, 1, 3), form), "bint8")
-    corr = np.zeros((2, NBLK * blk), np.int32)
-    corr[0, :N] = pw.corr
-    corr[1, :N] = int8.wrap32(pw.d)
-    cb = ctx.pack(corr, "bcorr")
-    rowsum = pw.need_rowsum
+    i32 = DType.i32
+    if runtime_b:
+        bp, cb, rowsum, d_expr = _pack_b_at_run_time(ctx, io, form, K, N, Kq, blk, NBLK, NGRP)
+    else:
+        # ---- B packed at compile time: columns are the "output channels" of int8.offset_weights
+        bz = int8.const_input(ctx, io.b_zero)
+        pw = int8.offset_weights(np.ascontiguousarray(bv.T), bz, form, b.dtype)
+        wpad = np.zeros((NBLK * blk, Kq * g), np.int64)
+        wpad[:N, :K] = pw.w_p
+        bp = ctx.pack(int8.pack_lanes(wpad.reshape(NBLK, blk, Kq, g).transpose(0, 2, 1, 3), form), "bint8")
+        corr = np.zeros((2, NBLK * blk), np.int32)
+        corr[0, :N] = pw.corr
+        corr[1, :N] = int8.wrap32(pw.d)
+        cb = ctx.pack(corr, "bcorr")
+        rowsum = pw.need_rowsum
+        d_expr = None
     # B's zero point stays a parameter: CSE merges equal constants, so the buffer may also be
     # A's zero point or one the fused epilogue reads (a QuantizeLinear's)
     params = [p for p in ctx.default_params() if p is not b] + [bp, cb]
     kb = ctx.kernel(params=params)
     kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: tile {R} rows x {NB}x{L} columns, "
-                          f"{G} tiles per task, B packed {list(bp.shape)}]")
-    i32 = DType.i32
+                          f"{G} tiles per task, B packed {list(bp.shape)}"
+                          f"{' at run time' if runtime_b else ''}]")
     s_off = int8.activation_offset(form, a.dtype)
     mask = (1 << form.bits) - 1
     GR = G * R
@@ -157,12 +178,13 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
                     v = a.flat(src + k).cast(i32)
                     kb.store(rs, pr, rs[pr] + (v + s_off if s_off else v))
 
-    def tile(r0: Expr, lr0, nrows: int, jb: Expr):
-        """Rows r0 .. r0+nrows-1 (panel rows lr0 ..) x panel jb."""
+    def tile(r0: Expr, lr0, nrows: int, jb: Expr, grp=0):
+        """Rows r0 .. r0+nrows-1 (panel rows lr0 ..) x panel jb (of row group grp's B)."""
+        pj = jb + grp * NBLK if runtime_b else jb
         for q in range(nrows * NB):
             kb.store(acc, q * L, broadcast(as_expr(0, i32), L))
         with kb.reduce(Kq, hint="kq") as kq:
-            bvs = [bp.vload((jb * Kq + kq) * blk + v * L, L) for v in range(NB)]
+            bvs = [bp.vload((pj * Kq + kq) * blk + v * L, L) for v in range(NB)]
             for r in range(nrows):
                 av = broadcast(ap.flat((lr0 + r) * Kq + kq), L)
                 for v in range(NB):
@@ -175,9 +197,14 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
             for v in range(NB):
                 j0 = jb * blk + v * L
                 val = acc.vload((r * NB + v) * L, L)
-                if rowsum:
-                    val = val + rs.flat(lr0 + r) * cb.vload(NBLK * blk + j0, L)
-                val = val - a_of(row) * cb.vload(j0, L)
+                if runtime_b:
+                    if rowsum:
+                        val = val + rs.flat(lr0 + r) * d_expr
+                    val = val - a_of(row) * cb.vload(grp * (NBLK * blk) + j0, L)
+                else:
+                    if rowsum:
+                        val = val + rs.flat(lr0 + r) * cb.vload(NBLK * blk + j0, L)
+                    val = val - a_of(row) * cb.vload(j0, L)
 
                 def vector_store(val=val, j0=j0, bidx=bidx, i=i):
                     idx = mm.out_index(bidx, i, Ramp(j0, L))
@@ -206,12 +233,14 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
         with kb.loop(hi, start=lo, hint="jb", role="spatial") as jb:
             body(jb)
 
-    nfull = rows // GR
+    nfull = RG // GR
     if nfull:
-        with kb.loop(nfull * SPLIT, kind="parallel", hint="t") as t:
-            blkrow = t / SPLIT if SPLIT > 1 else t
-            part = t % SPLIT if SPLIT > 1 else as_expr(0)
-            r0 = blkrow * GR
+        with kb.loop(NGRP * nfull * SPLIT, kind="parallel", hint="t") as t:
+            grp = t / (nfull * SPLIT) if NGRP > 1 else 0
+            tt = t % (nfull * SPLIT) if NGRP > 1 else t
+            blkrow = tt / SPLIT if SPLIT > 1 else tt
+            part = tt % SPLIT if SPLIT > 1 else as_expr(0)
+            r0 = blkrow * GR + grp * RG if NGRP > 1 else blkrow * GR
             pack_rows(r0, GR)
 
             def body(jb):
@@ -219,23 +248,92 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
                 # -> Q chains, several stores) is then emitted once per tile shape, which keeps
                 # compile time in check (bert_mini QDQ: 1 MB of kernel IR per GEMM when unrolled)
                 if G == 1:
-                    tile(r0, as_expr(0), R, jb)
+                    tile(r0, as_expr(0), R, jb, grp)
                 else:
                     with kb.loop(G, hint="gi") as gi:
-                        tile(r0 + gi * R, gi * R, R, jb)
+                        tile(r0 + gi * R, gi * R, R, jb, grp)
             panels(part, body)
-    rest = rows - nfull * GR
+    rest = RG - nfull * GR
     if rest:
-        with kb.loop(SPLIT, kind="parallel", hint="t") as part:
-            r0 = as_expr(nfull * GR)
+        with kb.loop(NGRP * SPLIT, kind="parallel", hint="t") as t:
+            grp = t / SPLIT if NGRP > 1 and SPLIT > 1 else (t if NGRP > 1 else 0)
+            part = t % SPLIT if SPLIT > 1 else as_expr(0)
+            r0 = grp * RG + nfull * GR if NGRP > 1 else as_expr(nfull * GR)
             pack_rows(r0, rest)
 
             def body_rest(jb):
                 if rest // R == 1:
-                    tile(r0, as_expr(0), R, jb)
+                    tile(r0, as_expr(0), R, jb, grp)
                 elif rest // R > 1:
                     with kb.loop(rest // R, hint="gi") as gi:
-                        tile(r0 + gi * R, gi * R, R, jb)
+                        tile(r0 + gi * R, gi * R, R, jb, grp)
                 if rest % R:
-                    tile(r0 + (rest // R) * R, (rest // R) * R, rest % R, jb)
-            panels(part if SPLIT > 1 else as_expr(0), body_rest)
+                    tile(r0 + (rest // R) * R, (rest // R) * R, rest % R, jb, grp)
+            panels(part, body_rest)
+
+
+def _pack_b_at_run_time(ctx: LowerCtx, io, form, K: int, N: int, Kq: int, blk: int, NBLK: int, NGRP: int):
+    """A first kernel packing a run-time B [NGRP, K, N] (u8/i8) as the compile-time path packs
+    a constant one: per batch p, words ``bp[p, jb, kq, jj]`` (int32 holding the ``g`` values
+    b[p, kq*g + t, jb*blk + jj] - c, c = :func:`int8.weight_offset`, zero beyond K and N) and
+    the column corrections ``cb[p, j] = sum_k (b[p, k, j] - zb)`` (wrapping int32). Returns
+    (bp, cb, whether rows need their sum, d = c - zb as an expression): the GEMM's correction
+    is acc + d * rowsum(a_u) - (za + s) * cb[p, j], as :mod:`.int8` derives."""
+    b, bz = io.b, io.b_zero
+    i32 = DType.i32
+    g, bits = form.per_lane, form.bits
+    mask = (1 << bits) - 1
+    c = int8.weight_offset(form, b.dtype)
+    bp = ctx.scratch(i32, (NGRP * NBLK * Kq * blk,), "bint8")
+    cb = ctx.scratch(i32, (NGRP * NBLK * blk,), "bcorr")
+    zconst = int8.const_input(ctx, bz)
+    if bz is None:
+        d_expr, rowsum = as_expr(c, i32), c != 0
+    elif zconst is not None:
+        dv = c - int(np.asarray(zconst).reshape(()))
+        d_expr, rowsum = as_expr(dv, i32), dv != 0
+    else:
+        d_expr, rowsum = as_expr(c, i32) - bz.flat(0).cast(i32), True
+    kb = ctx.kernel("packb", params=[b] + ([bz] if bz is not None else []) + [bp, cb])
+    kb.kernel.comment += f"  [B [{NGRP}, {K}, {N}] packed for {form.isa} {form.packing}: {list(bp.shape)} words]"
+
+    def lane(v):
+        e = v.cast(i32) - c if c else v.cast(i32)
+        return e & mask
+
+    with kb.loop(NGRP, hint="p", role="spatial") as p:
+        src = p * (K * N)
+        dst = p * (NBLK * Kq * blk)
+        if N % blk or K % g:
+            with kb.loop(NBLK * Kq * blk, kind="vectorize", hint="z") as z:
+                kb.store(bp, dst + z, as_expr(0, i32))
+
+        def words(kq, nt: int, jb, ncols: int):
+            with kb.loop(ncols, kind="vectorize", hint="jj") as jj:
+                j = jb * blk + jj
+                w = lane(b.flat(src + (kq * g) * N + j))
+                for t in range(1, nt):
+                    w = w | binop("shl", lane(b.flat(src + (kq * g + t) * N + j)), as_expr(t * bits, i32))
+                kb.store(bp, dst + (jb * Kq + kq) * blk + jj, w)
+
+        def word_row(kq, nt: int):
+            if N // blk:
+                with kb.loop(N // blk, hint="jb") as jb:
+                    words(kq, nt, jb, blk)
+            if N % blk:
+                words(kq, nt, as_expr(N // blk), N % blk)
+
+        if K // g:
+            with kb.loop(K // g, hint="kq") as kq:
+                word_row(kq, g)
+        if K % g:
+            word_row(as_expr(K // g), K % g)
+        # column sums of b - zb
+        cdst = p * (NBLK * blk)
+        init = as_expr(0, i32) if bz is None else as_expr(0, i32) - bz.flat(0).cast(i32) * K
+        with kb.loop(NBLK * blk, kind="vectorize", hint="j") as j:
+            kb.store(cb, cdst + j, init)
+        with kb.loop(K, hint="k") as k:
+            with kb.loop(N, kind="vectorize", hint="j") as j:
+                kb.store(cb, cdst + j, cb.flat(cdst + j) + b.flat(src + k * N + j).cast(i32))
+    return bp, cb, rowsum, d_expr
