@@ -67,8 +67,10 @@ class LoweredGraph:
     messages: list[str] = field(default_factory=list)   # check error k is messages[k-1]
     #: workload key -> :class:`Workload`, one per distinct workload lowered (first node of each)
     workloads: dict[str, "Workload"] = field(default_factory=dict)
-    #: temp slot -> the slot it reshapes: a standalone reshape-only node (``OpDef.reshape_only``)
-    #: lowers to no kernel; the memory plan gives it its input's bytes (``runtime.memory_plan``)
+    #: temp slot -> the slot whose bytes it uses: a standalone reshape-only node
+    #: (``OpDef.reshape_only``) lowers to no kernel; its output views its input, or, where the
+    #: output is a graph output and the input an intermediate, the input lives in the output
+    #: (``runtime.memory_plan``)
     aliases: dict[int, int] = field(default_factory=dict)
 
 
@@ -122,6 +124,17 @@ def _is_alias(n: Node, slots: list[Slot], slot_of: dict[int, int]) -> bool:
         return False
     x, y = n.inputs[0], n.outputs[0]
     return slots[slot_of[id(y)]].kind == "temp" and x.dtype == y.dtype and x.type.numel == y.type.numel
+
+
+def _output_of_temp(n: Node, slots: list[Slot], slot_of: dict[int, int], aliases: dict[int, int]) -> bool:
+    """Whether reshape-only node ``n`` makes a graph output of an intermediate that can live in
+    that output's array instead (it is no view itself and no other output has taken it)."""
+    if len(n.outputs) != 1 or not n.inputs or n.inputs[0] is None or id(n.inputs[0]) not in slot_of:
+        return False
+    x, y = n.inputs[0], n.outputs[0]
+    xs, ys = slot_of[id(x)], slot_of[id(y)]
+    return (slots[xs].kind == "temp" and slots[ys].kind == "output" and xs not in aliases
+            and x.dtype == y.dtype and x.type.numel == y.type.numel)
 
 
 def lower_graph(graph: Graph, target=None, tuning=None) -> LoweredGraph:
@@ -199,6 +212,9 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
         if od.reshape_only and _is_alias(n, lg.slots, slot_of):
             lg.aliases[slot_of[id(n.outputs[0])]] = slot_of[id(n.inputs[0])]
             continue        # the same row-major bytes under another shape: a view, no kernel
+        if od.reshape_only and _output_of_temp(n, lg.slots, slot_of, lg.aliases):
+            lg.aliases[slot_of[id(n.inputs[0])]] = slot_of[id(n.outputs[0])]
+            continue        # a graph output reshaping an intermediate: the intermediate lives in it
         ctx = LowerCtx(n, ins, outs, f"{_ident(n.op).lower()}_{i}", status, lg.messages)
         wkey = workload_key(n)
         fixed = tuning.knobs_for(wkey) if tuning is not None else None

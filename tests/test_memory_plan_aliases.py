@@ -2,8 +2,9 @@
 ``compiler.lower._is_alias``): a standalone Reshape, Flatten, Squeeze or Unsqueeze whose output
 is an intermediate lowers to no kernel and holds no bytes; it views its input's memory (an arena
 buffer, a graph input, a constant, a graph output), and liveness counts its uses as uses of that
-memory. A graph output is never an alias: it comes out as its own array even when it reshapes
-an input or another output. Numbers against onnxruntime (optimisations off), exact for
+memory; a graph output that reshapes an intermediate takes the intermediate into its array. A
+graph output is never an alias: it comes out as its own array even when it reshapes an input or
+another output. Numbers against onnxruntime (optimisations off), exact for
 Relu/Neg/Add chains, rtol 1e-6 where Exp or MatMul run. Runs are in debug mode
 (tests/conftest.py), so every run also checks the plan and each value a kernel reads."""
 from __future__ import annotations
@@ -185,6 +186,24 @@ def test_outputs_that_reshape_an_input_or_another_output_are_their_own_arrays():
             assert not np.shares_memory(a, b)
     got[1][...] = 0                                     # y2 changed by the caller: y3 keeps its values
     np.testing.assert_array_equal(got[2], np.maximum(x, 0))
+
+
+def test_an_intermediate_reshaped_into_graph_outputs_lives_in_the_first():
+    """t = Relu(x); y1 = Reshape(t), y2 = Flatten(t), z = Neg(t): t is written straight into y1's
+    array (no copy), y2 is a copy (its own array), Neg reads t from y1."""
+    nodes = [helper.make_node("Relu", ["x"], ["t"]),
+             helper.make_node("Reshape", ["t", "s"], ["y1"]),
+             helper.make_node("Flatten", ["t"], ["y2"], axis=0),
+             helper.make_node("Neg", ["t"], ["z"])]
+    model = _model(nodes, [("x", (3, 8))], ["y1", "y2", "z"], [_shape("s", [4, 6])])
+    x = np.random.default_rng(7).standard_normal((3, 8)).astype(np.float32)
+    mod, got = _run_and_compare(model, {"x": x})
+    assert [c.ops for c in mod.calls] == [["Relu"], ["Flatten"], ["Neg"]]
+    slots = mod._program.slots
+    assert {slots[a].name: slots[r].name for a, r in mod.memory_plan.aliases.items()} == {"t": "y1"}
+    assert mod.memory_plan.arena_bytes == 0
+    for i, a in enumerate(got):
+        assert not any(np.shares_memory(a, b) for b in got[i + 1:])
 
 
 def test_optimised_model_with_matmul_reshape_softmax():

@@ -1,7 +1,8 @@
 """Reshapes as aliases on the cuda target (issue 21; ``runtime.memory_plan`` point 4): a
 standalone Reshape, Flatten, Squeeze or Unsqueeze of an intermediate, a graph input or a graph
 output is no launch, its slot the flat view of the slot it reshapes; a graph output that
-reshapes an input or another output is still its own array. Under the CUDA simulator, numbers
+reshapes an intermediate takes the intermediate into its array (also with ``return_device``);
+one that reshapes an input or another output is still its own array. Under the CUDA simulator, numbers
 against onnxruntime (optimisations off): exact for Relu/Neg/Add chains, rtol 1e-5 with Exp."""
 import os
 
@@ -69,3 +70,21 @@ def test_outputs_that_reshape_an_input_or_another_output_are_their_own_arrays():
         assert not any(np.shares_memory(a, b) for b in host[i + 1:])
     for d, e in zip(dev, got):
         np.testing.assert_array_equal(d.copy_to_host(), e)
+
+
+def test_an_intermediate_reshaped_into_graph_outputs_lives_in_the_first():
+    nodes = [helper.make_node("Relu", ["x"], ["t"]),
+             helper.make_node("Reshape", ["t", "s"], ["y1"]),
+             helper.make_node("Flatten", ["t"], ["y2"], axis=0),
+             helper.make_node("Neg", ["t"], ["z"])]
+    model = _model(nodes, [("x", (3, 8))], ["y1", "y2", "z"], [_shape("s", [4, 6])])
+    x = np.random.default_rng(2).standard_normal((3, 8)).astype(np.float32)
+    mod, _ = _compare(model, {"x": x}, opt_level=0)
+    assert [c.ops for c in mod.calls] == [["Relu"], ["Flatten"], ["Neg"]]
+    slots = mod._program.slots
+    assert {slots[a].name: slots[r].name for a, r in mod.memory_plan.aliases.items()} == {"t": "y1"}
+    dev = mod.run(x=x, return_device=True)          # fresh device outputs: t goes into y1's array
+    host = [d._ary for d in dev]
+    for i, a in enumerate(host):
+        assert not any(np.shares_memory(a, b) for b in host[i + 1:])
+    np.testing.assert_array_equal(dev[0].copy_to_host(), np.maximum(x, 0).reshape(4, 6))
