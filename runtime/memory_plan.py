@@ -15,9 +15,9 @@
 4. **Aliases**: a slot that only reinterprets another slot's bytes with a new shape (a standalone
    Reshape, Flatten, Squeeze or Unsqueeze of a contiguous value, which lowers to no kernel:
    ``aliases``, slot -> the slot it views; or the intermediate that such a node makes a graph
-   output of, which then lives in the output's array) has no bytes of its own: each call that touches it
-   touches the slot it views (its *root*, followed through chains of aliases), so the root
-   lives until the alias's last use, and the runtime points the alias at the root's memory
+   output of, which then lives in the output's array) has no bytes of its own: each call that
+   touches it touches the slot it views (its *root*, followed through chains of aliases), so
+   the root lives until the alias's last use, and the runtime points the alias at the root's memory
    (an arena offset, a constant, or a graph input's or output's array). A graph output is
    never an alias (it comes out as its own array), so an alias never makes two outputs share.
 
