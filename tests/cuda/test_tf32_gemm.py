@@ -149,3 +149,28 @@ def test_compile_records_precision(tmp_path):
     bound = _tf32_bound(np.abs(a) @ np.abs(rand(40, 24, seed=3)), 40)
     assert np.all(np.abs(got - ref) <= bound)
     assert [_precision(k) for k in mod.report.kernels if "output tiles" in k.comment] == ["tf32"]
+
+
+@pytest.mark.parametrize("knobs,frags", [({"tile": 32, "thread_tile": 2}, "16x8"),
+                                         ({"tile": 64, "thread_tile": 8}, "32x64")])
+def test_every_micro_kernel_shape(knobs, frags):
+    """The 1x1 (register tile 2) and 2x8 (register tile 8) warp tiles, besides the default 1x4:
+    a 40 x 24 x 40 MatMul (partial tiles, K in three 16-deep slices, the last partial)."""
+    from knob_util import Fixed
+    from tensorfuse.codegen.cuda.mma import precision_scope
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.compiler.pipeline import optimize
+    from tensorfuse.ir.target import Target
+    a, b = rand(40, 40), rand(40, 24, seed=5)
+    m = node_model("MatMul", {"a": a}, initializers={"b": b})
+    g = import_onnx(m)
+    optimize(g, 2, target=Target.parse("cuda"))
+    with precision_scope("tf32"):
+        lg = lower_graph(g, Target.parse("cuda"), tuning=Fixed(knobs))
+    (k,) = _gemm_kernels(lg)
+    assert f"warp tiles of {frags}" in k.comment and k.knobs["thread_tile"] == knobs["thread_tile"], k.comment
+    got = cu.run_lowered(lg, [a])[0]
+    ref = ort_run(m, {"a": a})[0]
+    bound = _tf32_bound(np.abs(a) @ np.abs(b), 40)
+    assert np.all(np.abs(got - ref) <= bound), float(np.max(np.abs(got - ref) / bound))
