@@ -344,6 +344,10 @@ def _fixed(**knobs):
     {"int8_tile": (6, 2), "int8_lanes": 8, "int8_layout": "rows", "oc_split": 4},
     {"int8_tile": (3, 7), "int8_layout": "rows", "band_rows": 3},
     {"int8_tile": (2, 5), "int8_layout": "flat", "band_rows": 9},
+    {"int8_tile": (4, 3), "int8_stage": "none", "band_rows": 9},
+    {"int8_tile": (3, 2), "int8_layout": "flat", "int8_stage": "none", "int8_epilogue": "unrolled"},
+    {"int8_tile": (2, 5), "int8_layout": "flat", "int8_epilogue": "unrolled"},
+    {"int8_tile": (4, 3), "int8_layout": "rows", "int8_epilogue": "loop", "oc_split": 2},
 ])
 def test_conv_int8_knobs(knobs):
     """Knob values the tuner may pick (away from the defaults) compute the same result."""
@@ -461,3 +465,46 @@ def test_conv_int8_dw_knobs(knobs):
     assert k.schedule == "llvm.conv2d_int8_dw" and {n: k.knobs[n] for n in knobs} == knobs, k.knobs
     if _runs_here("vnni512"):
         np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])
+
+
+def _qdq_conv_residual_model(c, m, h, w_, group, k, stride, rng):
+    """QDQ u8s8: y = Q(Conv(DQ(Q(x)), DQ(w), b) + r) -> DQ, with r a second float input
+    of y's shape (the residual add that tensorfuse fuses into the conv's epilogue, which then
+    reads r: the stored-in-runs tail path)."""
+    from onnx import TensorProto, helper, numpy_helper
+    oh, ow = (h + 2 * (k // 2) - k) // stride + 1, (w_ + 2 * (k // 2) - k) // stride + 1
+    wq = rng.integers(-127, 128, (m, c // group, k, k)).astype(np.int8)
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "xs"), numpy_helper.from_array(np.array(128, np.uint8), "xz"),
+             numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(np.linspace(0.002, 0.01, m).astype(np.float32), "ws"),
+             numpy_helper.from_array(np.zeros(m, np.int8), "wz"),
+             numpy_helper.from_array(rng.normal(0, 0.2, m).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "ys"), numpy_helper.from_array(np.array(120, np.uint8), "yz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "b"], ["cv"], pads=[k // 2] * 4, strides=[stride] * 2, group=group),
+             helper.make_node("Add", ["cv", "r"], ["s"]),
+             helper.make_node("QuantizeLinear", ["s", "ys", "yz"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w_]),
+                                       helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, m, oh, ow])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, oh, ow])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"x": rng.uniform(-2.5, 2.5, (1, c, h, w_)).astype(np.float32),
+             "r": rng.uniform(-1, 1, (1, m, oh, ow)).astype(np.float32)}
+    return model, feeds
+
+
+@pytest.mark.parametrize("c,m,hw,group,k,stride", [(24, 20, 28, 1, 1, 1), (16, 16, 13, 16, 3, 1), (8, 12, 11, 1, 3, 2)])
+def test_int8_conv_with_a_fused_residual(c, m, hw, group, k, stride):
+    """A quantized conv whose epilogue reads another tensor (a residual add) in the int8
+    schedules (partial row vectors stored in runs, the staged and looped epilogue): within
+    one output quantization step of onnxruntime's unfused QDQ graph."""
+    rng = np.random.default_rng(c + m + hw)
+    model, feeds = _qdq_conv_residual_model(c, m, hw, hw, group, k, stride, rng)
+    mod = tensorfuse.compile(model)
+    assert {k_.schedule for k_ in mod.kernels} & {"llvm.conv2d_int8", "llvm.conv2d_int8_dw"}, [k_.schedule for k_ in mod.kernels]
+    got = mod.run(**feeds)[0]
+    exp = ort_run(model, feeds)[0]
+    assert np.abs(got - exp).max() <= 0.05 * 1.001

@@ -31,12 +31,19 @@ epilogue runs on whole vectors, as in the float schedules.
 - Epilogue on registers: the correction (``d * rowsum - a * corr``), the bias, the op's
   ``finish(acc, oc)`` (requantisation, or the float scale of ConvIntegerToFloat), then
   ``ctx.apply_epilogue`` on the vector and one store; a row's last partial vector (and the flat
-  layout's runs of lanes in one output row) in vectors of 8, 4, 2 and 1 lanes.
+  layout's runs of lanes in one output row) in vectors of 8, 4, 2 and 1 lanes. The stores go
+  to a stage of the tile's RP*OCn vectors on the stack, then (a second pass over the same
+  stores) to Y: with no store to Y among the epilogues LLVM loads (and divides) a channel's
+  scales and zero points once per tile, where a store to Y, which may alias any parameter as
+  far as it knows, made it reload them for every vector.
 
 Knobs: ``int8_lanes`` (16 or 8: narrow rows waste fewer lanes at 8), ``int8_tile`` (RP, OCn),
 ``band_rows`` (a divisor of OH; larger bands repack fewer overlapping input rows, the panel
 stays under :data:`PANEL_BYTES` by default), ``oc_split`` (output-channel blocks split into
-this many parallel tasks: images x bands alone may be too few tasks).
+this many parallel tasks: images x bands alone may be too few tasks), ``int8_stage``
+(``tile``: the staged epilogue above; ``none``: stores straight to Y).
+
+Depthwise convolutions (``group == C == M``) take :mod:`.conv2d_int8_dw` where it applies.
 """
 from __future__ import annotations
 
@@ -267,6 +274,20 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     xp = kb.local(DType.i32, (Cq * PL,), hint="xpanel")
     acc = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="acc")
     lanes_buf = kb.local(DType.i32, (L,), hint="lanes")
+    # the tile's results go to a stage on the stack first and then to Y: with no store to Y
+    # among the epilogues, LLVM loads each channel's scale, zero point and corrections (and
+    # divides the scales) once per tile, not once per pixel vector (Y may alias any
+    # parameter as far as it knows)
+    staged = knob("int8_stage", ["tile", "none"], "tile",
+                  doc="epilogue results staged per tile before the stores to Y") == "tile"
+    ystage = kb.local(y.dtype, (RP * OCn * L,), hint="ystage") if staged else None
+    # staged, with an epilogue that reads no other tensor: the epilogue runs on whole vectors
+    # (lanes past a row's end or from several rows of the flat layout are computed, only the
+    # valid ones copied), one finish per vector instead of one per run of lanes
+    whole_vectors = staged and not list(ctx.epilogue_inputs)
+    epi_loop = knob("int8_epilogue", ["loop", "unrolled"], "loop" if OCn > 1 else "unrolled",
+                    doc="the tile's epilogues in a loop over its channels, or unrolled") == "loop"
+    accs = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="accs") if epi_loop else None
     i32 = DType.i32
     s_off = int8.activation_offset(form, x.dtype)
     mask = (1 << form.bits) - 1
@@ -346,7 +367,19 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         ones = broadcast(as_expr(int(int8.pack_lanes(np.ones((1, g), np.int64), form)[0]), i32), L)
         zero = broadcast(as_expr(0, i32), L)
 
-        def store_run(lane0: int, length: int, oc: Expr, oh: Expr, ow0: Expr):
+        mode = ["compute"]
+
+        def put(idx, slot: int, wd: int, value):
+            """Y[idx] (``wd`` lanes) = ``value()``; with the staged epilogue, in the "compute"
+            pass into the stage at ``slot``, in the "copy" pass from there into Y."""
+            if not staged:
+                kb.store(y, idx, value())
+            elif mode[0] == "compute":
+                kb.store(ystage, slot, value())
+            else:
+                kb.store(y, idx, ystage.vload(slot, wd) if wd > 1 else ystage.flat(slot))
+
+        def store_run(lane0: int, length: int, oc: Expr, oh: Expr, ow0: Expr, slot0: int = 0):
             """Output pixels ow0 .. ow0+length-1 of row oh from lanes lane0.. of ``lanes_buf``
             (the corrected accumulators): vectors of 8, 4, 2 lanes, then 1, each with finish
             and the epilogue on the vector before its store (a row's tail, the flat layout's
@@ -356,7 +389,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 wd = 1 << ((length - off).bit_length() - 1)
                 val = lanes_buf.vload(lane0 + off, wd) if wd > 1 else lanes_buf[lane0 + off]
                 idx = [n, oc, oh, Ramp(ow0 + off, wd) if wd > 1 else ow0 + off]
-                kb.store(y, idx, ctx.apply_epilogue(finish(val, oc), idx))
+                put(idx, slot0 + lane0 + off, wd, lambda val=val, idx=idx: ctx.apply_epilogue(finish(val, oc), idx))
                 off += wd
 
         def tile(mb: Expr, s0, rp: int):
@@ -398,49 +431,82 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 # the updates of each accumulator (3x slower)
                 with kb.reduce(Cq * KH, hint="ck") as ck:
                     taps(ck / KH if KH > 1 else ck, ck % KH if KH > 1 else as_expr(0))
-            for p in range(rp):
+            src = acc
+            if epi_loop:
+                # the accumulators to a second local read at run-time offsets (``acc`` keeps
+                # constant offsets only, so it stays in registers through the reduction)
+                src = accs
+                for q in range(rp * (OCn + 1)):
+                    kb.store(accs, q * L, acc.vload(q * L, L))
+            for mode[0] in (("compute", "copy") if staged else ("compute",)):
+                epilogue(mb, s0, rp, rows, vecs, src, epi_loop)
+
+        def epilogue(mb: Expr, s0, rp: int, rows, vecs, src, looped: bool):
+            """The tile's epilogues (the current ``mode`` pass) from the accumulators in
+            ``src``: unrolled over channels and pixel vectors, or (``looped``) a loop over the
+            OCn channels with the RP pixel vectors unrolled in it (one copy of the epilogue
+            code per pixel vector instead of RP*OCn: LLVM's time on large tiles with fused
+            epilogues; a channel's constants still load once per tile)."""
+            def one(p, j):
                 oh = oh0 + rows[p]
                 ow0 = vecs[p] * L
-                rs = acc.vload((p * (OCn + 1) + OCn) * L, L) if rowsum else None
-                for j in range(OCn):
-                    ocl = mb * OCn + j                       # the group's channel
-                    oc = gi * M + ocl if G > 1 else ocl      # Y's
-                    cix = gi * MBP + ocl if G > 1 else ocl
-                    v = acc.vload((p * (OCn + 1) + j) * L, L)
-                    if rowsum:
-                        v = v + rs * cb.flat(G * MBP + cix)
-                    v = v - a_corr * cb.flat(cix)
-                    if b is not None:
-                        v = v + b.flat(oc).cast(i32)
+                rs = src.vload((p * (OCn + 1) + OCn) * L, L) if rowsum else None
+                slot0 = (p * OCn + j) * L
+                ocl = mb * OCn + j                       # the group's channel
+                oc = gi * M + ocl if G > 1 else ocl      # Y's
+                cix = gi * MBP + ocl if G > 1 else ocl
+                v = src.vload((p * (OCn + 1) + j) * L, L)
+                if rowsum:
+                    v = v + rs * cb.flat(G * MBP + cix)
+                v = v - a_corr * cb.flat(cix)
+                if b is not None:
+                    v = v + b.flat(oc).cast(i32)
 
-                    def store(v=v, oc=oc, oh=oh, ow0=ow0, p=p):
-                        if flat:
-                            # lanes at band positions r*COLS + ow: each row's run of lanes
+                def store(v=v, oc=oc, oh=oh, ow0=ow0, p=p, slot0=slot0):
+                    if whole_vectors and mode[0] == "compute":
+                        # every lane through finish and the epilogue once; the copy pass
+                        # stores the row's lanes (runs, the row's tail) from the stage
+                        idx = [n, oc, oh0 if flat else oh, Ramp(as_expr(0) if flat else ow0, L)]
+                        kb.store(ystage, slot0, ctx.apply_epilogue(finish(v, oc), idx))
+                        return
+                    if flat:
+                        # lanes at band positions r*COLS + ow: each row's run of lanes
+                        if mode[0] == "compute":
                             kb.store(lanes_buf, 0, v)
-                            base = (s0 + p) * L
-                            for ro in range(base // COLS, min(RB, -(-(base + L) // COLS))):
-                                a0 = max(base, ro * COLS)
-                                a1 = min(base + L, ro * COLS + OW)
-                                if a1 > a0:
-                                    store_run(a0 - base, a1 - a0, oc, oh0 + ro, as_expr(a0 - ro * COLS))
-                            return
+                        base = (s0 + p) * L
+                        for ro in range(base // COLS, min(RB, -(-(base + L) // COLS))):
+                            a0 = max(base, ro * COLS)
+                            a1 = min(base + L, ro * COLS + OW)
+                            if a1 > a0:
+                                store_run(a0 - base, a1 - a0, oc, oh0 + ro, as_expr(a0 - ro * COLS), slot0)
+                        return
 
-                        def vector_store():
-                            idx = [n, oc, oh, Ramp(ow0, L)]
-                            kb.store(y, idx, ctx.apply_epilogue(finish(v, oc), idx))
-                        if OW % L == 0:
-                            vector_store()
-                        else:
-                            with kb.if_(ow0 + L <= OW) as whole:
-                                vector_store()
-                            with kb.else_(whole):        # the row's last vector
-                                kb.store(lanes_buf, 0, v)
-                                store_run(0, OW % L, oc, oh, ow0)
-                    if M % OCn == 0:
-                        store()
+                    def vector_store():
+                        idx = [n, oc, oh, Ramp(ow0, L)]
+                        put(idx, slot0, L, lambda: ctx.apply_epilogue(finish(v, oc), idx))
+                    if OW % L == 0:
+                        vector_store()
                     else:
-                        with kb.if_(ocl < M):
-                            store()
+                        with kb.if_(ow0 + L <= OW) as whole:
+                            vector_store()
+                        with kb.else_(whole):        # the row's last vector
+                            if mode[0] == "compute":
+                                kb.store(lanes_buf, 0, v)
+                            store_run(0, OW % L, oc, oh, ow0, slot0)
+                if M % OCn == 0:
+                    store()
+                else:
+                    with kb.if_(ocl < M):
+                        store()
+
+            if looped:
+                with kb.loop(OCn, hint="j") as jv:
+                    for p in range(rp):
+                        one(p, jv)
+            else:
+                for p in range(rp):
+                    for j in range(OCn):
+                        one(p, j)
 
         mb_lo = part * mb_per if SPLIT > 1 else as_expr(0)
         mb_hi = minimum(mb_lo + mb_per, as_expr(MB)) if SPLIT > 1 else as_expr(MB)
