@@ -4,7 +4,8 @@
 linked micro-kernel, and NVRTC's PTX of that micro-kernel (what ``declare_device(link=...)``
 links in) holds the ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`` and
 ``cvt.rna.tf32.f32`` instructions; neither part touches local memory (no ``ld.local`` /
-``st.local``: no spills, no return slot), and with a ``ptxas`` both assemble with 0 spill bytes.
+``st.local``: no spills, no return slot), and with a ``ptxas`` both assemble with 0 spill bytes
+and no stack frame (the calls' arguments and results fit the calling convention's registers).
 """
 import json
 import os
@@ -50,6 +51,7 @@ ptxas = ptx_stats.find_ptxas()
 if ptxas:
     res = {**ptx_stats.ptxas_resources(ptx, "sm_90", ptxas), **ptx_stats.ptxas_resources(micro, "sm_90", ptxas)}
     out["spill_bytes"] = sum(r.get("spill_stores", 0) + r.get("spill_loads", 0) for r in res.values())
+    out["stack_bytes"] = sum(r.get("stack_bytes", 0) for r in res.values())
 print("RESULT " + json.dumps(out))
 '''
 
@@ -66,11 +68,11 @@ def test_tf32_kernel_ptx_has_mma_and_no_local_memory():
     r = json.loads(lines[-1][len("RESULT "):])
     assert "TF32 mma.sync" in r["comment"]
     # 32 x 24 outputs: one 32-tile, 4x4 registers, so warp tiles of 16 x 32 (1 x 4 fragments):
-    # per 16-deep slice two k-steps, two calls of tile_1x4, 4 mma each
-    assert r["calls"] == 2 and r["loop_mma"] == 8, r
-    assert r["externs"] == ["tile_1x4"] and set(r["externs"]) <= set(r["linked"])
+    # per 16-deep slice two k-steps of four calls of tile_1x1 (one mma each)
+    assert r["calls"] == 8 and r["loop_mma"] == 8, r
+    assert r["externs"] == ["tile_1x1"] and set(r["externs"]) <= set(r["linked"])
     assert r["micro_mma"] == 1 + 4 + 16 and r["micro_cvt"] == 6 + 12 + 24      # A and B operands per shape
     assert r["kernel_local"] == 0 and r["micro_local"] == 0, r
     assert r["kernel_fma"] == 0          # the inner product is not on the FMA units
-    if "spill_bytes" in r:
-        assert r["spill_bytes"] == 0, r
+    if "spill_bytes" in r:             # and no stack frame for the calls (local memory)
+        assert r["spill_bytes"] == 0 and r["stack_bytes"] == 0, r

@@ -23,8 +23,8 @@ edge tiles need no other case.
 block's NT / 32 warps tile the T x T output in warp tiles of 16 mf x 8 nf (mf x nf = R^2 / 4
 m16n8k8 fragments: 1x1, 1x4, 2x8 for R = 2, 4, 8), and per k-step of 8 each lane loads its A
 and B fragments from the same double-buffered shared slices (rows padded by :data:`MMA_PAD`
-for conflict-free fragment loads) and makes one call of the TF32 micro-kernel
-(:class:`~..mma.MmaTile`: mf nf ``mma.sync``), its accumulators staying in registers; the
+for conflict-free fragment loads) and calls the TF32 micro-kernel (:class:`~..mma.MmaTile`)
+once per m16n8 fragment (:data:`MMA_CALL_N`), its accumulators staying in registers; the
 epilogue is the FMA path's. Without the option ("fp32", the default) the FMA loop below runs.
 
 **Split-K**: when the grid would leave SMs idle (fewer tiles than :data:`SM_COUNT`, late conv
@@ -67,6 +67,12 @@ A_PAD = 4
 #: padding of a row of the A and B slices in shared memory on the tensor-core path (elements):
 #: a warp's fragment loads (lane (g, q) reads row k0 + q, column g) then hit 32 distinct banks
 MMA_PAD = 8
+#: n-fragments per call of the TF32 micro-kernel (1 or the warp tile's nf): one fragment per
+#: call keeps its 10 arguments and 4 results in registers under the CUDA calling convention
+#: (ptxas 13.0, sm_90: no stack frame), where a 1x4 call's 28 arguments and 16 results take a
+#: 136-byte stack frame (local memory) per call site and a 2x8 call's a 568-byte one; the price
+#: is 6 operand conversions per mma instead of 3
+MMA_CALL_N = 1
 #: MatMul/Gemm with fewer rows than this (batch-1 classifiers, one token) take :func:`gemv`
 GEMV_ROWS = 16
 #: the GEMV block: threads, and the columns a block covers when B is contiguous along them
@@ -113,7 +119,9 @@ def gemm_knobs(target, acc, M: int, N: int, K: int, batches: int = 1, conv: bool
     maxt = target.max_threads_per_block
     ts = [t for t in (32, 64) if _smem_bytes(t, 4, acc.itemsize) <= target.max_shared_bytes]
     T = knob("tile", ts, 64 if min(M, N) > 32 and 64 in ts else ts[0], doc="side of a block's square output tile")
-    rs = [r for r in (2, 4, 8) if r < T and 32 <= (T // r) ** 2 <= maxt]
+    # TF32: no 8x8 register tile (with the micro-kernel calls' operands it needs 255 registers
+    # and spills 88 bytes, ptxas 13.0 sm_90; 4x4 takes 103 and none)
+    rs = [r for r in ((2, 4) if tf32 else (2, 4, 8)) if r < T and 32 <= (T // r) ** 2 <= maxt]
     R = knob("thread_tile", rs, 4 if 4 in rs else rs[-1],
              doc="accumulators per thread along each side of the tile (registers)")
     ks = [k for k in ((8, 16, 32) if tf32 else (4, 8, 16, 32))
@@ -321,12 +329,13 @@ def _warp_origin(t, T: int, tc: tuple[int, int]):
 def _mma_slice(kb, t, cur, T: int, KT: int, TA: int, TB: int, tc, sa, sb, fa, fb, accs) -> None:
     """The K slice ``cur`` of thread t's warp tile on tensor cores: per k-step of 8, the lane's
     A fragments (4 per m-fragment) from the k-major A slice and B fragments (2 per n-fragment)
-    from the B slice into registers (PTX ISA fragment layout, ``mma.py``), then one
-    :class:`~..mma.MmaTile` call updating the lane's 4 mf nf accumulators."""
+    from the B slice into registers (PTX ISA fragment layout, ``mma.py``), then
+    :class:`~..mma.MmaTile` calls of 1 x :data:`MMA_CALL_N` fragments updating the lane's
+    4 mf nf accumulators."""
     mf, nf = tc
     g, q, r0, c0 = _warp_origin(t, T, tc)
     abase, bbase = cur * (KT * TA) + r0 + g, cur * (KT * TB) + c0 + g
-    n = 4 * mf * nf
+    cn = MMA_CALL_N if nf % MMA_CALL_N == 0 else nf      # n-fragments per call
     for k0 in range(0, KT, 8):
         ra, rb = abase + (k0 + q) * TA, bbase + (k0 + q) * TB
         for mi in range(mf):
@@ -335,9 +344,13 @@ def _mma_slice(kb, t, cur, T: int, KT: int, TA: int, TB: int, tc, sa, sb, fa, fb
         for ni in range(nf):
             for x, dk in enumerate((0, 4)):
                 kb.store(fb, 2 * ni + x, sb[rb + (dk * TB + 8 * ni)])
-        kb.store(accs, [Ramp(as_expr(0), n)], MmaTile(tuple(fa[i] for i in range(4 * mf)),
-                                            tuple(fb[i] for i in range(2 * nf)),
-                                            tuple(accs[i] for i in range(n)), mf, nf))
+        for mi in range(mf):
+            for n0 in range(0, nf, cn):
+                o = 4 * (mi * nf + n0)             # the call's accumulators: contiguous
+                kb.store(accs, [Ramp(as_expr(o), 4 * cn)],
+                         MmaTile(tuple(fa[4 * mi + i] for i in range(4)),
+                                 tuple(fb[2 * n0 + i] for i in range(2 * cn)),
+                                 tuple(accs[o + i] for i in range(4 * cn)), 1, cn))
 
 
 def _mma_to_tile(kb, t, T: int, tc, sc, accs) -> None:
