@@ -1,14 +1,19 @@
 """Time tensorfuse's cuda target against PyTorch eager on the same GPU (run by gpu_check.sh).
 
-    python benchmarks/gpu_bench.py [--repeat 50] [--out table.md]
+    python benchmarks/gpu_bench.py [--repeat 50] [--out table.md] [--precision tf32|fp32]
+        [--models resnet18:1,mobilenet_v2:1,bert_mini:1,resnet50:1,resnet50:32]
 
-Models: torchvision's mobilenet_v2 and resnet18 (batch 1 and 8, 3x224x224, PyTorch in
-channels_last) and a BERT-mini encoder from transformers (4 layers, hidden 256, 4 heads, batch
-1, 128 tokens), random weights, exported to ONNX here with ``torch.onnx.export``. Each side runs
-``--warmup`` times, then ``--repeat`` timed runs; a run's time is CUDA-event time around it (ms);
-the table gives medians and the ratio tensorfuse / PyTorch. Inputs are torch CUDA tensors, which
+Models (NAME:BATCH): torchvision's resnet18, resnet50 and mobilenet_v2 (3x224x224, PyTorch in
+channels_last) and a BERT-mini encoder from transformers (4 layers, hidden 256, 4 heads, 128
+tokens), random weights, exported to ONNX here with ``torch.onnx.export``. ``--precision``
+applies to both sides: tf32 (default; issue 21's comparison "PyTorch eager channels_last with
+TF32 on": ``torch.backends.cudnn.allow_tf32`` and ``torch.backends.cuda.matmul.allow_tf32`` set,
+tensorfuse compiled with ``precision="tf32"``) or fp32 (both off). Each side runs ``--warmup``
+times, then ``--repeat`` timed runs; a run's time is CUDA-event time around it (ms); the table
+gives medians and the ratio tensorfuse / PyTorch. Inputs are torch CUDA tensors, which
 tensorfuse takes through ``__cuda_array_interface__`` (no host copy), and its outputs stay on the
-device (``return_device=True``). Also checks that both sides agree (max abs difference).
+device (``return_device=True``). Also checks that both sides agree (max abs difference). Each
+row is printed as soon as it is measured.
 """
 from __future__ import annotations
 
@@ -20,21 +25,25 @@ import tempfile
 import numpy as np
 
 
-def _models():
+def _models(spec: str):
     import torch
     import torchvision
     out = []
-    for name, ctor in (("mobilenet_v2", torchvision.models.mobilenet_v2), ("resnet18", torchvision.models.resnet18)):
-        for batch in (1, 8):
-            m = ctor(weights=None).eval().cuda()
-            x = torch.randn(batch, 3, 224, 224, device="cuda")
-            out.append((f"{name} b{batch}", m, (x,), True))
-    from transformers import BertConfig, BertModel
-    cfg = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
-    bert = BertModel(cfg).eval().cuda()
-    ids = torch.randint(0, cfg.vocab_size, (1, 128), device="cuda")
-    mask = torch.ones(1, 128, dtype=torch.int64, device="cuda")
-    out.append(("bert_mini b1", bert, (ids, mask), False))
+    for item in spec.split(","):
+        name, _, batch = item.strip().partition(":")
+        batch = int(batch or 1)
+        if name == "bert_mini":
+            from transformers import BertConfig, BertModel
+            cfg = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+            bert = BertModel(cfg).eval().cuda()
+            ids = torch.randint(0, cfg.vocab_size, (batch, 128), device="cuda")
+            mask = torch.ones(batch, 128, dtype=torch.int64, device="cuda")
+            out.append((f"bert_mini b{batch}", bert, (ids, mask), False))
+            continue
+        ctor = getattr(torchvision.models, name)
+        m = ctor(weights=None).eval().cuda()
+        x = torch.randn(batch, 3, 224, 224, device="cuda")
+        out.append((f"{name} b{batch}", m, (x,), True))
     return out
 
 
@@ -59,14 +68,22 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--out", default=None)
+    p.add_argument("--precision", choices=("tf32", "fp32"), default="tf32",
+                   help="both sides: TF32 on (PyTorch's allow_tf32 flags; tensorfuse precision='tf32') or off")
+    p.add_argument("--models", default="resnet18:1,mobilenet_v2:1,bert_mini:1,resnet50:1,resnet50:32",
+                   help="NAME:BATCH,... (resnet18, resnet50, mobilenet_v2 or any torchvision model; bert_mini)")
     a = p.parse_args(argv)
     import torch
+    tf32 = a.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
 
     import tensorfuse
     rows = ["| model | tensorfuse cuda ms | PyTorch eager ms | ratio | compile s | max abs diff |",
             "|---|---|---|---|---|---|"]
     tmp = tempfile.mkdtemp()
-    for name, model, inputs, cnn in _models():
+    print(f"precision {a.precision} on both sides", flush=True)
+    for name, model, inputs, cnn in _models(a.models):
         path = os.path.join(tmp, name.replace(" ", "_") + ".onnx")
         with torch.no_grad():
             torch.onnx.export(model, inputs, path, opset_version=17, dynamo=False)
@@ -75,7 +92,7 @@ def main(argv=None) -> int:
                 inputs = tuple(t.to(memory_format=torch.channels_last) for t in inputs)
             import time
             t0 = time.perf_counter()
-            mod = tensorfuse.compile(path, target="cuda", cache=False)
+            mod = tensorfuse.compile(path, target="cuda", cache=False, precision=a.precision)
             compile_s = time.perf_counter() - t0
             ours = lambda: mod.run(*[t.contiguous() for t in inputs], return_device=True)  # noqa: E731
             theirs = lambda: model(*inputs)  # noqa: E731

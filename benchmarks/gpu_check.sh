@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The cuda target on a real GPU, in one prepared run (it installs nothing):
 #   1. the GPU tests (tests/cuda) without the simulator;
-#   2. mobilenet_v2, resnet18 (batch 1 and 8) and bert_mini (batch 1, 128 tokens) compiled with
-#      tensorfuse's cuda target and timed against PyTorch eager (channels_last for the CNNs) on the
-#      same GPU: median of CUDA-event timings after warm-up, written as a table.
+#   2. resnet18, mobilenet_v2, bert_mini (batch 1, 128 tokens) and resnet50 (batch 1 and 32)
+#      compiled with tensorfuse's cuda target and timed against PyTorch eager (channels_last for the
+#      CNNs), TF32 on for both (gpu_bench.py --precision; GPU_BENCH_ARGS passes more), on the same
+#      GPU: median of CUDA-event timings after warm-up, written as a table.
 # Needs: python3 with numba-cuda, onnx, onnxruntime, torch, torchvision and transformers (the
 # device image has them); the PyTorch models are built there with random weights and exported to
 # ONNX, so no model files have to travel.
@@ -19,6 +20,10 @@ export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
 export NUMBA_ENABLE_CUDASIM=0 TENSORFUSE_GPU_TESTS=1
 nvidia-smi -L 2>&1 | tee "$OUT/gpu.txt"
 echo "== GPU tests (no simulator)"
-"$PY" -m pytest -q -p no:cacheprovider tests/cuda -x -q 2>&1 | tee "$OUT/gpu_tests.txt" | tail -15
+timeout "${GPU_TESTS_TIMEOUT:-600}" "$PY" -m pytest -q -p no:cacheprovider tests/cuda -x -q 2>&1 \
+    | tee "$OUT/gpu_tests.txt" | tail -15
 echo "== models against PyTorch eager"
-"$PY" benchmarks/gpu_bench.py --out "$OUT/gpu_table.md" 2>&1 | tee "$OUT/gpu_bench.txt"
+"$PY" benchmarks/gpu_bench.py --out "$OUT/gpu_table.md" ${GPU_BENCH_ARGS:-} 2>&1 | tee "$OUT/gpu_bench.txt"
+echo "== summary"
+rows=$(grep -c '^| [a-z]' "$OUT/gpu_table.md" 2>/dev/null || true)
+echo "gpu_check: GPU tests: $(tail -1 "$OUT/gpu_tests.txt"); models timed: ${rows:-0} (table: $OUT/gpu_table.md)"

@@ -23,6 +23,8 @@ the launch contract (``codegen.cuda.jit.CudaLibrary``, or a test's fake).
 """
 from __future__ import annotations
 
+from . import cuda_compat  # noqa: F401  (numba-cuda on NumPy 2.5: before numba.cuda is imported)
+
 import ctypes
 import statistics
 import threading
