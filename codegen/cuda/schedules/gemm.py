@@ -38,9 +38,9 @@ Knobs (:func:`gemm_knobs`; defaults by formula):
 
 - ``tile``: BM = BN, 32, 64 or 128; default 64 when the 64 x 64 tiles of the problem fill
   :data:`SM_COUNT` SMs, else 32;
-- ``thread_tile``: R, 2, 4 or 8 with 32 <= (tile / R)^2 <= the target's threads per block;
-  default 4 (8 for 128 tiles: 256 threads);
-- ``k_slice``: KT, 4, 8, 16 or 32 (double-buffered A and B slices must fit the target's shared
+- ``thread_tile``: R, 2, 4 or 8 (2 or 4 with TF32) with 32 <= (tile / R)^2 <= the target's
+  threads per block; default 4 (8 for 128 tiles: 256 threads);
+- ``k_slice``: KT, 4, 8, 16 or 32 (not 4 with TF32; double-buffered A and B slices must fit the target's shared
   memory); default 16 (8 for 128 tiles);
 - ``split_k``: S, 1 to 16 (powers of two, at most the K slices); default 1 unless the tiles do not
   fill the SMs: then the largest S with tiles x S <= :data:`SM_COUNT` and >= 4 slices per split.
