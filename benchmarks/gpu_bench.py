@@ -79,30 +79,35 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = tf32
 
     import tensorfuse
-    rows = ["| model | tensorfuse cuda ms | PyTorch eager ms | ratio | compile s | max abs diff |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| model | tensorfuse cuda ms | PyTorch eager ms | ratio | compile s | max abs diff | max abs diff / max abs |",
+            "|---|---|---|---|---|---|---|"]
     tmp = tempfile.mkdtemp()
     print(f"precision {a.precision} on both sides", flush=True)
+    import time
     for name, model, inputs, cnn in _models(a.models):
         path = os.path.join(tmp, name.replace(" ", "_") + ".onnx")
-        with torch.no_grad():
-            torch.onnx.export(model, inputs, path, opset_version=17, dynamo=False)
-            if cnn:
-                model = model.to(memory_format=torch.channels_last)
-                inputs = tuple(t.to(memory_format=torch.channels_last) for t in inputs)
-            import time
-            t0 = time.perf_counter()
-            mod = tensorfuse.compile(path, target="cuda", cache=False, precision=a.precision)
-            compile_s = time.perf_counter() - t0
-            ours = lambda: mod.run(*[t.contiguous() for t in inputs], return_device=True)  # noqa: E731
-            theirs = lambda: model(*inputs)  # noqa: E731
-            got = mod.run(*[t.contiguous().cpu().numpy() for t in inputs])[0]
-            want = theirs()
-            want = (want.last_hidden_state if hasattr(want, "last_hidden_state") else want).float().cpu().numpy()
-            diff = float(np.max(np.abs(got - want)))
-            t_ours = _time(ours, a.warmup, a.repeat)
-            t_theirs = _time(theirs, a.warmup, a.repeat)
-        rows.append(f"| {name} | {t_ours:.3f} | {t_theirs:.3f} | {t_ours / t_theirs:.2f}x | {compile_s:.1f} | {diff:.2e} |")
+        try:
+            with torch.no_grad():
+                torch.onnx.export(model, inputs, path, opset_version=17, dynamo=False)
+                if cnn:
+                    model = model.to(memory_format=torch.channels_last)
+                    inputs = tuple(t.to(memory_format=torch.channels_last) for t in inputs)
+                t0 = time.perf_counter()
+                mod = tensorfuse.compile(path, target="cuda", cache=False, precision=a.precision)
+                compile_s = time.perf_counter() - t0
+                ours = lambda: mod.run(*[t.contiguous() for t in inputs], return_device=True)  # noqa: E731
+                theirs = lambda: model(*inputs)  # noqa: E731
+                got = mod.run(*[t.contiguous().cpu().numpy() for t in inputs])[0]
+                want = theirs()
+                want = (want.last_hidden_state if hasattr(want, "last_hidden_state") else want).float().cpu().numpy()
+                diff = float(np.max(np.abs(got - want)))
+                rel = diff / max(float(np.max(np.abs(want))), 1e-30)
+                t_ours = _time(ours, a.warmup, a.repeat)
+                t_theirs = _time(theirs, a.warmup, a.repeat)
+            rows.append(f"| {name} | {t_ours:.3f} | {t_theirs:.3f} | {t_ours / t_theirs:.2f}x | {compile_s:.1f} | "
+                        f"{diff:.2e} | {rel:.2e} |")
+        except Exception as e:      # one model's failure must not lose the others' rows
+            rows.append(f"| {name} | error: {type(e).__name__}: {str(e)[:200]} | | | | | |")
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     print(table)
