@@ -35,7 +35,15 @@ def _models(spec: str):
         if name == "bert_mini":
             from transformers import BertConfig, BertModel
             cfg = BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
-            bert = BertModel(cfg).eval().cuda()
+            class Encoder(torch.nn.Module):     # keyword arguments: transformers 5 moved the positions
+                def __init__(self):
+                    super().__init__()
+                    self.bert = BertModel(cfg)
+
+                def forward(self, ids, mask):
+                    return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+            bert = Encoder().eval().cuda()
             ids = torch.randint(0, cfg.vocab_size, (batch, 128), device="cuda")
             mask = torch.ones(batch, 128, dtype=torch.int64, device="cuda")
             out.append((f"bert_mini b{batch}", bert, (ids, mask), False))

@@ -454,7 +454,11 @@ class _Fn:
             return (f"({T}(0) if ({y} == 0 or {y} == -1) else "
                     f"({T}({r} - {ys}) if ({r} != 0 and (({r} < 0) != ({x} < 0))) else {T}({r})))")
         if op == "pow":
-            f = self.tmp(f"float64({x}) ** float64({y})")
+            # x ** y in float64, then the saturating cast; a GPU's pow is not exact on integers
+            # (3 ** 1 gave 2.9999999 and so 2 on the H200), so a whole result (y >= 0) is
+            # rounded first: exact below 2^53, as the host's libm pow
+            p = self.tmp(f"float64({x}) ** float64({y})")
+            f = self.tmp(f"(math.floor({p} + 0.5) if {y} >= 0 else {p})")
             return self.cast(f, DType.f64, dt)
         raise self.err(f"integer op {op} unsupported for {dt.value}")
 

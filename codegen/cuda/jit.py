@@ -145,11 +145,14 @@ class CudaLibrary:
             # one dispatcher per function, shared by every library that loads this source
             jitted = mod.__dict__.setdefault("_tf_jitted", {})
             sim = simulator_enabled()
+            # numba cannot pickle a kernel that links foreign code (the TF32 micro-kernel's CUDA
+            # C++, codegen/cuda/mma.py) into its disk cache: such kernels compile without it
+            cache = not sim and "_tfmma." not in self.sources[name]
             j = []
             for fname, (grid, block) in zip([f for f, _, _ in mod.LAUNCHES], self._entries[name]["launches"]):
                 if fname not in jitted:
                     fn = getattr(mod, fname)
-                    jitted[fname] = cuda.jit(fn) if sim else cuda.jit(fn, cache=True)
+                    jitted[fname] = cuda.jit(fn, cache=True) if cache else cuda.jit(fn)
                 j.append((jitted[fname], tuple(grid), tuple(block)))
             self._jitted[name] = j
         return j
@@ -159,7 +162,8 @@ class CudaLibrary:
         instead of at its first launch: on a GPU each is compiled for the argument types the
         runtime passes (one 1-D C-contiguous array per parameter, :func:`param_type`) and kept
         in numba's disk cache beside its content-addressed source (``cache=True``), so a later
-        compile or load of the same kernel reads it back; under the simulator this makes the
+        compile or load of the same kernel reads it back (not the kernels that call the linked
+        TF32 micro-kernel: numba cannot cache linked code, they compile each time); under the simulator this makes the
         simulated kernels (nothing to compile). Returns the number of launch functions.
         CompileError naming the kernel when numba or NVVM rejects one."""
         sim = simulator_enabled()

@@ -29,6 +29,10 @@ def check(model, inputs, rtol=1e-5, atol=1e-5, opt_level=0):
     return got
 
 
+ON_GPU = os.environ.get("TENSORFUSE_GPU_TESTS") == "1" and os.environ.get("NUMBA_ENABLE_CUDASIM") == "0"
+
+
+@pytest.mark.skipif(ON_GPU, reason="running on a GPU (TENSORFUSE_GPU_TESTS=1): the simulator is off by request")
 def test_simulator_is_on():
     from numba.core import config
     assert config.ENABLE_CUDASIM
@@ -238,6 +242,9 @@ def test_library_blob_roundtrip_and_launch_config(tmp_path):
     assert lib2.kernel_names == lib.kernel_names and lib2.launch_config(name) == lib.launch_config(name)
     got = cu.run_lowered(lg, [x], library=lib2)[0]
     np.testing.assert_array_equal(got, np.maximum(x, 0))
+    if ON_GPU:          # a GPU: PTX is made, and the launch defaults are a GPU's
+        assert ".entry" in lib.ptx()[name]
+        return
     with pytest.raises(RuntimeError, match="simulator"):
         lib.ptx()
     big = cu.lower_cuda(node_model("Relu", {"x": rand(40, 50)}))
