@@ -198,7 +198,12 @@ def test_graph_of_resnet18_clusters_equal_the_fused_groups(shared_models, tmp_pa
         body = n.attrs.get("body") if n.op == "FusedFunction" else None
         assert len(c["nodes"]) == (len(body.nodes) if body is not None else 1)
     kernels = {c.kernel for c in mod.calls}
-    assert {c["attrs"]["label"].split("  [")[0] for c in clusters.values()} == kernels
+    labels = {n: c["attrs"]["label"].split("  [")[0] for n, c in clusters.items()}
+    # a reshape of an intermediate is an alias in the memory plan: its cluster says it runs no kernel
+    from tensorfuse.ir.registry import get_op
+    aliases = [n for n in groups if get_op(n.op, n.domain).reshape_only]
+    assert sorted(v for v in labels.values() if v == "(no kernel)") == ["(no kernel)"] * len(aliases)
+    assert {v for v in labels.values() if v != "(no kernel)"} == kernels
 
 
 def _value_dependent_model(path):
