@@ -293,13 +293,7 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                             for v, (off, lanes) in enumerate(zip(offs, widths)):
                                 if col is not None and not 0 <= (col + off) * sw + iw < W:
                                     continue
-                                if padded:
-                                    prow = pbase + (ih0 + kh * dh - ih_a) * Wp
-                                    xv = padbuf.vload(prow + ow0 + (off + kw * dw), lanes)
-                                elif phased and col is None:
-                                    xv = phase.vload(pidx[kh, kw] + ow0 + off, lanes)
-                                else:
-                                    xv = x.vload(xrow(kh) + (ow0 + off) * sw + iw, lanes)
+                                xv = tap(kh, kw, ow0, off, lanes, col)
                                 if chains[v] is None:       # the bias starts the chain
                                     chains[v] = wv * xv if b is None else fma(wv, xv, wl[nk])
                                 else:
@@ -309,8 +303,24 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                         if val is None:                     # no tap inside the image
                             val = kb.broadcast(wl[nk] if b is not None else zero, lanes)
                         kb.store(acc_buf(lanes), v * lanes, kb.broadcast(val, lanes))
+                    store_out(ow0, widths, offs)
+
+                def tap(kh, kw: int, ow0: Expr, off: int, lanes: int, col: int | None) -> Expr:
+                    """The input vector that tap (kh, kw) multiplies for the outputs at
+                    ow0 + off (kh an int, or the kernel-row loop's Var)."""
+                    if padded:
+                        return padbuf.vload(pbase + (ih0 + kh * dh - ih_a) * Wp + ow0 + (off + kw * dw), lanes)
+                    if phased and col is None:
+                        if (kh, kw) in pidx:
+                            return phase.vload(pidx[kh, kw] + ow0 + off, lanes)
+                        g = (ih0 + kh * dh - ih_a) * W + (kw * dw - pw + sw * kpad)
+                        return phase.vload((g % sw) * part + g / sw - kpad + ow0 + off, lanes)
+                    return x.vload(xrow(kh) + (ow0 + off) * sw + (kw * dw - pw), lanes)
+
+                def store_out(ow0: Expr, widths: list[int], offs: list[int]) -> None:
+                    """The accumulators through the epilogue into Y (the epilogue gets a load:
+                    it may use its value more than once)."""
                     for v, (off, lanes) in enumerate(zip(offs, widths)):
-                        # the epilogue gets a load: it may use its value more than once
                         val = acc_buf(lanes).vload(v * lanes, lanes)
                         ow = ow0 + off
                         idx = [n, c, oh, Ramp(ow, lanes) if lanes > 1 else ow]
@@ -329,20 +339,10 @@ def emit_conv_depthwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                             for v, (off, lanes) in enumerate(zip(offs, widths)):
                                 if col is not None and not 0 <= (col + off) * sw + iw < W:
                                     continue
-                                if padded:
-                                    xv = padbuf.vload(pbase + (ih0 + kh - ih_a) * Wp + ow0 + (off + kw * dw), lanes)
-                                elif phased and col is None:
-                                    g = (ih0 + kh - ih_a) * W + (kw * dw - pw + sw * kpad)
-                                    xv = phase.vload((g % sw) * part + g / sw - kpad + ow0 + off, lanes)
-                                else:
-                                    xv = x.vload(xrow(kh) + (ow0 + off) * sw + iw, lanes)
                                 a = acc_buf(lanes)
-                                kb.store(a, v * lanes, fma(wv, xv, a.vload(v * lanes, lanes)))
-                    for v, (off, lanes) in enumerate(zip(offs, widths)):
-                        val = acc_buf(lanes).vload(v * lanes, lanes)
-                        ow = ow0 + off
-                        idx = [n, c, oh, Ramp(ow, lanes) if lanes > 1 else ow]
-                        kb.store(y, idx, ctx.apply_epilogue(val, idx))
+                                kb.store(a, v * lanes, fma(wv, tap(kh, kw, ow0, off, lanes, col),
+                                                           a.vload(v * lanes, lanes)))
+                    store_out(ow0, widths, offs)
 
                 def columns(a: int, e: int) -> None:
                     """Columns [a, e), whose taps all lie inside the (padded) row: whole tiles
