@@ -15,7 +15,8 @@ projections and the head split are done (inputs are the per-head Q, K, V, float3
 tensorfuse compiles the subgraph at O2 (where ``FuseAttention`` turns it into one
 ``tensorfuse::Attention`` kernel; the schedule column says which kernel ran), onnxruntime runs it
 with ``ORT_ENABLE_ALL``; both with ``T`` threads, timed in interleaved blocks in this process
-(median ms, ratio tensorfuse / onnxruntime). The outputs are compared (max abs difference).
+(``bench_models.interleaved``; median ms, ratio tensorfuse / onnxruntime). The outputs are
+compared (max abs difference).
 
 Usage::
 
@@ -89,7 +90,7 @@ def bench_case(kind: str, s: int, heads: int, d: int, threads: int, repeat: int,
     import onnxruntime as ort
 
     import tensorfuse
-    from tensorfuse.runtime.profile import time_calls
+    from bench_models import interleaved       # the benchmarks' one timing method
     model = attention_model(kind, s, heads, d)
     feed = _inputs(kind, s, heads, d)
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,15 +106,8 @@ def bench_case(kind: str, s: int, heads: int, d: int, threads: int, repeat: int,
     got, want = mod.run(**feed)[0], sess.run(None, feed)[0]
     err = float(np.max(np.abs(got - want)))
     inputs = mod._check_inputs((), feed)
-    per = max(1, repeat // blocks)
-    tf_b, ort_b = [], []
-    for _ in range(blocks):
-        time.sleep(0.1)
-        tf_b.append(time_calls(lambda: mod.run(*inputs), per, 2))
-        time.sleep(0.1)
-        ort_b.append(time_calls(lambda: sess.run(None, feed), per, 2))
-    tf = statistics.median(b.median_ms for b in tf_b)
-    on = statistics.median(b.median_ms for b in ort_b)
+    tf_ts, ort_ts = interleaved(lambda: mod.run(*inputs), lambda: sess.run(None, feed), repeat, blocks)
+    tf, on = statistics.median(tf_ts), statistics.median(ort_ts)
     kernels = [f"{k.name}:{getattr(k, 'schedule', None) or '-'}" for k in mod.kernels]
     return {"case": f"{kind}:{s}", "threads": threads, "tensorfuse_ms": tf, "onnxruntime_ms": on,
             "ratio": tf / on, "max_abs_diff": err, "compile_s": compile_s, "kernels": kernels}
