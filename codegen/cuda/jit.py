@@ -52,10 +52,12 @@ def default_cache_dir() -> str:
     return os.path.join(str(cache_dir()), "cuda")
 
 
-def _write_source(cache_dir: str, text: str) -> str:
+def _write_source(cache_dir: str, text: str, prefix: str = "tf_", suffix: str = ".py", digits: int = 32) -> str:
+    """``text`` written once into ``cache_dir`` under a name made of its SHA-256 (``prefix``, the
+    first ``digits`` hex digits, ``suffix``); the path. OSError when it cannot be written."""
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
     os.makedirs(cache_dir, exist_ok=True)
-    path = os.path.join(cache_dir, f"tf_{digest[:32]}.py")
+    path = os.path.join(cache_dir, f"{prefix}{digest[:digits]}{suffix}")
     if not os.path.exists(path):
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import threading
 from dataclasses import dataclass
 
@@ -167,19 +166,8 @@ def cuda_source() -> str:
 def source_path() -> str:
     """The C++ of :func:`cuda_source` written once (content-addressed) under the cuda cache
     folder; the path ``declare_device(link=...)`` names. OSError when it cannot be written."""
-    import hashlib
-
-    from .jit import default_cache_dir
-    text = cuda_source()
-    folder = default_cache_dir()
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"tfmma_{hashlib.sha256(text.encode()).hexdigest()[:16]}.cu")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    return path
+    from .jit import _write_source, default_cache_dir
+    return _write_source(default_cache_dir(), cuda_source(), prefix="tfmma_", suffix=".cu", digits=16)
 
 
 def nvrtc_ptx(cc: tuple[int, int] = (9, 0)) -> str:
