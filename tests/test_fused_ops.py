@@ -63,7 +63,37 @@ ATT_CASES = [
     ((1, 2, 37, 32), (1, 2, 37, 32), (1, 2, 37, 32), None),
     ((1, 2, 37, 32), (1, 2, 37, 32), (1, 2, 37, 32), (1, 2, 37, 37)),
     ((2, 3, 5, 16), (2, 3, 20, 16), (2, 3, 20, 32), (2, 1, 1, 20)),
+    # K^T [d, keys] beyond the local buffer with value columns in whole vectors: K^T of every
+    # batch entry goes to a scratch buffer first (Whisper's 1500 frames); keys padded, K's batch
+    # broadcast against Q's, a per-batch mask and one of scores' shape
+    ((2, 2, 6, 64), (2, 2, 300, 64), (2, 2, 300, 16), (2, 1, 1, 300)),
+    ((2, 3, 5, 64), (3, 270, 64), (1, 3, 270, 32), (5, 270)),
 ]
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
+def test_attention_long_keys_use_the_scratch_k_transpose(target):
+    """Keys x head size past ``ATTENTION_KT_LOCAL``: a ``_kt`` kernel writes K^T into a scratch
+    buffer and the attention kernel runs the vector rows on it (not one scalar dot product per
+    key); onnxruntime's numbers on 16- and 8-lane vectors."""
+    from tensorfuse.compiler.driver import build_module
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.ir.ops.fused import ATTENTION_KT_LOCAL
+    from tensorfuse.ir.target import Target
+    sk = ATTENTION_KT_LOCAL // 64 + 7
+    q, k, v = rand(1, 2, 9, 64), rand(1, 2, sk, 64, seed=1), rand(1, 2, sk, 32, seed=2)
+    mask = rand(1, 1, 9, sk, seed=3, low=-3, high=0)
+    model, feeds = _attention_onnx(q, k, v, mask, 0.125)
+    exp = ort_run(model, feeds)[0]
+    g = Graph()
+    y = Builder(g).op("Attention", *ir_inputs(g, feeds), domain=F, scale=0.125)
+    g.outputs = [y]
+    low = lower_graph(g, Target.parse(target), tuning=None)
+    names = [kn.name for kn in low.kernels]
+    assert len(names) == 2 and names[0].endswith("_kt"), names
+    assert "attention_rows" in next(iter(low.workloads.values())).knobs
+    got = build_module(low, g, list(feeds), [y.name], target).run(**feeds)[0]
+    np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("sq,sk,sv,sm", ATT_CASES)

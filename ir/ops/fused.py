@@ -216,12 +216,18 @@ class Attention:
         # K^T's rows and the score row are ``ks`` long, the lanes past sk score -inf
         vec_ok = not gpu and ct == y.dtype == DType.f32 and dv % L == 0 and sk > 0
         ks = -(-sk // L) * L if vec_ok else sk
+        fill = ctx.attr("mask_fill")
+        if vec_ok and ks * d > ATTENTION_KT_LOCAL:
+            # K^T too large for the stack (long sequences: Whisper's 1500 frames): a first
+            # kernel writes every batch entry's K^T [d, ks] into a scratch buffer, then the
+            # vector rows read it there (the same schedule as the local copy, not the scalar
+            # dot product per key)
+            _attention_scratch_kt(ctx, kb, q, k, v, y, mask, fill, batch, bidx, scale, L, sk, ks, d)
+            return
         transpose_k = not gpu and ks * d <= ATTENTION_KT_LOCAL
         if not transpose_k:
             ks = sk
         kt = kb.local(ct, (d * ks,), hint="kt") if transpose_k else None
-
-        fill = ctx.attr("mask_fill")
 
         def finish_score(b, i, j, value):
             sc = apply_mask(value.cast(y.dtype) * scale, mask, fill, list(b) + [i, j])
@@ -302,7 +308,46 @@ def apply_mask(score, mask, fill, idx):
     return select(mask.bcast(idx), score, as_expr(float(fill), score.dtype))
 
 
-def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: float, L: int, sk: int) -> None:
+def _attention_scratch_kt(ctx, kb, q, k, v, y, mask, fill, batch, bidx, scale: float, L: int, sk: int,
+                          ks: int, d: int) -> None:
+    """f32 attention whose K^T does not fit a local buffer (``ks * d > ATTENTION_KT_LOCAL``):
+    kernel ``<node>_kt`` transposes K of every output batch entry into a scratch buffer
+    ``[prod(batch), d, ks]`` (keys padded with zeros to ``ks``, a whole number of vectors), then
+    ``kb`` (opened by the caller; the scratch joins its parameters) runs
+    :func:`_attention_rows_vector` per batch entry on its slice. Scratch bytes:
+    4 * prod(batch) * d * ks (Whisper-tiny's encoder, 6 heads x 64 x 1504: 2.3 MB)."""
+    f32 = DType.f32
+    nb = int(np.prod(batch, dtype=np.int64)) if len(batch) else 1
+    kts = ctx.scratch(f32, (nb * d * ks,), "kt")
+    # the K^T kernel runs first: the attention kernel (already opened) moves behind it
+    ctx.kernels.remove(kb.kernel)
+    kk = ctx.kernel("kt", params=[k, kts])
+    strides = [int(np.prod(batch[i + 1:], dtype=np.int64)) for i in range(len(batch))]
+
+    def flat(b):
+        f = as_expr(0)
+        for i, st in zip(b, strides):
+            f = f + i * st
+        return f
+
+    with kk.grid(batch) as b:
+        base = flat(b) * (d * ks)
+        with kk.loop(sk, hint="k") as j:
+            with kk.loop(d, hint="d") as c:
+                kk.store(kts, base + c * ks + j, k[bidx(k, b, [j, c])])
+        if ks > sk:
+            with kk.loop(d, hint="d") as c:
+                for j in range(sk, ks):
+                    kk.store(kts, base + c * ks + j, as_expr(0.0, f32))
+    ctx.kernels.append(kb.kernel)
+    kb.kernel.params.append(kts)
+    with kb.grid(batch) as b:
+        _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kts, scale, L, sk,
+                               kt_base=flat(b) * (d * ks), ks=ks)
+
+
+def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: float, L: int, sk: int,
+                           kt_base=None, ks: int | None = None) -> None:
     """Rows of f32 attention with vector registers (value columns in whole vectors; the ``sk``
     keys padded to whole vectors: ``kt`` is K^T [d, ks], ks = sk rounded up to L, the padding
     lanes scoring -inf so their exp is 0).
@@ -317,7 +362,9 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: flo
     the target's vector registers (``Target.vector_registers``)."""
     sq, dv = y.shape[-2:]
     d = q.shape[-1]
-    ks = kt.shape[0] // d       # K^T's rows: sk padded to whole vectors
+    if ks is None:
+        ks = kt.shape[0] // d   # K^T's rows: sk padded to whole vectors
+    kt0 = as_expr(0) if kt_base is None else kt_base     # K^T's offset in kt (the scratch form)
     f32 = DType.f32
     regs = ctx.target.vector_registers
     R = knob("attention_rows", [r for r in ATTENTION_ROWS if r <= max(sq, 1)], min(4, max(sq, 1)),
@@ -338,7 +385,7 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: flo
                 for t in range(nv):
                     kb.store(accv, (r * TQ + t) * L, zero)
             with kb.reduce(d, hint="d") as c:
-                kv = [kt.vload(c * ks + (c0 + t) * L, L) for t in range(nv)]
+                kv = [kt.vload(kt0 + c * ks + (c0 + t) * L, L) for t in range(nv)]
                 for r in range(nr):
                     qv = q[bidx(q, b, [i0 + r, c])]
                     for t in range(nv):
