@@ -258,16 +258,18 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
                                                cfg.schedule, fixed is not None)
         wl.count += 1
         scratch_seen: set[int] = set()     # a scratch buffer is written by the first kernel naming it
+        for vid, vbase in ctx.view_of.items():  # a view (ctx.view) is its buffer's slot
+            slot_by_buf[vid] = slot_by_buf[id(vbase)]
         for j, k in enumerate(ctx.kernels):
             k.schedule, k.knobs, k.workload = cfg.schedule, dict(cfg.values), wkey
             wl.kernels.append(k.name)
             lg.kernels.append(k)
-            n_in = sum(1 for b in k.params if not any(b is o for o in outs))
+            n_in = sum(1 for b in k.params if not any(ctx.base(b) is o for o in outs))
             lg.calls.append(KernelCall(k.name, [slot_by_buf[id(b)] for b in k.params],
                                        [m.name for m in covered], [m.op for m in covered],
                                        flops if j == 0 else None,
                                        elementwise_inplace_pairs(k.params, n_in) if elementwise else [],
-                                       [p for p, b in enumerate(k.params) if any(b is o for o in outs)
+                                       [p for p, b in enumerate(k.params) if any(ctx.base(b) is o for o in outs)
                                         or _first_scratch(b, ctx.scratch_buffers, scratch_seen)]))
     for v, out_slot in copies:
         src = Buffer(_ident(v.name), v.dtype, v.shape)

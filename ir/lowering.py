@@ -3,6 +3,7 @@ a way to open kernels. One op may emit several kernels; most emit one."""
 from __future__ import annotations
 
 import contextlib
+import math
 import contextvars
 from typing import Any
 
@@ -56,6 +57,10 @@ class LowerCtx:
         self.packed: list[tuple[Buffer, np.ndarray]] = []
         #: scratch buffers made while lowering (:meth:`scratch`): temp slots of the node's own
         self.scratch_buffers: list[Buffer] = []
+        #: views made while lowering (:meth:`view`): id(view) -> the buffer whose slot it reads
+        self.view_of: dict[int, Buffer] = {}
+        #: compile-time values of inputs seen through a view: input index -> array
+        self.const_override: dict[int, np.ndarray] = {}
 
     def pack(self, array: np.ndarray, hint: str = "packed") -> Buffer:
         """A new compile-time constant (e.g. weights repacked for a micro-kernel) as a Buffer
@@ -65,6 +70,21 @@ class LowerCtx:
         buf = Buffer(f"{self.name}_{hint}{len(self.packed)}", DType.from_numpy(a.dtype), tuple(a.shape))
         self.packed.append((buf, a))
         return buf
+
+    def view(self, buf: Buffer, shape) -> Buffer:
+        """``buf``'s row-major bytes under another ``shape`` of the same element count (a
+        1-D convolution's [N, C, L] seen as [N, C, 1, L]): a Buffer of its own that kernels
+        take as a parameter in ``buf``'s slot. Raises ValueError when the counts differ."""
+        shape = tuple(int(d) for d in shape)
+        if math.prod(shape) != buf.numel:
+            raise ValueError(f"view of {buf.name} {list(buf.shape)} as {list(shape)}: element counts differ")
+        v = Buffer(buf.name, buf.dtype, shape, buf.scope)
+        self.view_of[id(v)] = self.view_of.get(id(buf), buf)
+        return v
+
+    def base(self, buf: Buffer) -> Buffer:
+        """The buffer a :meth:`view` stands for (``buf`` itself when it is none)."""
+        return self.view_of.get(id(buf), buf)
 
     def scratch(self, dtype: DType, shape, hint: str = "scratch") -> Buffer:
         """A new global buffer that only this node's kernels use, to pass values from one of its
@@ -94,6 +114,8 @@ class LowerCtx:
         return self.node.attr(name, default)
 
     def const(self, i: int) -> np.ndarray | None:
+        if i in self.const_override:
+            return self.const_override[i]
         v = self.node.input(i)
         return None if v is None else v.const_value()
 

@@ -656,3 +656,49 @@ def test_conv_grouped_blocked_does_not_fire(x_shape, m, attrs):
     assert not [k for k in mod.kernels if "groups of" in k.comment or _blocked_schedule(k.comment)]
     ref = ort_run(model, feeds)[0]
     np.testing.assert_allclose(mod.run(**feeds)[0], ref, rtol=RT, atol=AT * max(1.0, float(np.abs(ref).max())))
+
+
+# ----------------------------------------------------------------------------- 1-D convolutions
+def _conv1d_model(cin, cout, length, k, stride, pad, dil, group, epilogue):
+    from onnx import helper
+    from tests.fusion_util import graph_model
+    w = rand(cout, cin // group, k, seed=1, low=-0.3, high=0.3)
+    b = rand(cout, seed=2)
+    feeds = {"x": rand(2, cin, length)}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k], strides=[stride],
+                              pads=[pad, pad], dilations=[dil], group=group)]
+    out = "c"
+    if epilogue:        # Whisper's front end: Conv then the erf GELU, plus a residual
+        ol = (length + 2 * pad - dil * (k - 1) - 1) // stride + 1
+        feeds["r"] = rand(2, cout, ol, seed=3)
+        nodes += [helper.make_node("Div", ["c", "s2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+                  helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["c", "e1"], ["m"]),
+                  helper.make_node("Mul", ["m", "half"], ["g"]), helper.make_node("Add", ["g", "r"], ["y"])]
+        out = "y"
+    inits = {"w": w, "b": b, "s2": np.array(np.sqrt(2), np.float32), "one": np.array(1, np.float32),
+             "half": np.array(0.5, np.float32)}
+    return graph_model(nodes, feeds, [out], inits), feeds
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
+@pytest.mark.parametrize("cin,cout,length,k,stride,pad,dil,group,epilogue", [
+    (48, 64, 61, 3, 2, 1, 1, 1, True),       # Whisper's conv2 form (stride 2) with its GELU
+    (20, 64, 50, 3, 1, 1, 1, 1, True),       # conv1 form: few input channels
+    (16, 32, 37, 5, 1, 4, 2, 1, False),      # dilated, wide pads
+    (32, 32, 45, 3, 1, 1, 1, 32, False),     # depthwise (wav2vec-style positional conv groups)
+    (24, 48, 40, 3, 2, 1, 1, 4, False),      # grouped, strided (no 2-D schedule has it: generic)
+    (8, 24, 33, 1, 1, 0, 1, 1, False),       # pointwise
+])
+def test_conv1d_runs_the_2d_schedules(target, cin, cout, length, k, stride, pad, dil, group, epilogue):
+    """A float 1-D Conv ([N, C, L]) lowers through the 2-D schedules as a height-1 convolution
+    (views of X, W and Y in their own slots; the fused epilogue indexed by Y's 3-D index), not the
+    generic row loop: onnxruntime's numbers at O0 and O2, on 16- and 8-lane vectors."""
+    model, feeds = _conv1d_model(cin, cout, length, k, stride, pad, dil, group, epilogue)
+    exp = ort_run(model, feeds)
+    for lvl in (0, 2):
+        mod = tensorfuse.compile(model, target=target, opt_level=lvl)
+        got = mod.run(**feeds)
+        np.testing.assert_allclose(got[0], exp[0], rtol=1e-4, atol=1e-4, err_msg=f"O{lvl}")
+        if group == 1 or group == cin:      # the conv's kernel: a 2-D schedule
+            assert [kn.schedule for kn in mod.kernels if kn.schedule != "generic"], \
+                [(kn.name, kn.schedule) for kn in mod.kernels]

@@ -243,6 +243,42 @@ def conv_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, group: in
     return y
 
 
+def _conv1d_as_2d(ctx: LowerCtx, x: Buffer, w: Buffer, b, y: Buffer, group: int, geo: Geometry, acc_dtype,
+                  finish, params, x_zero, w_zero):
+    """A 1-D convolution (X [N, C, L], W [M, C/group, K], Y [N, M, OL]) offered to the 2-D
+    ``conv2d`` schedules as one of height 1: X, W and Y seen as [N, C, 1, L], [M, C/group, 1, K]
+    and [N, M, 1, OL] (:meth:`LowerCtx.view`, the same slots), the geometry with a height of
+    kernel 1, stride 1, no pads; the fused epilogue sees Y's own 3-D index. Whisper's and
+    wav2vec's front-end convolutions and temporal CNNs get the register-blocked schedules instead
+    of the generic row loop. Returns what ``dispatch`` returns (NO_SCHEDULE: none applies, and
+    the context is as it was)."""
+    def up(buf):
+        return None if buf is None else ctx.view(buf, tuple(buf.shape[:2]) + (1,) + tuple(buf.shape[2:]))
+    xv, wv, yv = up(x), up(w), up(y)
+    geo2 = Geometry([1] + list(geo.kernel), [1] + list(geo.strides), [1] + list(geo.dilations),
+                    [0] + list(geo.pads_begin), [0] + list(geo.pads_end), [1] + list(geo.in_shape),
+                    [1] + list(geo.out_shape))
+    swap = {id(x): xv, id(w): wv, id(y): yv}
+    saved = (ctx.inputs, ctx.outputs, dict(ctx.const_override))
+    ctx.inputs = [swap.get(id(t), t) if t is not None else None for t in ctx.inputs]
+    ctx.outputs = [swap.get(id(t), t) if t is not None else None for t in ctx.outputs]
+    for i, t in enumerate(ctx.inputs):     # compile-time values (packed weights) in the views' shapes
+        if t is not None and (t is xv or t is wv) and ctx.const(i) is not None:
+            ctx.const_override[i] = np.asarray(ctx.const(i)).reshape(t.shape)
+    apply = ctx.apply_epilogue      # the epilogue indexes Y [N, M, OL]: drop the height index
+    ctx.apply_epilogue = lambda v, idx: apply(v, list(idx[:2]) + list(idx[3:]))
+    if params is not None:
+        params = [swap.get(id(t), t) for t in params]
+    try:
+        done = dispatch("conv2d", ctx, x=xv, w=wv, b=b, y=yv, group=group, geo=geo2, acc_dtype=acc_dtype,
+                        hooks=(finish,) if finish is not None else (), params=params, x_zero=x_zero,
+                        w_zero=w_zero)
+    finally:
+        ctx.inputs, ctx.outputs, ctx.const_override = saved
+        del ctx.apply_epilogue
+    return done
+
+
 def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, group: int,
               geo: Geometry, *, acc_dtype: DType | None = None,
               x_zero: Buffer | None = None, w_zero: Buffer | None = None,
@@ -271,8 +307,12 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     ``hooks`` = ``(finish,)`` (None when not given; the float schedules take no hooks); the loop
     nest above is the generic one, used where none applies.
     """
-    done = dispatch("conv2d", ctx, x=x, w=w, b=b, y=y, group=group, geo=geo, acc_dtype=acc_dtype,
-                    hooks=(finish,) if finish is not None else (), params=params, x_zero=x_zero, w_zero=w_zero)
+    if geo.rank == 1 and not ctx.target.simt and acc_dtype in (None, DType.f32) and x.dtype == DType.f32:
+        done = _conv1d_as_2d(ctx, x, w, b, y, group, geo, acc_dtype, finish, params, x_zero, w_zero)
+    else:
+        done = dispatch("conv2d", ctx, x=x, w=w, b=b, y=y, group=group, geo=geo, acc_dtype=acc_dtype,
+                        hooks=(finish,) if finish is not None else (), params=params, x_zero=x_zero,
+                        w_zero=w_zero)
     if done is not NO_SCHEDULE:
         return done
     if acc_dtype is None:

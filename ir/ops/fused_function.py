@@ -392,6 +392,7 @@ def _lower_anchored(ctx: LowerCtx, g: _Group, anchor_name: str) -> None:
     ctx.kernels.extend(sub.kernels)
     ctx.packed.extend(sub.packed)
     ctx.scratch_buffers.extend(sub.scratch_buffers)
+    ctx.view_of.update(sub.view_of)
 
 
 # ----------------------------------------------------------------------------- FusedFunction
