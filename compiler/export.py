@@ -199,7 +199,10 @@ def _function_proto(n: Node, fname: str, body: Graph, opset: int, functions: _Fu
     def name_of(v: Value) -> str:
         return v.name
 
-    nodes = [_node_proto(m, name_of, opset, functions) for m in body.nodes]
+    # the body's constants (a mover's shape or starts) as Constant nodes of the function
+    nodes = [helper.make_node("Constant", [], [v.name], value=numpy_helper.from_array(np.asarray(v.data), v.name))
+             for v in body.constants.values()]
+    nodes += [_node_proto(m, name_of, opset, functions) for m in body.nodes]
     domains = sorted({m.domain for m in body.nodes if m.domain})
     imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, CUSTOM_DOMAIN_VERSION) for d in domains]
     attr_names = sorted(k for k, v in n.attrs.items() if not isinstance(v, Graph))

@@ -107,6 +107,13 @@ class OpDef:
     #: nondecreasing selection: MaxPool; needs a positive scale), "" (none). Read by
     #: compiler/rules/quantize.py
     quant_passthrough: str = ""
+    #: injective ops that move elements of one data input (input 0; any other input a
+    #: compile-time constant): ``index_map(node, out_idx) -> in_idx`` maps an output index (a
+    #: list of i64 kernel-IR expressions, one per output dim) to the index of input 0 that holds
+    #: that element (Transpose, Slice, the Reshape family). It lets fuse_ops put the op inside
+    #: a loop group between elementwise ops (compiler/passes/fuse_ops.py); None: the op stands
+    #: alone in grouping
+    index_map: Callable | None = None
     doc: str = ""
 
     def __post_init__(self):

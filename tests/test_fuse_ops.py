@@ -99,9 +99,9 @@ def test_broadcasting_chain_loads_each_input_with_broadcasting():
 
 def test_value_used_outside_the_group_is_materialised():
     x, y = rand(4, 4), rand(4, 4, seed=1)
-    # a is read by Transpose (not fusable) and is a graph output; b by the fused Relu only
+    # a is read by Hardmax (not fusable) and is a graph output; b by the fused Relu only
     m = graph_model([N("Add", ["x", "y"], ["a"]), N("Mul", ["a", "a"], ["b"]), N("Relu", ["b"], ["z"]),
-                     N("Transpose", ["a"], ["t"])], {"x": x, "y": y}, ["z", "t", "a"])
+                     N("Hardmax", ["a"], ["t"])], {"x": x, "y": y}, ["z", "t", "a"])
     mod = check(m, {"x": x, "y": y}, kernels=2, before=4)
     (f,) = fused_nodes(mod.graph)
     assert sorted(o.name for o in f.outputs) == ["a", "z"]
@@ -113,7 +113,7 @@ def test_value_used_outside_the_group_is_materialised():
 
 def test_single_output_loop_may_run_in_place():
     x = rand(4, 8)
-    m = graph_model([N("Exp", ["x"], ["a"]), N("Transpose", ["a"], ["t"]), N("Neg", ["t"], ["b"]),
+    m = graph_model([N("Exp", ["x"], ["a"]), N("Hardmax", ["a"], ["t"]), N("Neg", ["t"], ["b"]),
                      N("Sigmoid", ["b"], ["z"])], {"x": x}, ["z"])
     mod = check(m, {"x": x}, kernels=3, before=4)
     call = next(c for c in mod.calls if c.ops == ["Neg", "Sigmoid"])
@@ -142,10 +142,10 @@ def test_small_value_read_outside_is_not_widened():
 
 
 def test_groups_never_merge_into_a_cycle():
-    # c = Add(Exp(x), Neg(Transpose(Exp(x)))): Exp and Neg+Add cannot share a kernel (Transpose
+    # c = Add(Exp(x), Neg(Hardmax(Exp(x)))): Exp and Neg+Add cannot share a kernel (Hardmax
     # sits between them), so Neg and Add fuse and Exp is materialised
     x = rand(3, 3)
-    m = graph_model([N("Exp", ["x"], ["a"]), N("Transpose", ["a"], ["t"]), N("Neg", ["t"], ["b"]),
+    m = graph_model([N("Exp", ["x"], ["a"]), N("Hardmax", ["a"], ["t"]), N("Neg", ["t"], ["b"]),
                      N("Add", ["a", "b"], ["z"])], {"x": x}, ["z"])
     mod = check(m, {"x": x}, kernels=3, before=4)
     (f,) = fused_nodes(mod.graph)
@@ -154,7 +154,7 @@ def test_groups_never_merge_into_a_cycle():
 
 def test_direct_cycle_through_an_outside_node_is_refused():
     x = rand(3, 3)
-    m = graph_model([N("Relu", ["x"], ["a"]), N("Transpose", ["a"], ["t"]), N("Add", ["a", "t"], ["z"])],
+    m = graph_model([N("Relu", ["x"], ["a"]), N("Hardmax", ["a"], ["t"]), N("Add", ["a", "t"], ["z"])],
                     {"x": x}, ["z"])
     check(m, {"x": x}, kernels=3, before=3)
 
@@ -208,6 +208,147 @@ def test_large_loop_groups_are_vectorised_and_parallel(case):
         np.testing.assert_allclose(mod.run(**feeds)[0], expected, rtol=1e-5, atol=1e-6)
     assert k.name in parallel_kernels(mod)
     assert L in float_vectors(function_ir(optimized_ir(mod), k.name))
+
+
+# ----------------------------------------------------------------------------- injective movers
+# Transpose, Slice and the Reshape family (``OpDef.index_map``) between elementwise ops join
+# their loop group: the group is one grid over its output, each mover reading its input at the
+# mapped index (a reshape-only group of full-size values stays one flat loop). Tolerances: the
+# same float32 ops as onnxruntime's, so rtol 1e-5, atol 1e-6 (check's defaults).
+def _movers_call(mod):
+    return next(c for c in mod.calls if len(c.ops) > 1)
+
+
+def test_transpose_between_elementwise_ops_joins_the_loop_and_does_not_run_in_place():
+    x, y = rand(2, 3, 4), rand(4, 3, 2, seed=1)
+    m = graph_model([N("Exp", ["x"], ["a"]), N("Transpose", ["a"], ["t"], perm=[2, 1, 0]),
+                     N("Add", ["t", "y"], ["z"])], {"x": x, "y": y}, ["z"])
+    mod = check(m, {"x": x, "y": y}, kernels=1, before=3)
+    (f,) = fused_nodes(mod.graph)
+    assert [n.op for n in f.attrs["body"].nodes] == ["Exp", "Transpose", "Add"]
+    assert f.attr("kind") == "INJECTIVE" and f.attr("anchor") == ""
+    # z[i] = exp(x[perm(i)]) + y[i]: y has z's shape but x is read elsewhere, so never in place
+    assert _movers_call(mod).inplace_ok == []
+
+
+@pytest.mark.parametrize("case", ["reshape_flat", "reshape_split_bias", "reshape_merge_bias", "slice_neg_step",
+                                  "squeeze_unsqueeze_flatten", "transpose_first", "transpose_then_slice"])
+def test_movers_join_loop_groups(case):
+    x = rand(2, 3, 4)
+    feeds, inits = {"x": x}, {}
+    if case == "reshape_flat":           # same flat offsets: still one flat loop
+        nodes = [N("Exp", ["x"], ["a"]), N("Reshape", ["a", "s"], ["t"]), N("Neg", ["t"], ["z"])]
+        inits, before = {"s": np.array([6, 4], np.int64)}, 2
+    elif case == "reshape_split_bias":   # heads split: [2,3,4] -> [2,3,2,2] + bias[2]
+        nodes = [N("Sigmoid", ["x"], ["a"]), N("Reshape", ["a", "s"], ["t"]), N("Add", ["t", "b"], ["z"])]
+        inits, before = {"s": np.array([2, 3, 2, 2], np.int64), "b": rand(2, seed=2)}, 2
+    elif case == "reshape_merge_bias":   # heads merged: [2,3,4] -> [6,4] * scale[4]
+        nodes = [N("Tanh", ["x"], ["a"]), N("Reshape", ["a", "s"], ["t"]), N("Mul", ["t", "b"], ["z"])]
+        inits, before = {"s": np.array([6, 4], np.int64), "b": rand(4, seed=2)}, 2
+    elif case == "slice_neg_step":
+        nodes = [N("Exp", ["x"], ["a"]), N("Slice", ["a", "st", "en", "ax", "sp"], ["t"]), N("Neg", ["t"], ["z"])]
+        inits = {"st": np.array([1, 3], np.int64), "en": np.array([3, -10], np.int64),
+                 "ax": np.array([1, 2], np.int64), "sp": np.array([1, -2], np.int64)}
+        before = 3
+    elif case == "squeeze_unsqueeze_flatten":
+        nodes = [N("Relu", ["x"], ["a"]), N("Unsqueeze", ["a", "ax"], ["u"]), N("Abs", ["u"], ["v"]),
+                 N("Squeeze", ["v", "ax"], ["w"]), N("Flatten", ["w"], ["f"], axis=2), N("Neg", ["f"], ["z"])]
+        inits, before = {"ax": np.array([1], np.int64)}, 3
+    elif case == "transpose_first":      # a mover reading a graph input starts the group
+        nodes = [N("Transpose", ["x"], ["t"], perm=[0, 2, 1]), N("Add", ["t", "y"], ["z"])]
+        feeds["y"], before = rand(3, seed=4), 2
+    else:
+        nodes = [N("Mul", ["x", "x"], ["a"]), N("Transpose", ["a"], ["t"], perm=[1, 0, 2]),
+                 N("Slice", ["t", "st", "en", "ax"], ["s"]), N("Sqrt", ["s"], ["z"])]
+        inits, before = {"st": np.array([1], np.int64), "en": np.array([4], np.int64), "ax": np.array([2], np.int64)}, 4
+    m = graph_model(nodes, feeds, ["z"], inits)
+    mod = check(m, feeds, kernels=1, before=before)
+    (f,) = fused_nodes(mod.graph)
+    if case != "squeeze_unsqueeze_flatten":     # (simplify collapses that chain of reshapes)
+        assert [n.op for n in f.attrs["body"].nodes] == [n.op_type for n in nodes]
+    # a mover's shape/starts are constants of the body, not inputs of the fused node
+    assert {v.name for v in f.inputs} == set(feeds) | ({"b"} & set(inits))
+    if case == "reshape_flat":          # no grid: one vector loop over the 24 elements (and a tail)
+        (k,) = mod.kernels
+        assert isinstance(k.body[0], For) and not any(isinstance(s, For) for s in k.body[0].body)
+
+
+def test_mover_stays_out_when_an_earlier_value_is_used_outside():
+    # a = Exp(x) is read by Hardmax too: a is materialised at [2,3,4], the Transpose's output is
+    # [4,3,2], so the Transpose starts a group of its own with the Neg after it
+    x = rand(2, 3, 4)
+    m = graph_model([N("Exp", ["x"], ["a"]), N("Hardmax", ["a"], ["h"]), N("Transpose", ["a"], ["t"]),
+                     N("Neg", ["t"], ["z"])], {"x": x}, ["z", "h"])
+    mod = check(m, {"x": x}, kernels=3, before=4)
+    (f,) = fused_nodes(mod.graph)
+    assert [n.op for n in f.attrs["body"].nodes] == ["Transpose", "Neg"]
+
+
+def test_mover_stays_out_when_an_earlier_value_is_a_graph_output():
+    x = rand(2, 3, 4)
+    m = graph_model([N("Exp", ["x"], ["a"]), N("Reshape", ["a", "s"], ["t"]), N("Neg", ["t"], ["z"])],
+                    {"x": x}, ["z", "a"], {"s": np.array([6, 4], np.int64)})
+    mod = check(m, {"x": x}, kernels=2, before=2)
+    (f,) = fused_nodes(mod.graph)
+    assert [n.op for n in f.attrs["body"].nodes] == ["Reshape", "Neg"]
+
+
+def test_reshapes_alone_do_not_group():
+    # a chain of reshapes lowers to memory-plan aliases (no kernel): grouped it would be a copy
+    x = rand(2, 3, 4)
+    m = graph_model([N("Flatten", ["x"], ["a"], axis=2), N("Unsqueeze", ["a", "ax"], ["z"]),
+                     N("Hardmax", ["z"], ["h"])], {"x": x}, ["h"], {"ax": np.array([0], np.int64)})
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    g = import_onnx(m)
+    assert [[n.op for n in grp.nodes] for grp in plan_groups(g)] == [["Flatten"], ["Unsqueeze"], ["Hardmax"]]
+
+
+def test_mover_never_joins_an_anchor_epilogue():
+    # the epilogue runs at the conv's output index; the transposed value is another index
+    x, w = rand(1, 3, 5, 5), rand(2, 3, 3, 3, seed=1)
+    m = graph_model([N("Conv", ["x", "w"], ["c"]), N("Transpose", ["c"], ["t"], perm=[0, 1, 3, 2]),
+                     N("Relu", ["t"], ["z"])], {"x": x}, ["z"], {"w": w})
+    mod = check(m, {"x": x}, kernels=2, before=3, disabled=CONV_RULES, rtol=1e-4, atol=1e-5)
+    (f,) = fused_nodes(mod.graph)
+    assert f.attr("anchor") == "" and [n.op for n in f.attrs["body"].nodes] == ["Transpose", "Relu"]
+
+
+def test_value_read_at_two_indices_through_a_transpose():
+    # z = Transpose(a) * a with a = Exp(x) also an output (same square shape): a is read at
+    # i and at perm(i) in one grid, each evaluated on its own
+    x = rand(2, 4, 4)
+    m = graph_model([N("Exp", ["x"], ["a"]), N("Transpose", ["a"], ["t"], perm=[0, 2, 1]),
+                     N("Mul", ["t", "a"], ["z"])], {"x": x}, ["z", "a"])
+    mod = check(m, {"x": x}, kernels=1, before=3)
+    assert sorted(o.name for o in fused_nodes(mod.graph)[0].outputs) == ["a", "z"]
+
+
+def test_widening_broadcast_through_a_transpose():
+    # Add at [1,4], transposed to [4,1], broadcast against [4,8]: the group widens to [4,8]
+    a, b, c = rand(1, 4), rand(1, 4, seed=1), rand(4, 8, seed=2)
+    m = graph_model([N("Add", ["a", "b"], ["s"]), N("Transpose", ["s"], ["t"]), N("Mul", ["t", "c"], ["z"])],
+                    {"a": a, "b": b, "c": c}, ["z"])
+    check(m, {"a": a, "b": b, "c": c}, kernels=1, before=3)
+
+
+def test_group_with_mover_constants_exports_and_round_trips(tmp_path):
+    x, b = rand(2, 3, 4), rand(2, seed=2)
+    m = graph_model([N("Sigmoid", ["x"], ["a"]), N("Reshape", ["a", "s"], ["t"]), N("Add", ["t", "b"], ["u"]),
+                     N("Slice", ["u", "st", "en"], ["v"]), N("Neg", ["v"], ["z"])], {"x": x}, ["z"],
+                    {"s": np.array([2, 3, 2, 2], np.int64), "b": b, "st": np.array([1], np.int64),
+                     "en": np.array([3], np.int64)})
+    mod = check(m, {"x": x}, kernels=1, before=4)
+    g = mod.graph
+    (f,) = fused_nodes(g)
+    assert sorted(f.attrs["body"].constants) == ["en", "s", "st"]
+    text = print_graph(g)
+    g2 = parse_graph(text, {k: v.data for k, v in g.constants.items()})
+    assert print_graph(g2) == text and graph_diff(g, g2) == []
+    verify_graph(g2)
+    tensorfuse.export_onnx(g, tmp_path / "f.onnx")
+    onnx.checker.check_model(str(tmp_path / "f.onnx"), full_check=True)
+    (got,) = ort_run(onnx.load(str(tmp_path / "f.onnx")), {"x": x})
+    np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- anchored groups
@@ -332,7 +473,7 @@ def test_anchor_that_never_applies_the_epilogue_is_a_clear_error():
 # ----------------------------------------------------------------------------- the pass itself
 def test_plan_groups_covers_every_node_once_and_groups_of_one_stay_plain():
     x = rand(2, 3)
-    m = graph_model([N("Relu", ["x"], ["a"]), N("Transpose", ["a"], ["t"]), N("Exp", ["t"], ["z"])],
+    m = graph_model([N("Relu", ["x"], ["a"]), N("Hardmax", ["a"], ["t"]), N("Exp", ["t"], ["z"])],
                     {"x": x}, ["z"])
     from tensorfuse.compiler.frontend.onnx import import_onnx
     g = import_onnx(m)

@@ -15,9 +15,19 @@ Grouping asks the registry only (``OpDef.kind``, ``OpDef.scalar``); it keeps no 
   the same kernel (TVM requires a single consumer instead; storing it costs no extra pass over
   memory). An elementwise op next to both an anchored group and loop groups joins the anchor
   (the anchor's output is the larger tensor).
-- Every other op (injective, reductions, opaque) stands alone.
+- An **injective mover** (``OpDef.index_map``: Transpose, Slice, Reshape/Flatten/Squeeze/
+  Unsqueeze, one data input, the others compile-time constants) joins the loop group of its
+  data input under the rule an elementwise op follows (same shape, or every value of the group
+  consumed inside), and starts a loop group otherwise, so the elementwise ops after it can
+  join: ``Exp -> Transpose -> Add`` is one kernel, its lowering reading Exp's operand at the
+  transposed index. A mover never joins an anchor's epilogue (the epilogue runs at the
+  anchor's output index). Its constant parameters (a Reshape's shape) are constants of the
+  body, not inputs of the fused node.
+- Every other op (other injective ops, reductions, opaque) stands alone.
 - A value used outside its group, or a graph output, is materialised: it becomes an output of
-  the group's fused function. Materialised values of a loop group all have the group's shape;
+  the group's fused function. Materialised values of a loop group all have the group's shape
+  (a value before a mover with another shape is therefore never materialised: the mover then
+  starts a group of its own);
   a loop group whose values are all consumed inside may widen to a larger broadcast shape (a
   mask computed at [1,1,1,S] then added to [B,H,S,S] scores), its small values then recomputed
   per element.
@@ -31,6 +41,8 @@ back to the model. ``fuse_ops(graph, log)`` can also log each group like a rule 
 (``fuse_ops: members -> fused node``); the pipeline keeps its rule log for rules.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from tensorfuse.ir.graph import Graph, Node, Value
 from tensorfuse.ir.ops.fused import DOMAIN
@@ -61,6 +73,16 @@ class Group:
 def _is_elementwise(n: Node, od) -> bool:
     return (od is not None and od.kind <= OpPatternKind.BROADCAST and has_scalar(n, od)
             and len(n.outputs) == 1 and any(v is not None for v in n.inputs))
+
+
+def _is_mover(n: Node, od) -> bool:
+    """An injective op that moves the elements of one data input (``OpDef.index_map``: Transpose,
+    Slice, the Reshape family), its other inputs compile-time constants: it may sit inside a
+    loop group, whose lowering reads its input at the mapped index."""
+    return (od is not None and od.kind == OpPatternKind.INJECTIVE and od.index_map is not None
+            and len(n.outputs) == 1 and bool(n.inputs) and n.inputs[0] is not None
+            and all(v is None or v.const_value() is not None for v in n.inputs[1:])
+            and n.outputs[0].type.numel > 0)
 
 
 def _is_anchor(n: Node, od) -> bool:
@@ -156,6 +178,10 @@ class _Planner:
                 if self.join(n):
                     continue
                 grp = Group(n, od.kind, True)
+            elif _is_mover(n, od):
+                if self.join(n, loops_only=True):
+                    continue
+                grp = Group(n, od.kind, True)
             else:
                 grp = Group(n, od.kind if od is not None else OpPatternKind.OPAQUE, False)
             self.group_of[id(n)] = grp
@@ -169,17 +195,23 @@ class _Planner:
                 out.append(grp)
         return out
 
-    def join(self, n: Node) -> bool:
-        """Put elementwise node ``n`` into a producer's group; False when none can take it."""
+    def join(self, n: Node, loops_only: bool = False) -> bool:
+        """Put elementwise node ``n`` into a producer's group; False when none can take it.
+        ``loops_only``: ``n`` is an injective mover (``_is_mover``): it joins only the loop group
+        of its data input (input 0), never an anchor's epilogue (which runs at the anchor's
+        output index)."""
         cands: list[Group] = []
-        for v in n.inputs:
+        for v in (n.inputs[:1] if loops_only else n.inputs):
             p = v.producer if v is not None else None
             grp = self.group_of.get(id(p)) if p is not None else None
             if grp is not None and grp.fusable and all(grp is not c for c in cands):
                 cands.append(grp)
+        if loops_only and find_op(n.op, n.domain).reshape_only:
+            # reshapes alone lower to no kernel (memory-plan aliases): grouping them would copy
+            cands = [grp for grp in cands if not all(find_op(m.op, m.domain).reshape_only for m in grp.nodes)]
         cands.sort(key=lambda grp: -max(self.pos[id(m)] for m in grp.nodes))    # latest first
         for grp in cands:
-            if grp.anchor is not None and self.can_join_anchor(grp, n) and not self.makes_cycle([grp], n):
+            if grp.anchor is not None and not loops_only and self.can_join_anchor(grp, n) and not self.makes_cycle([grp], n):
                 self.merge([grp], n)
                 return True
         loops = [grp for grp in cands if grp.anchor is None and self.can_join_loop(grp, n)]
@@ -222,10 +254,25 @@ def _fused_node(graph: Graph, grp: Group, outputs: list[Value]) -> Node:
     body = Graph(name)
     vmap: dict[int, Value] = {}
     ext: list[Value] = []
+    # a compile-time input read only as a mover's parameter (a Reshape's shape, a Slice's
+    # starts) is a constant of the body: the body's nodes type-check on their own
+    members = {id(m) for m in grp.nodes}
+    param_only: dict[int, bool] = {}
+    for m in grp.nodes:
+        mover = find_op(m.op, m.domain).index_map is not None and not has_scalar(m)
+        for k, v in enumerate(m.inputs):
+            if v is None or (v.producer is not None and id(v.producer) in members):
+                continue
+            ok = mover and k > 0 and v.const_value() is not None
+            param_only[id(v)] = param_only.get(id(v), True) and ok
 
     def body_value(v: Value) -> Value:
         bv = vmap.get(id(v))
-        if bv is None:          # read before defined in the group: an external input
+        if bv is None and param_only.get(id(v)):
+            bv = vmap[id(v)] = Value(v.name, v.type, data=np.asarray(v.const_value()))
+            body.reserve(v.name)
+            body.constants[v.name] = bv
+        elif bv is None:          # read before defined in the group: an external input
             bv = vmap[id(v)] = Value(v.name, v.type)
             body.inputs.append(bv)
             body.reserve(v.name)

@@ -16,7 +16,10 @@ expression per output element:
   bias/activation) keeps it: the group's runs after it.
 - **Loop group** (no anchor): one loop nest over the outputs' common shape; flat (and
   vectorisable) when every value has that shape or one element, else a grid with broadcasting
-  loads. Each output is stored at its element.
+  loads. Each output is stored at its element. A group with injective movers
+  (``OpDef.index_map``: Transpose, Slice, the Reshape family) is a grid over the output in
+  which a mover reads its input at the mapped index (:func:`_moving_grid`); one whose movers
+  only reshape values of the full element count stays flat (a reshape keeps flat offsets).
 
 Each body node's scalar is evaluated once per element: a value read more than once (or read
 and stored) is kept in a one-element local buffer, which LLVM turns into a register; kernel-IR
@@ -69,13 +72,22 @@ class _Group:
         self._tmp: dict[tuple[int, int], Buffer] = {}
 
     def compose(self, kb: KernelBuilder, nodes: list[Node], env: dict[int, Expr], load,
-                store, skip_store: Value | None = None) -> None:
+                store, skip_store: Value | None = None, flat_moves: bool = False) -> None:
         """Evaluate ``nodes`` (elementwise, in order) into ``env`` (body value id -> Expr).
 
         ``load(bv)`` gives the Expr of body input ``bv``; ``store(buf, expr)`` stores an output
-        at the current element (every output in ``self.out`` but ``skip_store``)."""
+        at the current element (every output in ``self.out`` but ``skip_store``).
+        ``flat_moves``: the loop runs over flat offsets, where a reshape-only node
+        (``OpDef.reshape_only``) passes its input's element through."""
         for n in nodes:
             od = get_op(n.op, n.domain)
+            if od.reshape_only and od.index_map is not None and flat_moves:
+                v = n.inputs[0]         # the same element at the same flat offset
+                e = env[id(v)] if id(v) in env else self.imm[id(v)] if id(v) in self.imm else load(v)
+                env[id(n.outputs[0])] = e
+                if id(n.outputs[0]) in self.out and n.outputs[0] is not skip_store:
+                    store(self.out[id(n.outputs[0])], e)
+                continue
             if not has_scalar(n, od) or len(n.outputs) != 1:
                 raise ShapeError(f"body node {n.name} ({n.qualified_op}) has no per-element scalar "
                                  f"function; it cannot be fused into a loop or an epilogue")
@@ -133,11 +145,21 @@ def _lower_loop(ctx: LowerCtx, g: _Group) -> None:
         raise ShapeError(f"a fused loop needs outputs of one shape, got {sorted(map(list, shapes))}")
     (shape,) = shapes
     numel = math.prod(shape)
-    if _lookup_table(ctx, g, shape):
+    movers = [n for n in g.body.nodes if not has_scalar(n, get_op(n.op, n.domain))]
+    if not movers and _lookup_table(ctx, g, shape):
         return
     values = [v for v in g.body.inputs if id(v) not in g.imm] + [o for n in g.body.nodes for o in n.outputs]
-    flat = all(tuple(v.shape) == shape or v.type.numel == 1 for v in values)
+    if movers:
+        # a reshape keeps each element's flat offset: a group of full-size (or one-element)
+        # values whose movers only reshape is still one flat loop
+        flat = all(get_op(n.op, n.domain).reshape_only for n in movers) \
+            and all(v.type.numel in (numel, 1) for v in values)
+    else:
+        flat = all(tuple(v.shape) == shape or v.type.numel == 1 for v in values)
     kb = ctx.kernel()
+    if movers and not flat:
+        _moving_grid(kb, g, shape)
+        return          # not in place: a mover reads its input at another element than it writes
     if flat:
         from tensorfuse.ir.kernel import broadcast
         from tensorfuse.ir.ops._common import flat_vector_loop
@@ -145,10 +167,10 @@ def _lower_loop(ctx: LowerCtx, g: _Group) -> None:
         def body(i, lanes):
             def load(bv):
                 b = g.buf[id(bv)]
-                if tuple(bv.shape) != shape:            # one element, read by every lane
+                if bv.type.numel != numel:              # one element, read by every lane
                     return b.flat(0) if lanes == 1 else broadcast(b.flat(0), lanes)
                 return b.flat(i) if lanes == 1 else b.vload(i, lanes)
-            g.compose(kb, g.body.nodes, {}, load, lambda buf, e: kb.store(buf, i, e))
+            g.compose(kb, g.body.nodes, {}, load, lambda buf, e: kb.store(buf, i, e), flat_moves=True)
         flat_vector_loop(ctx, kb, numel, [v.dtype for v in values], body)
     elif not _broadcast_rows(ctx, kb, g, shape, values):
         with kb.grid(shape) as idx:
@@ -156,6 +178,71 @@ def _lower_loop(ctx: LowerCtx, g: _Group) -> None:
                       lambda buf, e: kb.store(buf, idx, e))
     # one output written at the element its same-shape inputs are read: may run in place
     ctx.elementwise_inplace = len(ctx.outputs) == 1
+
+
+def _moving_grid(kb: KernelBuilder, g: _Group, shape) -> None:
+    """A loop group with injective movers (``OpDef.index_map``: Transpose, Slice, a reshape
+    that is not flat here) as one grid over the outputs' shape ``shape``: each output is
+    evaluated at the grid index, a value at an index by its node -- an elementwise node's
+    inputs at the index broadcast to their shapes (trailing dims, a dim of 1 reads 0), a
+    mover's input at ``index_map(index)``, a body input loaded there. A value reached at two
+    indices (through a mover and directly) is computed at each; one used twice at the same
+    index is kept in a one-element local per (value, index)."""
+    zero = Const(0, DType.i64)
+    producer = {id(o): n for n in g.body.nodes for o in n.outputs}
+    memo: dict = {}
+    mapped: dict = {}
+
+    def key(ix):
+        return tuple(id(e) for e in ix)
+
+    def bidx(v: Value, ix):
+        r = len(v.shape)
+        t = list(ix)[len(ix) - r:] if r else []
+        return [zero if d == 1 else i for d, i in zip(v.shape, t)]
+
+    def at(v: Value, ix) -> Expr:
+        k = (id(v), key(ix))
+        e = memo.get(k)
+        if e is not None:
+            return e
+        if id(v) in g.imm:
+            e = g.imm[id(v)]
+        elif id(v) in g.buf:
+            b = g.buf[id(v)]
+            e = b[list(ix)] if v.shape else b.flat(0)
+        else:
+            n = producer.get(id(v))
+            if n is None:
+                raise ShapeError(f"%{v.name} is neither a body input nor computed in the group")
+            od = get_op(n.op, n.domain)
+            if has_scalar(n, od) and len(n.outputs) == 1:
+                args = [at(u, bidx(u, ix)) for u in n.inputs if u is not None]
+                e = as_expr(od.scalar(n, *args), v.dtype)
+                if e.dtype != v.dtype:
+                    raise ShapeError(f"body node {n.name}: scalar gives {e.dtype}, the value is {v.dtype}")
+            elif od.index_map is not None:
+                mk = (id(n), key(ix))
+                src = mapped.get(mk)
+                if src is None:     # asked of the node with the outer values (constant inputs known)
+                    proxy = Node(n.op, [None if u is None else g.outer.get(id(u), u) for u in n.inputs],
+                                 [Value(o.name, o.type) for o in n.outputs], dict(n.attrs), n.name,
+                                 n.domain)
+                    src = mapped[mk] = od.index_map(proxy, list(ix))
+                e = at(n.inputs[0], src)
+            else:
+                raise ShapeError(f"body node {n.name} ({n.qualified_op}) is neither elementwise nor an "
+                                 f"index map; it cannot be fused into a loop")
+            if g.uses.get(id(v), 0) >= 2 and not isinstance(e, (Load, Const)):
+                tmp = kb.local(v.dtype, (1,), hint="v")
+                kb.store(tmp, 0, e)
+                e = tmp[0]
+        memo[k] = e
+        return e
+
+    with kb.grid(shape) as idx:
+        for o in g.body.outputs:
+            kb.store(g.out[id(o)], idx, at(o, idx))
 
 
 #: the 8-bit dtypes whose every value a lookup table lists
@@ -413,11 +500,12 @@ class FusedFunction:
     Attribute ``body`` is a graph: its inputs are the group's external inputs (this node's
     inputs, in order, same types), its outputs the values the group materialises (this node's
     outputs: values used outside the group, graph outputs, an anchor's extra outputs). ``kind``
-    names the group's op pattern kind (``ir.registry.OpPatternKind``: ELEMWISE, BROADCAST or
-    OUT_ELEMWISE_FUSABLE); ``anchor`` names the body node whose kernel computes the group
+    names the group's op pattern kind (``ir.registry.OpPatternKind``: ELEMWISE, BROADCAST,
+    INJECTIVE or OUT_ELEMWISE_FUSABLE); ``anchor`` names the body node whose kernel computes the group
     ("" for none): the body nodes after it form its epilogue. Without an anchor, every body
     node is an elementwise/broadcast op with a ``scalar`` function and the group is one loop
-    nest. The meaning is the body's (the numpy reference evaluates it node by node); the
+    nest, except injective movers (``OpDef.index_map``) whose constant parameters are
+    constants of the body. The meaning is the body's (the numpy reference evaluates it node by node); the
     lowering is :func:`lower_fused_function`. Raises ShapeError when the inputs do
     not match the body's inputs in number and type, the body has no outputs, or ``kind`` /
     ``anchor`` name nothing.

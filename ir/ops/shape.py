@@ -46,6 +46,48 @@ def lower_index_map(ctx, fn: Callable[[list], list], src: int = 0, dst: int = 0)
         kb.store(y, idx, x[fn(idx)] if x.shape else x.flat(0))
 
 
+def reshape_index(in_shape: Sequence[int], out_shape: Sequence[int], out_idx: Sequence) -> list:
+    """The index into ``in_shape`` of the element at ``out_idx`` of the same row-major data
+    viewed as ``out_shape`` (the two have equal element counts): the ``index_map`` of the
+    Reshape family. Dims other than 1 are matched in runs whose sizes multiply to the same
+    count ([128,256] -> [128,4,64]: {128}->{128}, {256}->{4,64}); a run of one dim on each side
+    is the same index, otherwise the run's offset is split with // and %, so the common
+    reshapes (splitting or merging heads) need no division on the unchanged dims. Dims of size
+    1 read index 0."""
+    zero = Const(0, I64)
+    if prod(in_shape) == 0:
+        return [zero] * len(in_shape)
+    ins = [a for a, d in enumerate(in_shape) if d != 1]
+    outs = [a for a, d in enumerate(out_shape) if d != 1]
+    res: list = [zero] * len(in_shape)
+    i = j = 0
+    while i < len(ins):
+        I, O = [ins[i]], [outs[j]]
+        pi, po = in_shape[ins[i]], out_shape[outs[j]]
+        i, j = i + 1, j + 1
+        while pi != po:
+            if pi < po:
+                I.append(ins[i]); pi *= in_shape[ins[i]]; i += 1
+            else:
+                O.append(outs[j]); po *= out_shape[outs[j]]; j += 1
+        if len(I) == 1 and len(O) == 1:
+            res[I[0]] = out_idx[O[0]]
+            continue
+        off = None
+        for a in O:                       # the run's row-major offset in the output
+            off = out_idx[a] if off is None else off * out_shape[a] + out_idx[a]
+        stride = pi
+        for k, a in enumerate(I):
+            stride //= in_shape[a]
+            q = off // stride if stride > 1 else off
+            res[a] = q % in_shape[a] if k > 0 else q
+    return res
+
+
+def _reshape_map(node, out_idx) -> list:
+    return reshape_index(node.inputs[0].shape, node.outputs[0].shape, out_idx)
+
+
 def axes_list(node, axes, rank: int, what: str = "axes") -> list[int]:
     """Normalise a list of axes against ``rank``; ShapeError on out-of-range or repeated axes."""
     out = [norm_axis(a, rank, what) for a in ints(axes)]
@@ -122,6 +164,7 @@ class Reshape:
         return [ins[0].reshape(reshape_shape(ins[0].shape, ins[1], node.attr("allowzero", 0)))]
 
     lower = lower_copy
+    index_map = _reshape_map
 
 
 def flatten_shape(shape: Sequence[int], axis: int) -> tuple[int, int]:
@@ -147,6 +190,7 @@ class Flatten:
         return [ins[0].reshape(flatten_shape(ins[0].shape, node.attr("axis", 1)))]
 
     lower = lower_copy
+    index_map = _reshape_map
 
 
 def squeeze_shape(shape: Sequence[int], axes) -> tuple[int, ...]:
@@ -183,6 +227,7 @@ class Squeeze:
 
     importer = _squeeze_import
     lower = lower_copy
+    index_map = _reshape_map
 
 
 def unsqueeze_shape(shape: Sequence[int], axes) -> tuple[int, ...]:
@@ -213,6 +258,7 @@ class Unsqueeze:
 
     importer = _squeeze_import
     lower = lower_copy
+    index_map = _reshape_map
 
 
 # ----------------------------------------------------------------------------- Transpose
@@ -242,10 +288,13 @@ class Transpose:
     def reference(node, ins):
         return [np.ascontiguousarray(np.transpose(ins[0], transpose_perm(node, ins[0].ndim)))]
 
-    def lower(ctx):
-        perm = transpose_perm(ctx.node, len(ctx.inputs[0].shape))
+    def index_map(node, out_idx):
+        perm = transpose_perm(node, node.inputs[0].type.rank)
         inv = [perm.index(a) for a in range(len(perm))]
-        lower_index_map(ctx, lambda idx: [idx[inv[a]] for a in range(len(perm))])
+        return [out_idx[inv[a]] for a in range(len(perm))]
+
+    def lower(ctx):
+        lower_index_map(ctx, lambda idx: Transpose.index_map(ctx.node, idx))
 
 
 # ----------------------------------------------------------------------------- Expand / Tile

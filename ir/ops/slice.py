@@ -331,6 +331,9 @@ class Slice:
 
     importer = _slice_import
 
+    def index_map(node, out_idx):
+        p = _slice_of(node, node.inputs[0].shape, lambda i, w: const_input(node, i, w))
+        return [i * st + s for i, (s, st, _) in zip(out_idx, p)]
+
     def lower(ctx):
-        p = _slice_of(ctx.node, ctx.inputs[0].shape, lambda i, w: ctx.const(i))
-        lower_index_map(ctx, lambda idx: [i * st + s for i, (s, st, _) in zip(idx, p)])
+        lower_index_map(ctx, lambda idx: Slice.index_map(ctx.node, idx))
