@@ -15,9 +15,9 @@ checks that every schema attribute is either swept or listed, so a new attribute
 new rule) cannot go unnoticed. The base case of each rule (every attribute at its default) must
 fire. ``TF_SWEEP_FULL=1`` adds more values (more paddings, dilations, LeakyRelu alphas).
 
-Size: 40 graphs over the 33 rules, 318 combinations (337 with TF_SWEEP_FULL), about 105 s of CPU
-(two compiles each). ``make test`` runs 234 of them: each rule's base case, the first value of
-each swept attribute or input, and every value the rule must not fire for; the other 82 values
+Size: 43 graphs over the 36 rules, 321 combinations (340 with TF_SWEEP_FULL), about 105 s of CPU
+(two compiles each). ``make test`` runs 237 of them: each rule's base case, the first value of
+each swept attribute or input, and every value the rule must not fire for; the other 84 values
 (a second padding, dilation, alpha ...) are marked heavy, so ``make test-heavy`` (.ci/run) runs
 them (:func:`_in_default_suite`).
 """
@@ -788,7 +788,13 @@ SPECS = [
     Spec("QuantizeConv", g_qconv, {"conv": "Conv"}, _keyed("conv", CONV_V), opset=21, atol=Q_STEP * 1.001),
     Spec("FoldBatchNormIntoConvIntegerToFloat", g_qconv_bn, {"bn": "BatchNormalization"}, _keyed("bn", BN_V),
          opset=21, atol=Q_STEP * 1.001),
+    Spec("FoldQuantizeScaleIntoConvIntegerToFloat", g_qconv, {"conv": "Conv"}, {},
+         not_swept={("conv", a): "swept by QuantizeConv (the same graph)"
+                    for a in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")},
+         opset=21, atol=Q_STEP * 1.001),
     Spec("QuantizeMatMul", g_qmatmul, {"matmul": "MatMul"}, {}, opset=21, atol=Q_STEP * 1.001),
+    Spec("FoldQuantizeScaleIntoMatMulIntegerToFloat", g_qmatmul, {"matmul": "MatMul"}, {}, opset=21,
+         atol=Q_STEP * 1.001),
     Spec("QuantizeMatMulActivations", g_qmatmul_act, {"matmul": "MatMul"}, {}, opset=21, atol=Q_STEP * 1.001),
     Spec("QuantizeGemm", g_qgemm, {"gemm": "Gemm"},
          {("gemm", "alpha"): [V(0.5, fires=True)], ("gemm", "beta"): [V(2.0, fires=True), V(0.0, fires=True)],

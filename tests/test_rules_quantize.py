@@ -107,6 +107,45 @@ def test_quantize_conv_folds_batchnorm_into_scale_and_bias():
     _assert_within_one_step(m, feeds)
 
 
+def _q_scales(g, src=None) -> list[float]:
+    """The scales of the QuantizeLinear nodes of ``g`` (that read ``src``, a Value, if given)."""
+    return [float(n.inputs[1].data.reshape(-1)[0]) for n in g.nodes
+            if n.op == "QuantizeLinear" and (src is None or n.inputs[0] is src)]
+
+
+@pytest.mark.parametrize("kind", ["conv", "conv_bn", "matmul", "gemm"])
+def test_quantize_scale_folds_into_the_integer_product(kind):
+    """Q(ConvIntegerToFloat / MatMulIntegerToFloat) takes 1 / the Q's scale into the product's
+    scale and bias (one multiply per output, as MLAS requantizes, instead of a division): the
+    output Q's scale becomes 1, the result stays within one step of the unfused semantics."""
+    if kind.startswith("conv"):
+        m, feeds = _conv_qdq_model(np.uint8, "Relu", bn=kind == "conv_bn")
+        rule, op = "FoldQuantizeScaleIntoConvIntegerToFloat", CITF
+    else:
+        m, feeds = _matmul_qdq_model("Gemm" if kind == "gemm" else "MatMul", 1 if kind == "gemm" else 0)
+        rule, op = "FoldQuantizeScaleIntoMatMulIntegerToFloat", MITF
+    g = optimized(m)
+    (prod,) = [n for n in g.nodes if n.qualified_op == op]
+    assert _q_scales(g, prod.outputs[0]) == [1.0], _q_scales(g)
+    g0 = optimized(m, disabled_rules=[rule])
+    (prod0,) = [n for n in g0.nodes if n.qualified_op == op]
+    assert _q_scales(g0, prod0.outputs[0]) == [float(Y_SCALE)]
+    np.testing.assert_allclose(prod.inputs[3].data, prod0.inputs[3].data / Y_SCALE, rtol=1e-6)
+    if prod0.input(6) is not None:
+        np.testing.assert_allclose(prod.inputs[6].data, prod0.inputs[6].data / Y_SCALE, rtol=1e-6, atol=1e-6)
+    _assert_within_one_step(m, feeds)
+
+
+def test_quantize_scale_not_folded_through_an_activation():
+    """An activation the Q does not absorb (Relu before an i8 Q with zero point 10) stays
+    between the product and the Q: the scale stays with the Q."""
+    m, feeds = _conv_qdq_model(np.int8, "Relu")
+    g = optimized(m)
+    (relu,) = [n for n in g.nodes if n.op == "Relu"]
+    assert _q_scales(g, relu.outputs[0]) == [float(Y_SCALE)]
+    _assert_within_one_step(m, feeds)
+
+
 def test_quantize_conv_not_fired_for_weights_quantized_along_the_input_channels():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((1, 4, 7, 7)).astype(np.float32)

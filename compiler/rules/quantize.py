@@ -288,6 +288,82 @@ class FoldBatchNormIntoConvIntegerToFloat(Rule):
                              expect=m.batchnormalization.outputs[0], **m.qconv.attrs)
 
 
+def _requant_scale(m) -> float | Fail:
+    """The scale of the QuantizeLinear ``m.q`` after an integer product, when it can go into the
+    product's float scale: one positive finite f32 other than 1, per tensor, no ``precision``."""
+    q, s = m.q, m.s.data
+    if s.size != 1 or s.dtype != np.float32:
+        return Fail(f"{q.name}: the scale is not one f32 (shape {list(s.shape)}, {s.dtype})")
+    v = float(s.reshape(()))
+    if not (np.isfinite(v) and v > 0):
+        return Fail(f"{q.name}: the scale {v} is not positive and finite")
+    if v == 1.0:
+        return Fail(f"{q.name}: the scale is already 1")
+    if int(q.attr("block_size", 0) or 0) or int(q.attr("precision", 0) or 0):
+        return Fail(f"{q.name}: blocked quantization or a precision attribute")
+    return v
+
+
+def _divided(c, s: float, name: str, build):
+    """The constant ``c`` (None: absent) divided by ``s``, in float64, rounded once to f32."""
+    if c is None:
+        return None
+    return build.const((c.data.astype(np.float64) / s).astype(np.float32).reshape(c.data.shape), name)
+
+
+def _one_like(v, build):
+    return build.const(np.ones(v.data.shape, np.float32), "one")
+
+
+class FoldQuantizeScaleIntoConvIntegerToFloat(Rule):
+    """Q(ConvIntegerToFloat(x, W, xs, ws, xz, wz, b), s, z) ==> Q(ConvIntegerToFloat(x, W, xs, ws / s, xz, wz, b / s), 1, z): the requantization multiplies by one scale per channel (MLAS's requantization) instead of dividing every output by s."""
+    rule_set = "fold"
+    pattern = P.QuantizeLinear(
+        P.__getattr__("tensorfuse::ConvIntegerToFloat")(Any("xq"), Const(name="wq"), Const(name="xs"),
+                                                         Const(name="ws"), Optional(Any()).named("xz"),
+                                                         Optional(Any()).named("wz"),
+                                                         Optional(Const()).named("b")).named("qconv").single_use(),
+        Const(name="s"), Optional(Const()).named("z")).named("q")
+
+    def condition(self, m):
+        v = _requant_scale(m)
+        return v if isinstance(v, Fail) else True
+
+    def rewrite(self, m, build):
+        s = _requant_scale(m)
+        conv = build_or_fail(build, "ConvIntegerToFloat", m.xq, m.wq, m.xs, _divided(m.ws, s, "w_scale_q", build),
+                             m.xz, m.wz, _divided(m.b, s, "bias_q", build), domain="tensorfuse",
+                             expect=m.qconv.outputs[0], name=m.qconv.name, **m.qconv.attrs)
+        if isinstance(conv, Fail):
+            return conv
+        return build_or_fail(build, "QuantizeLinear", conv, _one_like(m.s, build), m.z, expect=m.q.outputs[0],
+                             name=m.q.name, **m.q.attrs)
+
+
+class FoldQuantizeScaleIntoMatMulIntegerToFloat(Rule):
+    """Q(MatMulIntegerToFloat(a, B, as, bs, az, bz, bias), s, z) ==> Q(MatMulIntegerToFloat(a, B, as, bs / s, az, bz, bias / s), 1, z): as FoldQuantizeScaleIntoConvIntegerToFloat, per column."""
+    rule_set = "fold"
+    pattern = P.QuantizeLinear(
+        P.__getattr__("com.microsoft::MatMulIntegerToFloat")(Any("aq"), Any("bq"), Any("as_"), Const(name="bs"),
+                                                             Optional(Any()).named("az"), Optional(Any()).named("bz"),
+                                                             Optional(Const()).named("bias")).named("qmm").single_use(),
+        Const(name="s"), Optional(Const()).named("z")).named("q")
+
+    def condition(self, m):
+        v = _requant_scale(m)
+        return v if isinstance(v, Fail) else True
+
+    def rewrite(self, m, build):
+        s = _requant_scale(m)
+        mm = build_or_fail(build, "MatMulIntegerToFloat", m.aq, m.bq, m.as_, _divided(m.bs, s, "b_scale_q", build),
+                           m.az, m.bz, _divided(m.bias, s, "bias_q", build), domain="com.microsoft",
+                           expect=m.qmm.outputs[0], name=m.qmm.name, **m.qmm.attrs)
+        if isinstance(mm, Fail):
+            return mm
+        return build_or_fail(build, "QuantizeLinear", mm, _one_like(m.s, build), m.z, expect=m.q.outputs[0],
+                             name=m.q.name, **m.q.attrs)
+
+
 def _passthrough_ops() -> tuple[str, ...]:
     from tensorfuse.ir.registry import op_names
     return op_names("quant_passthrough")
@@ -409,4 +485,5 @@ class ConcatOnInt8(Rule):
 
 RULES = [DropActivationBeforeSaturatingQuantize, DropQDQAroundDataMovement, ConcatOnInt8, QuantizeConv, QuantizeMatMul, QuantizeMatMulActivations, QuantizeGemm,
          DynamicMatMulToFloat]
-FOLD = [FoldBatchNormIntoConvIntegerToFloat]
+FOLD = [FoldBatchNormIntoConvIntegerToFloat, FoldQuantizeScaleIntoConvIntegerToFloat,
+        FoldQuantizeScaleIntoMatMulIntegerToFloat]
