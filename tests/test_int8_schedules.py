@@ -308,7 +308,7 @@ def test_conv_int8_layouts(form, hw):
                    initializers={"w": w, "xz": np.array(3, np.uint8), "wz": np.array(100, np.uint8)},
                    input_names=["x", "w", "xz", "wz"])
     mod = tensorfuse.compile(m, target=FORMS[form][0])
-    assert [k.knobs.get("int8_layout") for k in mod.kernels] == [layout]
+    assert {k.knobs.get("int8_layout") for k in mod.kernels} == {layout}      # (and its packing kernel)
     _compile_check(m, {"x": x}, form, ort_run(m, {"x": x})[0], "conv2d_int8")
 
 
@@ -348,16 +348,23 @@ def _fixed(**knobs):
     {"int8_tile": (3, 2), "int8_layout": "flat", "int8_stage": "none", "int8_epilogue": "unrolled"},
     {"int8_tile": (2, 5), "int8_layout": "flat", "int8_epilogue": "unrolled"},
     {"int8_tile": (4, 3), "int8_layout": "rows", "int8_epilogue": "loop", "oc_split": 2},
+    {"int8_tile": (2, 3), "oc_split": 2, "int8_pack": "task"},
+    {"int8_tile": (2, 3), "int8_layout": "flat", "band_rows": 9, "oc_split": 4, "int8_pack": "shared"},
+    {"int8_tile": (3, 2), "int8_layout": "rows", "int8_lanes": 8, "band_rows": 3, "oc_split": 2,
+     "int8_pack": "shared"},
 ])
 def test_conv_int8_knobs(knobs):
-    """Knob values the tuner may pick (away from the defaults) compute the same result."""
+    """Knob values the tuner may pick (away from the defaults) compute the same result; with the
+    channel blocks split over tasks, the panels packed by each task or once by a first kernel
+    (``int8_pack``: then two kernels, the packing one first)."""
     rng = np.random.default_rng(11)
     x, w = _q((2, 13, 9, 9), np.int8, rng), _q((22, 13, 3, 3), np.int8, rng)
     m = node_model("ConvInteger", {"x": x}, {"pads": [1, 1, 1, 1]},
                    initializers={"w": w, "xz": np.array(-7, np.int8), "wz": np.array(2, np.int8)},
                    input_names=["x", "w", "xz", "wz"])
     mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs))
-    (k,) = mod.kernels
+    k = mod.kernels[-1]
+    assert len(mod.kernels) == (2 if k.knobs.get("int8_pack") == "shared" else 1)
     assert {n: k.knobs[n] for n in knobs} == knobs, k.knobs
     if _runs_here("vnni512"):
         np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])
@@ -494,6 +501,48 @@ def _qdq_conv_residual_model(c, m, h, w_, group, k, stride, rng):
     feeds = {"x": rng.uniform(-2.5, 2.5, (1, c, h, w_)).astype(np.float32),
              "r": rng.uniform(-1, 1, (1, m, oh, ow)).astype(np.float32)}
     return model, feeds
+
+
+def _qdq_conv_scalar_epilogue_model(c, m, h, group, k, stride, side, rng):
+    """QDQ u8s8: yq = Q(Conv(DQ(Q(x)), DQ(w), b)), y = DQ(yq), the output zero point another
+    buffer than x's: the conv's epilogue reads only scalars (whole-vector epilogue); with
+    ``side`` yq is a graph output too, which the epilogue stores (runs only)."""
+    from onnx import TensorProto, helper
+    model, feeds = _qdq_conv_residual_model(c, m, h, h, group, k, stride, rng)
+    g = model.graph
+    (add,) = [n for n in g.node if n.op_type == "Add"]
+    (q,) = [n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == "s"]
+    q.input[0] = "cv"
+    g.node.remove(add)
+    r = [i for i in g.input if i.name == "r"][0]
+    g.input.remove(r)
+    feeds.pop("r")
+    if side:
+        oh = (h + 2 * (k // 2) - k) // stride + 1
+        g.output.append(helper.make_tensor_value_info("yq", TensorProto.UINT8, [1, m, oh, oh]))
+    return model, feeds
+
+
+@pytest.mark.parametrize("side", [False, True])
+@pytest.mark.parametrize("c,m,hw,group,k,stride", [(24, 20, 14, 1, 1, 1), (16, 16, 13, 16, 3, 1), (8, 12, 11, 1, 3, 2),
+                                                   (16, 20, 7, 1, 1, 1)])
+def test_int8_conv_with_a_scalar_epilogue(c, m, hw, group, k, stride, side):
+    """An epilogue that reads only scalars (the output Q's zero point, a buffer of its own) runs
+    on whole vectors, lanes past a row's end included (depthwise: ``dw_tail`` whole); one that
+    also stores a side output (the u8 tensor as a graph output) stores in runs. Both within one
+    output quantization step of onnxruntime's unfused QDQ graph."""
+    rng = np.random.default_rng(c + m + hw)
+    model, feeds = _qdq_conv_scalar_epilogue_model(c, m, hw, group, k, stride, side, rng)
+    mod = tensorfuse.compile(model)
+    ks = [k_ for k_ in mod.kernels if k_.schedule in ("llvm.conv2d_int8", "llvm.conv2d_int8_dw")]
+    assert ks, [k_.schedule for k_ in mod.kernels]
+    if group > 1:
+        assert ks[0].knobs["dw_tail"] == ("runs" if side else "whole"), ks[0].knobs
+    got = mod.run(**feeds)
+    exp = ort_run(model, feeds)
+    assert np.abs(got[0] - exp[0]).max() <= 0.05 * 1.001
+    if side:
+        assert np.abs(got[1].astype(np.int32) - exp[1].astype(np.int32)).max() <= 1
 
 
 @pytest.mark.parametrize("c,m,hw,group,k,stride", [(24, 20, 28, 1, 1, 1), (16, 16, 13, 16, 3, 1), (8, 12, 11, 1, 3, 2)])

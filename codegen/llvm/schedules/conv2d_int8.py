@@ -40,8 +40,14 @@ epilogue runs on whole vectors, as in the float schedules.
 Knobs: ``int8_lanes`` (16 or 8: narrow rows waste fewer lanes at 8), ``int8_tile`` (RP, OCn),
 ``band_rows`` (a divisor of OH; larger bands repack fewer overlapping input rows, the panel
 stays under :data:`PANEL_BYTES` by default), ``oc_split`` (output-channel blocks split into
-this many parallel tasks: images x bands alone may be too few tasks), ``int8_stage``
-(``tile``: the staged epilogue above; ``none``: stores straight to Y).
+this many parallel tasks: images x bands alone may be too few tasks), ``int8_pack`` (with
+``oc_split`` > 1: ``shared``, the default, packs every band's panel once in a first kernel into
+a scratch buffer [N*G*bands, Cq, plane] that the split tasks read, one parallel task per panel
+row; ``task``: each task packs its band's panel on its stack, SPLIT times over), ``int8_stage``
+(``tile``: the staged epilogue above; ``none``: stores straight to Y). The epilogue runs on
+whole vectors (lanes past a row's end computed and dropped) where it reads only scalars and
+stores no side output (:func:`int8.epilogue_whole_vectors_ok`), else the lanes of each row
+in runs.
 
 Depthwise convolutions (``group == C == M``) take :mod:`.conv2d_int8_dw` where it applies.
 """
@@ -264,14 +270,26 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     # w's zero point stays a parameter: CSE merges equal constants, so the buffer may also be
     # x's zero point or one the fused epilogue reads (a QuantizeLinear's)
     params_ = [p for p in base if p is not w] + [wp, cb]
-    kb = ctx.kernel(params=params_)
     Cq_, NR, KR, COLS = _panel_shape(geo, L, RB, Cq, flat)
     phases = _phases(geo)[0]
     PL = _plane(geo, L, RB, flat)
+    # with the channel blocks split over tasks, each band's panel is packed once, by a first
+    # kernel, into a scratch buffer that the split tasks read (packed per task, the panel was
+    # packed SPLIT times over: at 1 thread, 1x1 convolutions of 7x7 planes spent half their
+    # time repacking)
+    shared = knob("int8_pack", ["task", "shared"] if SPLIT > 1 else ["task"], "shared" if SPLIT > 1 else "task",
+                  doc="each task packs its band's panel, or one kernel packs every band once") == "shared"
+    PB = N * G * bands                          # panels of the shared layout
+    xps = ctx.scratch(DType.i32, (PB * Cq * PL,), "xpanel") if shared else None
+    kb0 = None
+    if shared:
+        kb0 = ctx.kernel("pack", params=[x] + ([x_zero] if x_zero is not None else []) + [xps])
+        kb0.kernel.comment += f"  [int8 panels of {PB} band(s) packed for {form.isa} {form.packing}: {[PB, Cq, PL]} words]"
+    kb = ctx.kernel(params=params_ + ([xps] if shared else []))
     kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: tile {RP} pixel vectors x {OCn} channels, "
-                          f"{'flat ' if flat else ''}band {RB} rows, panel {[Cq_, NR, KR, COLS]}, "
-                          f"weights {list(wp.shape)}]")
-    xp = kb.local(DType.i32, (Cq * PL,), hint="xpanel")
+                          f"{'flat ' if flat else ''}band {RB} rows, panel {[Cq_, NR, KR, COLS]}"
+                          f"{' shared' if shared else ''}, weights {list(wp.shape)}]")
+    xp = xps if shared else kb.local(DType.i32, (Cq * PL,), hint="xpanel")
     acc = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="acc")
     lanes_buf = kb.local(DType.i32, (L,), hint="lanes")
     # the tile's results go to a stage on the stack first and then to Y: with no store to Y
@@ -281,10 +299,11 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     staged = knob("int8_stage", ["tile", "none"], "tile",
                   doc="epilogue results staged per tile before the stores to Y") == "tile"
     ystage = kb.local(y.dtype, (RP * OCn * L,), hint="ystage") if staged else None
-    # staged, with an epilogue that reads no other tensor: the epilogue runs on whole vectors
+    # staged, with an epilogue that reads no tensor but scalars (a Q's scale and zero point) and
+    # stores no side output: the epilogue runs on whole vectors
     # (lanes past a row's end or from several rows of the flat layout are computed, only the
     # valid ones copied), one finish per vector instead of one per run of lanes
-    whole_vectors = staged and not list(ctx.epilogue_inputs)
+    whole_vectors = staged and int8.epilogue_whole_vectors_ok(ctx, y)
     epi_loop = knob("int8_epilogue", ["loop", "unrolled"], "loop" if OCn > 1 else "unrolled",
                     doc="the tile's epilogues in a loop over its channels, or unrolled") == "loop"
     accs = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="accs") if epi_loop else None
@@ -306,6 +325,71 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             out = term if out is None else out | term
         return out if out is not None else as_expr(0, i32)
 
+    def pack_row(kbx: KernelBuilder, pbase: Expr, n: Expr, gi: Expr, oh0: Expr, r: Expr, zx: Expr):
+        """Panel row ``r`` of the band starting at output row ``oh0`` (image n, group gi), every
+        channel group, into ``xp`` from word ``pbase`` on (kernel ``kbx``)."""
+        a_u = xu(zx)                                  # the packed padding element (x_u of xz)
+        pads = {}
+        for cq_kind, valid in (("full", g), ("tail", C % g)):
+            if valid:
+                pads[cq_kind] = packed([a_u if t < valid else None for t in range(g)])
+        ih = oh0 * sh - ph + r
+        row_in = (ih >= 0) & (ih < H)
+        for kr, phase in enumerate(_phases(geo)[0] if not flat else [0]):
+            # panel column col holds input column iw = col*cs + off
+            cs, off = sw, phase - pw
+            lo = min(max(-(-(-off) // cs), 0), COLS)                  # first col with iw >= 0
+            hi = max(min(-(-(W - off) // cs), COLS), lo)              # first col with iw >= W
+            for quad, valid in ((None, g), ("tail", C % g)):
+                if quad is None and C // g == 0:
+                    continue
+                if quad == "tail" and not valid:
+                    continue
+                pad = pads["full" if quad is None else "tail"]
+
+                def body(cq: Expr, valid=valid, pad=pad, cs=cs, off=off, lo=lo, hi=hi, kr=kr):
+                    rowbase = pbase + cq * PL + (r * KR + kr) * COLS
+                    with kbx.if_(row_in) as inside:
+                        with kbx.loop(lo, kind="vectorize", hint="c") as col:
+                            kbx.store(xp, rowbase + col, pad)
+                        ihc = ih
+                        with kbx.loop(hi, start=lo, kind="vectorize", hint="c") as col:
+                            iw = col * cs + off
+                            vals = [xu(x.flat(((n * CX + gi * C + cq * g + t) * H + ihc) * W + iw)) if t < valid else None
+                                    for t in range(g)]
+                            kbx.store(xp, rowbase + col, packed(vals))
+                        with kbx.loop(COLS, start=hi, kind="vectorize", hint="c") as col:
+                            kbx.store(xp, rowbase + col, pad)
+                    with kbx.else_(inside):
+                        with kbx.loop(COLS, kind="vectorize", hint="c") as col:
+                            kbx.store(xp, rowbase + col, pad)
+                if quad is None:
+                    with kbx.loop(C // g, hint="cq") as cq:
+                        body(cq)
+                else:
+                    body(as_expr(C // g))
+
+    def pack_tail(kbx: KernelBuilder, pbase: Expr):
+        """The flat layout's tail that the last vectors may read: defined values, discarded lanes."""
+        with kbx.loop(Cq, hint="cq") as cq:
+            with kbx.loop(PL - NR * COLS, kind="vectorize", hint="c") as c:
+                kbx.store(xp, pbase + cq * PL + NR * COLS + c, as_expr(0, i32))
+
+    def zero_point():
+        return x_zero.flat(0) if x_zero is not None else as_expr(0, x.dtype)
+
+    if shared:
+        # one task per panel row (of every band of every image and group)
+        with kb0.loop(PB * NR, kind="parallel", hint="prow") as t:
+            pb = t / NR
+            r = t % NR
+            ng = pb / bands if bands > 1 else pb
+            pack_row(kb0, pb * (Cq * PL), ng / G if G > 1 else ng, ng % G if G > 1 else as_expr(0),
+                     (pb % bands) * RB if bands > 1 else as_expr(0), r, zero_point())
+            if flat:
+                with kb0.if_(r.eq(0)):
+                    pack_tail(kb0, pb * (Cq * PL))
+
     ntasks = N * G * bands * SPLIT
     with kb.loop(ntasks, kind="parallel", hint="task") as task:
         ng = task / (bands * SPLIT) if ntasks > 1 else as_expr(0)       # image x group
@@ -315,54 +399,17 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         band = rest / SPLIT if SPLIT > 1 else rest
         part = rest % SPLIT if SPLIT > 1 else as_expr(0)
         oh0 = band * RB
-        zx = x_zero.flat(0) if x_zero is not None else as_expr(0, x.dtype)
-        a_u = xu(zx)                                  # the packed padding element (x_u of xz)
+        zx = zero_point()
         a_corr = zx.cast(i32) + s_off                 # a of the correction
-        # ---- pack the band's input rows
-        pads = {}
-        for cq_kind, valid in (("full", g), ("tail", C % g)):
-            if valid:
-                pads[cq_kind] = packed([a_u if t < valid else None for t in range(g)])
-        with kb.loop(NR, hint="r") as r:
-            ih = oh0 * sh - ph + r
-            row_in = (ih >= 0) & (ih < H)
-            for kr, phase in enumerate(_phases(geo)[0] if not flat else [0]):
-                # panel column col holds input column iw = col*cs + off
-                cs, off = sw, phase - pw
-                lo = min(max(-(-(-off) // cs), 0), COLS)                  # first col with iw >= 0
-                hi = max(min(-(-(W - off) // cs), COLS), lo)              # first col with iw >= W
-                for quad, valid in ((None, g), ("tail", C % g)):
-                    if quad is None and C // g == 0:
-                        continue
-                    if quad == "tail" and not valid:
-                        continue
-                    pad = pads["full" if quad is None else "tail"]
-
-                    def body(cq: Expr, valid=valid, pad=pad, cs=cs, off=off, lo=lo, hi=hi, kr=kr):
-                        rowbase = cq * PL + (r * KR + kr) * COLS
-                        with kb.if_(row_in) as inside:
-                            with kb.loop(lo, kind="vectorize", hint="c") as col:
-                                kb.store(xp, rowbase + col, pad)
-                            ihc = ih
-                            with kb.loop(hi, start=lo, kind="vectorize", hint="c") as col:
-                                iw = col * cs + off
-                                vals = [xu(x.flat(((n * CX + gi * C + cq * g + t) * H + ihc) * W + iw)) if t < valid else None
-                                        for t in range(g)]
-                                kb.store(xp, rowbase + col, packed(vals))
-                            with kb.loop(COLS, start=hi, kind="vectorize", hint="c") as col:
-                                kb.store(xp, rowbase + col, pad)
-                        with kb.else_(inside):
-                            with kb.loop(COLS, kind="vectorize", hint="c") as col:
-                                kb.store(xp, rowbase + col, pad)
-                    if quad is None:
-                        with kb.loop(C // g, hint="cq") as cq:
-                            body(cq)
-                    else:
-                        body(as_expr(C // g))
-        if flat:        # the tail the last vectors may read: defined values, discarded lanes
-            with kb.loop(Cq, hint="cq") as cq:
-                with kb.loop(PL - NR * COLS, kind="vectorize", hint="c") as c:
-                    kb.store(xp, cq * PL + NR * COLS + c, as_expr(0, i32))
+        if shared:
+            pbase = (ng * bands + band) * (Cq * PL) if PB > 1 else as_expr(0)
+        else:
+            # ---- pack the band's input rows
+            pbase = as_expr(0)
+            with kb.loop(NR, hint="r") as r:
+                pack_row(kb, pbase, n, gi, oh0, r, zx)
+            if flat:
+                pack_tail(kb, pbase)
         # ---- the tiles
         ones = broadcast(as_expr(int(int8.pack_lanes(np.ones((1, g), np.int64), form)[0]), i32), L)
         zero = broadcast(as_expr(0, i32), L)
@@ -402,10 +449,10 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
 
             def xaddr(cq, p, kh, kw):
                 if flat:
-                    return cq * PL + (s0 + p) * L + kh * dh * COLS + kw * dw
+                    return pbase + cq * PL + (s0 + p) * L + kh * dh * COLS + kw * dw
                 kr = phases.index(kw * dw % sw)
                 coff = kw * dw // sw
-                return cq * PL + ((rows[p] * sh + kh * dh) * KR + kr) * COLS + vecs[p] * L + coff
+                return pbase + cq * PL + ((rows[p] * sh + kh * dh) * KR + kr) * COLS + vecs[p] * L + coff
             for q in range(rp * (OCn + 1)):
                 kb.store(acc, q * L, zero)
             def taps(cq, kh):

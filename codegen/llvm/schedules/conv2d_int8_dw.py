@@ -53,7 +53,8 @@ rows, the panel stays under :data:`DW_PANEL_BYTES` by default), ``dw_rows`` (out
 register tile, 1..8), ``dw_tail`` (``whole``: a row's last partial vector is computed and
 stored whole into the band's staging buffer, its extra lanes overwritten by the next row;
 ``runs``: stored in pieces of 8, 4, 2, 1 lanes; only ``runs`` where the fused epilogue reads
-other tensors, which ``whole`` would read past a row).
+a tensor other than scalars, which ``whole`` would read past a row, or stores a side output:
+:func:`int8.epilogue_whole_vectors_ok`).
 """
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ def emit_conv_int8_dw(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_z
     # whole: its lanes past OW land on the next row's first columns (or the stage's slack),
     # which that row's own first vector overwrites later (the vectors of a row run from the
     # last to the first); else its lanes are stored in runs
-    tails = ["runs"] if list(ctx.epilogue_inputs) else ["whole", "runs"]
+    tails = ["whole", "runs"] if int8.epilogue_whole_vectors_ok(ctx, y) else ["runs"]
     whole = knob("dw_tail", tails, tails[0], doc="a row's last partial vector stored whole (into the stage) or in runs") == "whole"
     ystage = kb.local(y.dtype, (RB * OW + L,), hint="ystage")
     s_off = int8.activation_offset(form, x.dtype)

@@ -141,3 +141,15 @@ def const_input(ctx, buf: Buffer | None) -> np.ndarray | None:
         if b is buf:
             return ctx.const(i)
     return None
+
+
+def epilogue_whole_vectors_ok(ctx, y: Buffer) -> bool:
+    """Whether the fused epilogue may run on lanes past the valid outputs (a row's end, the
+    flat layout's lanes between rows) whose results are then dropped: every tensor it reads
+    is a scalar (a QuantizeLinear's scale or zero point: the same value in every lane), and
+    none of them is a side output it stores (a side output has the output ``y``'s shape, so
+    a scalar one only where ``y`` has one element). A tensor of the output's shape (a
+    residual) would be read at the dropped lanes' positions, past a row or past its buffer's
+    end, and a side output written there."""
+    ins = list(ctx.epilogue_inputs)
+    return all(b.numel == 1 for b in ins) and (not ins or y.numel > 1)
