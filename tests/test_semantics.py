@@ -298,3 +298,43 @@ def test_llvm_strided_vector_loads_and_stores_meet_the_spec():
     want = sem.evaluate(store.value, {x: data, i: np.arange(4)})      # [4 columns, 8 lanes]
     _same_float(got, want.T)
     assert got[3, 1] == 0.0                      # maxnum skips the NaN
+
+
+@pytest.mark.parametrize("dt", [DType.u8, DType.i8])
+@pytest.mark.parametrize("lanes", [8, 16])
+@pytest.mark.parametrize("stride,offsets,add,masked", [
+    (1, (0, 1, 2, 3), 0, True),         # stride-1 taps (the depthwise panel)
+    (2, (0, 1, 2, 3), 0, True),         # stride 2
+    (2, (0, 2, 4, None), 128, True),    # dilation 2, a missing byte, i8 -> u8 offset (+128)
+    (3, (1, 0, 3, 2), 5, True),         # offsets out of order, a byte add
+    (1, (0, 1, None, None), 0, False),  # u8 zero-extended without a mask (two bytes)
+    (1, (0, 40, 80, 120), 0, True),     # a span over 64 bytes: emitted as written
+])
+def test_llvm_byte_windows_meet_the_spec(dt, lanes, stride, offsets, add, masked):
+    """i32 words made of nearby bytes of one buffer, ``OR_t ((i32(x[b + l*s + o_t]) + c) & 255)
+    << 8t`` (what the int8 schedules pack): the LLVM emitter's byte-window form (one load, a
+    byte shuffle, a byte add) equals the spec's value, lane by lane."""
+    from tensorfuse.ir.kernel import KernelBuilder, Load, as_expr
+    if dt == DType.i8 and not masked:
+        pytest.skip("a sign-extended byte needs the mask")
+    n = 5
+    x = Buffer("x", dt, (n * 7 + (lanes - 1) * stride + 130,))
+    y = Buffer("y", DType.i32, (n, lanes))
+    kb = KernelBuilder("bytes", [x, y])
+    with kb.loop(n, kind="parallel") as i:
+        word = None
+        for t, o in enumerate(offsets):
+            if o is None:
+                continue
+            v = Load(x, i * 7 + 3 + o, lanes, stride).cast(DType.i32)
+            if masked:
+                v = ((v + add) if add else v) & 255
+            term = v if t == 0 else binop("shl", v, as_expr(8 * t, DType.i32))
+            word = term if word is None else word | term
+        kb.store(y, [i, Ramp(Const(0), lanes)], word)
+    rng = np.random.default_rng(lanes + stride)
+    data = rng.integers(0, 256, x.shape).astype(np.uint8).view(np.int8 if dt == DType.i8 else np.uint8)
+    got = run_llvm(kb.kernel, [data], [((n, lanes), np.int32)])[0]
+    store = kb.kernel.body[0].body[0]
+    want = sem.evaluate(store.value, {x: data, i: np.arange(n)})
+    np.testing.assert_array_equal(got, want.reshape(n, lanes))

@@ -247,6 +247,10 @@ class _FnEmitter:
                                     ir.Constant(vt, [0] * e.lanes))
             return v
         if isinstance(e, Bin):
+            if e.op == "or" and e.dtype == DType.i32 and e.lanes > 1:
+                v = self._byte_window(e)
+                if v is not None:
+                    return v
             return self.binop(e.op, e.a.dtype, self.expr(e.a), self.expr(e.b))
         if isinstance(e, Un):
             return self.unop(e.op, e.a.dtype, self.expr(e.a))
@@ -255,6 +259,90 @@ class _FnEmitter:
         if isinstance(e, Select):
             return b.select(self.expr(e.cond), self.expr(e.a), self.expr(e.b))
         raise CodegenError(f"kernel {self.k.name}: unknown expression {e!r}")
+
+    def _byte_window(self, e: Bin) -> ir.Value | None:
+        """An i32 vector whose every lane is bytes of one u8/i8 buffer near each other (what the
+        int8 schedules pack for the dot products, :mod:`.schedules.int8`):
+        ``OR_t ((i32(buf[base + l*s + o_t]) [+ c_t]) [& 255]) << 8*t`` over lanes l, as one load of
+        the span they cover, a byte shuffle (``vpermb`` with AVX512-VBMI) and a byte add of the
+        c_t, instead of a load, a widening, a shift and an or per byte (per strided load at
+        s = 2: two loads and a shuffle). The same values: byte t of lane l is the low byte of
+        term t (zero where no term has that byte). None where ``e`` is not of that form (then
+        the ops are emitted as written)."""
+        terms, stack = [], [e]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, Bin) and x.op == "or":
+                stack += [x.a, x.b]
+            else:
+                terms.append(x)
+        if len(terms) < 2 or len(terms) > 4:
+            return None
+
+        def const_of(x):
+            if isinstance(x, Broadcast):
+                x = x.a
+            return x.value if isinstance(x, Const) and not x.dtype.is_float else None
+
+        lanes = e.lanes
+        parsed, base, buf, stride = {}, None, None, None
+        for x in terms:
+            shift = 0
+            if isinstance(x, Bin) and x.op == "shl":
+                shift = const_of(x.b)
+                x = x.a
+                if shift is None:
+                    return None
+            masked = False
+            if isinstance(x, Bin) and x.op == "and":
+                if const_of(x.b) != 255:
+                    return None
+                masked, x = True, x.a
+            add = 0
+            if isinstance(x, Bin) and x.op == "add" and masked:
+                add = const_of(x.b)
+                if add is None:
+                    return None
+                x = x.a
+            if not (isinstance(x, Cast) and isinstance(x.a, Load) and x.a.lanes == lanes):
+                return None
+            ld = x.a
+            if ld.buf.dtype not in (DType.u8, DType.i8) or (ld.buf.dtype == DType.i8 and not masked):
+                return None
+            if shift % 8 or not 0 <= shift <= 24 or shift // 8 in parsed:
+                return None
+            idx, off = ld.index, 0
+            while isinstance(idx, Bin) and idx.op == "add" and const_of(idx.b) is not None:
+                off += const_of(idx.b)
+                idx = idx.a
+            if buf is None:
+                buf, stride, base = ld.buf, ld.stride, idx
+            elif ld.buf is not buf or ld.stride != stride or not _same_expr(idx, base):
+                return None
+            parsed[shift // 8] = (off, add % 256)
+        lo = min(o for o, _ in parsed.values())
+        span = (lanes - 1) * stride + max(o for o, _ in parsed.values()) - lo + 1
+        if stride < 1 or span > 64:
+            return None
+        b = self.b
+        i8 = ir.IntType(8)
+        et = ltype(buf.dtype, True)
+        p = b.gep(self._ptr(buf), [b.add(self.expr(base), ir.Constant(I64, lo))], source_etype=et)
+        src = b.load(p, typ=ir.VectorType(i8, span), align=1)
+        mask, adds = [], []
+        for ln in range(lanes):
+            for t in range(4):
+                if t in parsed:
+                    mask.append(ln * stride + parsed[t][0] - lo)
+                    adds.append(parsed[t][1])
+                else:
+                    mask.append(span)                 # a byte of the zero vector
+                    adds.append(0)
+        v = b.shuffle_vector(src, ir.Constant(ir.VectorType(i8, span), [0] * span),
+                             ir.Constant(ir.VectorType(ir.IntType(32), 4 * lanes), mask))
+        if any(adds):
+            v = b.add(v, ir.Constant(ir.VectorType(i8, 4 * lanes), adds))
+        return b.bitcast(v, ir.VectorType(ir.IntType(32), lanes))
 
     def _narrow_sat_vector(self, x: ir.Value, dst: DType) -> ir.Value:
         """A float vector to an 8- or 16-bit integer vector, saturating, NaN -> 0 (what
@@ -1150,3 +1238,25 @@ def emit_entry(module: ir.Module, name: str, calls: list[tuple[str, list[int]]],
     if team_helpers:
         emit_team_helpers(module)
     return fn
+
+
+def _same_expr(a, b) -> bool:
+    """Whether two kernel expressions compute the same value by their structure (the same
+    ops, constants, variables and buffers): index expressions that a schedule built twice."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Const):
+        return a.value == b.value and a.dtype == b.dtype
+    if isinstance(a, Bin):
+        return a.op == b.op and _same_expr(a.a, b.a) and _same_expr(a.b, b.b)
+    if isinstance(a, Un):
+        return a.op == b.op and _same_expr(a.a, b.a)
+    if isinstance(a, Cast):
+        return a.dtype == b.dtype and _same_expr(a.a, b.a)
+    if isinstance(a, Broadcast):
+        return a.lanes == b.lanes and _same_expr(a.a, b.a)
+    if isinstance(a, Load):
+        return a.buf is b.buf and a.lanes == b.lanes and a.stride == b.stride and _same_expr(a.index, b.index)
+    return False          # Var: only itself (identity above); anything else: not compared
