@@ -178,3 +178,38 @@ def test_kernel_prints_schedule_and_knobs():
     assert line.startswith("# schedule llvm.matmul_blocked {")
     assert "register_tile=4x1" in line and "schedule=matmul_blocked" in line
     assert "register tile 4 rows x 1x8 columns" in text
+
+
+def test_row_group_default_follows_the_l2_cache():
+    """``row_group`` (row units per group; the panel loop inside a group) is 1 while the packed B
+    fits half of L2 and otherwise the most row units whose rows of A fit a quarter of it: a
+    transformer MLP's [768, 3072] weight (9.4 MB) against a 1 MB L2 groups 8 units of 8 rows
+    (8 x 8 x 768 x 4 bytes = 192 KB <= 256 KB)."""
+    from types import SimpleNamespace
+
+    from tensorfuse.codegen.llvm.schedules.matmul import row_group
+    l2 = SimpleNamespace(l2_bytes=1 << 20)
+    assert row_group(l2, 16, 8, 40, 20) == 1
+    assert row_group(l2, 16, 8, 768, 3072) == 8
+    assert row_group(l2, 24, 8, 768, 3072) == 8
+    assert row_group(l2, 7, 8, 3072, 768) == 1          # 96 KB a unit: 2 fit, 7 has no divisor 2
+    assert row_group(SimpleNamespace(l2_bytes=8 << 20), 16, 8, 768, 768) == 1   # B 2.4 MB fits
+
+
+@pytest.mark.parametrize("extra", [{}, {"sweep_rows": 2, "k_block": 32}])
+def test_blocked_row_groups_match_onnxruntime(extra):
+    """Every ``row_group`` candidate (tasks walk groups of row units, then panels, then the
+    group's units) over 5 row units x 3 panels plus left-over rows, alone and with two-block
+    sweeps over K slices: onnxruntime's numbers."""
+    model, feeds = matmul_const((63, 40), (40, 40))
+    expected = ort_run(model, feeds)[0]
+    _, default = lower(model, {"register_tile": (6, 2), **extra})
+    (wl,) = default.workloads.values()
+    cands = next(k.candidates for k in wl.space if k.name == "row_group")
+    assert len(cands) > 1, wl.space
+    for rg in cands:
+        graph, low = lower(model, {"register_tile": (6, 2), "row_group": rg, **extra})
+        (w2,) = low.workloads.values()
+        assert w2.knobs["row_group"] == rg
+        got = build_module(low, graph, ["a"], ["y"], TARGET).run(**feeds)[0]
+        np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL, err_msg=f"row_group={rg} {extra}")

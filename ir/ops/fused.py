@@ -369,8 +369,13 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: flo
     regs = ctx.target.vector_registers
     R = knob("attention_rows", [r for r in ATTENTION_ROWS if r <= max(sq, 1)], min(4, max(sq, 1)),
              doc="query rows computed together (sharing each K^T / V vector load)")
-    TQ = max(1, min(ks // L, (regs - 2) // (R + 1)))
-    TV = max(1, min(dv // L, (regs - 2) // (R + 1)))
+    def tile(nvec: int) -> int:
+        # the most vectors per tile that fit, then spread evenly over that many tiles: 13 key
+        # vectors (ViT's 197 keys) as 5+5+3 rather than 6+6+1, whose 1-vector tile waits on
+        # its FMA chain's latency
+        most = max(1, min(nvec, (regs - 2) // (R + 1)))
+        return -(-nvec // -(-nvec // most))
+    TQ, TV = tile(ks // L), tile(dv // L)
     sc = kb.local(f32, (R * ks,), hint="scores")
     accv = kb.local(f32, (R * max(TQ, TV) * L,), hint="accv")
     red = kb.local(f32, (L,), hint="red")
