@@ -102,19 +102,40 @@ def _ident(name: str) -> str:
 UNSUPPORTED_DTYPES = (DType.bf16,)
 
 
-def _check_dtypes(graph: Graph) -> None:
+def _check_dtypes(graph: Graph, target) -> None:
+    """Refuse (UnsupportedModelError, every offender listed) tensors of
+    :data:`UNSUPPORTED_DTYPES` (and of the low-bit types for a target kind without
+    ``KindTraits.lowbit``), and nodes other than ``ir.lowbit.LOWBIT_OPS`` that read or write a
+    low-bit type (the frontend refuses those already; a rewrite must not make one)."""
+    from tensorfuse.ir.lowbit import LOWBIT_OPS
+
+    def unsupported(dt: DType) -> bool:
+        return dt in UNSUPPORTED_DTYPES or (dt.is_lowbit and not target.traits.lowbit)
     bad: dict[str, list[str]] = {}
     for v in list(graph.inputs) + list(graph.constants.values()):
-        if v.dtype in UNSUPPORTED_DTYPES:
+        if unsupported(v.dtype):
             bad.setdefault(v.dtype.value, []).append(f"'{v.name}'")
     for n in graph.nodes:
         for v in n.outputs:
-            if v.dtype in UNSUPPORTED_DTYPES:
+            if unsupported(v.dtype):
                 bad.setdefault(v.dtype.value, []).append(f"{n.op} node '{n.name}'")
                 break
     if bad:
         lines = [f"  {dt}: {', '.join(where[:10])}{' ...' if len(where) > 10 else ''}" for dt, where in bad.items()]
-        raise UnsupportedModelError("the llvm target does not support these tensor dtypes yet:\n" + "\n".join(lines))
+        raise UnsupportedModelError(f"the {target.kind} target does not support these tensor dtypes yet:\n"
+                                    + "\n".join(lines))
+    low: dict[str, list[str]] = {}
+    for n in graph.nodes:
+        if n.qualified_op in LOWBIT_OPS:
+            continue
+        dts = sorted({v.dtype.value for v in list(n.inputs) + list(n.outputs) if v is not None and v.dtype.is_lowbit})
+        if dts:
+            low.setdefault(n.qualified_op, []).append(f"'{n.name}' ({', '.join(dts)})")
+    if low:
+        lines = [f"  {op}: {', '.join(where[:10])}{' ...' if len(where) > 10 else ''}" for op, where in sorted(low.items())]
+        raise UnsupportedModelError("these nodes read or write low-bit tensors (float8, float4, int4, uint4, "
+                                    "int2, uint2), which only " + ", ".join(sorted(LOWBIT_OPS)) +
+                                    " support:\n" + "\n".join(lines))
 
 
 def _is_alias(n: Node, slots: list[Slot], slot_of: dict[int, int]) -> bool:
@@ -142,12 +163,14 @@ def lower_graph(graph: Graph, target=None, tuning=None) -> LoweredGraph:
     default: the host CPU). ``tuning``: None, or an object whose ``knobs_for(workload_key)``
     gives the knob values to use for a workload (a dict) or None (``compiler.tuning.TuningRecords``
     for its target). Raises CompileError naming the node, and UnsupportedModelError for tensors
-    of a dtype the llvm target cannot hold (bfloat16)."""
+    of a dtype the target cannot hold (bfloat16; the low-bit types on a kind without
+    ``KindTraits.lowbit``)."""
     from tensorfuse.codegen.base import get_backend
     from tensorfuse.ir.target import Target
     tgt = Target.parse(target if target is not None else "llvm")
     backend = get_backend(tgt.kind)
     backend.load_schedules()
+    _check_dtypes(graph, tgt)
     with lowering_target(tgt):
         return _lower_graph(graph, tuning, lambda k: backend.schedule_kernel(k, tgt))
 
@@ -155,7 +178,6 @@ def lower_graph(graph: Graph, target=None, tuning=None) -> LoweredGraph:
 def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
     """:func:`lower_graph` within its target; ``schedule(kernel)`` is the backend's
     ``schedule_kernel`` for that target."""
-    _check_dtypes(graph)
     lg = LoweredGraph()
     slot_of: dict[int, int] = {}
     buf_of: dict[int, Buffer] = {}
@@ -191,7 +213,7 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
     def buf(v: Value) -> Buffer:
         b = buf_of.get(id(v))
         if b is None:
-            b = Buffer(_ident(v.name), v.dtype, v.shape)
+            b = Buffer(_ident(v.name), v.dtype.storage, v.shape)     # low-bit types: their bytes
             buf_of[id(v)] = b
         return b
 
@@ -272,8 +294,8 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
                                        [p for p, b in enumerate(k.params) if any(ctx.base(b) is o for o in outs)
                                         or _first_scratch(b, ctx.scratch_buffers, scratch_seen)]))
     for v, out_slot in copies:
-        src = Buffer(_ident(v.name), v.dtype, v.shape)
-        dst = Buffer(_ident(v.name) + "_out", v.dtype, v.shape)
+        src = Buffer(_ident(v.name), v.dtype.storage, v.shape)
+        dst = Buffer(_ident(v.name) + "_out", v.dtype.storage, v.shape)
         kb = KernelBuilder(f"copy_output_{out_slot}", [src, dst], comment="copy to graph output")
         with kb.grid([src.numel]) as (j,):
             kb.store(dst, j, src.flat(j))

@@ -54,16 +54,19 @@ class KindTraits:
     or "NHWC"; the layout pass converts to it); ``simt``, whether code runs one thread per output
     element (a GPU: scalar per-thread code, no SIMD vectors, no CPU register tiles);
     ``thread_team``, whether parallel loops run on tensorfuse's CPU thread team
-    (``runtime.threads``); ``gpu``, whether tensors live in device memory."""
+    (``runtime.threads``); ``gpu``, whether tensors live in device memory; ``lowbit``,
+    whether its modules take and return the low-bit storage types (float8, float4, int4, int2:
+    ``ir/lowbit.py``) as ``ml_dtypes`` arrays (a kind without it refuses such a model)."""
 
     layout: str
     simt: bool
     thread_team: bool
     gpu: bool
+    lowbit: bool = False
 
 
 #: the traits of each target kind (a new backend adds its row)
-KIND_TRAITS = {"llvm": KindTraits(layout="NCHW", simt=False, thread_team=True, gpu=False),
+KIND_TRAITS = {"llvm": KindTraits(layout="NCHW", simt=False, thread_team=True, gpu=False, lowbit=True),
                "cuda": KindTraits(layout="NHWC", simt=True, thread_team=False, gpu=True)}
 
 

@@ -3,6 +3,14 @@
 Every IR value has a :class:`TensorType`: an element :class:`DType` and a static shape
 (a tuple of non-negative ints; ``()`` is a scalar). Text forms follow the IR printer:
 ``f32[1,3,224,224]``, ``i64[]``, ``bool[4]``.
+
+The low-bit types (float8 ``f8e4m3fn``, ``f8e4m3fnuz``, ``f8e5m2``, ``f8e5m2fnuz``; float4
+``f4e2m1``; integers ``i4``, ``u4``, ``i2``, ``u2``; :attr:`DType.is_lowbit`) are storage types:
+one element per byte, as numpy holds them (``ml_dtypes``; the 4- and 2-bit integers in the low
+bits of their byte), ONNX's packing of 4- and 2-bit tensors undone by ``onnx.numpy_helper``.
+Only QuantizeLinear and DequantizeLinear compute on them (``ir/lowbit.py``); they are neither
+:attr:`DType.is_float` nor :attr:`DType.is_int`, so no arithmetic op takes them, and kernels
+see their bytes as :attr:`DType.storage` (u8).
 """
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ import enum
 import math
 from dataclasses import dataclass
 
+import ml_dtypes  # onnx depends on it: numpy's bfloat16, float8, float4, int4 and int2
 import numpy as np
 from onnx import TensorProto
 
@@ -30,12 +39,18 @@ class DType(enum.Enum):
     u32 = "u32"
     u64 = "u64"
     bool = "bool"
+    f8e4m3fn = "f8e4m3fn"
+    f8e4m3fnuz = "f8e4m3fnuz"
+    f8e5m2 = "f8e5m2"
+    f8e5m2fnuz = "f8e5m2fnuz"
+    f4e2m1 = "f4e2m1"
+    i4 = "i4"
+    u4 = "u4"
+    i2 = "i2"
+    u2 = "u2"
 
     @property
     def numpy(self) -> np.dtype:
-        if self is DType.bf16:
-            import ml_dtypes  # onnx depends on it
-            return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(_TO_NP[self])
 
     @property
@@ -45,15 +60,29 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
+        """f16, bf16, f32, f64: the float types arithmetic takes (not the low-bit floats)."""
         return self in (DType.f16, DType.bf16, DType.f32, DType.f64)
 
     @property
     def is_int(self) -> bool:
-        return self.name[0] in "iu"
+        """The integer types arithmetic takes, i8 .. u64 (not the 4- and 2-bit integers)."""
+        return self.name[0] in "iu" and not self.is_lowbit
+
+    @property
+    def is_lowbit(self) -> bool:
+        """A storage-only type of fewer than 8 significant bits or a float8 (see the module
+        docstring): f8e4m3fn, f8e4m3fnuz, f8e5m2, f8e5m2fnuz, f4e2m1, i4, u4, i2, u2."""
+        return self in LOWBIT_DTYPES
+
+    @property
+    def storage(self) -> "DType":
+        """The dtype kernels load and store this type's elements as: u8 for a low-bit type (one
+        element per byte), the type itself otherwise."""
+        return DType.u8 if self.is_lowbit else self
 
     @property
     def is_signed(self) -> bool:
-        return self.name[0] == "i" or self.is_float
+        return self.name[0] in "if" or self is DType.bf16
 
     @property
     def onnx(self) -> int:
@@ -62,8 +91,6 @@ class DType(enum.Enum):
     @staticmethod
     def from_numpy(dt) -> "DType":
         dt = np.dtype(dt)
-        if dt.name == "bfloat16":
-            return DType.bf16
         try:
             return _FROM_NP[dt]
         except KeyError:
@@ -84,11 +111,19 @@ class DType(enum.Enum):
         return self.value
 
 
+#: the storage-only low-bit types (:attr:`DType.is_lowbit`)
+LOWBIT_DTYPES = (DType.f8e4m3fn, DType.f8e4m3fnuz, DType.f8e5m2, DType.f8e5m2fnuz, DType.f4e2m1,
+                 DType.i4, DType.u4, DType.i2, DType.u2)
+
 _TO_NP = {
     DType.f16: np.float16, DType.f32: np.float32, DType.f64: np.float64,
     DType.i8: np.int8, DType.i16: np.int16, DType.i32: np.int32, DType.i64: np.int64,
     DType.u8: np.uint8, DType.u16: np.uint16, DType.u32: np.uint32, DType.u64: np.uint64,
-    DType.bool: np.bool_,
+    DType.bool: np.bool_, DType.bf16: ml_dtypes.bfloat16,
+    DType.f8e4m3fn: ml_dtypes.float8_e4m3fn, DType.f8e4m3fnuz: ml_dtypes.float8_e4m3fnuz,
+    DType.f8e5m2: ml_dtypes.float8_e5m2, DType.f8e5m2fnuz: ml_dtypes.float8_e5m2fnuz,
+    DType.f4e2m1: ml_dtypes.float4_e2m1fn, DType.i4: ml_dtypes.int4, DType.u4: ml_dtypes.uint4,
+    DType.i2: ml_dtypes.int2, DType.u2: ml_dtypes.uint2,
 }
 _FROM_NP = {np.dtype(v): k for k, v in _TO_NP.items()}
 _TO_ONNX = {
@@ -97,6 +132,10 @@ _TO_ONNX = {
     DType.i32: TensorProto.INT32, DType.i64: TensorProto.INT64, DType.u8: TensorProto.UINT8,
     DType.u16: TensorProto.UINT16, DType.u32: TensorProto.UINT32, DType.u64: TensorProto.UINT64,
     DType.bool: TensorProto.BOOL,
+    DType.f8e4m3fn: TensorProto.FLOAT8E4M3FN, DType.f8e4m3fnuz: TensorProto.FLOAT8E4M3FNUZ,
+    DType.f8e5m2: TensorProto.FLOAT8E5M2, DType.f8e5m2fnuz: TensorProto.FLOAT8E5M2FNUZ,
+    DType.f4e2m1: TensorProto.FLOAT4E2M1, DType.i4: TensorProto.INT4, DType.u4: TensorProto.UINT4,
+    DType.i2: TensorProto.INT2, DType.u2: TensorProto.UINT2,
 }
 _FROM_ONNX = {v: k for k, v in _TO_ONNX.items()}
 

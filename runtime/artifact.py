@@ -73,11 +73,28 @@ def _sha(b) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
+def _dtype_str(dt: np.dtype) -> str:
+    """How the file names a numpy dtype: ``dtype.str`` ("<f4"), or for an ``ml_dtypes`` type
+    (float8, int4 ...; its ``str`` is "|V1" for every one of them) its name."""
+    return dt.name if dt.num >= _FIRST_USER_DTYPE_NUM else dt.str
+
+
+def _dtype_of(text: str) -> np.dtype:
+    """The numpy dtype :func:`_dtype_str` wrote as ``text``."""
+    import ml_dtypes
+    t = getattr(ml_dtypes, text, None) if text.isidentifier() else None
+    return np.dtype(t) if t is not None else np.dtype(text)
+
+
+#: numpy's type numbers from here on are dtypes registered at run time (``ml_dtypes``')
+_FIRST_USER_DTYPE_NUM = 256
+
+
 def _pack_consts(consts: dict[int, np.ndarray]) -> tuple[np.ndarray, list[dict]]:
     layout, off = [], 0
     for s in sorted(consts):
         a = consts[s]
-        layout.append({"slot": s, "offset": off, "nbytes": int(a.nbytes), "dtype": a.dtype.str,
+        layout.append({"slot": s, "offset": off, "nbytes": int(a.nbytes), "dtype": _dtype_str(a.dtype),
                        "shape": list(a.shape)})
         off += -(-a.nbytes // _ALIGN) * _ALIGN
     blob = np.zeros(off, np.uint8)
@@ -120,9 +137,9 @@ def save_module(mod, path) -> None:
         "backend": backend.name, "code": backend.code_member,
         "target": mod.target,
         **extra,
-        "inputs": [{"name": i.name, "dtype": i.dtype.str, "shape": list(i.shape)} for i in mod.input_info],
-        "outputs": [{"name": o.name, "dtype": o.dtype.str, "shape": list(o.shape)} for o in mod.output_info],
-        "slots": [{"index": s.index, "name": s.name, "kind": s.kind, "dtype": s.dtype.str, "shape": list(s.shape)}
+        "inputs": [{"name": i.name, "dtype": _dtype_str(i.dtype), "shape": list(i.shape)} for i in mod.input_info],
+        "outputs": [{"name": o.name, "dtype": _dtype_str(o.dtype), "shape": list(o.shape)} for o in mod.output_info],
+        "slots": [{"index": s.index, "name": s.name, "kind": s.kind, "dtype": _dtype_str(s.dtype), "shape": list(s.shape)}
                   for s in prog.slots],
         "input_slots": prog.inputs, "output_slots": prog.outputs,
         "status_slot": prog.status_slot, "messages": prog.messages,
@@ -270,11 +287,11 @@ def load(path, other_cpu: bool = False):
     path = os.fspath(path)
     meta, code, blob = read_artifact(path, other_cpu=other_cpu)
     try:
-        slots = [SlotInfo(s["index"], s["name"], s["kind"], np.dtype(s["dtype"]), tuple(s["shape"]))
+        slots = [SlotInfo(s["index"], s["name"], s["kind"], _dtype_of(s["dtype"]), tuple(s["shape"]))
                  for s in meta["slots"]]
         consts = {}
         for e in meta["consts"]:
-            a = blob[e["offset"]:e["offset"] + e["nbytes"]].view(np.dtype(e["dtype"]))
+            a = blob[e["offset"]:e["offset"] + e["nbytes"]].view(_dtype_of(e["dtype"]))
             consts[e["slot"]] = a.reshape(e["shape"])
         calls = [CallInfo(c["kernel"], c["slots"], c["nodes"], c["ops"], c["flops"],
                           [tuple(p) for p in c.get("inplace_ok", [])], c.get("sources"), c.get("writes"))

@@ -19,6 +19,8 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass, field
+
+import ml_dtypes  # onnx depends on it: numpy's low-bit types
 import numpy as np
 
 from .memory_plan import MemoryPlan, plan_memory
@@ -156,6 +158,10 @@ class _Arena:
             self.team.run(entry, table)
 
 
+#: numpy dtypes of the 4- and 2-bit integers (``ml_dtypes``), range-checked as integers
+_LOWBIT_INT_NP = tuple(np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2, ml_dtypes.uint2))
+
+
 def _as_input_array(info, a) -> np.ndarray:
     """A run-time input that is not an ndarray (a Python number or bool, a nested list or tuple
     of them, a numpy scalar, an object with ``__array__``) as an array of ``info``'s dtype.
@@ -182,7 +188,8 @@ def _as_input_array(info, a) -> np.ndarray:
         raise ValueError(f"input '{info.name}': expected {want}, got {arr.dtype.name} values "
                          f"(convert them explicitly)")
     out = arr.astype(want_dt)
-    if want_dt.kind in "iu" and arr.size and not np.array_equal(out.astype(arr.dtype), arr):
+    is_int = want_dt.kind in "iu" or want_dt in _LOWBIT_INT_NP      # int4 / int2: numpy kind 'V'
+    if is_int and arr.size and not np.array_equal(out.astype(arr.dtype), arr):
         raise ValueError(f"input '{info.name}': values out of the range of {info.dtype}")
     return out
 

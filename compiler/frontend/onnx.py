@@ -23,6 +23,7 @@ from onnx import helper, numpy_helper
 from tensorfuse.ir.errors import ModelLoadError, UnsupportedModelError
 from tensorfuse.ir.builder import Builder, propagate_known
 from tensorfuse.ir.graph import Graph, Node, Value
+from tensorfuse.ir.lowbit import LOWBIT_OPS
 from tensorfuse.ir.registry import ShapeError, find_op, infer_types
 from tensorfuse.ir.types import DType, TensorType
 
@@ -199,6 +200,16 @@ def _tensor_type(vi: onnx.ValueInfoProto, input_shapes: dict) -> TensorType:
     return TensorType(dtype, tuple(shape))
 
 
+#: what ``ImportCtx.env`` binds the outputs of a node refused for its low-bit tensors to
+#: (:func:`_refuse_lowbit`): the nodes after it are skipped, the import goes on to list every
+#: such node, then raises
+_REFUSED = object()
+
+
+class _RefusedInput(Exception):
+    """A node reads the output of a node refused for its low-bit tensors."""
+
+
 class ImportCtx:
     """What an ``OpDef.importer`` gets: the graph builder and the mapping from ONNX names."""
 
@@ -209,14 +220,19 @@ class ImportCtx:
         self.env: dict[str, Value] = {}
         self.opset_imports: list = []       # the model's opset_import (versions of other domains)
         self._node_names: set[str] = set()
+        #: op -> the nodes of that op refused for reading or writing a low-bit tensor
+        self.lowbit_refused: dict[str, list[str]] = {}
 
     def value(self, name: str) -> Value | None:
         if name == "":
             return None
         try:
-            return self.env[name]
+            v = self.env[name]
         except KeyError:
             raise UnsupportedModelError(f"value '{name}' is used but never defined") from None
+        if v is _REFUSED:
+            raise _RefusedInput(name)
+        return v
 
     def attrs(self, proto: onnx.NodeProto) -> dict[str, Any]:
         try:
@@ -380,6 +396,12 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
         ctx.env[n.output[0]] = v
         return [v]
     dom = registry_domain(n.domain)
+    qop = f"{dom}::{n.op_type}" if dom else n.op_type
+    ins = [ctx.env.get(name) for name in n.input if name]
+    if any(v is _REFUSED for v in ins):      # after a refused node: that one is listed
+        return _refuse_outputs(ctx, n)
+    if qop not in LOWBIT_OPS and any(isinstance(v, Value) and v.dtype.is_lowbit for v in ins):
+        return _refuse_lowbit(ctx, n, qop, ins)
     od = find_op(n.op_type, dom)
     dom_opset = ctx.opset if dom == "" else next((i.version for i in ctx.opset_imports if i.domain == dom), 1)
     try:
@@ -394,6 +416,8 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
             outs = od.importer(ctx, n, version)
         else:
             outs = ctx.default_import(n)
+    except _RefusedInput:                   # read a refused node's output (inside a subgraph)
+        return _refuse_outputs(ctx, n)
     except ShapeError as e:
         # a shape-deciding input computed from graph inputs: compile() specialises on them
         from tensorfuse.compiler.specialize import InputValuesNeeded, graph_inputs_behind
@@ -406,10 +430,39 @@ def import_node(ctx: ImportCtx, n: onnx.NodeProto) -> list:
         raise UnsupportedModelError(f"{where}: {msg}") from None
     if isinstance(outs, Value):
         outs = [outs]
+    if any(v is _REFUSED for v in outs):    # a subgraph's result behind a refused node
+        return _refuse_outputs(ctx, n)
+    if qop not in LOWBIT_OPS and any(v is not None and v.dtype.is_lowbit for v in outs):
+        return _refuse_lowbit(ctx, n, qop, list(outs))      # a Cast or ConstantOfShape making one
     for name, v in zip(n.output, outs):
         if name and v is not None:
             ctx.env[name] = v     # an importer's value may be named differently (a decomposition)
     return outs
+
+
+def _refuse_outputs(ctx: ImportCtx, n: onnx.NodeProto) -> list:
+    for name in n.output:
+        if name:
+            ctx.env[name] = _REFUSED
+    return []
+
+
+def _refuse_lowbit(ctx: ImportCtx, n: onnx.NodeProto, qop: str, values) -> list:
+    """Record node ``n`` (op ``qop``), which reads or writes a low-bit tensor (``values``: its
+    inputs or outputs) that only ``ir.lowbit.LOWBIT_OPS`` take; its outputs become refused."""
+    dts = sorted({v.dtype.value for v in values if isinstance(v, Value) and v.dtype.is_lowbit})
+    where = f"'{n.name}'" if n.name else f"unnamed (first output '{n.output[0] if n.output else ''}')"
+    ctx.lowbit_refused.setdefault(qop, []).append(f"{where} ({', '.join(dts)})")
+    return _refuse_outputs(ctx, n)
+
+
+def lowbit_error(refused: dict[str, list[str]]) -> UnsupportedModelError:
+    """The error listing every node refused for reading or writing a low-bit tensor."""
+    lines = [f"  {op}: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
+             for op, names in sorted(refused.items())]
+    return UnsupportedModelError(
+        "the model gives low-bit tensors (float8, float4, int4, uint4, int2, uint2) to ops that do not "
+        f"take them (only {', '.join(sorted(LOWBIT_OPS))} do):\n" + "\n".join(lines), dict(refused))
 
 
 def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: bool = True,
@@ -479,6 +532,8 @@ def import_onnx(model: Any, input_shapes: dict[str, Any] | None = None, check: b
                 g.reserve(o)
     for n in proto.graph.node:
         import_node(ctx, n)
+    if ctx.lowbit_refused:
+        raise lowbit_error(ctx.lowbit_refused)
     for vi in proto.graph.output:
         if vi.name not in ctx.env:
             raise UnsupportedModelError(f"graph output '{vi.name}' is never defined")

@@ -388,6 +388,9 @@ class DropQDQAroundDataMovement(Rule):
     def condition(self, m):
         from tensorfuse.ir.registry import get_op
         mv = m.mover
+        if m.x.dtype.is_lowbit:
+            return Fail(f"{m.q.name}: {m.x.dtype} is a low-bit type, which only QuantizeLinear and "
+                        f"DequantizeLinear take")
         if not (_same_scalar(m.s1, m.s2) and _same_scalar(m.z1, m.z2)):
             return Fail(f"{m.q.name}: its scale / zero point differ from {m.dq.name}'s (or are not per tensor)")
         if m.q.outputs[0].dtype != m.x.dtype:
@@ -416,6 +419,8 @@ def _q_range(m) -> tuple[float, float] | Fail:
     if m.z is not None and m.z.data.size != 1:
         return Fail(f"{m.q.name}: the zero point is not per tensor")
     dt = m.q.outputs[0].dtype
+    if not dt.is_int:
+        return Fail(f"{m.q.name}: quantizes to {dt}, not an integer type of 8 bits or more")
     info = np.iinfo(dt.numpy)
     z = 0.0 if m.z is None else float(m.z.data.reshape(-1)[0])
     return (info.min - z) * s, (info.max - z) * s
@@ -465,6 +470,9 @@ class ConcatOnInt8(Rule):
             return Fail(f"{m.q.name}: input 0 is not a Concat")
         if int(m.q.attr("block_size", 0) or 0) or m.s2.data.size != 1:
             return Fail(f"{m.q.name}: not quantized per tensor")
+        if m.q.outputs[0].dtype.is_lowbit:
+            return Fail(f"{m.q.name}: quantizes to the low-bit type {m.q.outputs[0].dtype}, which "
+                        f"Concat does not take")
         return True
 
     def rewrite(self, m, build):

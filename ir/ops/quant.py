@@ -17,8 +17,15 @@ compose them into anchor epilogues and elementwise groups (a QDQ graph's DQ -> A
 is one loop). Per axis and blocked they lower to their own loop (``OpDef.scalar_applies``).
 
 Quantized element types here are the IR's integer types u8, i8, u16, i16 (and i32 for
-DequantizeLinear, as the spec allows for biases); the 2-, 4-bit and float8/float4 types are not
-IR types, and the frontend refuses a model that uses them by name.
+DequantizeLinear, as the spec allows for biases) and the low-bit storage types (``ir/lowbit.py``:
+float8 f8e4m3fn, f8e4m3fnuz, f8e5m2, f8e5m2fnuz; float4 f4e2m1; i4, u4, i2, u2), one element
+per byte. For a low-bit type the kernel reads the byte through a 256-entry f32 table and writes
+the code computed by ``ir.lowbit``'s encoders; those nodes never fuse (no ``scalar``), so no
+other op sees the bytes. Low-bit integers saturate to their range; float8 rounds half to even
+from the quotient, with ``saturate`` (QuantizeLinear-19+) deciding what an out-of-range value
+becomes (Cast's tables); float4 always saturates. The zero point of a float type is added as
+the spec's formula says (a float8 zero point of 0 leaves the quotient as it is, -0 included, as
+onnx.reference and onnxruntime do).
 """
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ import math
 
 import numpy as np
 
-from tensorfuse.ir.kernel import Expr, as_expr, maximum, minimum, unop
+from tensorfuse.ir import lowbit
+from tensorfuse.ir.kernel import I64, Expr, as_expr, maximum, minimum, select, unop
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
 from tensorfuse.ir.ops.conv import _channel, _per_channel
 from tensorfuse.ir.types import DType, TensorType
@@ -103,22 +111,28 @@ def _per_tensor(node) -> bool:
     return node.input(1).type.numel == 1 and int(node.attr("block_size", 0)) <= 0
 
 
-def _lower_per_axis(ctx, fn) -> None:
+def _lower_per_axis(ctx, fn, tables=(), lowbit_loop: bool = False) -> None:
     """One loop over x for a per-axis or blocked node: ``fn(x, scale, zp)`` per element, with
-    the scale and zero point read at x's index along the axis (divided by the block size)."""
+    the scale and zero point read at x's index along the axis (divided by the block size).
+    ``tables``: constant buffers ``fn`` reads (a low-bit type's decode table), kernel parameters.
+    ``lowbit_loop``: the per-tensor loop stays one element at a time (a table read is a gather)."""
     x, s = ctx.inputs[0], ctx.inputs[1]
     z = ctx.inputs[2] if len(ctx.inputs) > 2 else None
     y = ctx.outputs[0]
     mode, axis = _mode_of(ctx.node)
     block = int(ctx.attr("block_size", 0))
-    kb = ctx.kernel()
+    kb = ctx.kernel(params=ctx.default_params() + list(tables)) if tables else ctx.kernel()
     if mode == "tensor":
         from tensorfuse.ir.ops._common import flat_vector_loop
 
         def body(i, lanes):
             xv = x.flat(i) if lanes == 1 else x.vload(i, lanes)
             kb.store(y, i, fn(xv, s.flat(0), None if z is None else z.flat(0)))
-        flat_vector_loop(ctx, kb, y.numel, [x.dtype, y.dtype], body)
+        if lowbit_loop:
+            with kb.loop(y.numel, kind="vectorize", role="spatial") as i:
+                body(i, 1)
+        else:
+            flat_vector_loop(ctx, kb, y.numel, [x.dtype, y.dtype], body)
         return
     with kb.grid(y.shape) as idx:
         if mode == "axis":
@@ -150,19 +164,56 @@ def _precision(node, x_dtype: DType) -> DType:
     return x_dtype
 
 
-def quantize_expr(x: Expr, scale: Expr, zp: Expr | None, out: DType, precision: DType) -> Expr:
-    """saturate(round_half_even(x / scale) + zp) as kernel IR, in f32 (f64 for i32/f64 inputs);
-    the quotient is rounded to ``precision`` first, as the spec divides in that type."""
+def _quotient(x: Expr, scale: Expr, precision: DType) -> Expr:
+    """x / scale as kernel IR, in f32 (f64 for i32/f64 inputs), rounded to ``precision`` first
+    (f16/bf16), as the spec divides in that type."""
     work = DType.f64 if precision in (DType.f64, DType.i32) or x.dtype in (DType.f64, DType.i32) else DType.f32
     q = x.cast(work) / scale.cast(work)
     if precision in (DType.f16, DType.bf16):
         q = q.cast(precision).cast(work)
+    return q
+
+
+def quantize_expr(x: Expr, scale: Expr, zp: Expr | None, out: DType, precision: DType) -> Expr:
+    """saturate(round_half_even(x / scale) + zp) as kernel IR, in f32 (f64 for i32/f64 inputs);
+    the quotient is rounded to ``precision`` first, as the spec divides in that type."""
+    q = _quotient(x, scale, precision)
+    work = q.dtype
     q = unop("round", q)
     if zp is not None:
         q = q + zp.cast(work)
     # the float -> int cast saturates to out's range, NaN -> 0 (ir/semantics.py): the spec's
     # saturate, without a clamp of our own before it (which the cast would repeat)
     return q.cast(out)
+
+
+def quantize_lowbit_expr(x: Expr, scale: Expr, zp_value: Expr | None, out: DType, precision: DType,
+                         saturate: bool) -> Expr:
+    """QuantizeLinear to low-bit type ``out`` as kernel IR: the u8 code of
+    saturate(x / scale + zp) (``zp_value``: the zero point's value as f32, decoded; None: 0).
+    Integers: round half to even, add, saturate to the range (ONNX spec, QuantizeLinear-25).
+    Float8: a zero point of 0 leaves the quotient alone (-0 stays -0), another is added; then
+    Cast's rounding and ``saturate`` (``ir.lowbit.encode_float_expr``). Float4: the zero point
+    is added (as onnx.reference does), then the saturating cast."""
+    q = _quotient(x, scale, precision)
+    z = None if zp_value is None else zp_value.cast(q.dtype)
+    if out in lowbit.INT_BITS:
+        q = unop("round", q)
+        if z is not None:
+            q = q + z
+        return lowbit.encode_int_expr(q, out)
+    if z is not None:
+        q = q + z if out == DType.f4e2m1 else select(z.eq(as_expr(0.0, q.dtype)), q, q + z)
+    return lowbit.encode_float_expr(q, out, saturate)
+
+
+def _decode(table, code: Expr) -> Expr:
+    """The f32 value of low-bit storage byte ``code`` (a u8 Expr), read from its decode table."""
+    return table.flat(code.cast(I64))
+
+
+def _lowbit_out(node) -> bool:
+    return node.outputs[0].dtype.is_lowbit
 
 
 @op("QuantizeLinear", OpPatternKind.BROADCAST)
@@ -172,9 +223,11 @@ class QuantizeLinear:
     Inputs: x (f32/f16/bf16, or i32) of any shape; y_scale (f32/f16/bf16; per tensor, per axis
     [x.shape[axis]] or blocked, see the module docstring); y_zero_point (optional, the output's
     dtype, the scale's shape). Output: y of x's shape in y_zero_point's dtype, else
-    ``output_dtype``, else u8 (u8, i8, u16, i16). ``saturate`` concerns float8 outputs only
-    (not IR types); ``precision`` names the type of the division (default x's). Raises
-    ShapeError for other dtypes or mis-shaped scales.
+    ``output_dtype``, else u8 (u8, i8, u16, i16, or a low-bit type: f8e4m3fn, f8e4m3fnuz,
+    f8e5m2, f8e5m2fnuz, f4e2m1, i4, u4, i2, u2; see the module docstring). ``saturate``
+    (default 1) concerns float8 outputs only (ONNX spec, Cast: the saturate tables);
+    ``precision`` names the type of the division (default x's). Raises ShapeError for other
+    dtypes or mis-shaped scales.
     """
 
     def infer(node):
@@ -184,8 +237,9 @@ class QuantizeLinear:
         if s.dtype not in SCALE_DTYPES + (DType.i32,):
             raise ShapeError(f"y_scale has dtype {s.dtype}; expected f32, f16, bf16 or i32")
         out = _q_out_dtype(node)
-        if out not in QUANT_DTYPES:
-            raise ShapeError(f"output type {out} is not supported (u8, i8, u16, i16)")
+        if out not in QUANT_DTYPES and not out.is_lowbit:
+            raise ShapeError(f"output type {out} is not supported (u8, i8, u16, i16 and the low-bit "
+                             f"types: float8, float4, int4, uint4, int2, uint2)")
         mode, axis = _mode_of(node)
         _check_params(node, mode, axis, "y_zero_point")
         return [TensorType(out, x.shape)]
@@ -198,6 +252,8 @@ class QuantizeLinear:
             q = x.astype(DType.from_onnx(p).numpy) / sc.astype(DType.from_onnx(p).numpy)
         else:
             q = x / sc
+        if out.is_lowbit:
+            return [_quantize_lowbit_np(q, zc, out, bool(node.attr("saturate", 1)))]
         q = np.rint(q).astype(np.float64)
         if zc is not None:
             q = q + zc.astype(np.float64)
@@ -205,18 +261,38 @@ class QuantizeLinear:
         return [np.clip(q, lo, hi).astype(out.numpy)]
 
     def scalar_applies(node):
-        return _per_tensor(node)
+        return _per_tensor(node) and not _lowbit_out(node)
 
     def scalar(node, x, s, z=None):
         return quantize_expr(x, s, z, node.outputs[0].dtype, _precision(node, node.input(0).dtype))
 
     def lower(ctx):
         node = ctx.node
-        _lower_per_axis(ctx, lambda x, s, z: quantize_expr(x, s, z, node.outputs[0].dtype,
-                                                           _precision(node, node.input(0).dtype)))
+        out = node.outputs[0].dtype
+        prec = _precision(node, node.input(0).dtype)
+        if out.is_lowbit:
+            table = ctx.pack(lowbit.decode_table(out), "decode") if node.input(2) is not None else None
+            sat = bool(node.attr("saturate", 1))
+            _lower_per_axis(ctx, lambda x, s, z: quantize_lowbit_expr(
+                x, s, None if z is None else _decode(table, z), out, prec, sat),
+                tables=[table] if table is not None else [], lowbit_loop=True)
+            return
+        _lower_per_axis(ctx, lambda x, s, z: quantize_expr(x, s, z, out, prec))
 
 
 # ----------------------------------------------------------------------------- DequantizeLinear
+def _quantize_lowbit_np(q: np.ndarray, zc: np.ndarray | None, out: DType, saturate: bool) -> np.ndarray:
+    """The reference of :func:`quantize_lowbit_expr` on the quotient ``q`` (numpy, with
+    ``ml_dtypes``' conversions; ``zc`` the zero point broadcastable to q, or None)."""
+    z = None if zc is None else zc.astype(np.float32).astype(q.dtype if q.dtype.kind == "f" else np.float64)
+    if out in lowbit.INT_BITS:
+        q = np.rint(q).astype(np.float64)
+        return lowbit.encode_numpy(q if z is None else q + z, out)
+    if z is not None:
+        q = q + z if out == DType.f4e2m1 else np.where(z == 0, q, q + z)
+    return lowbit.encode_numpy(q, out, saturate)
+
+
 def dequantize_expr(x: Expr, scale: Expr, zp: Expr | None, out: DType) -> Expr:
     """(x - zp) * scale in f32 (the spec's float32 difference), rounded once to ``out``."""
     d = x.cast(DType.f32)
@@ -234,17 +310,20 @@ def _dq_out_dtype(node) -> DType:
 class DequantizeLinear:
     """y = (x - x_zero_point) * x_scale. ONNX spec: DequantizeLinear-25.
 
-    Inputs: x (u8, i8, u16, i16, i32) of any shape; x_scale (f32/f16/bf16; per tensor, per axis
-    [x.shape[axis]] or blocked); x_zero_point (optional, x's dtype, the scale's shape). Output: y
-    of x's shape in ``output_dtype`` if given, else the scale's dtype. The difference is taken
-    in float32, as the spec's reference does. Raises ShapeError for other dtypes or
+    Inputs: x (u8, i8, u16, i16, i32, or a low-bit type: f8e4m3fn, f8e4m3fnuz, f8e5m2,
+    f8e5m2fnuz, f4e2m1, i4, u4, i2, u2) of any shape; x_scale (f32/f16/bf16; per tensor, per
+    axis [x.shape[axis]] or blocked); x_zero_point (optional, x's dtype, the scale's shape).
+    Output: y of x's shape in ``output_dtype`` if given, else the scale's dtype. The difference
+    is taken in float32, as the spec's reference does (a low-bit x and zero point are read as
+    their exact f32 values; float8's NaN and infinity propagate). Raises ShapeError for other dtypes or
     mis-shaped scales.
     """
 
     def infer(node):
         x, s, z = node.input(0), node.input(1), node.input(2)
-        if x.dtype not in QUANT_DTYPES + (DType.i32,):
-            raise ShapeError(f"x has dtype {x.dtype}; DequantizeLinear takes u8, i8, u16, i16 or i32")
+        if x.dtype not in QUANT_DTYPES + (DType.i32,) and not x.dtype.is_lowbit:
+            raise ShapeError(f"x has dtype {x.dtype}; DequantizeLinear takes u8, i8, u16, i16, i32 or "
+                             f"a low-bit type (float8, float4, int4, uint4, int2, uint2)")
         if s.dtype not in SCALE_DTYPES:
             raise ShapeError(f"x_scale has dtype {s.dtype}; expected f32, f16 or bf16")
         if z is not None and z.dtype != x.dtype:
@@ -265,13 +344,20 @@ class DequantizeLinear:
         return [y.astype(node.outputs[0].dtype.numpy)]
 
     def scalar_applies(node):
-        return _per_tensor(node)
+        return _per_tensor(node) and not node.input(0).dtype.is_lowbit
 
     def scalar(node, x, s, z=None):
         return dequantize_expr(x, s, z, node.outputs[0].dtype)
 
     def lower(ctx):
         out = ctx.outputs[0].dtype
+        xt = ctx.node.input(0).dtype
+        if xt.is_lowbit:
+            table = ctx.pack(lowbit.decode_table(xt), "decode")
+            _lower_per_axis(ctx, lambda x, s, z: dequantize_expr(
+                _decode(table, x), s, None if z is None else _decode(table, z), out), tables=[table],
+                lowbit_loop=True)
+            return
         _lower_per_axis(ctx, lambda x, s, z: dequantize_expr(x, s, z, out))
 
 
