@@ -357,8 +357,14 @@ class _FnEmitter:
         zero = ir.Constant(x.type, [0.0] * n)
         lo = ir.Constant(x.type, [float(info_lo)] * n)
         hi = ir.Constant(x.type, [float(info_hi)] * n)
-        x = b.select(b.fcmp_unordered("uno", x, x), zero, x)
-        x = b.select(b.fcmp_ordered("<", x, lo), lo, x)
+        if info_lo == 0:
+            # unsigned: "x > 0 ? x : 0" sends NaN and the negatives to 0 in one compare (one
+            # vmaxps with x first: x86's max returns its second operand for NaN), instead of
+            # a NaN test and its blend before the clamp (u8 activations' requantization)
+            x = b.select(b.fcmp_ordered(">", x, zero), x, zero)
+        else:
+            x = b.select(b.fcmp_unordered("uno", x, x), zero, x)
+            x = b.select(b.fcmp_ordered("<", x, lo), lo, x)
         x = b.select(b.fcmp_ordered(">", x, hi), hi, x)
         return b.trunc(b.fptosi(x, ir.VectorType(ir.IntType(32), n)), ir.VectorType(ltype(dst), n))
 
