@@ -15,8 +15,8 @@ checks that every schema attribute is either swept or listed, so a new attribute
 new rule) cannot go unnoticed. The base case of each rule (every attribute at its default) must
 fire. ``TF_SWEEP_FULL=1`` adds more values (more paddings, dilations, LeakyRelu alphas).
 
-Size: 43 graphs over the 36 rules, 321 combinations (340 with TF_SWEEP_FULL), about 105 s of CPU
-(two compiles each). ``make test`` runs 237 of them: each rule's base case, the first value of
+Size: 44 graphs over the 37 rules, 322 combinations (341 with TF_SWEEP_FULL), about 105 s of CPU
+(two compiles each). ``make test`` runs 238 of them: each rule's base case, the first value of
 each swept attribute or input, and every value the rule must not fire for; the other 84 values
 (a second padding, dilation, alpha ...) are marked heavy, so ``make test-heavy`` (.ci/run) runs
 them (:func:`_in_default_suite`).
@@ -595,6 +595,23 @@ def g_qconcat(ov):
     return b.done(["y"])
 
 
+def g_qresidual(ov):
+    """DQ(x), DQ(int8 W) -> Conv -> Add(DQ(Q(r))) -> Q -> DQ: a quantized residual add."""
+    b = B(ov["_opset"])
+    rng = np.random.default_rng(10)
+    b.inputs["x"] = rand(1, 4, 7, 7, seed=0)
+    b.inputs["r"] = rand(1, 4, 7, 7, seed=1)
+    b.inits.update(xs=np.float32(0.02), xz=np.uint8(128), w=rng.integers(-127, 128, (4, 4, 3, 3)).astype(np.int8),
+                   ws=(rng.random(4) * 0.01 + 0.005).astype(np.float32), rs=np.float32(0.03), rz=np.uint8(120))
+    _q(b, "x", "xs", "xz", "xd")
+    _q(b, "r", "rs", "rz", "rd")
+    b.nodes.append(_node("DequantizeLinear", ["w", "ws"], ["wd"], {"axis": 0}))
+    b.node("Conv", ["xd", "wd"], "c", {"pads": [1, 1, 1, 1]})
+    b.node("Add", ["c", "rd"], "s")
+    _q_out(b, "s")
+    return b.done(["y"])
+
+
 def g_relu_q(ov):
     """Relu -> QuantizeLinear with zero point 0 (u8): the Q clips at 0 anyway."""
     b = B(ov["_opset"])
@@ -795,6 +812,7 @@ SPECS = [
     Spec("QuantizeMatMul", g_qmatmul, {"matmul": "MatMul"}, {}, opset=21, atol=Q_STEP * 1.001),
     Spec("FoldQuantizeScaleIntoMatMulIntegerToFloat", g_qmatmul, {"matmul": "MatMul"}, {}, opset=21,
          atol=Q_STEP * 1.001),
+    Spec("FoldQuantizeScaleIntoAdd", g_qresidual, {"add": "Add"}, {}, opset=21, atol=Q_STEP * 1.001),
     Spec("QuantizeMatMulActivations", g_qmatmul_act, {"matmul": "MatMul"}, {}, opset=21, atol=Q_STEP * 1.001),
     Spec("QuantizeGemm", g_qgemm, {"gemm": "Gemm"},
          {("gemm", "alpha"): [V(0.5, fires=True)], ("gemm", "beta"): [V(2.0, fires=True), V(0.0, fires=True)],

@@ -136,6 +136,47 @@ def test_quantize_scale_folds_into_the_integer_product(kind):
     _assert_within_one_step(m, feeds)
 
 
+def _residual_qdq_model(float_residual=False):
+    """y = Q(Conv(DQ(x), DQ(W), b) + DQ(Q(r))) -> DQ: a quantized residual block's add (with
+    ``float_residual`` the add reads r itself, a float tensor)."""
+    m, feeds = _conv_qdq_model(np.uint8, None)
+    g = m.graph
+    (q,) = [n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == "c"]
+    nodes = []
+    if float_residual:
+        src = "r"
+    else:
+        _qdq("r", "rd", "rs", "rz", nodes)
+        src = "rd"
+    nodes.append(helper.make_node("Add", ["c", src], ["s"]))
+    q.input[0] = "s"
+    at = list(g.node).index(q)
+    for k, n in enumerate(nodes):
+        g.node.insert(at + k, n)
+    g.initializer.extend([numpy_helper.from_array(np.float32(0.03), "rs"), numpy_helper.from_array(np.uint8(120), "rz")])
+    r = np.random.default_rng(5).standard_normal((1, 6, 7, 7)).astype(np.float32)
+    g.input.append(helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, r.shape))
+    feeds["r"] = r
+    return m, feeds
+
+
+def test_quantize_scale_folds_into_a_residual_add():
+    """Q(Add(integer conv, DQ(r)), s) ==> Q(Mul(Add(..), 1/s), 1): the residual's requantization
+    multiplies; within one step. A float operand (not quantized) leaves the Q as it is."""
+    m, feeds = _residual_qdq_model()
+    g = optimized(m)
+    (mul,) = [n for n in g.nodes if n.op == "Mul"]
+    assert mul.inputs[0].producer.op == "Add"
+    np.testing.assert_allclose(mul.inputs[1].data, 1 / Y_SCALE, rtol=1e-7)
+    assert _q_scales(g, mul.outputs[0]) == [1.0]
+    _assert_within_one_step(m, feeds)
+    m2, feeds2 = _residual_qdq_model(float_residual=True)
+    g2 = optimized(m2)
+    assert not [n for n in g2.nodes if n.op == "Mul"] and float(Y_SCALE) in _q_scales(g2)
+    assert "is not a DequantizeLinear or an integer product" in why_not(m2, "FoldQuantizeScaleIntoAdd")
+    _assert_within_one_step(m2, feeds2)
+
+
 def test_quantize_scale_not_folded_through_an_activation():
     """An activation the Q does not absorb (Relu before an i8 Q with zero point 10) stays
     between the product and the Q: the scale stays with the Q."""

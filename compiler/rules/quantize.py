@@ -301,6 +301,9 @@ def _requant_scale(m) -> float | Fail:
         return Fail(f"{q.name}: the scale is already 1")
     if int(q.attr("block_size", 0) or 0) or int(q.attr("precision", 0) or 0):
         return Fail(f"{q.name}: blocked quantization or a precision attribute")
+    dt = q.outputs[0].dtype
+    if not dt.is_int or dt.is_lowbit:
+        return Fail(f"{q.name}: quantizes to {dt}, not an integer type of 8 bits or more")
     return v
 
 
@@ -361,6 +364,44 @@ class FoldQuantizeScaleIntoMatMulIntegerToFloat(Rule):
         if isinstance(mm, Fail):
             return mm
         return build_or_fail(build, "QuantizeLinear", mm, _one_like(m.s, build), m.z, expect=m.q.outputs[0],
+                             name=m.q.name, **m.q.attrs)
+
+
+#: the producers of the operands of a quantized residual add (:class:`FoldQuantizeScaleIntoAdd`)
+_QUANTIZED_OPERANDS = ("DequantizeLinear", "tensorfuse::ConvIntegerToFloat", "com.microsoft::MatMulIntegerToFloat")
+
+
+class FoldQuantizeScaleIntoAdd(Rule):
+    """Q(Add(u, v), s, z) with u and v each a DequantizeLinear or an integer product (ConvIntegerToFloat, MatMulIntegerToFloat) ==> Q(Mul(Add(u, v), 1/s), 1, z): a quantized residual add requantized by a multiply (as onnxruntime's QLinearAdd scales by sa/sc and sb/sc) instead of a division per output."""
+    rule_set = "fold"
+    pattern = P.QuantizeLinear(P.Add(Any("u"), Any("v")).single_use(), Const(name="s"),
+                               Optional(Const()).named("z")).named("q")
+
+    def condition(self, m):
+        sc = _requant_scale(m)
+        if isinstance(sc, Fail):
+            return sc
+        if m.add.outputs[0].dtype != DType.f32:
+            return Fail(f"{m.add.name}: computes in {m.add.outputs[0].dtype}, not f32")
+        for v in (m.u, m.v):
+            n = v.producer
+            if n is None or n.qualified_op not in _QUANTIZED_OPERANDS:
+                return Fail(f"{m.add.name}: operand '{v.name}' is not a DequantizeLinear or an integer product")
+        return True
+
+    def rewrite(self, m, build):
+        # (the operands stay as they are, so the fusion of the add into one of their kernels'
+        # epilogues does not change; rescaling them instead moved resnet's residual adds into
+        # the downsample convs' kernels, which then read the other conv's output in f32)
+        s = _requant_scale(m)
+        add = build_or_fail(build, "Add", m.u, m.v, expect=m.add.outputs[0], name=m.add.name)
+        if isinstance(add, Fail):
+            return add
+        inv = build.const(np.array(1.0 / s, np.float32).reshape(m.s.data.shape), "inv_scale")
+        scaled = build_or_fail(build, "Mul", add, inv, expect=m.add.outputs[0])
+        if isinstance(scaled, Fail):
+            return scaled
+        return build_or_fail(build, "QuantizeLinear", scaled, _one_like(m.s, build), m.z, expect=m.q.outputs[0],
                              name=m.q.name, **m.q.attrs)
 
 
@@ -494,4 +535,4 @@ class ConcatOnInt8(Rule):
 RULES = [DropActivationBeforeSaturatingQuantize, DropQDQAroundDataMovement, ConcatOnInt8, QuantizeConv, QuantizeMatMul, QuantizeMatMulActivations, QuantizeGemm,
          DynamicMatMulToFloat]
 FOLD = [FoldBatchNormIntoConvIntegerToFloat, FoldQuantizeScaleIntoConvIntegerToFloat,
-        FoldQuantizeScaleIntoMatMulIntegerToFloat]
+        FoldQuantizeScaleIntoMatMulIntegerToFloat, FoldQuantizeScaleIntoAdd]
