@@ -114,6 +114,11 @@ class OpDef:
     #: a loop group between elementwise ops (compiler/passes/fuse_ops.py); None: the op stands
     #: alone in grouping
     index_map: Callable | None = None
+    #: a reduction-like op (Softmax, LayerNormalization, the Reduce ops) whose lowerings -- the
+    #: generic one and every backend schedule -- read input 0 only through ``Buffer.flat``,
+    #: ``vload``, ``[]`` and ``bcast``: fuse_ops may then give it an elementwise prologue,
+    #: computed at each element the lowering reads instead of stored (ir/ops/fused_function.py)
+    prologue: bool = False
     doc: str = ""
 
     def __post_init__(self):

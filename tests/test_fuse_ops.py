@@ -351,6 +351,108 @@ def test_group_with_mover_constants_exports_and_round_trips(tmp_path):
     np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
 
 
+# ----------------------------------------------------------------------------- reductions with a prologue
+# A reduction-like op (OpDef.prologue: Softmax, LogSoftmax, LayerNormalization, the Reduce ops)
+# takes the elementwise loop group that computes its input 0 and nothing else reads: one
+# kernel, the prologue recomputed at each element the reduction reads. Tolerances: the
+# reductions sum in another order than onnxruntime (vector partial sums), so rtol 1e-5 and
+# atol 1e-5 (outputs of order 1).
+def _group_ops(mod):
+    return [c.ops for c in mod.calls]
+
+
+@pytest.mark.parametrize("n", [64, 10])        # the vector row schedule, and the generic nest
+def test_softmax_takes_its_elementwise_prologue(n):
+    x, y = rand(2, 4, n), rand(2, 4, n, seed=1)
+    m = graph_model([N("Mul", ["x", "s"], ["a"]), N("Add", ["a", "y"], ["b"]), N("Softmax", ["b"], ["z"])],
+                    {"x": x, "y": y}, ["z"], {"s": np.array(0.125, np.float32)})
+    mod = check(m, {"x": x, "y": y}, kernels=1, before=3, atol=1e-5)
+    (f,) = fused_nodes(mod.graph)
+    body = f.attrs["body"]
+    assert [n.op for n in body.nodes] == ["Mul", "Add", "Softmax"] and f.attr("anchor") == body.nodes[-1].name
+    assert [v.name for v in body.outputs] == ["z"]      # the prologue is never stored
+
+
+def test_rms_norm_reduce_mean_takes_pow_and_the_tail_fuses():
+    # T5's RMSNorm: x * 1/sqrt(mean(x^2) + eps) * w
+    x = rand(1, 8, 64)
+    m = graph_model([N("Pow", ["x", "two"], ["p"]), N("ReduceMean", ["p", "ax"], ["mu"], keepdims=1),
+                     N("Add", ["mu", "eps"], ["a"]), N("Sqrt", ["a"], ["s"]), N("Div", ["x", "s"], ["d"]),
+                     N("Mul", ["d", "w"], ["z"])], {"x": x}, ["z"],
+                    {"two": np.array(2.0, np.float32), "ax": np.array([-1], np.int64),
+                     "eps": np.array(1e-6, np.float32), "w": rand(64, seed=2)}, opset=18)
+    mod = check(m, {"x": x}, kernels=2, before=6, atol=1e-5)
+    assert _group_ops(mod) == [["Pow", "ReduceMean"], ["Add", "Sqrt", "Div", "Mul"]]
+    # the ReduceMean's axes are a constant of the body, not an input of the fused node
+    f = fused_nodes(mod.graph)[0]
+    assert list(f.attrs["body"].constants) == ["ax"] and [v.name for v in f.inputs] == ["x", "two"]
+
+
+@pytest.mark.parametrize("outputs", [["z"], ["z", "mean", "inv"]])
+def test_layernorm_takes_its_prologue_and_keeps_its_stats_outputs(outputs):
+    x, r = rand(2, 6, 32), rand(2, 6, 32, seed=1)
+    m = graph_model([N("Mul", ["x", "g"], ["a"]), N("Add", ["a", "r"], ["s"]), N("Relu", ["s"], ["t"]),
+                     N("LayerNormalization", ["t", "w", "b"], outputs, axis=-1)], {"x": x, "r": r}, outputs,
+                    {"g": np.array(0.5, np.float32), "w": rand(32, seed=2), "b": rand(32, seed=3)})
+    mod = check(m, {"x": x, "r": r}, kernels=1, before=4, atol=1e-5)
+    assert _group_ops(mod) == [["Mul", "Add", "Relu", "LayerNormalization"]]
+
+
+@pytest.mark.parametrize("case", ["logsoftmax_axis1", "reduce_max_keepdims0", "reduce_sum_all"])
+def test_other_reductions_take_prologues(case):
+    x = rand(2, 5, 12)
+    if case == "logsoftmax_axis1":       # not the last axis: blocks of inner positions
+        nodes, inits = [N("Exp", ["x"], ["a"]), N("LogSoftmax", ["a"], ["z"], axis=1)], {}
+    elif case == "reduce_max_keepdims0":
+        nodes = [N("Abs", ["x"], ["a"]), N("Neg", ["a"], ["b"]), N("ReduceMax", ["b", "ax"], ["z"], keepdims=0)]
+        inits = {"ax": np.array([1], np.int64)}
+    else:
+        nodes, inits = [N("Mul", ["x", "x"], ["a"]), N("ReduceSum", ["a"], ["z"], keepdims=1)], {}
+    m = graph_model(nodes, {"x": x}, ["z"], inits, opset=18)
+    mod = check(m, {"x": x}, kernels=1, before=len(nodes), atol=1e-5)
+    assert _group_ops(mod) == [[n.op_type for n in nodes]]
+
+
+@pytest.mark.parametrize("case", ["prologue_value_is_read_elsewhere", "prologue_value_is_a_graph_output",
+                                  "broadcast_mask", "through_a_transpose"])
+def test_reduction_takes_no_prologue(case):
+    x, y = rand(2, 4, 16), rand(2, 4, 16, seed=1)
+    feeds, inits, outs = {"x": x, "y": y}, {}, ["z"]
+    if case == "prologue_value_is_read_elsewhere":     # a would have to be stored: it is a group of its own
+        nodes = [N("Add", ["x", "y"], ["a"]), N("Softmax", ["a"], ["z"]), N("Hardmax", ["a"], ["h"])]
+        outs, want = ["z", "h"], [["Add"], ["Softmax"], ["Hardmax"]]
+    elif case == "prologue_value_is_a_graph_output":
+        nodes = [N("Add", ["x", "y"], ["a"]), N("Softmax", ["a"], ["z"])]
+        outs, want = ["z", "a"], [["Add"], ["Softmax"]]
+    elif case == "broadcast_mask":      # the mask [1,1,16] is not at the scores' flat offsets
+        feeds["y"] = rand(1, 1, 16, seed=1)
+        nodes = [N("Add", ["x", "y"], ["a"]), N("Softmax", ["a"], ["z"])]
+        want = [["Add"], ["Softmax"]]
+    else:                              # a mover in the prologue: the reduction reads flat offsets
+        nodes = [N("Exp", ["x"], ["a"]), N("Transpose", ["a"], ["t"], perm=[0, 2, 1]), N("Softmax", ["t"], ["z"])]
+        feeds = {"x": x}
+        want = [["Exp", "Transpose"], ["Softmax"]]
+    m = graph_model(nodes, feeds, outs, inits)
+    mod = check(m, feeds, kernels=len(want), atol=1e-5)
+    assert _group_ops(mod) == want
+
+
+def test_prologue_group_exports_and_round_trips(tmp_path):
+    x = rand(2, 3, 8)
+    m = graph_model([N("Mul", ["x", "x"], ["a"]), N("ReduceSum", ["a", "ax"], ["z"], keepdims=0)], {"x": x}, ["z"],
+                    {"ax": np.array([2], np.int64)})
+    mod = check(m, {"x": x}, kernels=1, before=2, atol=1e-5)
+    g = mod.graph
+    text = print_graph(g)
+    g2 = parse_graph(text, {k: v.data for k, v in g.constants.items()})
+    assert print_graph(g2) == text and graph_diff(g, g2) == []
+    verify_graph(g2)
+    tensorfuse.export_onnx(g, tmp_path / "f.onnx")
+    onnx.checker.check_model(str(tmp_path / "f.onnx"), full_check=True)
+    (got,) = ort_run(onnx.load(str(tmp_path / "f.onnx")), {"x": x})
+    np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- anchored groups
 def test_matmul_bias_relu_is_one_kernel_without_the_rules():
     a, w, b = rand(5, 6), rand(6, 7, seed=1), rand(7, seed=2)

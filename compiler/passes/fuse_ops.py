@@ -23,6 +23,11 @@ Grouping asks the registry only (``OpDef.kind``, ``OpDef.scalar``); it keeps no 
   transposed index. A mover never joins an anchor's epilogue (the epilogue runs at the
   anchor's output index). Its constant parameters (a Reshape's shape) are constants of the
   body, not inputs of the fused node.
+- A **reduction with a prologue**: an op with ``OpDef.prologue`` (Softmax, LogSoftmax,
+  LayerNormalization, the Reduce ops) whose input 0 is computed by an elementwise loop group
+  that nothing else reads joins that group as its anchor and last node (``Mul -> Softmax``,
+  ``Pow -> ReduceMean``): the prologue is recomputed at each element the reduction reads, never
+  stored (:meth:`_Planner.take_prologue` has the conditions: flat-addressable values only).
 - Every other op (other injective ops, reductions, opaque) stands alone.
 - A value used outside its group, or a graph output, is materialised: it becomes an output of
   the group's fused function. Materialised values of a loop group all have the group's shape
@@ -182,6 +187,8 @@ class _Planner:
                 if self.join(n, loops_only=True):
                     continue
                 grp = Group(n, od.kind, True)
+            elif self.take_prologue(n, od):
+                continue
             else:
                 grp = Group(n, od.kind if od is not None else OpPatternKind.OPAQUE, False)
             self.group_of[id(n)] = grp
@@ -194,6 +201,38 @@ class _Planner:
                 seen.add(id(grp))
                 out.append(grp)
         return out
+
+    def take_prologue(self, n: Node, od) -> bool:
+        """Put reduction-like node ``n`` (``OpDef.prologue``: Softmax, LayerNormalization, the
+        Reduce ops) into the loop group that computes its input 0, as that group's anchor and
+        last node; False when it cannot. The group must be elementwise only (no movers), every
+        value in it and every input of it have input 0's element count or one element (so the
+        reduction's flat offsets address them all), all of its values be consumed inside it or
+        by ``n`` (none a graph output: the prologue is recomputed where ``n`` reads it, never
+        stored), and ``n``'s other inputs come from outside it. The group then takes no more
+        nodes (a reduction applies no epilogue)."""
+        if od is None or not od.prologue or not n.inputs or n.inputs[0] is None or len(n.outputs) < 1:
+            return False
+        x = n.inputs[0]
+        grp = self.group_of.get(id(x.producer)) if x.producer is not None else None
+        if grp is None or grp.anchor is not None or not grp.fusable or x.type.numel == 0:
+            return False
+        if not all(_is_elementwise(m, find_op(m.op, m.domain)) for m in grp.nodes):
+            return False
+        if any(v is not None and v.type.numel not in (x.type.numel, 1)
+               for m in grp.nodes for v in list(m.inputs) + list(m.outputs)):
+            return False
+        if any(v is not None and v.producer is not None and self.group_of.get(id(v.producer)) is grp
+               for v in n.inputs[1:]):
+            return False
+        if not self.closed(grp, n) or self.makes_cycle([grp], n):
+            return False
+        grp.nodes.append(n)
+        grp.anchor = n
+        grp.fusable = False
+        grp.kind = max(grp.kind, od.kind)
+        self.group_of[id(n)] = grp
+        return True
 
     def join(self, n: Node, loops_only: bool = False) -> bool:
         """Put elementwise node ``n`` into a producer's group; False when none can take it.
@@ -254,16 +293,19 @@ def _fused_node(graph: Graph, grp: Group, outputs: list[Value]) -> Node:
     body = Graph(name)
     vmap: dict[int, Value] = {}
     ext: list[Value] = []
-    # a compile-time input read only as a mover's parameter (a Reshape's shape, a Slice's
-    # starts) is a constant of the body: the body's nodes type-check on their own
+    # a compile-time input read only as a parameter of a mover (a Reshape's shape, a Slice's
+    # starts) or of a reduction after a prologue (a ReduceSum's axes) is a constant of the
+    # body: the body's nodes type-check on their own
     members = {id(m) for m in grp.nodes}
     param_only: dict[int, bool] = {}
     for m in grp.nodes:
-        mover = find_op(m.op, m.domain).index_map is not None and not has_scalar(m)
+        od = find_op(m.op, m.domain)
+        mover = od.index_map is not None and not has_scalar(m)
+        reduction = m is grp.anchor and m is not grp.nodes[0] and od.prologue
         for k, v in enumerate(m.inputs):
             if v is None or (v.producer is not None and id(v.producer) in members):
                 continue
-            ok = mover and k > 0 and v.const_value() is not None
+            ok = (mover and k > 0 or reduction and k in od.const_inputs) and v.const_value() is not None
             param_only[id(v)] = param_only.get(id(v), True) and ok
 
     def body_value(v: Value) -> Value:

@@ -14,6 +14,12 @@ expression per output element:
   residual, a bias) are kernel parameters (``ctx.epilogue_inputs``) loaded with numpy
   broadcasting against the output index. An anchor that sets its own epilogue (FusedConv's
   bias/activation) keeps it: the group's runs after it.
+- **Prologue group** (``anchor`` names the last body node, an op with ``OpDef.prologue``:
+  Softmax, LayerNormalization, a Reduce op): the body nodes before it are elementwise and
+  compute its input 0; the anchor's own lowering builds the kernel and reads that input
+  through a :class:`_ComputedBuffer`, which composes the prologue at each element read from
+  loads of the prologue's inputs (all of the input's element count, or one element). Nothing
+  of the prologue is stored.
 - **Loop group** (no anchor): one loop nest over the outputs' common shape; flat (and
   vectorisable) when every value has that shape or one element, else a grid with broadcasting
   loads. Each output is stored at its element. A group with injective movers
@@ -421,7 +427,8 @@ def _lower_anchored(ctx: LowerCtx, g: _Group, anchor_name: str) -> None:
     k = next(i for i, n in enumerate(nodes) if n.name == anchor_name)
     anchor, epi = nodes[k], nodes[k + 1:]
     if k != 0:
-        raise ShapeError(f"the anchor {anchor_name} must be the body's first node (no prologue fusion)")
+        _lower_prologue(ctx, g, nodes[:k], anchor, epi)
+        return
     if not epi:
         raise ShapeError(f"the anchor {anchor_name} has no epilogue nodes")
     a_out = anchor.outputs[0]
@@ -482,6 +489,132 @@ def _lower_anchored(ctx: LowerCtx, g: _Group, anchor_name: str) -> None:
     ctx.view_of.update(sub.view_of)
 
 
+# ----------------------------------------------------------------------------- prologue groups
+class _ComputedBuffer(Buffer):
+    """Input 0 of a reduction with an elementwise prologue, as the reduction's lowering sees it:
+    a Buffer of the value's dtype and shape whose reads (``flat``, ``vload``, ``[]``,
+    ``bcast``) return the prologue composed at the element read, from loads of the prologue's
+    inputs at the same flat offset (each has the value's element count, or one element, which
+    every lane reads). ``kb`` is the kernel being built (a one-element local per value the
+    prologue reads twice, fresh at each read, so two reads in one expression never share it);
+    ``sources`` are the Buffers the kernel takes in its place."""
+
+    def __init__(self, value: Value, g: _Group, nodes: list[Node]):
+        super().__init__(value.name, value.dtype, tuple(value.shape))
+        self.value, self.g, self.nodes = value, g, nodes
+        self.kb: KernelBuilder | None = None
+        read = {id(v) for n in nodes for v in n.inputs if v is not None}
+        self.sources = [g.buf[id(bv)] for bv in g.body.inputs if id(bv) in read and id(bv) not in g.imm]
+
+    def _compute(self, load) -> Expr:
+        g, kb, env = self.g, self.kb, {}
+        if kb is None:
+            raise ShapeError(f"the prologue of %{self.value.name} is read outside a kernel")
+        for n in self.nodes:
+            od = get_op(n.op, n.domain)
+            args = []
+            for v in n.inputs:
+                if v is None:
+                    continue
+                args.append(env[id(v)] if id(v) in env else g.imm[id(v)] if id(v) in g.imm else load(v))
+            o = n.outputs[0]
+            e = as_expr(od.scalar(n, *args), o.dtype)
+            if e.dtype != o.dtype:
+                raise ShapeError(f"body node {n.name}: scalar gives {e.dtype}, the value is {o.dtype}")
+            if g.uses.get(id(o), 0) >= 2 and not isinstance(e, (Load, Const)):
+                tmp = kb.local(o.dtype, (e.lanes,), hint="v")
+                kb.store(tmp, 0, e)
+                e = tmp.vload(0, e.lanes) if e.lanes > 1 else tmp[0]
+            env[id(o)] = e
+        return env[id(self.value)]
+
+    def _read(self, off, lanes: int, stride: int = 1) -> Expr:
+        from tensorfuse.ir.kernel import broadcast
+
+        def load(bv):
+            b = self.g.buf[id(bv)]
+            if b.numel != self.numel:                   # one element, read by every lane
+                return b.flat(0) if lanes == 1 else broadcast(b.flat(0), lanes)
+            return Load(b, as_expr(off, DType.i64), lanes, stride if lanes > 1 else 1)
+        return self._compute(load)
+
+    def flat(self, i):
+        from tensorfuse.ir.kernel import Ramp
+        if isinstance(i, Ramp):
+            return self._read(i.base, i.lanes)
+        return self._read(i, 1)
+
+    def vload(self, i, lanes: int):
+        return self._read(i, lanes)
+
+    def __getitem__(self, idx):
+        idx = idx if isinstance(idx, (list, tuple)) else [idx]
+        lanes, stride = self.index_vector(idx)
+        return self._read(self.offset(idx), lanes, stride)
+
+
+class _PrologueCtx(LowerCtx):
+    """The reduction's lowering context: its kernels take the prologue's inputs in place of
+    the computed input 0, which reads through the kernel being built."""
+
+    def __init__(self, node, inputs, outputs, name, computed: _ComputedBuffer):
+        super().__init__(node, inputs, outputs, name)
+        self.computed = computed
+
+    def kernel(self, suffix: str = "", params: list[Buffer] | None = None) -> KernelBuilder:
+        params = self.default_params() if params is None else params
+        out: list[Buffer] = []
+        for b in params:
+            for s in (self.computed.sources if b is self.computed else [b]):
+                if all(s is not u for u in out):
+                    out.append(s)
+        kb = super().kernel(suffix, out)
+        self.computed.kb = kb
+        return kb
+
+
+def _lower_prologue(ctx: LowerCtx, g: _Group, pro: list[Node], anchor: Node, epi: list[Node]) -> None:
+    """A reduction-like anchor (``OpDef.prologue``) after its elementwise prologue ``pro``: the
+    anchor's own lowering, reading input 0 through a :class:`_ComputedBuffer`."""
+    od = get_op(anchor.op, anchor.domain)
+    if not od.prologue:
+        raise ShapeError(f"the anchor {anchor.name} ({anchor.qualified_op}) takes no prologue: it must be "
+                         f"the body's first node")
+    if epi:
+        raise ShapeError(f"the anchor {anchor.name} has a prologue and epilogue nodes; a reduction "
+                         f"with a prologue takes none")
+    x = anchor.inputs[0]
+    if x is None or all(x is not n.outputs[0] for n in pro):
+        raise ShapeError(f"the prologue of {anchor.name} does not compute its input 0")
+    for n in pro:
+        if not has_scalar(n, get_op(n.op, n.domain)):
+            raise ShapeError(f"prologue node {n.name} ({n.qualified_op}) is not elementwise")
+    computed = _ComputedBuffer(x, g, pro)
+    ins: list[Buffer | None] = [computed]
+    outer: list[Value | None] = [Value(x.name, x.type)]
+    for v in anchor.inputs[1:]:
+        if v is not None and v.is_const:      # a body constant (ReduceSum's axes): no buffer
+            ins.append(None)
+            outer.append(v)
+            continue
+        if v is not None and id(v) not in g.buf:
+            raise ShapeError(f"input %{v.name} of {anchor.name} is computed in the group; only input 0 may be")
+        ins.append(None if v is None else g.buf[id(v)])
+        outer.append(None if v is None else g.outer[id(v)])
+    outs = []
+    for o in anchor.outputs:
+        if id(o) not in g.out:
+            raise ShapeError(f"the anchor's output %{o.name} must be a body output")
+        outs.append(g.out[id(o)])
+    proxy = Node(anchor.op, outer, [Value(o.name, o.type) for o in anchor.outputs], dict(anchor.attrs),
+                 anchor.name, anchor.domain)
+    sub = _PrologueCtx(proxy, ins, outs, ctx.name, computed)
+    od.lower(sub)
+    ctx.kernels.extend(sub.kernels)
+    ctx.packed.extend(sub.packed)
+    ctx.scratch_buffers.extend(sub.scratch_buffers)
+
+
 # ----------------------------------------------------------------------------- FusedFunction
 def _fused_body(node: Node):
     from tensorfuse.ir.graph import Graph
@@ -501,8 +634,10 @@ class FusedFunction:
     inputs, in order, same types), its outputs the values the group materialises (this node's
     outputs: values used outside the group, graph outputs, an anchor's extra outputs). ``kind``
     names the group's op pattern kind (``ir.registry.OpPatternKind``: ELEMWISE, BROADCAST,
-    INJECTIVE or OUT_ELEMWISE_FUSABLE); ``anchor`` names the body node whose kernel computes the group
-    ("" for none): the body nodes after it form its epilogue. Without an anchor, every body
+    INJECTIVE, OUT_ELEMWISE_FUSABLE; a prologue group has its reduction's, COMM_REDUCE or
+    OPAQUE); ``anchor`` names the body node whose kernel computes the group
+    ("" for none): the body nodes after it form its epilogue, those before it (a reduction's
+    elementwise prologue) compute its input 0. Without an anchor, every body
     node is an elementwise/broadcast op with a ``scalar`` function and the group is one loop
     nest, except injective movers (``OpDef.index_map``) whose constant parameters are
     constants of the body. The meaning is the body's (the numpy reference evaluates it node by node); the

@@ -140,7 +140,7 @@ def _stash(node) -> DType:
     return DType.f64 if x == DType.f64 else DType.f32
 
 
-@op("LayerNormalization", OpPatternKind.OPAQUE)
+@op("LayerNormalization", OpPatternKind.OPAQUE, prologue=True)
 class LayerNormalization:
     """Y = (X - mean) / sqrt(var + epsilon) * Scale + B over dims [axis, rank).
     ONNX spec: LayerNormalization-17.

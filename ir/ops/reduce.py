@@ -333,7 +333,7 @@ def _make_reduce(name: str, new_since: int, flops_per_elem: float):
     cls = type(name, (), {"__doc__": doc, "infer": infer, "reference": reference, "lower": lower,
                           "importer": _import_axes_attr(new_since), "flops": flops,
                           "const_inputs": (1,)})
-    return op(name, OpPatternKind.COMM_REDUCE)(cls)
+    return op(name, OpPatternKind.COMM_REDUCE, prologue=True)(cls)
 
 
 for _name, _since, _fl in [("ReduceSum", 13, 1), ("ReduceMean", 18, 1), ("ReduceMax", 18, 1),

@@ -152,7 +152,7 @@ def _flops_per_elem(k: float):
     return lambda node: k * node.inputs[0].type.numel
 
 
-@op("Softmax", OpPatternKind.OPAQUE)
+@op("Softmax", OpPatternKind.OPAQUE, prologue=True)
 class Softmax:
     """y = exp(x - max) / sum(exp(x - max)) along ``axis``. ONNX spec: Softmax-13.
 
@@ -174,7 +174,7 @@ class Softmax:
     flops = _flops_per_elem(5.0)
 
 
-@op("LogSoftmax", OpPatternKind.OPAQUE)
+@op("LogSoftmax", OpPatternKind.OPAQUE, prologue=True)
 class LogSoftmax:
     """y = x - max - log(sum(exp(x - max))) along ``axis``. ONNX spec: LogSoftmax-13.
 
