@@ -213,3 +213,23 @@ def test_blocked_row_groups_match_onnxruntime(extra):
         assert w2.knobs["row_group"] == rg
         got = build_module(low, graph, ["a"], ["y"], TARGET).run(**feeds)[0]
         np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL, err_msg=f"row_group={rg} {extra}")
+
+
+@pytest.mark.parametrize("extra", [{}, {"sweep_rows": 2}])
+def test_int8_panel_major_matches_onnxruntime(extra):
+    """``panel_major`` (tasks walk the row blocks inside a part of B's panels) against the
+    row-block-major order, on a constant u8 x s8 B in 4 parts over 9 row blocks plus left-over
+    rows: onnxruntime's int32 results exactly."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 255, (37, 40), dtype=np.uint8)
+    b = rng.integers(-128, 127, (40, 70), dtype=np.int8)
+    model = node_model("MatMulInteger", {"a": a}, initializers={"b": b, "za": np.array(7, np.uint8)},
+                       input_names=["a", "b", "za"])
+    expected = ort_run(model, {"a": a})[0]
+    for pm in (False, True):
+        knobs = {"int8_tile": (2, 1), "col_split": 4, "panel_major": pm, **extra}
+        graph, low = lower(model, knobs)
+        (wl,) = low.workloads.values()
+        assert wl.knobs["panel_major"] == pm and wl.knobs["col_split"] == 4, wl.knobs
+        got = build_module(low, graph, ["a"], ["y"], TARGET).run(a=a)[0]
+        np.testing.assert_array_equal(got, expected, err_msg=f"{knobs}")

@@ -23,7 +23,9 @@ A's batch dims and a per-tensor zero point; a target with an integer dot product
   ``ctx.apply_epilogue``, one vector store (lane by lane past N).
 
 Knobs: ``int8_tile`` (R, NB), ``sweep_rows`` (R-row tiles per task and packed panel),
-``col_split`` (panels split into this many parallel tasks).
+``col_split`` (panels split into this many parallel tasks), ``panel_major`` (tasks ordered part
+by part, the row blocks inside: a constant B over half of L2 is read from memory once, not once
+per row block; its default also sizes ``col_split`` so a part fits a quarter of L2).
 """
 from __future__ import annotations
 
@@ -107,9 +109,20 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
              doc="row tiles per parallel task (its packed rows of A)") if full > 1 else 1
     ntask_rows = NGRP * -(-RG // (G * R))
     split0 = 1 if ntask_rows >= MIN_TASKS else min(NBLK, -(-MIN_TASKS // ntask_rows))
-    SPLIT = knob("col_split", [s for s in (1, 2, 4, 8, 16) if s <= NBLK], split0,
-                 doc="column panels split into this many parallel tasks")
+    splits = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= NBLK]
+    # a constant B larger than half of L2 (a transformer's 768 x 3072 weight: 2.4 MB) would
+    # stream from memory once per row block: its panels go in parts that fit a quarter of L2,
+    # and the tasks walk the row blocks inside a part (each re-packs its rows of A, K bytes a row)
+    b_bytes = NBLK * Kq * blk * 4
+    big_b = NGRP == 1 and full > 1 and b_bytes > ctx.target.l2_bytes // 2
+    if big_b:
+        need = -(-b_bytes // max(1, ctx.target.l2_bytes // 4))
+        split0 = max(split0, next((s for s in splits if s >= need), splits[-1]))
+    SPLIT = knob("col_split", splits, split0, doc="column panels split into this many parallel tasks")
     per = -(-NBLK // SPLIT)
+    PM = knob("panel_major", [False, True], big_b and SPLIT > 1,
+              doc="tasks walk the row blocks inside a part of the panels (B's part reused from L2)") \
+        if NGRP == 1 and SPLIT > 1 and full > 1 else False
 
     i32 = DType.i32
     if runtime_b:
@@ -238,8 +251,11 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
         with kb.loop(NGRP * nfull * SPLIT, kind="parallel", hint="t") as t:
             grp = t / (nfull * SPLIT) if NGRP > 1 else 0
             tt = t % (nfull * SPLIT) if NGRP > 1 else t
-            blkrow = tt / SPLIT if SPLIT > 1 else tt
-            part = tt % SPLIT if SPLIT > 1 else as_expr(0)
+            if PM:          # part-major: consecutive tasks share the part's panels
+                blkrow, part = tt % nfull, tt / nfull
+            else:
+                blkrow = tt / SPLIT if SPLIT > 1 else tt
+                part = tt % SPLIT if SPLIT > 1 else as_expr(0)
             r0 = blkrow * GR + grp * RG if NGRP > 1 else blkrow * GR
             pack_rows(r0, GR)
 
