@@ -213,6 +213,38 @@ def encode_numpy(x: np.ndarray, dt: DType, saturate: bool = True) -> np.ndarray:
         return np.asarray(x).astype(dt.numpy)
 
 
-#: the ops that read or write low-bit tensors (``Node.qualified_op``); the frontend refuses
-#: any other op given one, listing every such node
-LOWBIT_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+def cast_to_int_expr(x: Expr, src: DType, dt: DType) -> Expr:
+    """Cast (ONNX spec, Cast-25) of ``x`` to low-bit integer type ``dt``, as a u8 code.
+    ``src`` is what ``x`` holds: an integer or bool (wraps: the low bits, two's complement;
+    a decoded low-bit integer counts as one) or a float (truncated toward zero; a value outside
+    the range, which ONNX leaves undefined, and NaN give 0, as ``ml_dtypes``, onnx.reference's
+    conversion, does)."""
+    mask = as_expr((1 << INT_BITS[dt]) - 1, DType.i64)
+    if not src.is_float or src in INT_BITS:
+        return (x.cast(DType.i64) & mask).cast(DType.u8)
+    lo, hi = int_range(dt)
+    ft = x.dtype
+    t = unop("trunc", x)
+    ok = (t >= as_expr(float(lo), ft)) & (t <= as_expr(float(hi), ft))     # false for NaN
+    v = select(ok, t, as_expr(0.0, ft)).cast(DType.i64)
+    return (v & mask).cast(DType.u8)
+
+
+def cast_numpy(x: np.ndarray, dt: DType, saturate: bool = True) -> np.ndarray:
+    """Reference Cast of ``x`` (any numpy or ``ml_dtypes`` array) to low-bit type ``dt``, as
+    onnx.reference: ``ml_dtypes``' conversion, with float8 targets saturated first when
+    ``saturate`` (finite and infinite values clipped to +-max, NaN kept)."""
+    x = np.asarray(x)
+    if dt in FLOAT_FORMATS and dt != DType.f4e2m1 and saturate:
+        fmt = FLOAT_FORMATS[dt]
+        big = fmt.value(fmt.max_code)
+        xf = x.astype(np.float64) if x.dtype.kind != "f" else x
+        with np.errstate(invalid="ignore"):
+            x = np.where(np.isnan(xf), xf, np.clip(xf, -big, big))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return x.astype(dt.numpy)
+
+
+#: the ops that read or write low-bit tensors (``Node.qualified_op``; CastLike is imported as
+#: Cast); the frontend refuses any other op given one, listing every such node
+LOWBIT_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "Cast", "CastLike"})

@@ -360,3 +360,102 @@ def test_lowbit_inputs_checked_and_saved_module_round_trips(tmp_path):
     m2 = load(path)
     assert m2.input_info[0].dtype == np.dtype(ml_dtypes.int4)
     np.testing.assert_array_equal(m2.run(np.array([1, -8, 7], ml_dtypes.int4), np.float32(2))[0], [2, -16, 14])
+
+
+# ----------------------------------------------------------------------------- Cast
+def _cast_model(src: int, dst: int, shape, saturate=None):
+    attrs = {"to": dst} if saturate is None else {"to": dst, "saturate": saturate}
+    return _model([helper.make_node("Cast", ["x"], ["y"], **attrs)], [vi("x", src, list(shape))],
+                  [vi("y", dst, list(shape))])
+
+
+@pytest.mark.parametrize("saturate", [1, 0])
+@pytest.mark.parametrize("dt", FLOATS, ids=str)
+def test_cast_float32_float16_float64_to_lowbit_floats(dt, saturate):
+    """Cast to float8 / float4 from f32 (every edge value), f16 and f64 (one rounding from the
+    f64 value: a midpoint plus 2^-40 rounds up where its f32 rounding would tie to even),
+    bit-exact with onnx.reference (saturate 1 and 0)."""
+    x = _float_edge_values(dt)
+    fin = np.unique(x[np.isfinite(x)])
+    above = ((fin[:-1].astype(np.float64) + fin[1:]) / 2) * (1 + 2.0 ** -40)
+    for src, xs in ((TensorProto.FLOAT, x), (TensorProto.FLOAT16, x.astype(np.float16)),
+                    (TensorProto.DOUBLE, np.concatenate([x.astype(np.float64), above]))):
+        m = _cast_model(src, dt.onnx, xs.shape, saturate)
+        want = ReferenceEvaluator(m).run(None, {"x": xs})[0]
+        got = tensorfuse.compile(m).run(xs)[0]
+        keep = ~np.isnan(xs.astype(np.float64)) if dt == DType.f4e2m1 else np.ones(xs.shape, bool)
+        _assert_same_codes(got[keep], want[keep], dt, xs[keep])
+
+
+@pytest.mark.parametrize("dt", FLOATS + INTS, ids=str)
+def test_cast_from_integers_and_bool_to_lowbit(dt):
+    """Integers wrap into int4/int2 (the low bits) and round (saturated) into the floats;
+    bool is 0 / 1."""
+    xi = np.array([-300, -129, -17, -9, -8, -3, -2, -1, 0, 1, 2, 3, 7, 8, 15, 16, 17, 255, 70000, 2**40 + 3], np.int64)
+    for src, xs in ((TensorProto.INT64, xi), (TensorProto.INT32, xi[:-1].astype(np.int32)),
+                    (TensorProto.INT8, xi[2:-3].astype(np.int8)), (TensorProto.UINT8, np.arange(0, 256, 7, dtype=np.uint8)),
+                    (TensorProto.BOOL, np.array([True, False, True]))):
+        m = _cast_model(src, dt.onnx, xs.shape)
+        want = ReferenceEvaluator(m).run(None, {"x": xs})[0]
+        _assert_same_codes(tensorfuse.compile(m).run(xs)[0], want, dt, xs)
+
+
+@pytest.mark.parametrize("dt", FLOATS + INTS, ids=str)
+def test_cast_lowbit_to_wider_types(dt):
+    """Every code to f32, f16, f64 and bool exactly (NaN, inf and -0 kept); integer targets
+    for the values they hold (ONNX leaves a float out of the target's range undefined)."""
+    bits = FLOAT_FORMATS[dt].exp_bits + FLOAT_FORMATS[dt].man_bits + 1 if dt in FLOATS else INT_BITS[dt]
+    x = np.arange(1 << bits, dtype=np.uint8).view(dt.numpy)
+    xf = x.astype(np.float32)
+    for to in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BOOL,
+               TensorProto.INT8, TensorProto.UINT8, TensorProto.INT32, TensorProto.INT64):
+        m = _cast_model(dt.onnx, to, x.shape)
+        want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+        got = tensorfuse.compile(m).run(x)[0]
+        assert got.dtype == want.dtype
+        if np.dtype(want.dtype).kind in "iu":
+            info = np.iinfo(want.dtype)
+            keep = np.isfinite(xf) & (xf == np.trunc(xf)) & (xf >= info.min) & (xf <= info.max)
+            np.testing.assert_array_equal(got[keep], want[keep])
+        else:
+            np.testing.assert_array_equal(got, want)
+            if want.dtype.kind == "f":
+                assert np.array_equal(np.signbit(got), np.signbit(want)) or np.isnan(want).any()
+
+
+@pytest.mark.parametrize("dst", FLOATS + INTS, ids=str)
+@pytest.mark.parametrize("src", [DType.f8e5m2, DType.f8e4m3fnuz, DType.f4e2m1, DType.i4, DType.u4, DType.u2], ids=str)
+def test_cast_between_lowbit_types(src, dst):
+    """From one low-bit type to another: the source's exact value, converted once (floats to
+    an integer type: truncated, 0 out of range, as onnx.reference). To its own type: the
+    identity (onnx.reference would saturate a float8 inf there)."""
+    bits = FLOAT_FORMATS[src].exp_bits + FLOAT_FORMATS[src].man_bits + 1 if src in FLOATS else INT_BITS[src]
+    x = np.arange(1 << bits, dtype=np.uint8).view(src.numpy)
+    m = _cast_model(src.onnx, dst.onnx, x.shape)
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    got = tensorfuse.compile(m).run(x)[0]
+    if src == dst:
+        np.testing.assert_array_equal(got.view(np.uint8), x.view(np.uint8))
+        return
+    keep = np.ones(x.shape, bool)
+    if dst == DType.f4e2m1 or dst in INTS:        # NaN into a type without one
+        keep = ~np.isnan(x.astype(np.float32))
+    _assert_same_codes(got[keep], want[keep], dst, x[keep])
+
+
+def test_castlike_keeps_saturate_and_cast_after_dequantize():
+    """CastLike(x, like float8, saturate=0) is Cast with saturate=0; Cast and Q/DQ in one graph."""
+    like = numpy_helper.from_array(np.zeros((1,), ml_dtypes.float8_e4m3fn), "like")
+    s = numpy_helper.from_array(np.array(0.5, np.float32), "s")
+    nodes = [helper.make_node("CastLike", ["x", "like"], ["y"], saturate=0),
+             helper.make_node("DequantizeLinear", ["y", "s"], ["d"]),
+             helper.make_node("Cast", ["d"], ["i"], to=TensorProto.INT4)]
+    m = _model(nodes, [vi("x", TensorProto.FLOAT, [5])], [vi("y", TensorProto.FLOAT8E4M3FN, [5]),
+                                                          vi("i", TensorProto.INT4, [5])], [like, s])
+    x = np.array([1e6, -3.0, 2.5, 15.9, -0.0], np.float32)
+    want = ReferenceEvaluator(m).run(None, {"x": x})
+    for lvl in (0, 2):
+        got = tensorfuse.compile(m, opt_level=lvl).run(x)
+        _assert_same_codes(got[0], want[0], DType.f8e4m3fn, x)
+        _assert_same_codes(got[1], want[1], DType.i4, x)
+    assert np.isnan(got[0][0].astype(np.float32))

@@ -156,24 +156,77 @@ def _cast_to(node) -> DType:
         raise ShapeError(f"attribute to={to}: {e}") from None
 
 
+def _lowbit_cast(node) -> bool:
+    return node.inputs[0].dtype.is_lowbit or _cast_to(node).is_lowbit
+
+
+def _lower_lowbit_cast(ctx) -> None:
+    """Cast from or to a low-bit type (ir/lowbit.py): a low-bit x is read through its decode
+    table (an exact f32); a low-bit float y is encoded from f32 (f64 for f64 and integer x:
+    one rounding) with ``saturate``; a low-bit integer y wraps integers and truncates floats
+    (out of range: 0); any other y is ``cast_expr`` of the f32 value."""
+    from tensorfuse.ir import lowbit
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    src, dst = ctx.node.inputs[0].dtype, _cast_to(ctx.node)
+    table = ctx.pack(lowbit.decode_table(src), "decode") if src.is_lowbit and src != dst else None
+    kb = ctx.kernel(params=[x, y] + ([table] if table is not None else []))
+    with kb.loop(y.numel, kind="vectorize", role="spatial") as i:
+        v = x.flat(i)
+        if table is not None and src != dst:
+            v = table.flat(v.cast(I64))
+        kind = DType.f32 if src.is_lowbit else src      # what v holds (a decoded int4 is an exact f32)
+        if src == dst:          # the identity, as RemoveSameTypeCast makes it at opt level 1+
+            out = v
+        elif dst in lowbit.FLOAT_FORMATS:
+            work = DType.f32 if v.dtype in (DType.f32, DType.f16, DType.bf16, DType.bool) else DType.f64
+            out = lowbit.encode_float_expr(v.cast(work), dst, bool(ctx.attr("saturate", 1)))
+        elif dst in lowbit.INT_BITS:
+            out = lowbit.cast_to_int_expr(v, src if src in lowbit.INT_BITS else kind, dst)
+        else:
+            out = cast_expr(v, dst)
+        kb.store(y, i, out)
+
+
 @op("Cast", EW)
 class Cast:
     """y = x converted to the dtype of attribute ``to``; shape of x. Every pair among
-    bool, f16, bf16, f32, f64 and the 8..64-bit signed and unsigned integers (string and
-    float8 are not supported: ShapeError). Out-of-range float -> int conversions are undefined
-    in ONNX; in-range ones truncate toward zero. ``saturate`` and ``round_mode`` only concern
-    float8 and are ignored. ONNX spec: Cast-25."""
+    bool, f16, bf16, f32, f64, the 8..64-bit signed and unsigned integers and the low-bit
+    types (float8 e4m3fn/e4m3fnuz/e5m2/e5m2fnuz, float4 e2m1, int4, uint4, int2, uint2;
+    ir/lowbit.py); string and float8e8m0 are not supported (ShapeError). Out-of-range float ->
+    int conversions are undefined in ONNX; in-range ones truncate toward zero (to a 4- or 2-bit
+    integer, out of range gives 0, as onnx.reference). Integers wrap into a narrower integer.
+    ``saturate`` (default 1) decides float8's out-of-range values (ONNX spec, Cast: the
+    saturate tables); floats round half to even into float8/float4. ``round_mode`` concerns
+    float8e8m0 only. A cast to x's own type is the identity (no saturation of a float8 inf).
+    ONNX spec: Cast-25."""
 
     def infer(node):
-        check_types(node)
+        if not node.inputs[0].dtype.is_lowbit:      # (Cast-25's T1 has every low-bit type)
+            check_types(node)
         return [TensorType(_cast_to(node), node.inputs[0].shape)]
 
     def reference(node, ins):
+        to = _cast_to(node)
+        if to.is_lowbit and np.asarray(ins[0]).dtype == to.numpy:
+            return [np.array(ins[0], copy=True)]          # the identity (RemoveSameTypeCast)
+        if to.is_lowbit:
+            from tensorfuse.ir.lowbit import cast_numpy
+            return [cast_numpy(ins[0], to, bool(node.attr("saturate", 1)))]
         with np.errstate(all="ignore"):
-            return [np.asarray(ins[0]).astype(_cast_to(node).numpy)]
+            return [np.asarray(ins[0]).astype(to.numpy)]
+
+    def scalar_applies(node):
+        return not _lowbit_cast(node)
 
     def scalar(node, x):
         return cast_expr(x, _cast_to(node))
+
+    def lower(ctx):
+        if _lowbit_cast(ctx.node):
+            _lower_lowbit_cast(ctx)
+            return
+        from tensorfuse.ir.ops._common import lower_elementwise
+        lower_elementwise(ctx, lambda x: cast_expr(x, _cast_to(ctx.node)))
 
 
 @op("CastLike", EW)
@@ -197,7 +250,9 @@ class CastLike:
 
     def importer(ctx, proto, version):
         x, like = ctx.value(proto.input[0]), ctx.value(proto.input[1])
-        return ctx.default_import(proto, op="Cast", inputs=[x], attrs={"to": like.dtype.onnx})
+        attrs = {"to": like.dtype.onnx}
+        attrs.update({k: v for k, v in ctx.attrs(proto).items() if k == "saturate"})   # float8 targets
+        return ctx.default_import(proto, op="Cast", inputs=[x], attrs=attrs)
 
 
 # ----------------------------------------------------------------------------- identity-like
