@@ -328,18 +328,36 @@ class _FnEmitter:
         i8 = ir.IntType(8)
         et = ltype(buf.dtype, True)
         p = b.gep(self._ptr(buf), [b.add(self.expr(base), ir.Constant(I64, lo))], source_etype=et)
-        src = b.load(p, typ=ir.VectorType(i8, span), align=1)
-        mask, adds = [], []
+        # the span as two loads of a power-of-two width w (the first and the last w bytes,
+        # overlapping; one where the span is a power of two): an odd-sized vector load became
+        # byte inserts (x86 has no such load), and a wider one could read past the buffer
+        w = 1 << (span.bit_length() - 1)
+        first = b.load(p, typ=ir.VectorType(i8, w), align=1)
+        if w == span:
+            second = ir.Constant(ir.VectorType(i8, w), [0] * w)
+            zero_at = w                           # a byte of the zero vector
+        else:
+            q = b.gep(p, [ir.Constant(I64, span - w)], source_etype=et)
+            second = b.load(q, typ=ir.VectorType(i8, w), align=1)
+            zero_at = None
+
+        def pos(k: int) -> int:                   # byte k of the span in <first, second>
+            return k if k < w else w + k - (span - w)
+        mask, adds, zeros = [], [], []
         for ln in range(lanes):
             for t in range(4):
                 if t in parsed:
-                    mask.append(ln * stride + parsed[t][0] - lo)
+                    mask.append(pos(ln * stride + parsed[t][0] - lo))
                     adds.append(parsed[t][1])
+                    zeros.append(False)
                 else:
-                    mask.append(span)                 # a byte of the zero vector
+                    mask.append(zero_at if zero_at is not None else 0)
                     adds.append(0)
-        v = b.shuffle_vector(src, ir.Constant(ir.VectorType(i8, span), [0] * span),
-                             ir.Constant(ir.VectorType(ir.IntType(32), 4 * lanes), mask))
+                    zeros.append(True)
+        v = b.shuffle_vector(first, second, ir.Constant(ir.VectorType(ir.IntType(32), 4 * lanes), mask))
+        if zero_at is None and any(zeros):        # bytes no term has: zero them
+            v = b.select(ir.Constant(ir.VectorType(ir.IntType(1), 4 * lanes), [not z for z in zeros]), v,
+                         ir.Constant(ir.VectorType(i8, 4 * lanes), [0] * (4 * lanes)))
         if any(adds):
             v = b.add(v, ir.Constant(ir.VectorType(i8, 4 * lanes), adds))
         return b.bitcast(v, ir.VectorType(ir.IntType(32), lanes))
