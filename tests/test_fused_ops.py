@@ -123,7 +123,7 @@ def test_attention_rows_knob_every_candidate_matches(target):
     mask = rand(1, 2, 11, 13, seed=3, low=-3, high=0)
     model, feeds = _attention_onnx(q, k, v, mask, 0.25)
     exp = ort_run(model, feeds)[0]
-    for rows in ATTENTION_ROWS:
+    for rows in [r for r in ATTENTION_ROWS if r <= 11]:     # candidates: at most the 11 rows
         g = Graph()
         y = Builder(g).op("Attention", *ir_inputs(g, feeds), domain=F, scale=0.25)
         g.outputs = [y]

@@ -146,3 +146,25 @@ def lower_known(ctx: LowerCtx) -> None:
         kb = ctx.kernel(params=[b])
         for i, x in enumerate(np.asarray(data).ravel().tolist()):
             kb.store(b, i, as_expr(x, b.dtype))
+
+
+def lanes_tree(kb: KernelBuilder, buf: Buffer, off, n: int, op: Callable[[Expr, Expr], Expr]) -> Expr:
+    """The ``n`` lanes ``buf[off : off + n]`` combined with ``op`` (maximum, +) in a tree: the
+    upper half into the lower half as vectors of n/2 lanes, then n/4, ... down to ``buf[off]``,
+    log2(n) dependent steps where a left-to-right chain takes n - 1 (a 16-lane row sum: 4 steps,
+    not 15 additions each waiting for the last). ``n`` not a power of two: the chain. The lanes
+    are overwritten; returns ``buf[off]`` (read where the expression is used, so use it before
+    ``buf`` is written again). The order of a sum differs from the chain's (float rounding)."""
+    if n & (n - 1):
+        total = buf[off]
+        for ln in range(1, n):
+            total = op(total, buf[off + ln])
+        return total
+    h = n // 2
+    while h >= 1:
+        if h == 1:
+            kb.store(buf, off, op(buf[off], buf[off + 1]))
+        else:
+            kb.store(buf, off, op(buf.vload(off, h), buf.vload(off + h, h)))
+        h //= 2
+    return buf[off]
