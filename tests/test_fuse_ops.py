@@ -388,6 +388,27 @@ def test_rms_norm_reduce_mean_takes_pow_and_the_tail_fuses():
     assert list(f.attrs["body"].constants) == ["ax"] and [v.name for v in f.inputs] == ["x", "two"]
 
 
+@pytest.mark.parametrize("exp", [2.0, "bcast"])
+def test_elementwise_feeding_a_reduction_leaves_the_anchor_epilogue(exp):
+    # T5's residual then RMSNorm: h = MatMul(x, w) + r; Pow(h, 2) -> ReduceMean; h / rms. The Pow
+    # is read only by the ReduceMean: it becomes its prologue (computed where the ReduceMean
+    # reads h) instead of a stored epilogue value; with a broadcast exponent ([64] against
+    # [1,8,64]) it cannot, and stays in the epilogue
+    x, r = rand(1, 8, 32), rand(1, 8, 64, seed=1)
+    e = np.array(2.0, np.float32) if exp == 2.0 else np.full(64, 2.0, np.float32)
+    m = graph_model([N("MatMul", ["x", "w"], ["mm"]), N("Add", ["mm", "r"], ["h"]), N("Pow", ["h", "e"], ["p"]),
+                     N("ReduceMean", ["p", "ax"], ["mu"], keepdims=1), N("Add", ["mu", "eps"], ["a"]),
+                     N("Sqrt", ["a"], ["s"]), N("Div", ["h", "s"], ["z"])], {"x": x, "r": r}, ["z"],
+                    {"w": rand(32, 64, seed=2), "e": e, "ax": np.array([-1], np.int64),
+                     "eps": np.array(1e-6, np.float32)}, opset=18)
+    mod = check(m, {"x": x, "r": r}, kernels=3, rtol=1e-4, atol=1e-5)
+    ops = _group_ops(mod)
+    if exp == 2.0:
+        assert ops[0][-1] == "Add" and ["Pow", "ReduceMean"] in ops
+    else:
+        assert ops[0][-2:] == ["Add", "Pow"] and ["ReduceMean"] in ops
+
+
 @pytest.mark.parametrize("outputs", [["z"], ["z", "mean", "inv"]])
 def test_layernorm_takes_its_prologue_and_keeps_its_stats_outputs(outputs):
     x, r = rand(2, 6, 32), rand(2, 6, 32, seed=1)

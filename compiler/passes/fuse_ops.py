@@ -202,6 +202,23 @@ class _Planner:
                 out.append(grp)
         return out
 
+    def prologue_only(self, n: Node) -> bool:
+        """Whether elementwise ``n`` feeds only a reduction that will take it as its prologue
+        (``n``'s value is read by one node, a reduction with ``OpDef.prologue``, as its input 0
+        alone; every input of ``n`` has that value's element count or one element; not a graph
+        output). Such an ``n`` stays out of an anchor's epilogue: in the epilogue its value
+        would be stored and read back by the reduction (T5's RMSNorm ``MatMul -> Add -> Pow ->
+        ReduceMean``: the Pow is computed where the ReduceMean reads the Add instead)."""
+        out = n.outputs[0]
+        users = self.consumers(out)
+        if len(users) != 1 or id(out) in self.graph_outputs:
+            return False
+        r = users[0]
+        od = find_op(r.op, r.domain)
+        if od is None or not od.prologue or r.inputs[0] is not out or any(v is out for v in r.inputs[1:]):
+            return False
+        return all(v is None or v.type.numel in (out.type.numel, 1) for v in n.inputs)
+
     def take_prologue(self, n: Node, od) -> bool:
         """Put reduction-like node ``n`` (``OpDef.prologue``: Softmax, LayerNormalization, the
         Reduce ops) into the loop group that computes its input 0, as that group's anchor and
@@ -249,8 +266,9 @@ class _Planner:
             # reshapes alone lower to no kernel (memory-plan aliases): grouping them would copy
             cands = [grp for grp in cands if not all(find_op(m.op, m.domain).reshape_only for m in grp.nodes)]
         cands.sort(key=lambda grp: -max(self.pos[id(m)] for m in grp.nodes))    # latest first
+        to_prologue = not loops_only and self.prologue_only(n)
         for grp in cands:
-            if grp.anchor is not None and not loops_only and self.can_join_anchor(grp, n) and not self.makes_cycle([grp], n):
+            if grp.anchor is not None and not loops_only and not to_prologue and self.can_join_anchor(grp, n) and not self.makes_cycle([grp], n):
                 self.merge([grp], n)
                 return True
         loops = [grp for grp in cands if grp.anchor is None and self.can_join_loop(grp, n)]
