@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from tensorfuse.ir.graph import Node, Value
-from tensorfuse.ir.kernel import KernelBuilder, Ramp, as_expr, fma, maximum, minimum, select, unop
+from tensorfuse.ir.kernel import KernelBuilder, Ramp, as_expr, fma, maximum, minimum, row_max, select, unop
 from tensorfuse.ir.ops._common import broadcast_shapes, check_float, erf_np, lanes_tree, norm_axis
 from tensorfuse.ir.ops.activations import ACTIVATION_ATTRS, activation_expr, activation_np, activation_params
 from tensorfuse.ir.ops.gather import np_wrap
@@ -422,8 +422,8 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: flo
             base = r * ks
             kb.store(red, 0, sc.vload(base, L))
             with kb.reduce(ks // L, start=1, hint="k") as t:
-                kb.store(red, 0, maximum(red.vload(0, L), sc.vload(base + t * L, L)))
-            mx = lanes_tree(kb, red, 0, L, maximum)
+                kb.store(red, 0, row_max(red.vload(0, L), sc.vload(base + t * L, L)))
+            mx = lanes_tree(kb, red, 0, L, row_max)
             kb.store(mxv, 0, kb.broadcast(mx, L))       # the row max, read once per vector
             kb.store(red, 0, zero)
             with kb.reduce(ks // L, hint="k") as t:
