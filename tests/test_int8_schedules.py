@@ -545,15 +545,20 @@ def test_int8_conv_with_a_scalar_epilogue(c, m, hw, group, k, stride, side):
         assert np.abs(got[1].astype(np.int32) - exp[1].astype(np.int32)).max() <= 1
 
 
-@pytest.mark.parametrize("c,m,hw,group,k,stride", [(24, 20, 28, 1, 1, 1), (16, 16, 13, 16, 3, 1), (8, 12, 11, 1, 3, 2)])
+@pytest.mark.parametrize("c,m,hw,group,k,stride", [(24, 20, 28, 1, 1, 1), (16, 16, 13, 16, 3, 1), (8, 12, 11, 1, 3, 2),
+                                                   (16, 12, 14, 1, 1, 1), (8, 12, 5, 1, 1, 1), (24, 20, 7, 1, 3, 1)])
 def test_int8_conv_with_a_fused_residual(c, m, hw, group, k, stride):
     """A quantized conv whose epilogue reads another tensor (a residual add) in the int8
-    schedules (partial row vectors stored in runs, the staged and looped epilogue): within
-    one output quantization step of onnxruntime's unfused QDQ graph."""
+    schedules (partial row vectors stored in runs, the staged and looped epilogue; a 1x1
+    conv's flat band, contiguous in Y, as whole pixel vectors with the band's last in runs,
+    that vector crossing rows at 5x5): within one output quantization step of onnxruntime's
+    unfused QDQ graph."""
     rng = np.random.default_rng(c + m + hw)
     model, feeds = _qdq_conv_residual_model(c, m, hw, hw, group, k, stride, rng)
     mod = tensorfuse.compile(model)
     assert {k_.schedule for k_ in mod.kernels} & {"llvm.conv2d_int8", "llvm.conv2d_int8_dw"}, [k_.schedule for k_ in mod.kernels]
+    if k == 1 and hw in (5, 14):
+        assert {k_.knobs.get("int8_layout") for k_ in mod.kernels if k_.schedule == "llvm.conv2d_int8"} == {"flat"}
     got = mod.run(**feeds)[0]
     exp = ort_run(model, feeds)[0]
     assert np.abs(got - exp).max() <= 0.05 * 1.001

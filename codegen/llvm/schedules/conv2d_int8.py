@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensorfuse.ir.kernel import Expr, KernelBuilder, Ramp, as_expr, binop, broadcast, dot_acc, minimum
+from tensorfuse.ir.kernel import Expr, KernelBuilder, PixelIndex, Ramp, as_expr, binop, broadcast, dot_acc, minimum
 from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.strategy import register_schedule
@@ -216,10 +216,24 @@ def _form_for(ctx: LowerCtx, OW: int) -> int:
     return next(f for f in forms if f.lanes == L and f.isa == forms[0].isa)
 
 
-def _layout(ctx: LowerCtx, geo, Cq: int):
+def _contiguous_flat(ctx: LowerCtx, geo, y) -> bool:
+    """Whether the flat layout's band is contiguous in Y (a 1x1 kernel: COLS == OW, so band
+    position r*COLS + ow is the flat pixel offset) and every tensor the fused epilogue reads
+    broadcasts over the spatial dims as a whole (a :class:`~ir.kernel.PixelIndex` addresses
+    it): then the band's whole pixel vectors go through the epilogue and to Y as vectors, only
+    its last one in runs, instead of each output row's run of lanes in pieces of 8, 4, 2, 1."""
+    if geo.kernel[1] != 1 or geo.strides != [1, 1]:
+        return False
+    probe = PixelIndex([0] * len(y.shape), y.shape[2:])
+    return all(probe.addresses(b.shape) for b in ctx.epilogue_inputs)
+
+
+def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False):
     """(flat, form, band_rows): the flat layout where a stride-1 convolution's short rows leave
     too many lanes of the row layout idle (7-column rows: 7 of 8 lanes per 8-lane vector in
-    rows, 12.25 of 16 per 16-lane vector flat), the lanes, and the band of output rows."""
+    rows, 12.25 of 16 per 16-lane vector flat), or (``prefer_flat``: a contiguous flat band
+    whose epilogue reads tensors, :func:`_contiguous_flat`) as many, the lanes, and the band of
+    output rows."""
     OH, OW = geo.out_shape
     row_form = _form_for(ctx, OW)
     forms = int8.dot_forms(ctx.target)
@@ -232,7 +246,7 @@ def _layout(ctx: LowerCtx, geo, Cq: int):
         rb = max(rbs_flat)
         useful_flat = rb * OW / _flat_vectors(geo, Lw, rb)
         useful_rows = OW / -(-OW // row_form.lanes) * row_form.lanes / Lw
-        flat0 = useful_flat > 1.15 * useful_rows
+        flat0 = useful_flat >= useful_rows if prefer_flat else useful_flat > 1.15 * useful_rows
     flat = knob("int8_layout", ["rows", "flat"] if rbs_flat else ["rows"], "flat" if flat0 else "rows",
                 doc="pixel vectors along output rows, or over a band's rows flattened (stride 1)") == "flat"
     form = forms[0] if flat else row_form
@@ -262,7 +276,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     OH, OW = geo.out_shape
     g = int8.dot_forms(ctx.target)[0].per_lane
     Cq = -(-C // g)
-    flat, form, RB = _layout(ctx, geo, Cq)
+    contiguous = _contiguous_flat(ctx, geo, y)
+    flat, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y))
+    contiguous = contiguous and flat
     L = form.lanes
     K = C * KH * KW
 
@@ -466,6 +482,17 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 put(idx, slot0 + lane0 + off, wd, lambda val=val, idx=idx: ctx.apply_epilogue(finish(val, oc), idx))
                 off += wd
 
+        def store_pixels(length: int, oc: Expr, pix: Expr, slot0: int):
+            """Flat pixels pix .. pix+length-1 (of a contiguous band) from ``lanes_buf``: as
+            :func:`store_run`, indexed by :class:`PixelIndex`."""
+            off = 0
+            while off < length:
+                wd = 1 << ((length - off).bit_length() - 1)
+                val = lanes_buf.vload(off, wd) if wd > 1 else lanes_buf[off]
+                idx = PixelIndex([n, oc, as_expr(0), Ramp(pix + off, wd) if wd > 1 else pix + off], (OH, OW))
+                put(idx, slot0 + off, wd, lambda val=val, idx=idx: ctx.apply_epilogue(finish(val, oc), idx))
+                off += wd
+
         def tile(mb: Expr, s0, rp: int):
             # slot s -> (band row, vector of the row); flat: s0 is a constant
             if flat:
@@ -542,6 +569,20 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                         # stores the row's lanes (runs, the row's tail) from the stage
                         idx = [n, oc, oh0 if flat else oh, Ramp(as_expr(0) if flat else ow0, L)]
                         kb.store(ystage, slot0, ctx.apply_epilogue(finish(v, oc), idx))
+                        return
+                    if contiguous:
+                        # band position = flat pixel offset from row oh0: whole vectors as
+                        # vectors, the band's last one in runs
+                        base = (s0 + p) * L
+                        valid = min(L, RB * OW - base)
+                        pix = oh0 * OW + base
+                        if valid == L:
+                            idx = PixelIndex([n, oc, as_expr(0), Ramp(pix, L)], (OH, OW))
+                            put(idx, slot0, L, lambda: ctx.apply_epilogue(finish(v, oc), idx))
+                        elif valid > 0:
+                            if mode[0] == "compute":
+                                kb.store(lanes_buf, 0, v)
+                            store_pixels(valid, oc, pix, slot0)
                         return
                     if flat:
                         # lanes at band positions r*COLS + ow: each row's run of lanes
