@@ -338,3 +338,29 @@ def test_llvm_byte_windows_meet_the_spec(dt, lanes, stride, offsets, add, masked
     store = kb.kernel.body[0].body[0]
     want = sem.evaluate(store.value, {x: data, i: np.arange(n)})
     np.testing.assert_array_equal(got, want.reshape(n, lanes))
+
+
+@pytest.mark.parametrize("mid", [DType.u8, DType.u16])
+@pytest.mark.parametrize("ft", [DType.f32, DType.f64])
+def test_llvm_float_unsigned_float_round_trip_meets_the_spec(mid, ft):
+    """float(u8(x)) on float vectors (a QuantizeLinear's u8 read back by a DequantizeLinear
+    in one epilogue), emitted as a clamp and a truncation in the float type, equals the
+    spec's two casts on edge values: NaN, infinities, signed zeros, fractions, the type's
+    maximum and beyond."""
+    from tensorfuse.ir.kernel import KernelBuilder, Load
+    hi = float((1 << (8 * mid.itemsize)) - 1)
+    vals = [np.nan, np.inf, -np.inf, 0.0, -0.0, 0.3, -0.3, 0.999, 1.0, 1.5, 2.5, -1.5, hi - 0.5, hi, hi + 0.5,
+            hi + 1, 1e10, -1e10, 127.7, 128.2]
+    lanes = 8
+    data = np.array(vals + [7.0] * (-len(vals) % lanes), ft.numpy)
+    n = len(data) // lanes
+    x = Buffer("x", ft, data.shape)
+    y = Buffer("y", ft, data.shape)
+    kb = KernelBuilder("round_trip", [x, y])
+    with kb.loop(n) as i:
+        kb.store(y, i * lanes, Cast(ft, Cast(mid, Load(x, i * lanes, lanes))))
+    got = run_llvm(kb.kernel, [data], [(data.shape, ft.numpy)])[0]
+    store = kb.kernel.body[0].body[0]
+    want = sem.evaluate(store.value, {x: data, i: np.arange(n)}).reshape(-1)
+    np.testing.assert_array_equal(got, want)
+    assert not np.signbit(got).any()

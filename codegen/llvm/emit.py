@@ -255,6 +255,10 @@ class _FnEmitter:
         if isinstance(e, Un):
             return self.unop(e.op, e.a.dtype, self.expr(e.a))
         if isinstance(e, Cast):
+            inner = e.a
+            if (isinstance(inner, Cast) and inner.dtype in (DType.u8, DType.u16) and e.dtype in (DType.f32, DType.f64)
+                    and inner.a.dtype == e.dtype and e.lanes > 1):
+                return self._unsigned_round_trip(self.expr(inner.a), inner.dtype)
             return self.cast(self.expr(e.a), e.a.dtype, e.dtype)
         if isinstance(e, Select):
             return b.select(self.expr(e.cond), self.expr(e.a), self.expr(e.b))
@@ -361,6 +365,21 @@ class _FnEmitter:
         if any(adds):
             v = b.add(v, ir.Constant(ir.VectorType(i8, 4 * lanes), adds))
         return b.bitcast(v, ir.VectorType(ir.IntType(32), lanes))
+
+    def _unsigned_round_trip(self, x: ir.Value, mid: DType) -> ir.Value:
+        """float(unsigned(x)) for a float vector x and an unsigned 8- or 16-bit ``mid``: the
+        saturating cast's value (NaN and negatives 0, at most the type's maximum, truncated
+        toward zero) kept in the float type, ``trunc(min(max(x, 0), hi))``, instead of the
+        convert, narrowing, widening and convert back (a QuantizeLinear's u8 read by the
+        DequantizeLinear after it in one epilogue: resnet's and mobilenet's residual blocks).
+        The same value, +0.0 for every x below 1."""
+        b = self.b
+        n = x.type.count
+        zero = ir.Constant(x.type, [0.0] * n)
+        hi = ir.Constant(x.type, [float((1 << (8 * mid.itemsize)) - 1)] * n)
+        x = b.select(b.fcmp_ordered(">", x, zero), x, zero)
+        x = b.select(b.fcmp_ordered(">", x, hi), hi, x)
+        return b.call(self._intrinsic("trunc", x.type), [x])
 
     def _narrow_sat_vector(self, x: ir.Value, dst: DType) -> ir.Value:
         """A float vector to an 8- or 16-bit integer vector, saturating, NaN -> 0 (what
