@@ -15,7 +15,7 @@ checks that every schema attribute is either swept or listed, so a new attribute
 new rule) cannot go unnoticed. The base case of each rule (every attribute at its default) must
 fire. ``TF_SWEEP_FULL=1`` adds more values (more paddings, dilations, LeakyRelu alphas).
 
-Size: 44 graphs over the 37 rules, 322 combinations (341 with TF_SWEEP_FULL), about 105 s of CPU
+Size: 45 graphs over the 38 rules, about 340 combinations (about 360 with TF_SWEEP_FULL), about 105 s of CPU
 (two compiles each). ``make test`` runs 238 of them: each rule's base case, the first value of
 each swept attribute or input, and every value the rule must not fire for; the other 84 values
 (a second padding, dilation, alpha ...) are marked heavy, so ``make test-heavy`` (.ci/run) runs
@@ -146,6 +146,18 @@ def g_conv_patch(ov):
     b.inits["b"] = rand(6, seed=2)
     b.node("Conv", ["x", "w", "b"], "c", a)
     b.node("Relu", ["c"], "y")
+    return b.done(["y"])
+
+
+def g_pad_conv(ov):
+    """A zero Pad of H and W (TF "SAME": 1 before, 2 after) before a 4 -> 4 channel Conv."""
+    b = B(ov["_opset"])
+    a = dict(ov.get("pad", {}))
+    _conv_inputs(b, ov.get("conv", {}))
+    b.inits["pads"] = np.array(a.pop("input:pads", [0, 0, 1, 1, 0, 0, 2, 2]), np.int64)
+    b.inits["pv"] = np.array(a.pop("input:constant_value", 0.0), np.float32)
+    b.node("Pad", ["x", "pads", "pv"], "p", a)
+    b.node("Conv", ["p", "w", "b"], "y", ov.get("conv"))
     return b.done(["y"])
 
 
@@ -727,6 +739,13 @@ SPECS = [
          base={"conv": {"kernel_shape": [12, 12], "strides": [12, 12]}}),
     Spec("FoldBatchNormIntoConv", g_conv_bn, {"conv": "Conv", "bn": "BatchNormalization"},
          _keyed("conv", CONV_V) | _keyed("bn", BN_V)),
+    Spec("FoldPadIntoConv", g_pad_conv, {"pad": "Pad", "conv": "Conv"},
+         _keyed("conv", {k: vs for k, vs in CONV_V.items() if k != "auto_pad"})
+         | {("conv", "auto_pad"): [V("VALID", fires=True), V("SAME_UPPER", fires=False)],
+            ("pad", "mode"): [V("reflect", fires=False), V("edge", fires=False)],
+            ("pad", "input:constant_value"): [V(0.0, fires=True), V(1.5, fires=False)],
+            ("pad", "input:pads"): [V([0, 0, 0, 1, 0, 0, 1, 0], fires=True), V([1, 0, 1, 1, 0, 0, 1, 1], fires=False),
+                                    V([0, 0, -1, 0, 0, 0, 1, 1], fires=False)]}),
     Spec("FoldBatchNormIntoConvTranspose", g_convtranspose_bn,
          {"convtranspose": "ConvTranspose", "bn": "BatchNormalization"},
          _keyed("convtranspose", CONVT_V) | _keyed("bn", BN_V)),

@@ -14,11 +14,12 @@ The simplification rules of O1 live in :mod:`compiler.passes.simplify` (``SIMPLI
 """
 from __future__ import annotations
 
-from tensorfuse.compiler.rules import (conv_patchify, fold_batchnorm, fuse_attention, fuse_conv, fuse_gelu, fuse_layernorm,
+from tensorfuse.compiler.rules import (conv_patchify, fold_batchnorm, fold_pad, fuse_attention, fuse_conv, fuse_gelu,
+                                      fuse_layernorm,
                                       fuse_matmul, quantize)
 
 QUANTIZE_RULES: list = [*quantize.RULES]
-FOLD_RULES: list = [*fold_batchnorm.RULES, *quantize.FOLD]
+FOLD_RULES: list = [*fold_batchnorm.RULES, *fold_pad.RULES, *quantize.FOLD]
 # GELU and LayerNorm are recognised before the anchors take activations; EmbedLayerNorm is tried
 # before SkipLayerNorm on the same LayerNormalization (fuse_layernorm.RULES keeps that order); a
 # patch-embedding Conv becomes a MatMul before the Conv anchors could take it
