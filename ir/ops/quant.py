@@ -34,7 +34,7 @@ import math
 import numpy as np
 
 from tensorfuse.ir import lowbit
-from tensorfuse.ir.kernel import I64, Expr, as_expr, maximum, minimum, select, unop
+from tensorfuse.ir.kernel import I64, Expr, as_expr, fma, maximum, minimum, select, unop
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
 from tensorfuse.ir.ops.conv import _channel, _per_channel
 from tensorfuse.ir.types import DType, TensorType
@@ -586,8 +586,10 @@ class ConvIntegerToFloat:
         i32, f32 = DType.i32, DType.f32
 
         def finish(acc, oc):
-            y = acc.cast(f32) * (xs.flat(0) * _channel(ws, oc, f32))
-            return y + b.flat(oc) if b is not None else y
+            # one fused multiply-add where the target has FMA (the reference rounds the
+            # product and the sum apart: at most one ulp of f32 between them)
+            scale = xs.flat(0) * _channel(ws, oc, f32)
+            return fma(acc.cast(f32), scale, b.flat(oc)) if b is not None else acc.cast(f32) * scale
 
         emit_conv(ctx, x, w, None, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node),
                   acc_dtype=i32, x_zero=xz, w_zero=wz, finish=finish)
@@ -649,8 +651,9 @@ class MatMulIntegerToFloat:
         f32 = DType.f32
 
         def finish(acc, bidx, i, j):
-            y = acc.cast(f32) * (asc.flat(0) * _channel(bsc, j, f32))
-            return y + bias.flat(j) if bias is not None else y
+            # one fused multiply-add where the target has FMA (as ConvIntegerToFloat's)
+            scale = asc.flat(0) * _channel(bsc, j, f32)
+            return fma(acc.cast(f32), scale, bias.flat(j)) if bias is not None else acc.cast(f32) * scale
 
         emit_integer_matmul(ctx, a, b, ctx.outputs[0], az, bz, finish=finish)
 
