@@ -207,7 +207,13 @@ def test_large_loop_groups_are_vectorised_and_parallel(case):
         (k,) = mod.kernels
         np.testing.assert_allclose(mod.run(**feeds)[0], expected, rtol=1e-5, atol=1e-6)
     assert k.name in parallel_kernels(mod)
-    assert L in float_vectors(function_ir(optimized_ir(mod), k.name))
+    widths = float_vectors(function_ir(optimized_ir(mod), k.name))
+    if case == "where_f16":
+        # the f32 -> f16 -> f32 round trip: on an AVX512-FP16 host (Sapphire Rapids) LLVM's loop
+        # vectoriser picks 8-lane float vectors for it (the half conversions' cost), elsewhere L
+        assert max(widths, default=0) >= min(L, 8), widths
+    else:
+        assert L in widths, widths
 
 
 # ----------------------------------------------------------------------------- injective movers
