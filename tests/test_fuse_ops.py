@@ -344,17 +344,22 @@ def test_group_with_mover_constants_exports_and_round_trips(tmp_path):
                     {"s": np.array([2, 3, 2, 2], np.int64), "b": b, "st": np.array([1], np.int64),
                      "en": np.array([3], np.int64)})
     mod = check(m, {"x": x}, kernels=1, before=4)
-    g = mod.graph
-    (f,) = fused_nodes(g)
+    (f,) = fused_nodes(mod.graph)
     assert sorted(f.attrs["body"].constants) == ["en", "s", "st"]
+    _assert_round_trips(mod.graph, m, {"x": x}, tmp_path, atol=1e-6)
+
+
+def _assert_round_trips(g, m, feeds, tmp_path, atol):
+    """The fused graph ``g`` prints, parses back to the same graph (verified), and exports as an
+    ONNX model (checker, full) that onnxruntime runs to the original model ``m``'s outputs."""
     text = print_graph(g)
     g2 = parse_graph(text, {k: v.data for k, v in g.constants.items()})
     assert print_graph(g2) == text and graph_diff(g, g2) == []
     verify_graph(g2)
     tensorfuse.export_onnx(g, tmp_path / "f.onnx")
     onnx.checker.check_model(str(tmp_path / "f.onnx"), full_check=True)
-    (got,) = ort_run(onnx.load(str(tmp_path / "f.onnx")), {"x": x})
-    np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    (got,) = ort_run(onnx.load(str(tmp_path / "f.onnx")), feeds)
+    np.testing.assert_allclose(got, ort_run(m, feeds)[0], rtol=1e-5, atol=atol)
 
 
 # ----------------------------------------------------------------------------- reductions with a prologue
@@ -469,15 +474,7 @@ def test_prologue_group_exports_and_round_trips(tmp_path):
     m = graph_model([N("Mul", ["x", "x"], ["a"]), N("ReduceSum", ["a", "ax"], ["z"], keepdims=0)], {"x": x}, ["z"],
                     {"ax": np.array([2], np.int64)})
     mod = check(m, {"x": x}, kernels=1, before=2, atol=1e-5)
-    g = mod.graph
-    text = print_graph(g)
-    g2 = parse_graph(text, {k: v.data for k, v in g.constants.items()})
-    assert print_graph(g2) == text and graph_diff(g, g2) == []
-    verify_graph(g2)
-    tensorfuse.export_onnx(g, tmp_path / "f.onnx")
-    onnx.checker.check_model(str(tmp_path / "f.onnx"), full_check=True)
-    (got,) = ort_run(onnx.load(str(tmp_path / "f.onnx")), {"x": x})
-    np.testing.assert_allclose(got, ort_run(m, {"x": x})[0], rtol=1e-5, atol=1e-5)
+    _assert_round_trips(mod.graph, m, {"x": x}, tmp_path, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- anchored groups

@@ -318,6 +318,22 @@ def _one_like(v, build):
     return build.const(np.ones(v.data.shape, np.float32), "one")
 
 
+def _scale_folded(m, build, prod, op: str, domain: str, ins: list, scale: int, bias: int):
+    """The rewrite of the FoldQuantizeScaleInto*IntegerToFloat rules: ``op`` (the matched
+    product node ``prod``) again with its inputs ``ins`` but input ``scale`` (the weights' scale)
+    and input ``bias`` divided by the output Q's scale s, then Q with scale 1 and the same zero
+    point. Fail where a node cannot be built."""
+    s = _requant_scale(m)
+    ins = list(ins)
+    ins[scale] = _divided(ins[scale], s, "w_scale_q", build)
+    ins[bias] = _divided(ins[bias], s, "bias_q", build)
+    node = build_or_fail(build, op, *ins, domain=domain, expect=prod.outputs[0], name=prod.name, **prod.attrs)
+    if isinstance(node, Fail):
+        return node
+    return build_or_fail(build, "QuantizeLinear", node, _one_like(m.s, build), m.z, expect=m.q.outputs[0],
+                         name=m.q.name, **m.q.attrs)
+
+
 class FoldQuantizeScaleIntoConvIntegerToFloat(Rule):
     """Q(ConvIntegerToFloat(x, W, xs, ws, xz, wz, b), s, z) ==> Q(ConvIntegerToFloat(x, W, xs, ws / s, xz, wz, b / s), 1, z): the requantization multiplies by one scale per channel (MLAS's requantization) instead of dividing every output by s."""
     rule_set = "fold"
@@ -333,14 +349,8 @@ class FoldQuantizeScaleIntoConvIntegerToFloat(Rule):
         return v if isinstance(v, Fail) else True
 
     def rewrite(self, m, build):
-        s = _requant_scale(m)
-        conv = build_or_fail(build, "ConvIntegerToFloat", m.xq, m.wq, m.xs, _divided(m.ws, s, "w_scale_q", build),
-                             m.xz, m.wz, _divided(m.b, s, "bias_q", build), domain="tensorfuse",
-                             expect=m.qconv.outputs[0], name=m.qconv.name, **m.qconv.attrs)
-        if isinstance(conv, Fail):
-            return conv
-        return build_or_fail(build, "QuantizeLinear", conv, _one_like(m.s, build), m.z, expect=m.q.outputs[0],
-                             name=m.q.name, **m.q.attrs)
+        return _scale_folded(m, build, m.qconv, "ConvIntegerToFloat", "tensorfuse",
+                             [m.xq, m.wq, m.xs, m.ws, m.xz, m.wz, m.b], scale=3, bias=6)
 
 
 class FoldQuantizeScaleIntoMatMulIntegerToFloat(Rule):
@@ -357,14 +367,8 @@ class FoldQuantizeScaleIntoMatMulIntegerToFloat(Rule):
         return v if isinstance(v, Fail) else True
 
     def rewrite(self, m, build):
-        s = _requant_scale(m)
-        mm = build_or_fail(build, "MatMulIntegerToFloat", m.aq, m.bq, m.as_, _divided(m.bs, s, "b_scale_q", build),
-                           m.az, m.bz, _divided(m.bias, s, "bias_q", build), domain="com.microsoft",
-                           expect=m.qmm.outputs[0], name=m.qmm.name, **m.qmm.attrs)
-        if isinstance(mm, Fail):
-            return mm
-        return build_or_fail(build, "QuantizeLinear", mm, _one_like(m.s, build), m.z, expect=m.q.outputs[0],
-                             name=m.q.name, **m.q.attrs)
+        return _scale_folded(m, build, m.qmm, "MatMulIntegerToFloat", "com.microsoft",
+                             [m.aq, m.bq, m.as_, m.bs, m.az, m.bz, m.bias], scale=3, bias=6)
 
 
 #: the producers of the operands of a quantized residual add (:class:`FoldQuantizeScaleIntoAdd`)
