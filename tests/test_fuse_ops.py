@@ -337,6 +337,18 @@ def test_widening_broadcast_through_a_transpose():
     check(m, {"a": a, "b": b, "c": c}, kernels=1, before=3)
 
 
+def test_mover_parameter_also_read_as_data():
+    """One constant [1] both a mover's parameter (Unsqueeze's axes) and an elementwise operand
+    (Equal's), as CSE leaves the ONNX NLLLoss expansion: a body constant for the axes, a body
+    input for the operand; one kernel, onnxruntime's values (regression: the body's Unsqueeze
+    saw its axes as a run-time input and failed type inference)."""
+    t = np.array([[0, 1, 2], [1, 1, 0]], np.int64)
+    m = graph_model([N("Unsqueeze", ["t", "one"], ["u"]), N("Equal", ["u", "one"], ["e"]),
+                     N("Where", ["e", "zero", "u"], ["y"])], {"t": t}, ["y"],
+                    {"one": np.array([1], np.int64), "zero": np.array(0, np.int64)})
+    check(m, {"t": t}, kernels=1, before=2)     # (before: the Unsqueeze is a view, no kernel)
+
+
 def test_group_with_mover_constants_exports_and_round_trips(tmp_path):
     x, b = rand(2, 3, 4), rand(2, seed=2)
     m = graph_model([N("Sigmoid", ["x"], ["a"]), N("Reshape", ["a", "s"], ["t"]), N("Add", ["t", "b"], ["u"]),

@@ -311,36 +311,39 @@ def _fused_node(graph: Graph, grp: Group, outputs: list[Value]) -> Node:
     body = Graph(name)
     vmap: dict[int, Value] = {}
     ext: list[Value] = []
-    # a compile-time input read only as a parameter of a mover (a Reshape's shape, a Slice's
-    # starts) or of a reduction after a prologue (a ReduceSum's axes) is a constant of the
-    # body: the body's nodes type-check on their own
-    members = {id(m) for m in grp.nodes}
-    param_only: dict[int, bool] = {}
-    for m in grp.nodes:
+    # a compile-time input read as a parameter of a mover (a Reshape's shape, a Slice's starts)
+    # or of a reduction after a prologue (a ReduceSum's axes) is a constant of the body there,
+    # so the body's nodes type-check on their own; where the same value is also read as data
+    # (CSE's one [1] as an Unsqueeze's axes and an Equal's operand: the ONNX NLLLoss expansion)
+    # it is an input of the body for those slots as well
+    def is_param(m: Node, k: int, v: Value) -> bool:
         od = find_op(m.op, m.domain)
         mover = od.index_map is not None and not has_scalar(m)
         reduction = m is grp.anchor and m is not grp.nodes[0] and od.prologue
-        for k, v in enumerate(m.inputs):
-            if v is None or (v.producer is not None and id(v.producer) in members):
-                continue
-            ok = (mover and k > 0 or reduction and k in od.const_inputs) and v.const_value() is not None
-            param_only[id(v)] = param_only.get(id(v), True) and ok
+        return bool(mover and k > 0 or reduction and k in od.const_inputs) and v.const_value() is not None
 
-    def body_value(v: Value) -> Value:
+    members = {id(m) for m in grp.nodes}
+    cmap: dict[int, Value] = {}
+
+    def body_value(v: Value, param: bool) -> Value:
+        if v.producer is not None and id(v.producer) in members:
+            return vmap[id(v)]          # a member's output (members are in topological order)
+        if param:                       # a parameter slot: a body constant
+            bv = cmap.get(id(v))
+            if bv is None:
+                name = body.fresh_name(v.name)
+                bv = cmap[id(v)] = Value(name, v.type, data=np.asarray(v.const_value()))
+                body.constants[name] = bv
+            return bv
         bv = vmap.get(id(v))
-        if bv is None and param_only.get(id(v)):
-            bv = vmap[id(v)] = Value(v.name, v.type, data=np.asarray(v.const_value()))
-            body.reserve(v.name)
-            body.constants[v.name] = bv
-        elif bv is None:          # read before defined in the group: an external input
-            bv = vmap[id(v)] = Value(v.name, v.type)
+        if bv is None:                  # read before defined in the group: an external input
+            bv = vmap[id(v)] = Value(body.fresh_name(v.name), v.type)
             body.inputs.append(bv)
-            body.reserve(v.name)
             ext.append(v)
         return bv
 
     for m in grp.nodes:
-        ins = [None if v is None else body_value(v) for v in m.inputs]
+        ins = [None if v is None else body_value(v, is_param(m, k, v)) for k, v in enumerate(m.inputs)]
         outs = []
         for o in m.outputs:
             bo = vmap[id(o)] = Value(o.name, o.type)
