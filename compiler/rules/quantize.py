@@ -318,57 +318,55 @@ def _one_like(v, build):
     return build.const(np.ones(v.data.shape, np.float32), "one")
 
 
-def _scale_folded(m, build, prod, op: str, domain: str, ins: list, scale: int, bias: int):
-    """The rewrite of the FoldQuantizeScaleInto*IntegerToFloat rules: ``op`` (the matched
-    product node ``prod``) again with its inputs ``ins`` but input ``scale`` (the weights' scale)
-    and input ``bias`` divided by the output Q's scale s, then Q with scale 1 and the same zero
-    point. Fail where a node cannot be built."""
-    s = _requant_scale(m)
-    ins = list(ins)
-    ins[scale] = _divided(ins[scale], s, "w_scale_q", build)
-    ins[bias] = _divided(ins[bias], s, "bias_q", build)
-    node = build_or_fail(build, op, *ins, domain=domain, expect=prod.outputs[0], name=prod.name, **prod.attrs)
-    if isinstance(node, Fail):
-        return node
-    return build_or_fail(build, "QuantizeLinear", node, _one_like(m.s, build), m.z, expect=m.q.outputs[0],
-                         name=m.q.name, **m.q.attrs)
+class _FoldQuantizeScaleIntoProduct(Rule):
+    """Abstract (no pattern): Q(product(..., w_scale, ..., bias), s, z) ==> Q(product(..., w_scale / s, ..., bias / s), 1, z)."""
+    rule_set = "fold"
+    #: the product op (qualified) and the capture names of its inputs, in order; the indices of
+    #: the weights' scale and of the bias among them
+    product_op: str = ""
+    inputs: tuple[str, ...] = ()
+    scale_input, bias_input = 3, 6
+
+    def condition(self, m):
+        v = _requant_scale(m)
+        return v if isinstance(v, Fail) else True
+
+    def rewrite(self, m, build):
+        """The product again with its weights' scale and bias divided by the output Q's scale s,
+        then Q with scale 1 and the same zero point; Fail where a node cannot be built."""
+        s = _requant_scale(m)
+        prod = m.prod
+        ins = [m[name] for name in self.inputs]
+        ins[self.scale_input] = _divided(ins[self.scale_input], s, "w_scale_q", build)
+        ins[self.bias_input] = _divided(ins[self.bias_input], s, "bias_q", build)
+        domain, _, op = self.product_op.rpartition("::")
+        node = build_or_fail(build, op, *ins, domain=domain, expect=prod.outputs[0], name=prod.name, **prod.attrs)
+        if isinstance(node, Fail):
+            return node
+        return build_or_fail(build, "QuantizeLinear", node, _one_like(m.s, build), m.z, expect=m.q.outputs[0],
+                             name=m.q.name, **m.q.attrs)
 
 
-class FoldQuantizeScaleIntoConvIntegerToFloat(Rule):
+class FoldQuantizeScaleIntoConvIntegerToFloat(_FoldQuantizeScaleIntoProduct):
     """Q(ConvIntegerToFloat(x, W, xs, ws, xz, wz, b), s, z) ==> Q(ConvIntegerToFloat(x, W, xs, ws / s, xz, wz, b / s), 1, z): the requantization multiplies by one scale per channel (MLAS's requantization) instead of dividing every output by s."""
-    rule_set = "fold"
+    product_op = "tensorfuse::ConvIntegerToFloat"
+    inputs = ("xq", "wq", "xs", "ws", "xz", "wz", "b")
     pattern = P.QuantizeLinear(
-        P.__getattr__("tensorfuse::ConvIntegerToFloat")(Any("xq"), Const(name="wq"), Const(name="xs"),
-                                                         Const(name="ws"), Optional(Any()).named("xz"),
-                                                         Optional(Any()).named("wz"),
-                                                         Optional(Const()).named("b")).named("qconv").single_use(),
+        P.__getattr__(product_op)(Any("xq"), Const(name="wq"), Const(name="xs"), Const(name="ws"),
+                                  Optional(Any()).named("xz"), Optional(Any()).named("wz"),
+                                  Optional(Const()).named("b")).named("prod").single_use(),
         Const(name="s"), Optional(Const()).named("z")).named("q")
 
-    def condition(self, m):
-        v = _requant_scale(m)
-        return v if isinstance(v, Fail) else True
 
-    def rewrite(self, m, build):
-        return _scale_folded(m, build, m.qconv, "ConvIntegerToFloat", "tensorfuse",
-                             [m.xq, m.wq, m.xs, m.ws, m.xz, m.wz, m.b], scale=3, bias=6)
-
-
-class FoldQuantizeScaleIntoMatMulIntegerToFloat(Rule):
+class FoldQuantizeScaleIntoMatMulIntegerToFloat(_FoldQuantizeScaleIntoProduct):
     """Q(MatMulIntegerToFloat(a, B, as, bs, az, bz, bias), s, z) ==> Q(MatMulIntegerToFloat(a, B, as, bs / s, az, bz, bias / s), 1, z): as FoldQuantizeScaleIntoConvIntegerToFloat, per column."""
-    rule_set = "fold"
+    product_op = "com.microsoft::MatMulIntegerToFloat"
+    inputs = ("aq", "bq", "as_", "bs", "az", "bz", "bias")
     pattern = P.QuantizeLinear(
-        P.__getattr__("com.microsoft::MatMulIntegerToFloat")(Any("aq"), Any("bq"), Any("as_"), Const(name="bs"),
-                                                             Optional(Any()).named("az"), Optional(Any()).named("bz"),
-                                                             Optional(Const()).named("bias")).named("qmm").single_use(),
+        P.__getattr__(product_op)(Any("aq"), Any("bq"), Any("as_"), Const(name="bs"),
+                                  Optional(Any()).named("az"), Optional(Any()).named("bz"),
+                                  Optional(Const()).named("bias")).named("prod").single_use(),
         Const(name="s"), Optional(Const()).named("z")).named("q")
-
-    def condition(self, m):
-        v = _requant_scale(m)
-        return v if isinstance(v, Fail) else True
-
-    def rewrite(self, m, build):
-        return _scale_folded(m, build, m.qmm, "MatMulIntegerToFloat", "com.microsoft",
-                             [m.aq, m.bq, m.as_, m.bs, m.az, m.bz, m.bias], scale=3, bias=6)
 
 
 #: the producers of the operands of a quantized residual add (:class:`FoldQuantizeScaleIntoAdd`)
