@@ -138,7 +138,7 @@ def emit_matmul_blocked(ctx: LowerCtx, mm: MatMulSpec) -> None:
     KC = knob("k_block", [c for c in K_BLOCKS if c < K], K,
               doc="reduction steps per slice (K: no slicing)") if K > K_BLOCKS[0] else K
     units = full // G if full else 0        # parallel tasks' row units (G row blocks each)
-    MG = knob("row_group", [d for d in _divisors(units)], row_group(ctx.target, units, G * R, K, N),
+    MG = knob("row_group", _divisors(units), row_group(ctx.target, units, G * R, K, N),
               doc="row units per group: the panel loop runs inside a group, so one B panel is reused "
                   "from cache by the group's rows") if units > 1 and nblk > 1 else 1
     bp = ctx.pack(pack_panels(cb.value, L, NB), "bpanel")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from tensorfuse.ir.kernel import as_expr, broadcast, maximum, row_max, unop
+from tensorfuse.ir.kernel import as_expr, broadcast, row_max, unop
 from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.ops._common import lanes_tree
 from tensorfuse.ir.ops.softmax import split_axis
@@ -55,10 +55,6 @@ def softmax_rows_vector(ctx, log: bool, axis: int, acc) -> None:
     part = kb.local(acc, (W,), hint="part")
     st = kb.local(acc, (2,), hint="stat")    # row max, row sum (LogSoftmax: max + log(sum))
 
-    def lanes_reduce(op, k):
-        # a tree over the k lanes (ir.ops._common.lanes_tree); the caller stores it at once
-        return lanes_tree(kb, part, 0, k, op)
-
     with kb.loop(rows, hint="row", role="spatial") as r:
         base = r * n
         # the row maximum
@@ -66,7 +62,7 @@ def softmax_rows_vector(ctx, log: bool, axis: int, acc) -> None:
         with kb.loop(nb, hint="jb") as jb:
             for u in range(V):
                 kb.store(part, u * L, row_max(part.vload(u * L, L), x.vload(base + jb * W + u * L, L)))
-        kb.store(st, 0, lanes_reduce(row_max, W))
+        kb.store(st, 0, lanes_tree(kb, part, 0, W, row_max))
         if n % W:
             with kb.loop(n, start=nb * W, hint="j") as j:
                 kb.store(st, 0, row_max(st[0], x.flat(base + j)))
@@ -81,7 +77,7 @@ def softmax_rows_vector(ctx, log: bool, axis: int, acc) -> None:
                     kb.store(y, off, e)
                     e = y.vload(off, L)          # y may alias x (in place)
                 kb.store(part, u * L, part.vload(u * L, L) + e)
-        kb.store(st, 1, lanes_reduce(lambda a, b: a + b, W))
+        kb.store(st, 1, lanes_tree(kb, part, 0, W, lambda a, b: a + b))
         if n % W:
             with kb.loop(n, start=nb * W, hint="j") as j:
                 e = unop("exp", x.flat(base + j) - m)
