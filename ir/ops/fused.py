@@ -312,38 +312,28 @@ def _attention_scratch_kt(ctx, kb, q, k, v, y, mask, fill, batch, bidx, scale: f
                           ks: int, d: int) -> None:
     """f32 attention whose K^T does not fit a local buffer (``ks * d > ATTENTION_KT_LOCAL``):
     kernel ``<node>_kt`` transposes K of every output batch entry into a scratch buffer
-    ``[prod(batch), d, ks]`` (keys padded with zeros to ``ks``, a whole number of vectors), then
+    ``[*batch, d, ks]`` (keys padded with zeros to ``ks``, a whole number of vectors), then
     ``kb`` (opened by the caller; the scratch joins its parameters) runs
     :func:`_attention_rows_vector` per batch entry on its slice. Scratch bytes:
     4 * prod(batch) * d * ks (Whisper-tiny's encoder, 6 heads x 64 x 1504: 2.3 MB)."""
     f32 = DType.f32
-    nb = int(np.prod(batch, dtype=np.int64)) if len(batch) else 1
-    kts = ctx.scratch(f32, (nb * d * ks,), "kt")
+    kts = ctx.scratch(f32, tuple(batch) + (d, ks), "kt")
     # the K^T kernel runs first: the attention kernel (already opened) moves behind it
     ctx.kernels.remove(kb.kernel)
     kk = ctx.kernel("kt", params=[k, kts])
-    strides = [int(np.prod(batch[i + 1:], dtype=np.int64)) for i in range(len(batch))]
-
-    def flat(b):
-        f = as_expr(0)
-        for i, st in zip(b, strides):
-            f = f + i * st
-        return f
-
     with kk.grid(batch) as b:
-        base = flat(b) * (d * ks)
         with kk.loop(sk, hint="k") as j:
             with kk.loop(d, hint="d") as c:
-                kk.store(kts, base + c * ks + j, k[bidx(k, b, [j, c])])
+                kk.store(kts, list(b) + [c, j], k[bidx(k, b, [j, c])])
         if ks > sk:
             with kk.loop(d, hint="d") as c:
                 for j in range(sk, ks):
-                    kk.store(kts, base + c * ks + j, as_expr(0.0, f32))
+                    kk.store(kts, list(b) + [c, as_expr(j)], as_expr(0.0, f32))
     ctx.kernels.append(kb.kernel)
     kb.kernel.params.append(kts)
     with kb.grid(batch) as b:
         _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kts, scale, L, sk,
-                               kt_base=flat(b) * (d * ks), ks=ks)
+                               kt_base=kts.offset(list(b) + [0, 0]), ks=ks)
 
 
 def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: float, L: int, sk: int,
