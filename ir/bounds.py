@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .kernel import Bin, Broadcast, Cast, Const, FMA, For, If, Kernel, Load, Ramp, Select, Stmt, Store, Un, Var
+from .kernel import Bin, Broadcast, Cast, Const, FMA, For, If, Kernel, Load, Prefetch, Ramp, Select, Stmt, Store, Un, Var
 from .schedule import expr_children
 
 Interval = Optional[tuple]
@@ -250,6 +250,10 @@ class _Bounds:
             self.expr_loads(s.index, checked)
             if checked:
                 self.access(s.buf, s.index, s.value.lanes, s.stride, "store")
+        elif isinstance(s, Prefetch):
+            self.expr_loads(s.index, checked)
+            if checked:
+                self.access(s.buf, s.index, 1, 1, "load")
         elif isinstance(s, If):
             self.expr_loads(s.cond, checked)
             nar = self.narrow(s.cond) if checked else None

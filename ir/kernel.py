@@ -569,6 +569,19 @@ class Barrier(Stmt):
     thread of the block must reach the same barrier (not inside a divergent branch)."""
 
 
+@dataclass(eq=False)
+class Prefetch(Stmt):
+    """A hint that ``buf[index]``'s cache line will be read soon: the CPU backend emits
+    ``llvm.prefetch`` (x86 ``prefetcht0`` for ``locality`` 3, ``prefetcht1`` for 2,
+    ``prefetcht2`` for 1, ``prefetchnta`` for 0); the GPU backend emits nothing. It never
+    changes a result and never faults, but its index must still lie inside ``buf`` (bounds
+    checking treats it as a read). Used where a schedule streams weights from beyond L2 and the
+    hardware prefetcher, which stops at 4 KiB pages, falls behind."""
+    buf: Buffer
+    index: Expr
+    locality: int = 3
+
+
 #: the most threads a CUDA thread block may have, and the most static shared memory per block
 MAX_THREADS_PER_BLOCK = 1024
 MAX_SHARED_BYTES = 48 * 1024
@@ -720,6 +733,14 @@ class KernelBuilder:
     def barrier(self) -> None:
         """GPU only: a :class:`Barrier` (``cuda.syncthreads()``)."""
         self._emit(Barrier())
+
+    def prefetch(self, buf: Buffer, idx, locality: int = 3) -> None:
+        """A :class:`Prefetch` of ``buf[idx]`` (a flat index or a full index list); locality
+        0..3 (3: into L1, 2: into L2). ValueError for another locality."""
+        if locality not in (0, 1, 2, 3):
+            raise ValueError(f"prefetch locality must be 0..3, got {locality!r}")
+        off = buf.offset(idx) if isinstance(idx, (list, tuple)) else as_expr(idx, I64)
+        self._emit(Prefetch(buf, off, locality))
 
     def store(self, buf: Buffer, idx, value) -> None:
         off = buf.offset(idx) if isinstance(idx, (list, tuple)) else as_expr(idx, I64)

@@ -1,7 +1,7 @@
 """Printing kernel IR as a small Python-like script (docs/architecture.md, IR level 3)."""
 from __future__ import annotations
 
-from .kernel import FMA, DotAcc, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+from .kernel import FMA, DotAcc, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Prefetch, Select, Store, Un, Var
 
 _SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "lt": "<", "le": "<=",
         "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^",
@@ -66,6 +66,8 @@ def _print_body(stmts, depth, out):
                 _print_body(s.orelse, depth + 1, out)
         elif isinstance(s, Barrier):
             out.append(f"{pad}barrier()")
+        elif isinstance(s, Prefetch):
+            out.append(f"{pad}prefetch {s.buf.name}[{print_expr(s.index)}] (locality {s.locality})")
         else:
             raise TypeError(f"not a statement: {s!r}")
 

@@ -116,6 +116,25 @@ class Program:
                        dict(getattr(lg, "aliases", None) or {}))
 
 
+def aligned_consts(consts: dict, alignment: int = 64) -> dict:
+    """``consts`` (slot -> array) with every array whose data does not start on an
+    ``alignment``-byte boundary (64: a cache line) replaced by an aligned copy; the others are
+    kept as they are. numpy places a large array 16 bytes past a page boundary, and a kernel's
+    full-width vector loads from a packed weight that is not line-aligned each touch two cache
+    lines (a GEMM then ran 5-15% slower, by where the allocator put the weight)."""
+    out = {}
+    for slot, a in consts.items():
+        if a.ctypes.data % alignment == 0 or a.nbytes == 0:
+            out[slot] = a
+            continue
+        raw = np.empty(a.nbytes + alignment, np.uint8)
+        off = (-raw.ctypes.data) % alignment
+        b = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+        b[...] = a
+        out[slot] = b
+    return out
+
+
 class _Arena:
     """One run's private memory: the intermediates' arena and a slot table pointing into it."""
 
@@ -237,7 +256,8 @@ class ModuleBase:
         slots = prog.slots
         self.input_info = [TensorInfo(n, slots[s].dtype, slots[s].shape) for n, s in zip(input_names, prog.inputs)]
         self.output_info = [TensorInfo(n, slots[s].dtype, slots[s].shape) for n, s in zip(output_names, prog.outputs)]
-        self._consts = prog.consts      # held once, never copied on the host
+        # held once, never copied on the host, except a constant not on a cache-line boundary
+        prog.consts = self._consts = aligned_consts(prog.consts)
         if plan is None:
             plan = (plan_memory(prog.slots, prog.calls, aliases=prog.aliases) if alignment is None
                     else plan_memory(prog.slots, prog.calls, alignment=alignment, aliases=prog.aliases))

@@ -233,3 +233,54 @@ def test_int8_panel_major_matches_onnxruntime(extra):
         assert wl.knobs["panel_major"] == pm and wl.knobs["col_split"] == 4, wl.knobs
         got = build_module(low, graph, ["a"], ["y"], TARGET).run(a=a)[0]
         np.testing.assert_array_equal(got, expected, err_msg=f"{knobs}")
+
+
+@pytest.mark.parametrize("sweep", [10, 5])
+def test_blocked_looped_sweep_matches_onnxruntime(sweep):
+    """Sweeps of more than ``UNROLL_SWEEP`` row blocks run as a loop that moves each block's
+    accumulators into a register buffer per K slice: 63 rows = 10 blocks of 6 + 3. With all 10
+    blocks in one task (one row unit) the 3 left-over rows join the task's slices; with 5, two
+    units and the left-over rows run as their own loop. K 40 = 32 + 8 (a last, shorter slice)."""
+    from tensorfuse.codegen.llvm.schedules.matmul import UNROLL_SWEEP
+    assert sweep > UNROLL_SWEEP
+    model, feeds = matmul_const((63, 40), (40, 40))
+    graph, low = lower(model, {"register_tile": (6, 2), "sweep_rows": sweep, "k_block": 32})
+    (wl,) = low.workloads.values()
+    assert (wl.knobs["sweep_rows"], wl.knobs["k_block"]) == (sweep, 32)
+    text = str(low.kernels[0])
+    assert "regs" in text and "for g" in text, text
+    got = build_module(low, graph, ["a"], ["y"], TARGET).run(**feeds)[0]
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_sweep_default_follows_the_caches():
+    """K is sliced only when a tile's R rows of A (R x K f32) overflow half of L1; then the
+    slice of a panel fits half of L1 and one task sweeps the most row blocks whose accumulators
+    fit an eighth of L2 (48 KiB L1, 2 MiB L2; 8 x 48 tiles of AVX-512, 8 x 24 of AVX2)."""
+    from types import SimpleNamespace
+
+    from tensorfuse.codegen.llvm.schedules.matmul import sweep_default
+    t = SimpleNamespace(l1d_bytes=48 << 10, l2_bytes=2 << 20)
+    assert sweep_default(t, 16, 8, 48, 768) == (1, 768)          # 8 x 768 x 4 = 24 KiB: in L1
+    assert sweep_default(t, 16, 8, 48, 3072) == (16, 128)        # 128 x 48 x 4 = 24 KiB slices
+    assert sweep_default(t, 16, 8, 24, 3072) == (16, 256)
+    assert sweep_default(t, 187, 8, 48, 1536) == (17, 128)       # 187 = 11 x 17; 64 blocks at most
+    assert sweep_default(t, 0, 8, 48, 3072) == (1, 3072)
+
+
+def test_prefetch_knob_emits_llvm_prefetch():
+    """``prefetch`` 1 puts a Prefetch of the next panel's lines (locality 2: L2) in the
+    reduction step; it reaches LLVM as llvm.prefetch; 0 (the default) has none. (Every knob
+    candidate's numbers are checked against onnxruntime above.)"""
+    from llvmlite import ir
+
+    from tensorfuse.codegen.llvm.emit import emit_kernel
+    model, _ = matmul_const((13, 40), (40, 20))
+    _, low = lower(model, {"prefetch": 1})
+    text = str(low.kernels[0])
+    assert "prefetch matmul_0_bpanel" in text and "(locality 2)" in text, text
+    m = ir.Module()
+    emit_kernel(m, low.kernels[0])
+    assert "call void @\"llvm.prefetch.p0\"" in str(m) or "@llvm.prefetch.p0(" in str(m), str(m)
+    _, low0 = lower(model)
+    assert "prefetch matmul" not in str(low0.kernels[0])

@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 
 from tensorfuse.ir.errors import CompileError
-from tensorfuse.ir.kernel import (DOT_PACKINGS, FMA, GPU_LOOP_KINDS, DotAcc, Barrier, Bin, Broadcast, Buffer, Cast, Const, For, If,
+from tensorfuse.ir.kernel import (DOT_PACKINGS, FMA, GPU_LOOP_KINDS, DotAcc, Barrier, Prefetch, Bin, Broadcast, Buffer, Cast, Const, For, If,
                                   Kernel, Load, Ramp, Select, Store, Un, Var)
 from tensorfuse.ir.schedule import expr_children
 from tensorfuse.ir.types import DType
@@ -635,6 +635,8 @@ class _Fn:
                 self.depth -= 1
         elif isinstance(s, Barrier):
             self.line("cuda.syncthreads()")
+        elif isinstance(s, Prefetch):
+            pass                        # a CPU cache hint: nothing on the GPU
         else:
             raise self.err(f"unknown statement {s!r}")
 

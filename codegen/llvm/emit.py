@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Select, Store, Un, Var
+from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Prefetch, Select, Store, Un, Var
 from tensorfuse.ir.schedule import expr_children, expr_nodes, runs_on_thread0_only, statement_is_parallel
 from tensorfuse.ir.types import DType
 # the team record and shared counters' layout belongs to the runtime (which loads saved modules
@@ -761,6 +761,14 @@ class _FnEmitter:
             else:
                 with b.if_then(cond):
                     self.stmts(s.then)
+        elif isinstance(s, Prefetch):
+            et = ltype(s.buf.dtype, True)
+            p = b.gep(self._ptr(s.buf), [self.expr(s.index)], source_etype=et)
+            i8p = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            f = self._decl("llvm.prefetch.p0", ir.VoidType(), [i8p, i32, i32, i32])
+            # (address, 0 = read, locality, 1 = data cache)
+            b.call(f, [b.bitcast(p, i8p), ir.Constant(i32, 0), ir.Constant(i32, s.locality), ir.Constant(i32, 1)])
         elif isinstance(s, Barrier):
             raise CodegenError(f"kernel {self.k.name}: a barrier (GPU only) has no LLVM lowering")
         else:
