@@ -147,7 +147,7 @@ def test_blocked_sweep_with_k_slices_matches_onnxruntime():
     model, feeds = matmul_const((25, 40), (40, 20))
     _, default = lower(model)
     (wl,) = default.workloads.values()
-    assert wl.knobs["register_tile"] == (6, 2) and wl.knobs["sweep_rows"] == 1 and wl.knobs["k_block"] == 40
+    assert wl.knobs["register_tile"] == (6, 2) and wl.knobs["sweep_rows"] == 4 and wl.knobs["k_block"] == 40
     graph, low = lower(model, {"sweep_rows": 2, "k_block": 32})
     (w2,) = low.workloads.values()
     assert (w2.knobs["sweep_rows"], w2.knobs["k_block"]) == (2, 32)
@@ -196,7 +196,7 @@ def test_row_group_default_follows_the_l2_cache():
     assert row_group(SimpleNamespace(l2_bytes=8 << 20), 16, 8, 768, 768) == 1   # B 2.4 MB fits
 
 
-@pytest.mark.parametrize("extra", [{}, {"sweep_rows": 2, "k_block": 32}])
+@pytest.mark.parametrize("extra", [{"sweep_rows": 1, "k_block": 40}, {"sweep_rows": 2, "k_block": 32}])
 def test_blocked_row_groups_match_onnxruntime(extra):
     """Every ``row_group`` candidate (tasks walk groups of row units, then panels, then the
     group's units) over 5 row units x 3 panels plus left-over rows, alone and with two-block
@@ -254,23 +254,25 @@ def test_blocked_looped_sweep_matches_onnxruntime(sweep):
 
 
 def test_sweep_default_follows_the_caches():
-    """K is sliced only when a tile's R rows of A (R x K f32) overflow half of L1; then the
-    slice of a panel fits half of L1 and one task sweeps the most row blocks whose accumulators
-    fit an eighth of L2 (48 KiB L1, 2 MiB L2; 8 x 48 tiles of AVX-512, 8 x 24 of AVX2)."""
+    """One task sweeps the most row blocks whose accumulators fit an eighth of L2, over slices
+    of K whose panel slice fits half of L1; K is not sliced when a whole panel fits there
+    (48 KiB L1, 2 MiB L2; 8 x 48 tiles of AVX-512, 8 x 24 of AVX2)."""
     from types import SimpleNamespace
 
     from tensorfuse.codegen.llvm.schedules.matmul import sweep_default
     t = SimpleNamespace(l1d_bytes=48 << 10, l2_bytes=2 << 20)
-    assert sweep_default(t, 16, 8, 48, 768) == (1, 768)          # 8 x 768 x 4 = 24 KiB: in L1
-    assert sweep_default(t, 16, 8, 48, 3072) == (16, 128)        # 128 x 48 x 4 = 24 KiB slices
+    assert sweep_default(t, 16, 8, 48, 768) == (16, 128)         # 128 x 48 x 4 = 24 KiB slices
+    assert sweep_default(t, 16, 8, 48, 3072) == (16, 128)
     assert sweep_default(t, 16, 8, 24, 3072) == (16, 256)
+    assert sweep_default(t, 24, 8, 48, 100) == (24, 100)         # 100 x 48 x 4: one slice
     assert sweep_default(t, 187, 8, 48, 1536) == (17, 128)       # 187 = 11 x 17; 64 blocks at most
+    assert sweep_default(SimpleNamespace(l1d_bytes=48 << 10, l2_bytes=64 << 10), 16, 8, 48, 768) == (4, 128)
     assert sweep_default(t, 0, 8, 48, 3072) == (1, 3072)
 
 
 def test_prefetch_knob_emits_llvm_prefetch():
-    """``prefetch`` 1 puts a Prefetch of the next panel's lines (locality 2: L2) in the
-    reduction step; it reaches LLVM as llvm.prefetch; 0 (the default) has none. (Every knob
+    """``prefetch`` 1 (the default) puts a Prefetch of the next panel's lines (locality 2: L2)
+    in the reduction step; it reaches LLVM as llvm.prefetch; 0 has none. (Every knob
     candidate's numbers are checked against onnxruntime above.)"""
     from llvmlite import ir
 
@@ -282,5 +284,5 @@ def test_prefetch_knob_emits_llvm_prefetch():
     m = ir.Module()
     emit_kernel(m, low.kernels[0])
     assert "call void @\"llvm.prefetch.p0\"" in str(m) or "@llvm.prefetch.p0(" in str(m), str(m)
-    _, low0 = lower(model)
+    _, low0 = lower(model, {"prefetch": 0})
     assert "prefetch matmul" not in str(low0.kernels[0])
