@@ -1,7 +1,9 @@
 """Knobs of the llvm MatMul/Gemm schedules (codegen/llvm/schedules/matmul.py; ONNX spec sections
 "MatMul", "Gemm", "MatMulInteger") and of the row schedules moved beside them (row norms:
 codegen/llvm/schedules/norm.py, "LayerNormalization"; global pools: codegen/llvm/schedules/
-pool.py, "GlobalAveragePool" / "GlobalMaxPool"; the generic RNN's dot products, "LSTM").
+pool.py, "GlobalAveragePool" / "GlobalMaxPool"; reductions over trailing axes:
+codegen/llvm/schedules/reduce.py, "ReduceMean", "ReduceLogSumExp"; the generic RNN's dot
+products, "LSTM").
 
 For small workloads (M not a multiple of the register tile, batched MatMul, Gemm with transB
 and a bias, MatMulInteger) every candidate of every knob a schedule declares, one knob at a
@@ -71,6 +73,12 @@ def global_pool(op, shape):
     return node_model(op, {"x": x}), {"x": x}
 
 
+def reduce_rows(op, shape, axes):
+    x = r(*shape)
+    return node_model(op, {"x": x}, {"keepdims": 1}, initializers={"axes": np.array(axes, np.int64)},
+                      opset=18), {"x": x}
+
+
 def lstm():
     x = r(3, 2, 40)
     inits = {"w": r(1, 80, 40, seed=1), "rr": r(1, 80, 20, seed=2)}
@@ -89,6 +97,9 @@ WORKLOADS = [
     ("layernorm", lambda: layernorm(40), "llvm.row_norm_partial_sums"),
     ("global_avg_pool", lambda: global_pool("GlobalAveragePool", (1, 3, 9, 9)), "llvm.global_pool_vector"),
     ("global_max_pool", lambda: global_pool("GlobalMaxPool", (2, 3, 7, 11)), "llvm.global_pool_vector"),
+    # [H, W] of 5 x 9 = 45 = 5 vectors of 8 + a tail of 5
+    ("reduce_mean_rows", lambda: reduce_rows("ReduceMean", (2, 3, 5, 9), [2, 3]), "llvm.reduction_rows_vector"),
+    ("reduce_logsumexp_rows", lambda: reduce_rows("ReduceLogSumExp", (3, 70), [1]), "llvm.reduction_rows_vector"),
     ("lstm", lstm, "generic"),
 ]
 
