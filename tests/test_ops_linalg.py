@@ -101,19 +101,28 @@ def test_matmul_flops():
 
 
 def test_matmul_loop_order_is_ikj():
-    """B not a constant: the generic core. In the kernel IR the k loop holds the j loop, which
-    is innermost and reads B and the accumulators at j; what codegen produced: the kernel is
-    split across the thread team (the entry hands it the team) and LLVM widened the j loop to
-    vector multiplies and adds."""
+    """B not a constant, the ``matmul_panels`` schedule (the ``schedule`` knob's alternative to
+    the register tiles): in the kernel IR the k loop holds the j loop, which is innermost and
+    reads B and the accumulators at j; what codegen produced: the kernel is split across the
+    thread team (the entry hands it the team) and LLVM widened the j loop to vector multiplies
+    and adds."""
     import re
 
-    import tensorfuse
+    from tensorfuse.compiler.driver import build_module
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.compiler.target import Target
     from tensorfuse.ir.kernel import For, Load
     from tests.codegen_util import expr_nodes as nodes, function_ir, kernel_loops as loops, optimized_ir, parallel_kernels
+    from tests.knob_util import Fixed
     a, b = rand(32, 64), rand(64, 64, seed=1)   # enough work to be split across threads
     m = node_model("MatMul", {"a": a, "b": b})
-    mod = tensorfuse.compile(m, opt_level=0, num_threads=2)
+    graph = import_onnx(m)
+    low = lower_graph(graph, Target.parse("llvm"), tuning=Fixed({"schedule": "matmul_panels"}))
+    mod = build_module(low, graph, ["a", "b"], ["y"], "llvm")
+    mod.num_threads = 2
     (k,) = mod.kernels
+    assert k.schedule == "llvm.matmul_panels"
 
 
     (kl,) = [f for f in loops(k.body) if f.var.name.startswith("k")]

@@ -90,7 +90,9 @@ WORKLOADS = [
     # 13 rows: register tiles of 6 rows leave one; K 40 > 32 offers a k_block
     ("matmul_blocked", lambda: matmul_const((13, 40), (40, 20)), "llvm.matmul_blocked"),
     ("matmul_batched_const_b", lambda: matmul_const((2, 3, 7, 40), (40, 20)), "llvm.matmul_blocked"),
-    ("matmul_batched", lambda: matmul_runtime((2, 7, 16), (2, 16, 12)), "llvm.matmul_panels"),
+    # N = 12: one vector of 8 (AVX2) and 4 scalar columns
+    ("matmul_batched", lambda: matmul_runtime((2, 7, 16), (2, 16, 12)), "llvm.matmul_register_tiles"),
+    ("matmul_batched_wide", lambda: matmul_runtime((2, 9, 16), (2, 16, 40)), "llvm.matmul_register_tiles"),
     ("gemm_transb_bias", lambda: gemm_transb(True), "llvm.matmul_blocked"),
     ("gemm_transb_runtime_b", lambda: gemm_transb(False), "llvm.matmul_dot"),
     ("matmul_integer", matmul_integer, "llvm.matmul_int8"),     # B at run time: packed by the kernel

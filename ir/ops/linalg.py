@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, as_expr
+from tensorfuse.ir.kernel import Buffer, Const, Expr, KernelBuilder, Ramp, as_expr
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops._common import broadcast_shapes
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
@@ -198,7 +198,10 @@ def emit_matmul(ctx: LowerCtx, a: Buffer, b: Buffer, y: Buffer) -> None:
         return a.flat(bcast_offset(a_sh[:-2], bidx) * (M * K) + i * a_st[-2] + k).cast(acc)
 
     def load_b(bidx, k, j):
-        return b.flat(bcast_offset(b_sh[:-2], bidx) * (K * N) + k * b_st[-2] + j).cast(acc)
+        base = bcast_offset(b_sh[:-2], bidx) * (K * N) + k * b_st[-2]
+        if isinstance(j, Ramp):             # the contiguous vector of B's row k from column j.base
+            return b.flat(Ramp(base + j.base, j.lanes)).cast(acc)
+        return b.flat(base + j).cast(acc)
 
     def out_index(bidx, i, j):
         return list(bidx) + ([i] if len(a.shape) > 1 else []) + ([j] if len(b.shape) > 1 else [])
