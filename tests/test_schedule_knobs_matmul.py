@@ -160,7 +160,7 @@ def test_blocked_sweep_with_k_slices_matches_onnxruntime():
     model, feeds = matmul_const((25, 40), (40, 20))
     _, default = lower(model)
     (wl,) = default.workloads.values()
-    assert wl.knobs["register_tile"] == (6, 2) and wl.knobs["sweep_rows"] == 4 and wl.knobs["k_block"] == 40
+    assert wl.knobs["register_tile"] == (6, 2) and wl.knobs["sweep_rows"] == 1 and wl.knobs["k_block"] == 40
     graph, low = lower(model, {"sweep_rows": 2, "k_block": 32})
     (w2,) = low.workloads.values()
     assert (w2.knobs["sweep_rows"], w2.knobs["k_block"]) == (2, 32)
@@ -281,6 +281,9 @@ def test_sweep_default_follows_the_caches():
     assert sweep_default(t, 187, 8, 48, 1536) == (17, 128)       # 187 = 11 x 17; 64 blocks at most
     assert sweep_default(SimpleNamespace(l1d_bytes=48 << 10, l2_bytes=64 << 10), 16, 8, 48, 768) == (4, 128)
     assert sweep_default(t, 0, 8, 48, 3072) == (1, 3072)
+    # a narrow B: 2 panels, so 4 row units of 4 blocks keep 8 tasks; 1 panel of 3 blocks: 3
+    assert sweep_default(t, 16, 8, 48, 768, nblk=2) == (4, 128)
+    assert sweep_default(t, 3, 8, 48, 768, nblk=1) == (1, 128)
 
 
 def test_prefetch_knob_emits_llvm_prefetch():

@@ -57,6 +57,8 @@ MAX_TILE_VECTORS = 4
 #: ``sweep_rows`` at most: the accumulators of the task's row blocks (sweep_rows x R x NB
 #: vectors) live in a local buffer on the stack
 MAX_SWEEP_ROWS = 64
+#: parallel tasks a default sweep leaves at least, where the row blocks allow it
+MIN_SWEEP_TASKS = 8
 #: a sweep of at most this many row blocks is unrolled (more run as a loop)
 UNROLL_SWEEP = 2
 #: ``k_block`` candidates (reduction steps per slice) tried below K
@@ -109,7 +111,7 @@ def row_group(target, units: int, unit_rows: int, K: int, N: int) -> int:
     return max(d for d in _divisors(units) if d <= fit)
 
 
-def sweep_default(target, full: int, R: int, blk: int, K: int) -> tuple[int, int]:
+def sweep_default(target, full: int, R: int, blk: int, K: int, nblk: int = MIN_SWEEP_TASKS) -> tuple[int, int]:
     """(``sweep_rows``, ``k_block``)'s defaults, from the target's caches: one task sweeps the
     most row blocks (a divisor of ``full``) whose accumulators (sweep_rows x R x blk f32) fit
     an eighth of L2 (``Target.l2_bytes``), every one over the same slice of K, whose panel
@@ -118,14 +120,17 @@ def sweep_default(target, full: int, R: int, blk: int, K: int) -> tuple[int, int
     weights come from L3 or DRAM at every call, and a panel read once per 8-row tile made
     ViT's MLP 1.16x onnxruntime's time (0.98x swept, with ``prefetch``; 12 layers of
     197 x 768 x 3072 and back, 1 thread, Xeon with 48 KiB L1 and 2 MiB L2). K that fits one
-    slice is not sliced; (1, K) without a full row block."""
+    slice is not sliced; (1, K) without a full row block. The parallel tasks (row units x
+    ``nblk`` column panels) stay at least :data:`MIN_SWEEP_TASKS` where the rows allow it, so a
+    narrow B (few panels) still splits over the threads."""
     if full < 1:
         return 1, K
     fits = [c for c in K_BLOCKS if c < K and c * blk * 4 <= target.l1d_bytes // 2]
     kc = max(fits) if fits and K * blk * 4 > target.l1d_bytes // 2 else K
     cap = max(1, (target.l2_bytes // 8) // (R * blk * 4))
-    g = max(d for d in _divisors(full) if d <= min(cap, MAX_SWEEP_ROWS))
-    return g, kc
+    fits = [d for d in _divisors(full) if d <= min(cap, MAX_SWEEP_ROWS)]
+    enough = [d for d in fits if (full // d) * nblk >= MIN_SWEEP_TASKS]
+    return max(enough) if enough else 1, kc
 
 
 def _divisors(n: int) -> list[int]:
@@ -159,7 +164,7 @@ def emit_matmul_blocked(ctx: LowerCtx, mm: MatMulSpec) -> None:
     blk = NB * L
     nblk = -(-N // blk)
     full = rows // R
-    G0, KC0 = sweep_default(ctx.target, full, R, blk, K)
+    G0, KC0 = sweep_default(ctx.target, full, R, blk, K, nblk)
     G = knob("sweep_rows", [d for d in _divisors(full) if d <= MAX_SWEEP_ROWS], G0,
              doc="row blocks one parallel task runs over its column panel") if full > 1 else 1
     KC = knob("k_block", [c for c in K_BLOCKS if c < K] + [K], KC0,
