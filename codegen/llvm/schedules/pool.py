@@ -22,6 +22,8 @@ from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.strategy import register_schedule
 from tensorfuse.ir.types import DType
 
+from .reduce import row_partials
+
 #: partial vector accumulators per plane by default (independent add chains)
 GLOBAL_ACCUMULATORS = 4
 
@@ -55,24 +57,8 @@ def global_pool_vector(ctx, x, y, kind: str, p: int, acc_dt, params):
     acc = kb.local(f32, (U * L,), hint="acc")
     tot = kb.local(f32, (1,), hint="tot")
     with kb.loop(n_ * c_, kind="parallel", hint="nc") as nc:
-        base = nc * plane
-        for u in range(U):
-            kb.store(acc, u * L, kb.broadcast(init, L))
-        if nvec // U:
-            with kb.reduce(nvec // U, hint="g") as g:
-                for u in range(U):
-                    v = x.vload(base + (g * U + u) * L, L)
-                    kb.store(acc, u * L, red(acc.vload(u * L, L), term(v)))
-        for r in range((nvec // U) * U, nvec):          # vectors left over: the first accumulators
-            u = r % U
-            kb.store(acc, u * L, red(acc.vload(u * L, L), term(x.vload(base + r * L, L))))
-        for u in range(1, U):
-            kb.store(acc, 0, red(acc.vload(0, L), acc.vload(u * L, L)))
-        kb.store(tot, 0, acc[0])
-        for ln in range(1, L):
-            kb.store(tot, 0, red(tot[0], acc[ln]))
-        for t in range(nvec * L, plane):
-            kb.store(tot, 0, red(tot[0], term(x.flat(base + t))))
+        row_partials(kb, x, nc * plane, plane, L, acc, tot, kb.broadcast(init, L),
+                     lambda a, v: red(a, term(v)), red, lambda t, v: red(t, term(v)))
         v = tot[0]
         if kind == "avg":
             v = v / as_expr(float(plane), f32)

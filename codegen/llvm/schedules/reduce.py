@@ -57,23 +57,35 @@ def reduction_rows_vector(ctx, kb, x, y, axes, acc: DType, passes, finish) -> No
         for p, ps in enumerate(passes):
             prev_s = [t[0] for t in tots[:p]]           # the earlier passes' finished values
             prev_v = [broadcast(a, L) for a in prev_s]
-            init = broadcast(ps.init(acc), L)
-            for u in range(U):
-                kb.store(part, u * L, init)
-
-            def step(u, r):
-                kb.store(part, u * L, ps.step(prev_v, part.vload(u * L, L), x.vload(base + r * L, L)))
-            if nvec // U:
-                with kb.reduce(nvec // U, hint="g") as g:
-                    for u in range(U):
-                        step(u, g * U + u)
-            for r in range((nvec // U) * U, nvec):      # whole vectors left over
-                step(r % U, r)
-            for u in range(1, U):
-                kb.store(part, 0, ps.combine(part.vload(0, L), part.vload(u * L, L)))
-            kb.store(tots[p], 0, part[0])
-            for ln in range(1, L):
-                kb.store(tots[p], 0, ps.combine(tots[p][0], part[ln]))
-            for t in range(nvec * L, count):             # the tail, one element at a time
-                kb.store(tots[p], 0, ps.step(prev_s, tots[p][0], x.flat(base + t)))
+            row_partials(kb, x, base, count, L, part, tots[p], broadcast(ps.init(acc), L),
+                         lambda a, v, prev_v=prev_v, ps=ps: ps.step(prev_v, a, v), ps.combine,
+                         lambda t, v, prev_s=prev_s, ps=ps: ps.step(prev_s, t, v))
         kb.store(y, o, finish([t[0] for t in tots], count))
+
+
+def row_partials(kb, x, base, count: int, L: int, part, tot, init, step, combine, tail_step) -> None:
+    """Reduce the contiguous row ``x[base : base + count]`` into ``tot[0]``: ``part`` (a local
+    of U*L elements) holds U partial vector accumulators, each starting at ``init`` (an L-lane
+    vector); ``step(acc, v)`` takes the row's vectors in turn (the vectors left over after
+    whole rounds of U go to the first accumulators), ``combine(a, b)`` joins the accumulators
+    and then their lanes in order, and ``tail_step(t, e)`` takes the last count % L elements
+    one at a time. The loop shared by ``reduction_rows_vector`` and the global pools'
+    ``global_pool_vector`` (:mod:`.pool`)."""
+    U = part.numel // L
+    nvec = count // L
+    for u in range(U):
+        kb.store(part, u * L, init)
+    if nvec // U:
+        with kb.reduce(nvec // U, hint="g") as g:
+            for u in range(U):
+                kb.store(part, u * L, step(part.vload(u * L, L), x.vload(base + (g * U + u) * L, L)))
+    for r in range((nvec // U) * U, nvec):              # whole vectors left over
+        u = r % U
+        kb.store(part, u * L, step(part.vload(u * L, L), x.vload(base + r * L, L)))
+    for u in range(1, U):
+        kb.store(part, 0, combine(part.vload(0, L), part.vload(u * L, L)))
+    kb.store(tot, 0, part[0])
+    for ln in range(1, L):
+        kb.store(tot, 0, combine(tot[0], part[ln]))
+    for t in range(nvec * L, count):                     # the tail, one element at a time
+        kb.store(tot, 0, tail_step(tot[0], x.flat(base + t)))
