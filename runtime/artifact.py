@@ -39,7 +39,7 @@ import zlib
 import numpy as np
 
 from .memory_plan import MemoryPlan
-from .module import CallInfo, Program, SlotInfo
+from .module import CallInfo, Program, SlotInfo, aligned_empty
 
 FORMAT = "tensorfuse-module"
 FORMAT_VERSION = 1
@@ -256,9 +256,7 @@ def _is_onnx_model(path: str) -> bool:
 def _read_stored(path: str, info: zipfile.ZipInfo) -> np.ndarray:
     """A stored member's bytes read straight from the file into a 64-byte aligned buffer (one
     copy, no decompression layer; the caller checks the CRC)."""
-    raw = np.empty(info.file_size + _ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % _ALIGN
-    blob = raw[start:start + info.file_size]
+    blob = aligned_empty(info.file_size, _ALIGN)
     with open(path, "rb") as f:
         f.seek(info.header_offset)
         head = f.read(30)

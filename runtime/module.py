@@ -5,7 +5,8 @@
 a missing input, an unknown name, a wrong dtype or a wrong shape raises ``ValueError`` naming
 the input with expected and got. Outputs are fresh arrays in graph output order.
 
-Memory (docs/architecture.md "Runtime"): constants are held once, as the arrays the compiler produced, and
+Memory (docs/architecture.md "Runtime"): constants are held once, as the arrays the compiler produced
+(copied only where one does not start on a cache line: :func:`aligned_consts`), and
 their addresses go straight into the slot table. Intermediates live at the offsets of the
 static :class:`~runtime.memory_plan.MemoryPlan` inside one arena. A run takes an arena (with its
 ready-filled slot table) from a pool, writes the input and output addresses into the table,
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 import ml_dtypes  # onnx depends on it: numpy's low-bit types
 import numpy as np
 
-from .memory_plan import MemoryPlan, plan_memory
+from .memory_plan import ALIGNMENT, MemoryPlan, plan_memory
 
 #: ``void entry(ptr slots, ptr team)`` and ``void kernel(ptr args, ptr team)``; a null team
 #: runs everything on the calling thread
@@ -116,7 +117,15 @@ class Program:
                        dict(getattr(lg, "aliases", None) or {}))
 
 
-def aligned_consts(consts: dict, alignment: int = 64) -> dict:
+def aligned_empty(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` whose data starts on an ``alignment``-byte
+    boundary (default 64, a cache line): a view into an allocation ``alignment`` bytes larger."""
+    raw = np.empty(nbytes + alignment, np.uint8)
+    off = (-raw.ctypes.data) % alignment
+    return raw[off:off + nbytes]
+
+
+def aligned_consts(consts: dict, alignment: int = ALIGNMENT) -> dict:
     """``consts`` (slot -> array) with every array whose data does not start on an
     ``alignment``-byte boundary (64: a cache line) replaced by an aligned copy; the others are
     kept as they are. numpy places a large array 16 bytes past a page boundary, and a kernel's
@@ -127,9 +136,7 @@ def aligned_consts(consts: dict, alignment: int = 64) -> dict:
         if a.ctypes.data % alignment == 0 or a.nbytes == 0:
             out[slot] = a
             continue
-        raw = np.empty(a.nbytes + alignment, np.uint8)
-        off = (-raw.ctypes.data) % alignment
-        b = raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+        b = aligned_empty(a.nbytes, alignment).view(a.dtype).reshape(a.shape)
         b[...] = a
         out[slot] = b
     return out
@@ -256,8 +263,7 @@ class ModuleBase:
         slots = prog.slots
         self.input_info = [TensorInfo(n, slots[s].dtype, slots[s].shape) for n, s in zip(input_names, prog.inputs)]
         self.output_info = [TensorInfo(n, slots[s].dtype, slots[s].shape) for n, s in zip(output_names, prog.outputs)]
-        # held once, never copied on the host, except a constant not on a cache-line boundary
-        prog.consts = self._consts = aligned_consts(prog.consts)
+        self._consts = prog.consts      # held once, never copied on the host
         if plan is None:
             plan = (plan_memory(prog.slots, prog.calls, aliases=prog.aliases) if alignment is None
                     else plan_memory(prog.slots, prog.calls, alignment=alignment, aliases=prog.aliases))
@@ -408,6 +414,8 @@ class Module(ModuleBase):
         (None for a module loaded from a file); ``cannot_run``: why this machine cannot run the
         code (the backend says; ``run`` then raises :class:`CPUFeaturesError` with it), or None."""
         super().__init__(lowered, input_names, output_names, target, plan=plan, report=report)
+        # the native kernels read the constants in place: a copy only of those not on a cache line
+        self._program.consts = self._consts = aligned_consts(self._program.consts)
         self._lib = library
         self._entry_name = entry
         self._entry = _ENTRY_T(library.address(entry))
