@@ -281,7 +281,8 @@ def test_sweep_default_follows_the_caches():
     assert sweep_default(t, 187, 8, 48, 1536) == (17, 128)       # 187 = 11 x 17; 64 blocks at most
     assert sweep_default(SimpleNamespace(l1d_bytes=48 << 10, l2_bytes=64 << 10), 16, 8, 48, 768) == (4, 128)
     assert sweep_default(t, 0, 8, 48, 3072) == (1, 3072)
-    # a narrow B: 2 panels, so 4 row units of 4 blocks keep 8 tasks; 1 panel of 3 blocks: 3
+    # a narrow B: 2 panels, so 4 row units of 4 blocks keep 8 tasks; 1 panel of 3 blocks can
+    # give 3 tasks at most: one block per task
     assert sweep_default(t, 16, 8, 48, 768, nblk=2) == (4, 128)
     assert sweep_default(t, 3, 8, 48, 768, nblk=1) == (1, 128)
 

@@ -61,6 +61,8 @@ MAX_SWEEP_ROWS = 64
 MIN_SWEEP_TASKS = 8
 #: a sweep of at most this many row blocks is unrolled (more run as a loop)
 UNROLL_SWEEP = 2
+#: float32 elements in a 64-byte cache line (the stride of the panel prefetches)
+LINE_F32 = 16
 #: ``k_block`` candidates (reduction steps per slice) tried below K
 K_BLOCKS = (32, 64, 128, 256, 512)
 
@@ -125,8 +127,8 @@ def sweep_default(target, full: int, R: int, blk: int, K: int, nblk: int = MIN_S
     narrow B (few panels) still splits over the threads."""
     if full < 1:
         return 1, K
-    fits = [c for c in K_BLOCKS if c < K and c * blk * 4 <= target.l1d_bytes // 2]
-    kc = max(fits) if fits and K * blk * 4 > target.l1d_bytes // 2 else K
+    slices = [c for c in K_BLOCKS if c < K and c * blk * 4 <= target.l1d_bytes // 2]
+    kc = max(slices) if slices and K * blk * 4 > target.l1d_bytes // 2 else K
     cap = max(1, (target.l2_bytes // 8) // (R * blk * 4))
     fits = [d for d in _divisors(full) if d <= min(cap, MAX_SWEEP_ROWS)]
     enough = [d for d in fits if (full // d) * nblk >= MIN_SWEEP_TASKS]
@@ -202,7 +204,7 @@ def emit_matmul_blocked(ctx: LowerCtx, mm: MatMulSpec) -> None:
             bv = [bp.vload((jb * K + k) * blk + v * L, L) for v in range(NB)]
             if PF:
                 nxt = (jb + 1) % nblk
-                for off in range(0, blk, max(1, 64 // 4)):
+                for off in range(0, blk, LINE_F32):     # one prefetch per cache line
                     kb.prefetch(bp, (nxt * K + k) * blk + off, locality=2 if PF == 1 else 3)
             for r in range(nrows):
                 av = cb.a_elem(i0 + r, k)
@@ -252,8 +254,9 @@ def emit_matmul_blocked(ctx: LowerCtx, mm: MatMulSpec) -> None:
 
         def blocks(fn):
             # up to UNROLL_SWEEP row blocks are unrolled (their accumulators at constant
-            # offsets); more run as a loop, whose block's accumulators LLVM still keeps in
-            # registers over the reduction (their address is invariant in it)
+            # offsets, which LLVM keeps in registers); more run as a loop, and ``acc_slice``
+            # moves a looped block's accumulators through ``regs``: at a loop-dependent offset
+            # in ``acc`` LLVM kept them in memory (a load and a store per FMA, 3x slower)
             if G <= UNROLL_SWEEP:
                 for g in range(G):
                     fn(as_expr(g))
