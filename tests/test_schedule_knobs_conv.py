@@ -57,10 +57,15 @@ WORKLOADS = [
     ("pointwise", (1, 8, 6, 7), (24, 8, 1, 1), {}, "llvm.conv2d_pointwise"),
     ("pointwise_strided", (1, 8, 11, 11), (16, 8, 1, 1), {"strides": [2, 2]}, "llvm.conv2d_pointwise"),
     ("pointwise_grouped", (1, 12, 5, 6), (12, 4, 1, 1), {"group": 3}, "llvm.conv2d_pointwise"),
+    # unpacked (C x one pixel tile over PACK_MAX_BYTES) with 8+ channel blocks: pixel tiles inner
+    ("pointwise_tiles_inner", (1, 1100, 9, 9), (64, 1100, 1, 1), {}, "llvm.conv2d_pointwise"),
     ("flat", (1, 16, 7, 7), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, "llvm.conv2d_flat"),
+    # several channel blocks: the weight prefetch aims at the next block (and blocks_per_task)
+    ("flat_blocks", (1, 16, 7, 7), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, "llvm.conv2d_flat"),
     ("im2row", (1, 3, 20, 20), (16, 3, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}, "llvm.conv2d_im2row"),
     ("winograd", (1, 16, 10, 10), (32, 16, 3, 3), {"pads": [1, 1, 1, 1]}, "llvm.conv2d_winograd"),
     ("rows", (1, 8, 13, 13), (16, 8, 3, 3), {"pads": [1, 2, 0, 1]}, "llvm.conv2d_rows"),
+    ("rows_blocks", (1, 8, 13, 13), (40, 8, 3, 3), {"pads": [1, 2, 0, 1]}, "llvm.conv2d_rows"),
     ("rows_grouped", (1, 16, 6, 6), (16, 8, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, "llvm.conv2d_rows"),
     ("depthwise", (1, 8, 9, 9), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, "llvm.conv2d_depthwise"),
     ("depthwise_wide", (1, 4, 5, 21), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, "llvm.conv2d_depthwise"),
@@ -141,3 +146,35 @@ def test_kernel_prints_schedule_and_knobs():
     assert line.startswith("# schedule llvm.conv2d_rows {")
     assert "tile_oc_vectors=2" in line and "tile_cols=3" in line and "weights_kh_outer=True" in line
     assert "register tile 2x8 channels x 3 columns" in text
+
+
+@pytest.mark.parametrize("name", ["pointwise_tiles_inner", "flat_blocks", "rows_blocks"])
+def test_conv_prefetch_knob_emits_llvm_prefetch(name):
+    """The blocked conv schedules' ``prefetch`` 1 (the default) puts a Prefetch (locality 2:
+    L2) of the packed weights the task reads next in the reduction step, reaching LLVM as
+    llvm.prefetch; 0 has none. (Every candidate's numbers are checked against onnxruntime in
+    test_every_knob_candidate_matches_onnxruntime.)"""
+    from llvmlite import ir
+
+    from tensorfuse.codegen.llvm.emit import emit_kernel
+    (_, xs, ws, attrs, _s), = [w for w in WORKLOADS if w[0] == name]
+    model, _ = conv_model(xs, ws, attrs)
+    _, low = lower(model, {"prefetch": 1})
+    text = str(conv_kernel(low))
+    assert "prefetch " in text and "wpack" in text and "(locality 2)" in text, text
+    m = ir.Module()
+    emit_kernel(m, conv_kernel(low))
+    assert "llvm.prefetch" in str(m)
+    _, low0 = lower(model, {"prefetch": 0})
+    assert "prefetch " not in str(conv_kernel(low0))
+
+
+def test_unpacked_pointwise_runs_pixel_tiles_inner_by_default():
+    """With 8+ channel blocks and no packed panels, a task runs one channel block over every
+    pixel tile (W read once per image): the parallel loop has one task per block."""
+    model, _ = conv_model((1, 1100, 9, 9), (64, 1100, 1, 1), {})
+    _, low = lower(model)
+    (wl,) = low.workloads.values()
+    assert wl.knobs["pack_pixels"] is False and wl.knobs["pixel_tiles_inner"] is True
+    _, low2 = lower(model, {"pixel_tiles_inner": False})
+    assert body(conv_kernel(low)) != body(conv_kernel(low2))

@@ -47,7 +47,7 @@ from tensorfuse.ir.ops.linalg import MatMulSpec, emit_dot_products
 from tensorfuse.ir.strategy import register_schedule
 from tensorfuse.ir.types import DType
 
-from .conv2d import vector_registers
+from .conv2d import LINE_F32, vector_registers
 
 #: the register tile's rows at most (a candidate of ``register_tile``); the default formula
 #: caps them at 8 (32 vector registers) or 6 (16)
@@ -61,8 +61,6 @@ MAX_SWEEP_ROWS = 64
 MIN_SWEEP_TASKS = 8
 #: a sweep of at most this many row blocks is unrolled (more run as a loop)
 UNROLL_SWEEP = 2
-#: float32 elements in a 64-byte cache line (the stride of the panel prefetches)
-LINE_F32 = 16
 #: ``k_block`` candidates (reduction steps per slice) tried below K
 K_BLOCKS = (32, 64, 128, 256, 512)
 
