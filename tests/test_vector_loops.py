@@ -124,7 +124,7 @@ def test_standalone_per_tensor_qdq_is_vector(target, op, in_dt):
 
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-@pytest.mark.parametrize("shape", [[2, 4, 128], [3, 37], [2, 1000], [5, 16]])
+@pytest.mark.parametrize("shape", [[2, 4, 128], [3, 37], [2, 1000], [5, 16], [4, 208], [3, 197]])
 def test_softmax_rows_vector(target, op, shape):
     x = np.random.default_rng(3).normal(0, 4, shape).astype(np.float32)
     x.flat[5] = 80.0                        # a large maximum
@@ -138,6 +138,18 @@ def test_softmax_rows_vector(target, op, shape):
     # LogSoftmax: x - (max + log(sum)) cancels; the sum's other order moves log(sum) by an ulp
     atol = 4 * np.spacing(np.float32(np.abs(x).max() + 10)) if op == "LogSoftmax" else 1e-7
     np.testing.assert_allclose(mod.run(x=x)[0], ort_run(m, {"x": x})[0], rtol=2e-6, atol=atol)
+
+
+def test_softmax_rows_vector_nan_in_tail():
+    """A NaN among a row's last n % L elements (the overlapping last vector) still makes the
+    whole row NaN, and only that row."""
+    x = np.random.default_rng(7).normal(size=[3, 197]).astype(np.float32)
+    x[1, 196] = np.nan
+    m = _model([h.make_node("Softmax", ["x"], ["y"], axis=-1)], [h.make_tensor_value_info("x", T.FLOAT, [3, 197])],
+               [h.make_tensor_value_info("y", T.FLOAT, [3, 197])], {})
+    got = tensorfuse.compile(m).run(x=x)[0]
+    assert np.isnan(got[1]).all() and not np.isnan(got[[0, 2]]).any()
+    np.testing.assert_allclose(got[[0, 2]], ort_run(m, {"x": x})[0][[0, 2]], rtol=2e-6, atol=1e-7)
 
 
 def test_softmax_rows_vector_nan_row():
