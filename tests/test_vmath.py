@@ -31,9 +31,10 @@ OPS = vmath.OPS
 ULP_BOUND = vmath.MAX_ULP
 
 
-def build_module(widths=WIDTHS, ops=OPS) -> ir.Module:
+def build_module(widths=WIDTHS, ops=OPS, avx512: bool = False) -> ir.Module:
     """``void @<op>_w<W>(ptr in, ptr out, i64 n)``: out[i] = op(in[i]) for i < n, n a multiple
-    of W, W floats per iteration (W = 1: scalar float)."""
+    of W, W floats per iteration (W = 1: scalar float). ``avx512``: vmath may use AVX-512
+    instructions (``emit_unary``'s flag)."""
     m = ir.Module(name="vmath_test")
     for op in ops:
         for w in widths:
@@ -48,7 +49,7 @@ def build_module(widths=WIDTHS, ops=OPS) -> ir.Module:
             i.add_incoming(ir.Constant(I64, 0), entry)
             p_in = b.gep(src, [i], source_etype=F32)
             p_out = b.gep(dst, [i], source_etype=F32)
-            y = vmath.emit_unary(b, op, b.load(p_in, typ=t, align=4))
+            y = vmath.emit_unary(b, op, b.load(p_in, typ=t, align=4), avx512)
             b.store(y, p_out, align=4)
             nxt = b.add(i, ir.Constant(I64, w))
             i.add_incoming(nxt, loop)
@@ -253,6 +254,37 @@ def test_odd_functions():
     for op in ("erf", "tanh"):
         for w in WIDTHS:
             np.testing.assert_array_equal(k(op, -x, w), -k(op, x, w))
+
+
+def _host_has_avx512() -> bool:
+    from tensorfuse.ir.target import Target
+    return platform.machine().lower() in ("x86_64", "amd64") and Target.parse("llvm").has_avx512
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 only")
+def test_avx512_scalef_exp_matches_the_generic_code_bit_for_bit():
+    """With ``avx512`` the 16-lane exp (and tanh, erf, sigmoid, which call it) scales by 2^k
+    with VSCALEFPS, rounding once as the two exponent-bit factors do: the same float32 result
+    for every input, the overflow, denormal and zero ranges, +-inf and NaN included. On a host
+    without AVX-512 the module is compiled for skylake-avx512 and only its assembly checked."""
+    import llvmlite.binding as llvm
+    jit._init()
+    mod = jit.parse_and_verify(str(build_module(widths=(16,), avx512=True)), "vmath_scalef")
+    tm = llvm.Target.from_triple(llvm.get_process_triple()).create_target_machine(
+        cpu="skylake-avx512", features="", opt=3, reloc="pic", codemodel="jitdefault")
+    asm = tm.emit_assembly(mod)
+    assert "vscalefps" in asm
+    if not _host_has_avx512():
+        return
+    fast = Kernels(jit.load_object(tm.emit_object(mod)))
+    special = np.array([-np.inf, np.inf, np.nan, 0.0, -0.0, 88.72, 88.7228, 88.73, 89.0, -87.33, -100.0,
+                        -103.9, -103.98, -104.0, -200.0, 1e30, -1e30], np.float32)
+    bits = _bits_sample(0, 255, 32, 7)
+    x = np.concatenate([special, np.linspace(-110, 95, 400_001, dtype=np.float32), bits, -bits])
+    for op in OPS:
+        a, b = fast(op, x, 16), kernels()(op, x, 16)
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        assert same.all() and (np.signbit(a) == np.signbit(b)).all(), (op, x[~same][:5], a[~same][:5], b[~same][:5])
 
 
 def test_other_ops_and_types_return_none():

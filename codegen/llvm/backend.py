@@ -152,11 +152,12 @@ class LLVMBackend(Backend):
 
         calls = [(c.kernel, c.slots) for c in lowered.calls]
         parallel = {k.name: kernel_is_parallel(k) for k in lowered.kernels}
+        avx512 = bool(target.has_avx512)
 
         def emit(kernels, progress=False, entry=True) -> str:
             mod = lir.Module(name=module_name(graph.name))
             for k in kernels:
-                emit_kernel(mod, k)
+                emit_kernel(mod, k, avx512)
                 if progress:
                     bar.advance()
             if entry:

@@ -101,9 +101,10 @@ def local_name(name: str) -> str:
 
 
 class _FnEmitter:
-    def __init__(self, module: ir.Module, kernel: Kernel):
+    def __init__(self, module: ir.Module, kernel: Kernel, avx512: bool = False):
         self.m = module
         self.k = kernel
+        self.avx512 = avx512        # vmath may use AVX-512 instructions (VSCALEFPS in exp)
         fn = module.globals.get(kernel.name)
         if fn is not None:
             raise CodegenError(f"kernel name {kernel.name} emitted twice")
@@ -530,7 +531,7 @@ class _FnEmitter:
             if dt == DType.f16:
                 return b.fptrunc(self.unop(op, DType.f32, b.fpext(x, _like(x.type, F32))), x.type)
             if dt == DType.f32 and op in ("exp", "log", "erf", "tanh"):
-                v = vmath.emit_unary(b, op, x)       # inline, vectorisable (codegen/llvm/vmath.py)
+                v = vmath.emit_unary(b, op, x, self.avx512)   # inline, vectorisable (codegen/llvm/vmath.py)
                 if v is not None:
                     return v
             if op in _INTRINSIC_UNARY:
@@ -1220,9 +1221,10 @@ def emit_team_helpers(module: ir.Module) -> None:
     b.ret_void()
 
 
-def emit_kernel(module: ir.Module, kernel: Kernel) -> ir.Function:
-    """Add one kernel to ``module``; raises CodegenError naming the kernel."""
-    em = _FnEmitter(module, kernel)
+def emit_kernel(module: ir.Module, kernel: Kernel, avx512: bool = False) -> ir.Function:
+    """Add one kernel to ``module``; raises CodegenError naming the kernel. ``avx512``: the
+    target has AVX-512F (``Target.has_avx512``), so the inline math may use its instructions."""
+    em = _FnEmitter(module, kernel, avx512)
     em.top(kernel.body)
     em.b.ret_void()
     return em.fn

@@ -93,9 +93,11 @@ _ERFC_G = _coeffs("-0x1.d97fc0p+0 -0x1.51c988p+1 -0x1.afb44ap-1 -0x1.520526p-5 0
 class _Emit:
     """Builder helpers for one float type (``float`` or ``<n x float>``)."""
 
-    def __init__(self, b: ir.IRBuilder, t: ir.Type):
+    def __init__(self, b: ir.IRBuilder, t: ir.Type, avx512: bool = False):
         self.b = b
         self.t = t
+        #: scale by 2^k with AVX-512's VSCALEFPS (16 lanes only)
+        self.scalef = avx512 and isinstance(t, ir.VectorType) and t.count == 16
         if isinstance(t, ir.VectorType):
             self.n = t.count
             self.it = ir.VectorType(I32, t.count)
@@ -147,6 +149,16 @@ class _Emit:
     def lt(self, a, b): return self.b.fcmp_ordered("<", a, b)
     def gt(self, a, b): return self.b.fcmp_ordered(">", a, b)
     def eq(self, a, b): return self.b.fcmp_ordered("==", a, b)
+    def scale2(self, y, k):
+        """y * 2^k (k a float32 integer) rounded once, by VSCALEFPS (Intel SDM: "VSCALEFPS";
+        current rounding mode, no mask): overflow to inf and gradual underflow included."""
+        name = "llvm.x86.avx512.mask.scalef.ps.512"
+        m = self.b.module
+        f = m.globals.get(name)
+        if f is None:
+            f = ir.Function(m, ir.FunctionType(self.t, [self.t, self.t, self.t, ir.IntType(16), I32]), name=name)
+        return self.b.call(f, [y, k, self.c(0.0), ir.Constant(ir.IntType(16), 0xFFFF), ir.Constant(I32, 4)])
+
     def bits(self, x): return self.b.bitcast(x, self.it)
     def from_bits(self, i): return self.b.bitcast(i, self.t)
 
@@ -154,7 +166,8 @@ class _Emit:
 def _exp(e: _Emit, x):
     """float32 exp(x), x any float32. Error < 1.05 ulp (measured max: 1.013 fused, 0.994
     unfused, over every float32 in [-104, 104] with |x| >= 2^-30). Cody-Waite reduction, degree-6
-    polynomial, scaling in two exponent-bit factors (module docstring). exp(-inf) = 0,
+    polynomial, scaling in two exponent-bit factors (module docstring), or by VSCALEFPS where
+    ``e`` has it (AVX-512, 16 lanes: the same value, one rounding, 8 fewer instructions). exp(-inf) = 0,
     exp(+inf) = inf, NaN -> NaN; overflows to inf above 88.7228, denormal results below -87.34,
     0 below -103.97 (as correctly rounded)."""
     b = e.b
@@ -163,11 +176,13 @@ def _exp(e: _Emit, x):
     xc = e.sel(e.gt(xc, e.c(_EXP_HI)), e.c(_EXP_HI), xc)
     s = e.mad(xc, e.c(_LOG2E), e.c(_ROUND_MAGIC))         # integer k in the low mantissa bits
     kf = e.sub(s, e.c(_ROUND_MAGIC))                       # k in [-150, 128], exact
-    ki = b.sub(e.bits(s), e.bits(e.c(_ROUND_MAGIC)))
     r = e.mad(kf, e.c(-_LN2_HI), xc)                       # exact (Sterbenz) with or without fusion
     r = e.mad(kf, e.c(-_LN2_LO), r)
     p = e.mad(e.mul(r, r), e.poly(r, _EXP_P), r)           # exp(r) - 1
     y = e.add(e.c(1.0), p)
+    if e.scalef:                                           # one instruction, one rounding
+        return e.scale2(y, kf)
+    ki = b.sub(e.bits(s), e.bits(e.c(_ROUND_MAGIC)))
     k1 = b.ashr(ki, e.ci(1))
     k2 = b.sub(ki, k1)
     s1 = e.from_bits(b.shl(b.add(k1, e.ci(127)), e.ci(23)))   # 2^k1, k1 in [-75, 64]
@@ -246,7 +261,7 @@ def _sigmoid(e: _Emit, x):
 _IMPL = {"exp": _exp, "log": _log, "erf": _erf, "tanh": _tanh, "sigmoid": _sigmoid}
 
 
-def emit_unary(builder: ir.IRBuilder, op: str, x: ir.Value) -> ir.Value | None:
+def emit_unary(builder: ir.IRBuilder, op: str, x: ir.Value, avx512: bool = False) -> ir.Value | None:
     """Emit ``op(x)`` for a float32 ``x`` (``float`` or ``<n x float>``, any n) as straight-line
     IR at the builder's position; None when ``op`` is not one of :data:`OPS` or ``x`` is not
     float32 (the caller then uses its own lowering).
@@ -273,4 +288,4 @@ def emit_unary(builder: ir.IRBuilder, op: str, x: ir.Value) -> ir.Value | None:
             return None
     elif not isinstance(t, ir.FloatType):
         return None
-    return impl(_Emit(builder, t), x)
+    return impl(_Emit(builder, t, avx512), x)
