@@ -287,6 +287,49 @@ def test_avx512_scalef_exp_matches_the_generic_code_bit_for_bit():
         assert same.all() and (np.signbit(a) == np.signbit(b)).all(), (op, x[~same][:5], a[~same][:5], b[~same][:5])
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86 only")
+@pytest.mark.parametrize("avx512", [False, True])
+def test_exp_of_a_zero_result_does_not_underflow(avx512):
+    """exp(x) for x below -104 (masked or padding scores: -inf, -10000) is the constant 0,
+    not the result of arithmetic that underflows: an underflowing result costs x86 a
+    microcode assist (measured 15x the time of exp itself). Read as the MXCSR underflow flag
+    (UE, bit 4) after a native loop over such inputs, which stays clear; a true denormal
+    result (x = -95) still raises it, so the check can fail."""
+    import llvmlite.binding as llvm
+    if avx512 and not _host_has_avx512():
+        pytest.skip("the host has no AVX-512")
+    i32 = ir.IntType(32)
+    m = build_module(widths=(16,), ops=("exp",), avx512=avx512)
+    fn = ir.Function(m, ir.FunctionType(i32, [PTR, PTR, I64]), name="exp_flags")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    st = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR]), name="llvm.x86.sse.stmxcsr")
+    ld = ir.Function(m, ir.FunctionType(ir.VoidType(), [PTR]), name="llvm.x86.sse.ldmxcsr")
+    slot = b.alloca(i32)
+    b.call(st, [slot])
+    b.store(b.and_(b.load(slot), ir.Constant(i32, ~0x3F)), slot)      # clear the exception flags
+    b.call(ld, [slot])
+    b.call(m.globals["exp_w16"], list(fn.args))
+    b.call(st, [slot])
+    b.ret(b.load(slot))
+    jit._init()
+    mod = jit.parse_and_verify(str(m), "vmath_flags")
+    tm = llvm.Target.from_triple(llvm.get_process_triple()).create_target_machine(
+        cpu=llvm.get_host_cpu_name() if avx512 else "x86-64-v3", features="", opt=3, reloc="pic",
+        codemodel="jitdefault")
+    lib = jit.load_object(tm.emit_object(mod))
+    call = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(lib.address("exp_flags"))
+
+    def flags(values):
+        x = np.array(values * 16, np.float32)
+        y = np.empty_like(x)
+        return call(x.ctypes.data, y.ctypes.data, x.size), y
+    got, y = flags([-np.inf, -10000.0, -104.5, -200.0, -1e30, 0.0, -1.0, 50.0])
+    assert not got & 0x10, hex(got)
+    np.testing.assert_array_equal(y[:5], 0.0)
+    got, y = flags([-95.0])
+    assert got & 0x10 and y[0] == np.float32(math.exp(-95.0)), (hex(got), y[0])
+
+
 def test_other_ops_and_types_return_none():
     m = ir.Module()
     fn = ir.Function(m, ir.FunctionType(ir.VoidType(), []), name="f")

@@ -169,10 +169,16 @@ def _exp(e: _Emit, x):
     polynomial, scaling in two exponent-bit factors (module docstring), or by VSCALEFPS where
     ``e`` has it (AVX-512, 16 lanes: the same value, one rounding, 8 fewer instructions). exp(-inf) = 0,
     exp(+inf) = inf, NaN -> NaN; overflows to inf above 88.7228, denormal results below -87.34,
-    0 below -103.97 (as correctly rounded)."""
+    0 below -103.97 (as correctly rounded).
+
+    Below -104 the result is the constant 0, selected after computing on 0 instead: an
+    arithmetic result that underflows costs a microcode assist on x86 (about 15x the time
+    of the whole function: a Softmax row's masked or padding keys, -inf or -10000, met it for
+    every lane), so only true denormal results, x in [-104, -87.34], still take one."""
     b = e.b
-    # clamp with ordered compares: NaN passes through and stays NaN in r and the result
-    xc = e.sel(e.lt(x, e.c(_EXP_LO)), e.c(_EXP_LO), x)
+    # ordered compares: NaN passes through and stays NaN in r and the result
+    zero = e.lt(x, e.c(_EXP_LO))
+    xc = e.sel(zero, e.c(0.0), x)
     xc = e.sel(e.gt(xc, e.c(_EXP_HI)), e.c(_EXP_HI), xc)
     s = e.mad(xc, e.c(_LOG2E), e.c(_ROUND_MAGIC))         # integer k in the low mantissa bits
     kf = e.sub(s, e.c(_ROUND_MAGIC))                       # k in [-150, 128], exact
@@ -181,13 +187,13 @@ def _exp(e: _Emit, x):
     p = e.mad(e.mul(r, r), e.poly(r, _EXP_P), r)           # exp(r) - 1
     y = e.add(e.c(1.0), p)
     if e.scalef:                                           # one instruction, one rounding
-        return e.scale2(y, kf)
+        return e.sel(zero, e.c(0.0), e.scale2(y, kf))
     ki = b.sub(e.bits(s), e.bits(e.c(_ROUND_MAGIC)))
     k1 = b.ashr(ki, e.ci(1))
     k2 = b.sub(ki, k1)
     s1 = e.from_bits(b.shl(b.add(k1, e.ci(127)), e.ci(23)))   # 2^k1, k1 in [-75, 64]
     s2 = e.from_bits(b.shl(b.add(k2, e.ci(127)), e.ci(23)))
-    return e.mul(e.mul(y, s1), s2)                          # the second product rounds once
+    return e.sel(zero, e.c(0.0), e.mul(e.mul(y, s1), s2))   # the second product rounds once
 
 
 def _log(e: _Emit, x):
