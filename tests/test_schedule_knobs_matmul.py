@@ -168,6 +168,34 @@ def test_blocked_sweep_with_k_slices_matches_onnxruntime():
     np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("knobs", [{"sweep_rows": 2, "k_block": 32, "panels_per_task": 3},
+                                   {"sweep_rows": 4, "k_block": 32, "panels_per_task": 3}])
+def test_blocked_sweep_over_several_panels_matches_onnxruntime(knobs):
+    """A task sweeping 3 panels, each slice of K over all of them in turn (the accumulators of
+    every panel in the local buffer between slices); with sweep_rows 4 the one task also takes
+    the last row (25 = 4 x 6 + 1) inside its slices."""
+    model, feeds = matmul_const((25, 40), (40, 40))
+    graph, low = lower(model, knobs)
+    (w2,) = low.workloads.values()
+    assert all(w2.knobs[k] == v for k, v in knobs.items()), w2.knobs
+    got = build_module(low, graph, ["a"], ["y"], TARGET).run(**feeds)[0]
+    np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_panels_per_task_default():
+    """Several panels per task only where the swept rows of A do not fit half of L2 (ViT's
+    197 x 3072 fc2 input: 2.4 MB), as many as leave PANEL_MIN_TASKS tasks; GPT-2's 64 rows
+    (786 KB) keep one panel per task."""
+    from types import SimpleNamespace
+
+    from tensorfuse.codegen.llvm.schedules.matmul import PANEL_MIN_TASKS, panels_default
+    t = SimpleNamespace(l2_bytes=2 << 20)
+    vit = panels_default(1, 16, (24 * 8 + 5) * 48, 197 * 3072 * 4, t)
+    assert vit == 4 and 16 // vit >= PANEL_MIN_TASKS
+    assert panels_default(1, 16, 8 * 8 * 48, 64 * 3072 * 4, t) == 1
+    assert panels_default(1, 3, 197 * 48, 197 * 3072 * 4, t) == 1       # 3 panels: 4 tasks impossible
+
+
 def test_register_tiles_fit_the_vector_registers():
     """Every register_tile candidate keeps R*NB accumulators + NB panel vectors + 2 within the
     16 (AVX2) or 32 (AVX-512) vector registers, and the default is the formula's."""
