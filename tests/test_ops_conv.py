@@ -193,7 +193,10 @@ def test_conv_kernel_reads_rows():
 def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, threads):
     """1x1 convs (the pixel-vector GEMM) with a residual Add and Relu fused: with enough
     channel blocks each pixel tile of X is copied into a per-thread panel read by every block
-    of its group; every tail and group split matches onnxruntime at 1 and 2 threads."""
+    of its group; every tail and group split matches onnxruntime at 1 and 2 threads. (Where
+    X fits half of L2 the default runs unpacked blocks over every pixel tile instead, tested
+    below; here ``pack_pixels`` is fixed to the case's value.)"""
+    from tests.knob_util import Fixed
     from onnx import TensorProto, helper, numpy_helper
 
     from tensorfuse.codegen.llvm.schedules.conv2d import PACK_MAX_BYTES
@@ -209,10 +212,53 @@ def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, threads):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, *x_shape[2:]])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
+    from tensorfuse.compiler.driver import build_module
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.compiler.pipeline import optimize
+    from tensorfuse.ir.target import Target
+    tgt = Target.parse(SCHEDULE_TARGET)
+    graph = import_onnx(model)
+    optimize(graph, 2, target=tgt)
+    low = lower_graph(graph, tgt, tuning=Fixed({"pack_pixels": packed}))
+    mod = build_module(low, graph, ["x", "z"], ["y"], tgt)
+    mod.num_threads = threads
     (k,) = [k for k in mod.kernels if "pointwise" in k.comment]
     assert ("pixel tiles packed" in k.comment) == packed, k.comment
     assert any(b.name.startswith("xpanel") for b in k.locals) == packed
+    np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)
+
+
+@pytest.mark.parametrize("x_shape,m", [
+    ((1, 64, 14, 14), 96),     # 4 pixel tiles + a 1-vector rest, 16 blocks of 6 (AVX2 tiles)
+    ((2, 16, 13, 13), 50),     # two images, a rest of 2 vectors, a partial last block
+    ((1, 24, 9, 9), 144),
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_pointwise_pixel_tiles_inner(x_shape, m, threads):
+    """1x1 convs whose X fits half of L2 and that have 8+ channel blocks run unpacked, each
+    task one channel block over every pixel tile (``tiles_inner_ok``), with a residual Add
+    and Relu fused: the default where it applies, matching onnxruntime at 1 and 2 threads."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tensorfuse.codegen.llvm.schedules.conv2d import tiles_inner_ok
+    from tensorfuse.ir.target import Target
+    x = _u(*x_shape)
+    w = _u(m, x_shape[1], 1, 1, seed=1) * 0.3
+    bias, z = _u(m, seed=2), _u(x_shape[0], m, *x_shape[2:], seed=3)
+    N = helper.make_node
+    g = helper.make_graph(
+        [N("Conv", ["x", "w", "b"], ["c"]), N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("x", x), ("z", z))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, *x_shape[2:]])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
+    (k,) = [k for k in mod.kernels if "pointwise" in k.comment]
+    hw = x_shape[2] * x_shape[3]
+    R, NB = k.knobs["tile_oc"], k.knobs["tile_pixel_vectors"]
+    assert tiles_inner_ok(Target.parse(SCHEDULE_TARGET), m, x_shape[1], hw, R, hw // (NB * 8), x_shape[0])
+    assert k.knobs["pack_pixels"] is False and k.knobs["pixel_tiles_inner"] is True, k.knobs
     np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)
 
 

@@ -705,7 +705,8 @@ def pointwise_tiling_knobs(target, m: int, c: int, hw: int, strided: bool) -> Po
         pack = knob("pack_pixels", (True,), True, doc="copy each pixel tile into a contiguous panel "
                     "(a strided 1x1 conv always does: the copy gathers the strided pixels)")
     else:
-        pack0 = pack_pixels_ok(-(-m // R), c, NB * L) and (nfull > 0 or hw >= nvec_rest * L)
+        pack0 = (pack_pixels_ok(-(-m // R), c, NB * L) and (nfull > 0 or hw >= nvec_rest * L)
+                 and not tiles_inner_ok(target, m, c, hw, R, nfull))
         pack = knob("pack_pixels", (False, True) if can_pack else (False,), pack0,
                     doc=f"copy each pixel tile into a contiguous panel (default: at least {PACK_MIN_BLOCKS} "
                         f"channel blocks read it and it takes at most {PACK_MAX_BYTES} bytes)")
@@ -719,6 +720,21 @@ def pointwise_lane_use(target, m: int, c: int, geo) -> float:
     t = pointwise_tiling(target, m, c, hw)
     lanes = (t.nfull * t.NB + t.nvec_rest) * t.L
     return hw / lanes if lanes else 1.0
+
+
+def tiles_inner_ok(target, m: int, c: int, hw: int, R: int, nfull: int, n: int = 1) -> bool:
+    """Whether an unstrided pointwise conv runs each channel block over every pixel tile by
+    default (knob ``pixel_tiles_inner``, unpacked tiles): at least :data:`PACK_MIN_TASKS`
+    channel blocks (of R channels) over the ``n`` images, whole pixel tiles, and one image's X
+    (c x hw f32) within half of L2 (``Target.l2_bytes``), so the blocks re-read X from L2. A
+    task then writes R output planes front to back, where the pixel tiles inner to the blocks
+    wrote all M planes a few lines at a time: in a model the output (and a residual) are not in
+    cache, and those scattered lines came from memory one by one (1 thread, weights and output
+    cold as in a model: mobilenet_v2's 24->144 at 56x56 0.92 -> 0.31 ms, efficientnet's
+    16->96 at 112x112 1.53 -> 0.51, resnet50's 64->256 + residual 1.56 -> 0.96; warm, within
+    +-10% either way)."""
+    return (n * -(-m // R) >= PACK_MIN_TASKS and nfull > 0
+            and c * hw * 4 <= int(getattr(target, "l2_bytes", 0) or 0) // 2)
 
 
 def strided_pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, group: int = 1) -> bool:
@@ -833,7 +849,7 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     PF = knob("prefetch", [0, 1, 2], 1,
               doc="0: none; 1: each reduction step prefetches the same step's weights of the next "
                   "channel block into L2; 2: into L1") if MB > 1 else 0
-    tiles_inner = knob("pixel_tiles_inner", (False, True), n_ * MB >= PACK_MIN_TASKS,
+    tiles_inner = knob("pixel_tiles_inner", (False, True), tiles_inner_ok(ctx.target, m_, c_, hw, R, nfull, n_),
                        doc="unpacked tiles: a task runs one channel block over every pixel tile "
                            "(False: one pixel tile of one block; the blocks innermost)") \
         if not pack and MB > 1 else False
