@@ -156,11 +156,13 @@ def all_rules(rules: Iterable = ()) -> dict[str, type]:
     return {_rule_name(r): r for rs in rule_sets(rules).values() for r in rs}
 
 
-def _select(rules: Iterable, level: int, disabled: set[str]) -> list:
+def _select(rules: Iterable, level: int, disabled: set[str], layout: str = "NCHW") -> list:
     out = []
     for r in rules:
         name = r.__name__ if isinstance(r, type) else r.name
         if name in disabled or (getattr(r, "numerics_changing", False) and level < 3):
+            continue
+        if getattr(r, "layouts", None) is not None and layout not in r.layouts:
             continue
         out.append(r)
     return out
@@ -212,13 +214,13 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
 
     cleanup: list = [("fold_constants", fold), ("dce", eliminate_dead_nodes),
                      ("cse", eliminate_common_subexpressions),
-                     ("simplify", RewritePass("simplify", _select(sets["simplify"], opt_level, disabled), log, verify=verify))]
+                     ("simplify", RewritePass("simplify", _select(sets["simplify"], opt_level, disabled, layout), log, verify=verify))]
     if opt_level == 0:
         return []
     passes: list = []
     if opt_level >= 2:
         # before the first constant folding, which would fold DequantizeLinear(W) into float W
-        passes += [("quantize", RewritePass("quantize", _select(sets["quantize"], opt_level, disabled), log,
+        passes += [("quantize", RewritePass("quantize", _select(sets["quantize"], opt_level, disabled, layout), log,
                                             verify=verify))]
     passes += [("cleanup", cleanup)]
     from tensorfuse.compiler.passes.layout import LayoutPass
@@ -226,10 +228,10 @@ def build_passes(opt_level: int = 2, *, disabled_rules: Iterable[str] = (), log:
     if opt_level == 1:
         passes += layout_passes
     if opt_level >= 2:
-        passes += [("fold_rules", RewritePass("fold_rules", _select(sets["fold"], opt_level, disabled), log, verify=verify)),
+        passes += [("fold_rules", RewritePass("fold_rules", _select(sets["fold"], opt_level, disabled, layout), log, verify=verify)),
                    ("fold_constants", fold), ("dce", eliminate_dead_nodes)]
         fuse = sets["fuse"] + (sets["o3"] if opt_level >= 3 else [])
-        passes += [("fuse", RewritePass("fuse", _select(fuse, opt_level, disabled), log, verify=verify)),
+        passes += [("fuse", RewritePass("fuse", _select(fuse, opt_level, disabled, layout), log, verify=verify)),
                    ("dce", eliminate_dead_nodes)]
         passes += layout_passes      # after BatchNorm folding and FusedConv, before grouping
         # docs/architecture.md "Grouping": what the catalogue left becomes fused functions, one kernel each

@@ -73,13 +73,15 @@ class Rule:
     Class attributes: ``pattern`` (a Pattern, or a tuple of Patterns for several outputs),
     ``numerics_changing`` (True: only at O3; the docstring says by how much), ``name_from``
     (the capture whose node name the one node a rewrite makes takes; None: the match's first
-    node in graph order, the anchor of an epilogue fusion). ``name`` is the class name; ``doc``
+    node in graph order, the anchor of an epilogue fusion), ``layouts`` (the pipeline layouts,
+    "NCHW" / "NHWC", the rule runs in; None: every one). ``name`` is the class name; ``doc``
     the docstring's first line.
     """
 
     pattern = None
     numerics_changing = False
     name_from: str | None = None
+    layouts: tuple | None = None
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)

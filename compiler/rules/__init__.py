@@ -14,15 +14,15 @@ The simplification rules of O1 live in :mod:`compiler.passes.simplify` (``SIMPLI
 """
 from __future__ import annotations
 
-from tensorfuse.compiler.rules import (conv_patchify, fold_batchnorm, fold_pad, fuse_attention, fuse_conv, fuse_gelu,
-                                      fuse_layernorm,
-                                      fuse_matmul, quantize)
+from tensorfuse.compiler.rules import (conv_patchify, conv_subsample, fold_batchnorm, fold_pad, fuse_attention,
+                                      fuse_conv, fuse_gelu, fuse_layernorm, fuse_matmul, quantize)
 
 QUANTIZE_RULES: list = [*quantize.RULES]
 FOLD_RULES: list = [*fold_batchnorm.RULES, *fold_pad.RULES, *quantize.FOLD]
 # GELU and LayerNorm are recognised before the anchors take activations; EmbedLayerNorm is tried
 # before SkipLayerNorm on the same LayerNormalization (fuse_layernorm.RULES keeps that order); a
-# patch-embedding Conv becomes a MatMul before the Conv anchors could take it
-FUSE_RULES: list = [*conv_patchify.RULES, *fuse_gelu.RULES, *fuse_layernorm.RULES, *fuse_attention.RULES,
-                    *fuse_conv.RULES, *fuse_matmul.RULES]
+# patch-embedding Conv becomes a MatMul, and a strided 1x1 Conv a Slice and a stride-1 Conv,
+# before the Conv anchors could take them
+FUSE_RULES: list = [*conv_patchify.RULES, *conv_subsample.RULES, *fuse_gelu.RULES, *fuse_layernorm.RULES,
+                    *fuse_attention.RULES, *fuse_conv.RULES, *fuse_matmul.RULES]
 O3_RULES: list = [*fuse_gelu.O3]
