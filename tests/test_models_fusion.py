@@ -79,9 +79,10 @@ def test_cnn_graph_is_fused(shared_models, name):
 
 def test_resnet18_fused_counts(shared_models):
     g = optimized(shared_models / "resnet18.unfolded.onnx")
-    # 17 Conv+BN+Relu (8 of them with the residual Add), 3 downsampling Conv+BN stay plain Convs
-    assert g.op_histogram() == {"tensorfuse::FusedConv": 17, "Conv": 3, "MaxPool": 1, "GlobalAveragePool": 1,
-                                "Flatten": 1, "Gemm": 1}
+    # 17 Conv+BN+Relu (8 of them with the residual Add), 3 downsampling Conv+BN stay plain Convs,
+    # each reading its input subsampled by a Slice (StridedPointwiseConvSubsample)
+    assert g.op_histogram() == {"tensorfuse::FusedConv": 17, "Conv": 3, "Slice": 3, "MaxPool": 1,
+                                "GlobalAveragePool": 1, "Flatten": 1, "Gemm": 1}
 
 
 def test_mobilenet_v2_fused_counts(shared_models):
