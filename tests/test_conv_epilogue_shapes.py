@@ -125,8 +125,10 @@ def test_conv_epilogue_operand_shapes(x_shape, m, k, attrs, schedule):
     mod = tensorfuse.compile(model, target=TARGET, opt_level=2, cache=False)
     kinds = {_schedule(kk.comment) for kk in mod.kernels if "Conv" in kk.comment}
     assert kinds == schedule, [kk.comment for kk in mod.kernels]
-    # every Add/Mul was fused into its conv (else the test would not test the epilogues)
-    assert mod.num_kernels == len(names), [kk.name for kk in mod.kernels]
+    # every Add/Mul was fused into its conv (else the test would not test the epilogues); a
+    # strided 1x1 conv reads X through a subsampling Slice of its own (StridedPointwiseConvSubsample)
+    convs = [c for c in mod.calls if not c.kernel.startswith("slice")]
+    assert len(convs) == len(names), [c.kernel for c in mod.calls]
     got = mod.run(**feeds)
     want = ort_run(model, feeds)
     bad = []

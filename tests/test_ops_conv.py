@@ -180,6 +180,22 @@ def test_conv_kernel_reads_rows():
     np.testing.assert_allclose(mod.run(x=x, w=w)[0], ort_run(m, {"x": x, "w": w})[0], rtol=RT, atol=AT)
 
 
+def _pointwise_residual_model(x_shape, m):
+    """(model, x, z): Relu(Conv1x1(x, W, b) + z), x [N, C, H, W] -> [N, m, H, W]."""
+    from onnx import TensorProto, helper, numpy_helper
+    x = _u(*x_shape)
+    w = _u(m, x_shape[1], 1, 1, seed=1) * 0.3
+    bias, z = _u(m, seed=2), _u(x_shape[0], m, *x_shape[2:], seed=3)
+    N = helper.make_node
+    g = helper.make_graph(
+        [N("Conv", ["x", "w", "b"], ["c"]), N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("x", x), ("z", z))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, *x_shape[2:]])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return model, x, z
+
+
 @pytest.mark.parametrize("x_shape,m,packed", [
     ((1, 24, 7, 7), 44, True),     # 3 pixel tiles + a 1-pixel rest; channel blocks in groups (8 = 3+3+2)
     ((2, 16, 13, 13), 50, True),   # two images, a 9-pixel rest of 2 vectors
@@ -196,22 +212,11 @@ def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, threads):
     of its group; every tail and group split matches onnxruntime at 1 and 2 threads. (Where
     X fits half of L2 the default runs unpacked blocks over every pixel tile instead, tested
     below; here ``pack_pixels`` is fixed to the case's value.)"""
-    from tests.knob_util import Fixed
-    from onnx import TensorProto, helper, numpy_helper
-
     from tensorfuse.codegen.llvm.schedules.conv2d import PACK_MAX_BYTES
-    x = _u(*x_shape)
-    w = _u(m, x_shape[1], 1, 1, seed=1) * 0.3
-    bias, z = _u(m, seed=2), _u(x_shape[0], m, *x_shape[2:], seed=3)
+    from tests.knob_util import Fixed
     if not packed and x_shape[1] > 100:
         assert x_shape[1] * 16 * 4 > PACK_MAX_BYTES
-    N = helper.make_node
-    g = helper.make_graph(
-        [N("Conv", ["x", "w", "b"], ["c"]), N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])], "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("x", x), ("z", z))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, *x_shape[2:]])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model, x, z = _pointwise_residual_model(x_shape, m)
     from tensorfuse.compiler.driver import build_module
     from tensorfuse.compiler.frontend.onnx import import_onnx
     from tensorfuse.compiler.lower import lower_graph
@@ -239,20 +244,9 @@ def test_conv_pointwise_pixel_tiles_inner(x_shape, m, threads):
     """1x1 convs whose X fits half of L2 and that have 8+ channel blocks run unpacked, each
     task one channel block over every pixel tile (``tiles_inner_ok``), with a residual Add
     and Relu fused: the default where it applies, matching onnxruntime at 1 and 2 threads."""
-    from onnx import TensorProto, helper, numpy_helper
-
     from tensorfuse.codegen.llvm.schedules.conv2d import tiles_inner_ok
     from tensorfuse.ir.target import Target
-    x = _u(*x_shape)
-    w = _u(m, x_shape[1], 1, 1, seed=1) * 0.3
-    bias, z = _u(m, seed=2), _u(x_shape[0], m, *x_shape[2:], seed=3)
-    N = helper.make_node
-    g = helper.make_graph(
-        [N("Conv", ["x", "w", "b"], ["c"]), N("Add", ["c", "z"], ["s"]), N("Relu", ["s"], ["y"])], "g",
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape) for n, a in (("x", x), ("z", z))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, *x_shape[2:]])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model, x, z = _pointwise_residual_model(x_shape, m)
     mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
     (k,) = [k for k in mod.kernels if "pointwise" in k.comment]
     hw = x_shape[2] * x_shape[3]
@@ -278,12 +272,14 @@ def test_conv_flat_pixel_tiles(x_shape, m, k, attrs, chunks, in_place, threads):
     Input channels in chunks where all of them would exceed the L1 budget, copied into a
     zero-padded local plane unless no window reaches the padding; every tile, chunk, group of
     channel blocks and channel tail matches onnxruntime at 1 and 2 threads, and codegen
-    produced vector FMAs for the kernel."""
+    produced vector FMAs for the kernel. (StridedPointwiseConvSubsample is disabled: the strided
+    1x1 case tests the flat tiles reading a strided X in place.)"""
     import re
 
     from tests.codegen_util import function_ir, optimized_ir
     model, feeds = _conv_model(x_shape, m, k, attrs, scale=0.1)
-    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False,
+                             disabled_rules=["StridedPointwiseConvSubsample"])
     (kern,) = [kk for kk in mod.kernels if "flat pixel tiles" in kk.comment]
     nc = int(re.search(r"input channels in (\d+) chunks", kern.comment).group(1))
     assert (nc > 1) == chunks, kern.comment
@@ -604,7 +600,9 @@ def test_winograd_transforms_compute_a_correlation():
 def test_conv_pointwise_strided(x_shape, m, strides, pointwise, threads):
     """Strided 1x1 convs run as pointwise GEMMs whose packed panels gather the strided pixels
     (residual Add and Relu fused); where the panels are not packed they keep the blocked
-    schedules. Every case matches onnxruntime at 1 and 2 threads."""
+    schedules. Every case matches onnxruntime at 1 and 2 threads. (At O2 the rule
+    StridedPointwiseConvSubsample subsamples X first, tests/test_rules_conv_subsample.py;
+    it is disabled here so the strided schedules are what runs.)"""
     from onnx import TensorProto, helper, numpy_helper
     x = _u(*x_shape)
     w = _u(m, x_shape[1], 1, 1, seed=1) * 0.3
@@ -617,7 +615,8 @@ def test_conv_pointwise_strided(x_shape, m, strides, pointwise, threads):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], m, oh, ow])],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(bias, "b")])
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False)
+    mod = tensorfuse.compile(model, target=SCHEDULE_TARGET, num_threads=threads, cache=False,
+                             disabled_rules=["StridedPointwiseConvSubsample"])
     gathered = [k for k in mod.kernels if "gather the strided pixels" in k.comment]
     assert bool(gathered) == pointwise, [k.comment for k in mod.kernels]
     if pointwise:

@@ -18,11 +18,13 @@ from tensorfuse.compiler.rules import (conv_patchify, conv_subsample, fold_batch
                                       fuse_conv, fuse_gelu, fuse_layernorm, fuse_matmul, quantize)
 
 QUANTIZE_RULES: list = [*quantize.RULES]
-FOLD_RULES: list = [*fold_batchnorm.RULES, *fold_pad.RULES, *quantize.FOLD]
+# a strided 1x1 Conv becomes a Slice and a stride-1 Conv here, before the fuse pass, whose
+# Conv anchors then take the new Conv's epilogue (a node a rewrite makes is not revisited in
+# the pass that made it)
+FOLD_RULES: list = [*fold_batchnorm.RULES, *fold_pad.RULES, *quantize.FOLD, *conv_subsample.RULES]
 # GELU and LayerNorm are recognised before the anchors take activations; EmbedLayerNorm is tried
 # before SkipLayerNorm on the same LayerNormalization (fuse_layernorm.RULES keeps that order); a
-# patch-embedding Conv becomes a MatMul, and a strided 1x1 Conv a Slice and a stride-1 Conv,
-# before the Conv anchors could take them
-FUSE_RULES: list = [*conv_patchify.RULES, *conv_subsample.RULES, *fuse_gelu.RULES, *fuse_layernorm.RULES,
-                    *fuse_attention.RULES, *fuse_conv.RULES, *fuse_matmul.RULES]
+# patch-embedding Conv becomes a MatMul before the Conv anchors could take it
+FUSE_RULES: list = [*conv_patchify.RULES, *fuse_gelu.RULES, *fuse_layernorm.RULES, *fuse_attention.RULES,
+                    *fuse_conv.RULES, *fuse_matmul.RULES]
 O3_RULES: list = [*fuse_gelu.O3]
