@@ -152,7 +152,9 @@ class LLVMBackend(Backend):
 
         calls = [(c.kernel, c.slots) for c in lowered.calls]
         parallel = {k.name: kernel_is_parallel(k) for k in lowered.kernels}
-        avx512 = bool(target.has_avx512)
+        from tensorfuse.ir.target import Target
+        # the target's AVX-512 (the host's for None or a target string): exp's VSCALEFPS
+        avx512 = bool((target if hasattr(target, "has_avx512") else Target.parse(target or "llvm")).has_avx512)
 
         def emit(kernels, progress=False, entry=True) -> str:
             mod = lir.Module(name=module_name(graph.name))
