@@ -145,16 +145,14 @@ class LLVMBackend(Backend):
         from llvmlite import ir as lir
 
         from tensorfuse.codegen.llvm.emit import PTR, emit_entry, emit_kernel, kernel_is_parallel
-        from tensorfuse.codegen.llvm.jit import compile_ir, compile_jobs, module_name, team_runtime_object
+        from tensorfuse.codegen.llvm.jit import _as_target, compile_ir, compile_jobs, module_name, team_runtime_object
         from tensorfuse.ir.errors import CompileError
         from tensorfuse import progress as bar
         from tensorfuse.runtime.module import Module
 
         calls = [(c.kernel, c.slots) for c in lowered.calls]
         parallel = {k.name: kernel_is_parallel(k) for k in lowered.kernels}
-        from tensorfuse.ir.target import Target
-        # the target's AVX-512 (the host's for None or a target string): exp's VSCALEFPS
-        avx512 = bool((target if hasattr(target, "has_avx512") else Target.parse(target or "llvm")).has_avx512)
+        avx512 = bool(_as_target(target or "llvm").has_avx512)      # exp's VSCALEFPS (vmath)
 
         def emit(kernels, progress=False, entry=True) -> str:
             mod = lir.Module(name=module_name(graph.name))

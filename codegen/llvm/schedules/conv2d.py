@@ -65,6 +65,22 @@ from tensorfuse.ir.types import DType
 LINE_F32 = 16
 
 
+def prefetch_knob(what: str, applies: bool = True) -> int:
+    """The ``prefetch`` knob of a blocked schedule (0: none; 1, the default: each reduction
+    step prefetches the same step's lines of ``what`` into L2; 2: into L1); 0 where it does
+    not ``applies`` (nothing is read next)."""
+    return knob("prefetch", [0, 1, 2], 1,
+                doc=f"0: none; 1: each reduction step prefetches the same step's lines of {what} "
+                    "into L2; 2: into L1") if applies else 0
+
+
+def prefetch_lines(kb: KernelBuilder, buf: Buffer, start, floats: int, level: int, offset=lambda o: o) -> None:
+    """One Prefetch per cache line of ``buf[start : start + floats]`` (``offset`` maps a flat
+    index, e.g. into a group's weights), at the ``prefetch`` knob's ``level`` (1: L2, 2: L1)."""
+    for off in range(0, floats, LINE_F32):
+        kb.prefetch(buf, offset(start + off), locality=2 if level == 1 else 3)
+
+
 def vector_registers(target) -> int:
     """Vector registers of the target's ISA (``Target.vector_registers``; 16 for a stand-in
     without it)."""
@@ -230,9 +246,7 @@ def emit_conv_rows(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
     kh_outer = knob("weights_kh_outer", (False, True), c_ < KH_OUTER_CHANNELS,
                     doc="kernel rows outside the input-channel loop (weights packed [MB, KW, KH, C, OB*L]) "
                         "instead of inside ([MB, KW, C, KH, OB*L])")
-    PF = knob("prefetch", [0, 1, 2], 1,
-              doc="0: none; 1: each reduction step prefetches the same step's weights of the next "
-                  "channel block into L2; 2: into L1") if MB > 1 else 0
+    PF = prefetch_knob("the next channel block's weights", MB > 1)
     wp = grp.pack(ctx, lambda wg: pack_weights(wg, L, OB, kh_outer), "wpack")
     params = [p for p in (params or ctx.default_params()) if p is not w] + [wp]
     kb = ctx.kernel(params=params)
@@ -289,8 +303,7 @@ def emit_conv_rows(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
                     xrow = ((n * c_ + ic) * H + ih0 + kh * dh) * W
                     wv = [wp.vload(grp.woff(wp, n, wrow + o * L), L) for o in range(OB)]
                     if PF:
-                        for off in range(0, blk, LINE_F32):     # one prefetch per cache line
-                            kb.prefetch(wp, grp.woff(wp, n, wrow + to_next + off), locality=2 if PF == 1 else 3)
+                        prefetch_lines(kb, wp, wrow + to_next, blk, PF, lambda o: grp.woff(wp, n, o))
                     for p in cols:
                         xv = x.flat(xrow + (ow0 + p) * sw + (kw * dw - pw))
                         for o in range(OB):
@@ -493,9 +506,7 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
     G = knob("blocks_per_task", pow2_candidates(1, min(MB, part_cap), MB, g0), g0,
              doc=f"channel blocks per parallel task (default: enough tasks for {FLAT_MIN_TASKS} per image)")
     NG = -(-MB // G)
-    PF = knob("prefetch", [0, 1, 2], 1,
-              doc="0: none; 1: each reduction step prefetches the same step's lines of the chunk of "
-                  "weights the task reads next into L2; 2: into L1")
+    PF = prefetch_knob("the chunk of weights the task reads next")
     chunk = KH * KW * KC * blk          # floats of one (channel block, input chunk) run of weights
 
     def pack_group(wg: np.ndarray) -> np.ndarray:
@@ -545,10 +556,11 @@ def emit_conv_flat(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buf
             wrow = ((((mb * NC + cc) * KH + kh) * KW + kw) * KC + ic) * blk
             wv = [wp.vload(grp.woff(wp, n, wrow + o * L), L) for o in range(OB)]
             if PF and pf_line is not None:
-                step = ((kh * KW + kw) * KC + ic) * blk
-                offs = range(0, blk, LINE_F32) if pf_line == "all" else [pf_line * LINE_F32]
-                for off in offs:        # one prefetch per cache line
-                    kb.prefetch(wp, grp.woff(wp, n, nbase + step + off), locality=2 if PF == 1 else 3)
+                step = nbase + ((kh * KW + kw) * KC + ic) * blk
+                if pf_line == "all":
+                    prefetch_lines(kb, wp, step, blk, PF, lambda o: grp.woff(wp, n, o))
+                else:
+                    prefetch_lines(kb, wp, step + pf_line * LINE_F32, 1, PF, lambda o: grp.woff(wp, n, o))
             xoff = plane0 + ic * (RH * RW) + kh * (dh * RW) + kw * dw
             for p in range(width):
                 xv = src.flat(xoff + base[p])
@@ -768,9 +780,9 @@ def pixel_gemm_tile(ctx: LowerCtx, kb: KernelBuilder, acc: Buffer, wp: Buffer, y
     vectors of ``lanes`` pixels (``xvec(k, v)``, the v-th pixel vector of reduction step k) of
     image ``n`` of the grouped view ``grp`` accumulated in ``acc`` over the ``red`` steps; then
     bias, the fused epilogue and one vector store per accumulator at ``out_idx(yn, oc, v)``
-    (Y's image and channel), channels past a group's ``grp.m`` not stored. ``prefetch``: 0, or
-    the locality (2: L2, 3: L1) each reduction step prefetches the same step's weights of block
-    ``mb + 1`` with (the block the schedules read next)."""
+    (Y's image and channel), channels past a group's ``grp.m`` not stored. ``prefetch``: the
+    ``prefetch`` knob's level (0: none) at which each reduction step prefetches the same step's
+    weights of block ``mb + 1`` (the block the schedules read next)."""
     m_ = grp.m
     MB = wp.numel // (grp.G * red * R)
     for q in range(R * nvec):
@@ -778,8 +790,7 @@ def pixel_gemm_tile(ctx: LowerCtx, kb: KernelBuilder, acc: Buffer, wp: Buffer, y
     nxt = ((mb + 1) % MB) * red if prefetch and MB > 1 else None
     with kb.reduce(red, hint="k") as k:
         if nxt is not None:
-            for off in range(0, R, LINE_F32):
-                kb.prefetch(wp, grp.woff(wp, n, (nxt + k) * R + off), locality=prefetch)
+            prefetch_lines(kb, wp, (nxt + k) * R, R, prefetch, lambda o: grp.woff(wp, n, o))
         xv = [xvec(k, v) for v in range(nvec)]
         for r in range(R):
             wv = wp.flat(grp.woff(wp, n, (mb * red + k) * R + r))
@@ -846,9 +857,7 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                      doc="parallel tasks (pixel tiles x groups of channel blocks) the packed tiles aim at") \
         if pack else PACK_MIN_TASKS
     MB = -(-m_ // R)
-    PF = knob("prefetch", [0, 1, 2], 1,
-              doc="0: none; 1: each reduction step prefetches the same step's weights of the next "
-                  "channel block into L2; 2: into L1") if MB > 1 else 0
+    PF = prefetch_knob("the next channel block's weights", MB > 1)
     tiles_inner = knob("pixel_tiles_inner", (False, True), tiles_inner_ok(ctx.target, m_, c_, hw, R, nfull, n_),
                        doc="unpacked tiles: a task runs one channel block over every pixel tile "
                            "(False: one pixel tile of one block; the blocks innermost)") \
@@ -881,7 +890,7 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
         pixel_gemm_tile(ctx, kb, acc, wp, y, b, grp, n, R, c_, mb, nvec, lanes, xvec,
                         lambda yn, oc, v: PixelIndex([yn, oc] + [as_expr(0)] * (len(y.shape) - 3)
                                                      + [Ramp(p0 + v * lanes, lanes)], y.shape[2:]),
-                        {0: 0, 1: 2, 2: 3}[PF])
+                        PF)
 
     def split(t):
         mb = t % MB if MB > 1 else as_expr(0)

@@ -47,7 +47,7 @@ from tensorfuse.ir.ops.linalg import MatMulSpec, emit_dot_products
 from tensorfuse.ir.strategy import register_schedule
 from tensorfuse.ir.types import DType
 
-from .conv2d import LINE_F32, vector_registers
+from .conv2d import prefetch_knob, prefetch_lines, vector_registers
 
 #: the register tile's rows at most (a candidate of ``register_tile``); the default formula
 #: caps them at 8 (32 vector registers) or 6 (16)
@@ -193,9 +193,7 @@ def emit_matmul_blocked(ctx: LowerCtx, mm: MatMulSpec) -> None:
     MG = knob("row_group", _divisors(units), row_group(ctx.target, units, G * R, K, N),
               doc="row units per group: the panel loop runs inside a group, so one B panel is reused "
                   "from cache by the group's rows") if units > 1 and nblk > 1 else 1
-    PF = knob("prefetch", [0, 1, 2], 1,
-              doc="0: none; 1: each reduction step prefetches the same step's lines of the next panel "
-                  "into L2; 2: into L1") if nblk > 1 else 0
+    PF = prefetch_knob("the next panel", nblk > 1)
     sliced = G > 1 or KC < K
     # one task sweeping every full row block takes the last rows % R too, inside its slices
     tail = rows % R if sliced and units == 1 else 0
@@ -226,9 +224,7 @@ def emit_matmul_blocked(ctx: LowerCtx, mm: MatMulSpec) -> None:
                 k = k0 + k
             bv = [bp.vload((jb * K + k) * blk + v * L, L) for v in range(NB)]
             if PF:
-                nxt = (jb + 1) % nblk
-                for off in range(0, blk, LINE_F32):     # one prefetch per cache line
-                    kb.prefetch(bp, (nxt * K + k) * blk + off, locality=2 if PF == 1 else 3)
+                prefetch_lines(kb, bp, (((jb + 1) % nblk) * K + k) * blk, blk, PF)
             for r in range(nrows):
                 av = cb.a_elem(i0 + r, k)
                 for v in range(NB):
@@ -277,15 +273,12 @@ def emit_matmul_blocked(ctx: LowerCtx, mm: MatMulSpec) -> None:
         step = R * NB * L
 
         def panels(fn):
+            # fn(jb, base of the panel's accumulators in ``acc``; None: 0) for each of the PG panels
             if PG == 1:
                 fn(jb0, None)
             else:
                 with kb.loop(PG, hint="p") as p:
                     fn(jb0 + p, p * sweep_floats)
-        for_panels(panels, i0, step, tail)
-
-    def for_panels(panels, i0: Expr, step: int, tail: int):
-        """The sweep's body; ``panels(fn)`` calls fn(jb, base of the panel's accumulators)."""
 
         def blocks(fn):
             # up to UNROLL_SWEEP row blocks are unrolled (their accumulators at constant
