@@ -58,8 +58,21 @@ _NATIVE = None
 TEAM_FIELDS = ("tid", "nthreads", "sync", "base", "chunks_per_thread", "chunks_run", "claims")
 #: bytes between two threads' records
 TEAM_RECORD_BYTES = 64
-#: int64 word offsets in the shared counter block: chunks claimed, chunks done (own cache lines)
+#: int64 word offsets in the shared counter block (each on its own cache line): thread 0's
+#: range of chunks claimed, chunks done; thread ``r >= 1``'s range claimed is at
+#: :func:`sync_claimed_word` (``codegen.llvm.emit.phase_helpers``)
 SYNC_CLAIMED, SYNC_DONE = 0, 8
+
+
+def sync_claimed_word(r: int) -> int:
+    """The int64 word of the shared counter block that counts the claimed chunks of thread
+    ``r``'s range: word 0 for thread 0, ``8 (r + 1)`` for the others (after the done count)."""
+    return SYNC_CLAIMED if r == 0 else 8 * (r + 1)
+
+
+def sync_words(size: int) -> int:
+    """The int64 words of a team of ``size`` threads' shared counter block."""
+    return 8 * (size + 1)
 
 
 def resolve_chunks_per_thread(n: int | None = None) -> int:
@@ -177,7 +190,8 @@ class ThreadTeam:
     The calling thread is thread 0; ``size - 1`` daemon workers wait for jobs. ``run`` publishes
     the entry and the slot table, calls the entry as thread 0 and returns when every chunk of
     work in it is done: Python runs once per run, never per kernel. Inside the entry the threads
-    share each phase's chunks through two counters (``codegen.llvm.emit.phase_helpers``), and
+    share each phase's chunks through counters (``codegen.llvm.emit.phase_helpers``: each
+    thread claims its own range of a phase's chunks first, then the others'), and
     nobody waits for a particular thread: a worker that is descheduled, or wakes late, holds
     back at most the chunk it claimed, and joins (or skips, finding nothing to claim) whatever
     is left. Each thread has a team record of int64 fields (:data:`TEAM_FIELDS`:
@@ -219,7 +233,7 @@ class ThreadTeam:
             raw = np.zeros(n + 8, np.int64)
             off = (-raw.ctypes.data) % 64 // 8
             return raw[off:off + n]
-        self._sync = aligned(2 * 8)                      # chunks claimed (word 0), done (word 8)
+        self._sync = aligned(sync_words(size))           # claimed per range, done (word 8)
         self._done_addr = self._sync.ctypes.data + 8 * SYNC_DONE
         self._records = aligned(size * words).reshape(size, words)
         f = TEAM_FIELDS.index

@@ -8,8 +8,9 @@ ptr %team)`` that calls kernels in sequence, each with its buffers picked from t
 Threads: the runtime calls the entry once per thread of a team, each with its own ``team``
 record (:data:`TEAM_FIELDS`), and the threads share the work of each *phase* through two
 counters (:func:`phase_helpers`): a kernel's top-level ``parallel`` loop is one phase, cut
-into chunks of about ``extent / (nthreads * chunks_per_thread)`` iterations that any thread
-claims from an atomic counter (the calling thread works too); a statement or a run of serial
+into chunks of about ``extent / (nthreads * chunks_per_thread)`` iterations; each thread owns
+a contiguous range of them, claims its own from an atomic counter first and then the other
+threads' (the calling thread works too); a statement or a run of serial
 kernels that must run once is a phase of one chunk. A thread claims chunks of a phase only
 once every chunk of the earlier phases is done (a count of finished chunks, not of threads that
 arrived), so no thread ever waits for a particular other thread: one that is descheduled holds
@@ -921,25 +922,29 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
     """The phase protocol's internal functions (``tf_claim``, ``tf_wait``, ``tf_chunk_done``,
     ``tf_phase_end``), added to ``module`` once.
 
-    The team shares two counters (the block at team field ``sync``): chunks claimed and chunks
-    done since the team started; they only grow. A thread's ``base`` field is the count of
-    chunks of every phase before its next one (the runtime sets it at the start of each job).
-    For a phase of ``n`` chunks:
+    The team shares counters (the block at team field ``sync``, ``runtime.threads``
+    ``sync_claimed_word``): for each thread ``r`` the slots claimed of its range, and the
+    slots done; they only grow. A phase of ``n`` chunks over ``T`` threads has ``S = ceil(n /
+    T)`` slots in each thread's range; range ``r`` holds chunks ``[ceil(r n / T), ceil((r + 1)
+    n / T))``, so its last slot may be empty. A thread's ``base`` field is the count of slots
+    of every phase before its next one (the runtime sets it at the start of each job: the done
+    count); each range's counter stood at ``base / T`` when the phase began.
 
-    - ``i64 tf_claim(ptr team, i64 n, i64 mine)``: while claimed < base + n, compare-and-swap
-      claimed to claimed + 1 and return the chunk index claimed - base; -1 when none is left.
-      (Claimed is at least base: a thread leaves a phase only once its chunks are all claimed.)
-      A late thread's base is an old phase's, whose chunks are all claimed: it gets -1.
-      Null team: chunk ``mine`` (the chunks this thread ran of the phase) while below ``n``.
-      A thread whose ``claims`` field is 0 (tests: ``ThreadTeam.set_claims``) always gets -1.
+    - ``i64 tf_claim(ptr team, i64 n, i64 mine)``: for range r = tid, tid + 1, ... (mod T):
+      while its counter c < base / T + S, compare-and-swap it to c + 1; the slot's chunk is
+      returned, an empty slot counts as done at once (done += 1) and the claiming goes on.
+      -1 when every range is claimed. So a thread runs its own range front to back and then
+      helps the others, and with kernels that split their loops alike the same thread writes
+      and later reads each part of an activation. A late thread's base is an old phase's,
+      whose ranges are all claimed: it gets -1. Null team: chunk ``mine`` (the chunks this
+      thread ran of the phase) while below ``n``. A thread whose ``claims`` field is 0 (tests:
+      ``ThreadTeam.set_claims``) always gets -1.
     - ``void tf_wait(ptr team, i64 n)``: until done >= base (acquire; the chunk writers
       release), so what every earlier phase wrote is visible and what it read may be
-      overwritten; at once when ``n`` > 0 and the phase's ``n`` chunks are all claimed (nothing
-      left to do: a late thread passes). Called before claiming, so a thread never holds a
-      chunk while it waits. Polls with ``pause``, calling ``sched_yield`` every
-      :data:`PHASE_SPINS` polls.
+      overwritten. Called before claiming, so a thread never holds a chunk while it waits.
+      Polls with ``pause``, calling ``sched_yield`` every :data:`PHASE_SPINS` polls.
     - ``void tf_chunk_done(ptr team)``: done += 1 (release); the thread's ``chunks_run`` += 1.
-    - ``void tf_phase_end(ptr team, i64 n)``: base += n.
+    - ``void tf_phase_end(ptr team, i64 n)``: base += T S.
 
     Every thread sees the same phases with the same ``n`` (from constants, the team size and
     its chunks per thread), so the bases agree. Null team: wait, done and end do nothing."""
@@ -965,6 +970,13 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
         sync = b.load(_field(b, team, "sync"), typ=PTR)
         return b.gep(sync, [ir.Constant(I64, word)], source_etype=I64)
 
+    def range_counter(b, team, r):
+        """The claimed counter of thread ``r``'s range (``runtime.threads.sync_claimed_word``)."""
+        sync = b.load(_field(b, team, "sync"), typ=PTR)
+        w = b.select(b.icmp_signed("==", r, zero), ir.Constant(I64, SYNC_CLAIMED),
+                     b.mul(b.add(r, one), ir.Constant(I64, 8)))
+        return b.gep(sync, [w], source_etype=I64)
+
     # tf_claim
     team, n, mine = claim.args
     b = ir.IRBuilder(claim.append_basic_block("entry"))
@@ -974,25 +986,57 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
     claims = claim.append_basic_block("claims")
     b.cbranch(b.icmp_signed("==", b.load(_field(b, team, "claims"), typ=I64), zero), none, claims)
     b.position_at_end(claims)
-    base = b.load(_field(b, team, "base"), typ=I64)
-    last = b.add(base, n)
-    word = counter(b, team, SYNC_CLAIMED)
-    c0 = b.load_atomic(word, "monotonic", 8, typ=I64)
-    pre = b.block
-    loop = claim.append_basic_block("loop")
+    nth = b.load(_field(b, team, "nthreads"), typ=I64)
+    tid = b.load(_field(b, team, "tid"), typ=I64)
+    per = b.sdiv(b.add(n, b.sub(nth, one)), nth)                  # S = ceil(n / nthreads)
+    rbase = b.sdiv(b.load(_field(b, team, "base"), typ=I64), nth)
+    rlast = b.add(rbase, per)
+    jloop = claim.append_basic_block("range")
+    rsel = claim.append_basic_block("select")
+    cl = claim.append_basic_block("loop")
     try_ = claim.append_basic_block("try")
+    fail = claim.append_basic_block("fail")
     got = claim.append_basic_block("got")
-    b.branch(loop)
-    b.position_at_end(loop)
+    real = claim.append_basic_block("real")
+    phantom = claim.append_basic_block("phantom")
+    jnext = claim.append_basic_block("next")
+    b.branch(jloop)
+    b.position_at_end(jloop)
+    j = b.phi(I64, name="j")
+    j.add_incoming(zero, claims)
+    b.cbranch(b.icmp_signed("<", j, nth), rsel, none)
+    b.position_at_end(rsel)
+    r = b.add(tid, j)
+    r = b.select(b.icmp_signed(">=", r, nth), b.sub(r, nth), r)   # own range first, then the next
+    word = range_counter(b, team, r)
+    c0 = b.load_atomic(word, "monotonic", 8, typ=I64)
+    b.branch(cl)
+    b.position_at_end(cl)
     c = b.phi(I64, name="claimed")
-    c.add_incoming(c0, pre)
-    b.cbranch(b.icmp_signed(">=", c, last), none, try_)
+    c.add_incoming(c0, rsel)
+    b.cbranch(b.icmp_signed(">=", c, rlast), jnext, try_)
     b.position_at_end(try_)
     res = b.cmpxchg(word, c, b.add(c, one), "monotonic", "monotonic")
-    c.add_incoming(b.extract_value(res, 0), try_)
-    b.cbranch(b.extract_value(res, 1), got, loop)
+    b.cbranch(b.extract_value(res, 1), got, fail)
+    b.position_at_end(fail)
+    c.add_incoming(b.extract_value(res, 0), fail)
+    b.branch(cl)
     b.position_at_end(got)
-    b.ret(b.sub(c, base))
+    def ceil_part(k):                                              # ceil(k n / T)
+        return b.sdiv(b.add(b.mul(k, n), b.sub(nth, one)), nth)
+    lo = ceil_part(r)                                              # range r: [ceil(r n / T), ceil((r + 1) n / T))
+    hi = ceil_part(b.add(r, one))
+    off = b.sub(c, rbase)
+    b.cbranch(b.icmp_signed("<", off, b.sub(hi, lo)), real, phantom)
+    b.position_at_end(real)
+    b.ret(b.add(lo, off))
+    b.position_at_end(phantom)                                    # a slot past the range: done at once
+    b.atomic_rmw("add", counter(b, team, SYNC_DONE), one, "release")
+    c.add_incoming(b.add(c, one), phantom)
+    b.branch(cl)
+    b.position_at_end(jnext)
+    j.add_incoming(b.add(j, one), jnext)
+    b.branch(jloop)
     b.position_at_end(none)
     b.ret(minus)
     b.position_at_end(solo)
@@ -1004,11 +1048,6 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
     out = wait.append_basic_block("out")
     null_or(wait, b, team, out)
     base = b.load(_field(b, team, "base"), typ=I64)
-    left = wait.append_basic_block("left")
-    claimed = b.load_atomic(counter(b, team, SYNC_CLAIMED), "monotonic", 8, typ=I64)
-    over = b.and_(b.icmp_signed(">", n, zero), b.icmp_signed(">=", claimed, b.add(base, n)))
-    b.cbranch(over, out, left)
-    b.position_at_end(left)
     word = counter(b, team, SYNC_DONE)
     pre = b.block
     poll = wait.append_basic_block("poll")
@@ -1051,7 +1090,9 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
     out = end.append_basic_block("out")
     null_or(end, b, team, out)
     bp = _field(b, team, "base")
-    b.store(b.add(b.load(bp, typ=I64), n), bp)
+    nth = b.load(_field(b, team, "nthreads"), typ=I64)
+    slots = b.mul(b.sdiv(b.add(n, b.sub(nth, one)), nth), nth)   # S slots in each range
+    b.store(b.add(b.load(bp, typ=I64), slots), bp)
     b.branch(out)
     b.position_at_end(out)
     b.ret_void()
