@@ -54,8 +54,9 @@ _NATIVE = None
 #: after the team starts): thread index, team size, the address of the team's shared counters
 #: (``codegen.llvm.emit.phase_helpers``), the count of chunks before this thread's next phase, chunks per
 #: thread of a parallel loop (the team's grain knob), chunks this thread ran (a statistic),
-#: whether it claims chunks (1; 0 makes it only wait: ThreadTeam.set_claims, for tests)
-TEAM_FIELDS = ("tid", "nthreads", "sync", "base", "chunks_per_thread", "chunks_run", "claims")
+#: whether it claims chunks (1; 0 makes it only wait: ThreadTeam.set_claims, for tests), the
+#: empty slots it claimed in the current phase (added to the done count at the phase's end)
+TEAM_FIELDS = ("tid", "nthreads", "sync", "base", "chunks_per_thread", "chunks_run", "claims", "empty")
 #: bytes between two threads' records
 TEAM_RECORD_BYTES = 64
 #: int64 word offsets in the shared counter block (each on its own cache line): thread 0's

@@ -30,7 +30,7 @@ def _unq(m, i=1) -> str:
 
 
 #: the phase protocol's helpers (``codegen.llvm.emit.phase_helpers``), which entry_calls leaves out
-PHASE_HELPERS = ("tf_claim", "tf_wait", "tf_chunk_done", "tf_phase_end")
+PHASE_HELPERS = ("tf_claim", "tf_wait", "tf_phase_end")
 
 
 def entry_calls(ir_text: str, entry: str = ENTRY) -> list[tuple[str, bool]]:

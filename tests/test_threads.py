@@ -254,8 +254,8 @@ def test_saved_module_runs_on_its_own_team(tmp_path):
 
 
 def _phase_protocol(size: int):
-    """tf_claim / tf_chunk_done / tf_phase_end of ``codegen.llvm.emit.phase_helpers`` behind
-    external wrappers, with ``size`` hand-made team records over one shared counter block (what
+    """tf_claim and tf_phase_end of ``codegen.llvm.emit.phase_helpers`` behind external
+    wrappers, with ``size`` hand-made team records over one shared counter block (what
     ThreadTeam allocates), for driving the protocol step by step from one Python thread."""
     import ctypes
 
@@ -264,17 +264,16 @@ def _phase_protocol(size: int):
     from tensorfuse.codegen.llvm.emit import phase_helpers
     from tensorfuse.codegen.llvm.jit import compile_ir
     mod = lir.Module(name="proto")
-    claim, _wait, done, end = phase_helpers(mod)
+    claim, _wait, end = phase_helpers(mod)
     i64, ptr = lir.IntType(64), lir.PointerType()
-    for name, inner, args in (("t_claim", claim, [ptr, i64, i64]), ("t_done", done, [ptr]), ("t_end", end, [ptr, i64])):
+    for name, inner, args in (("t_claim", claim, [ptr, i64, i64]), ("t_end", end, [ptr, i64, i64])):
         f = lir.Function(mod, lir.FunctionType(inner.function_type.return_type, args), name=name)
         b = lir.IRBuilder(f.append_basic_block("entry"))
         r = b.call(inner, list(f.args))
         b.ret_void() if isinstance(inner.function_type.return_type, lir.VoidType) else b.ret(r)
     lib, _, _ = compile_ir(str(mod), "proto")
     I, P = ctypes.c_int64, ctypes.c_void_p
-    fns = (ctypes.CFUNCTYPE(I, P, I, I)(lib.address("t_claim")), ctypes.CFUNCTYPE(None, P)(lib.address("t_done")),
-           ctypes.CFUNCTYPE(None, P, I)(lib.address("t_end")))
+    fns = (ctypes.CFUNCTYPE(I, P, I, I)(lib.address("t_claim")), ctypes.CFUNCTYPE(None, P, I, I)(lib.address("t_end")))
     sync = np.zeros(threads.sync_words(size), np.int64)
     words = threads.TEAM_RECORD_BYTES // 8
     rec = np.zeros((size, words), np.int64)
@@ -287,23 +286,25 @@ def _phase_protocol(size: int):
 
 def test_each_thread_claims_its_own_range_first_then_steals():
     """A phase of n chunks over T threads gives thread t the range [ceil(t n / T), ceil((t + 1)
-    n / T)) (each of S = ceil(n / T) slots; a shorter range's last slot is empty): each thread claims
-    its own range front to back (so a team whose kernels split their loops the same way keeps
-    each part of an activation on the core that wrote it), then the next threads' ranges. An
-    empty slot counts as done when claimed and is never handed out; every chunk goes out
-    exactly once and the done count reaches the phase's slots, phase after phase."""
-    (claim, done, end), sync, rec, addr, _lib = _phase_protocol(2)
+    n / T)) (each of S = ceil(n / T) slots; a shorter range's last slot is empty): each thread
+    claims its own range front to back (so a team whose kernels split their loops the same way
+    keeps each part of an activation on the core that wrote it), then the next threads' ranges.
+    An empty slot is never handed out; every chunk goes out exactly once. A thread reports its
+    chunks and empty slots done when it ends the phase (one atomic add), and the done count
+    reaches the phase's slots, phase after phase."""
+    (claim, end), sync, rec, addr, _lib = _phase_protocol(2)
     base, ran = threads.TEAM_FIELDS.index("base"), threads.TEAM_FIELDS.index("chunks_run")
     got = {0: [], 1: []}
     # phase 1: 8 chunks; thread 0 takes 0, 1; thread 1 takes 4; thread 0 then 2, 3 and steals 5, 6
     for t, k in ((0, 2), (1, 1), (0, 4), (1, 1)):
         for _ in range(k):
             got[t].append(claim(addr[t], 8, 0))
-            done(addr[t])
     assert got == {0: [0, 1, 2, 3, 5, 6], 1: [4, 7]}
     assert claim(addr[0], 8, 0) == -1 and claim(addr[1], 8, 0) == -1
-    for t in (0, 1):
-        end(addr[t], 8)
+    assert sync[threads.SYNC_DONE] == 0                          # nothing reported before the end
+    end(addr[0], 8, 6)
+    assert sync[threads.SYNC_DONE] == 6
+    end(addr[1], 8, 2)
     assert sync[threads.SYNC_DONE] == 8 and list(rec[:, base]) == [8, 8]
     # phase 2: 5 chunks over 2 threads: ranges {0, 1, 2} and {3, 4} (and an empty slot)
     seen = []
@@ -311,19 +312,18 @@ def test_each_thread_claims_its_own_range_first_then_steals():
         i = claim(addr[t], 5, 0)
         if i >= 0:
             seen.append((t, i))
-            done(addr[t])
     assert seen == [(1, 3), (1, 4), (1, 0), (0, 1), (0, 2)]
+    end(addr[0], 5, 2)
+    end(addr[1], 5, 3)
     assert sync[threads.SYNC_DONE] == 8 + 6                      # 5 chunks and the empty slot
     assert list(rec[:, ran]) == [6 + 2, 2 + 3]
-    for t in (0, 1):
-        end(addr[t], 5)
+    assert list(rec[:, threads.TEAM_FIELDS.index("empty")]) == [0, 0]
     # phase 3 (one chunk, as a run of serial kernels): thread 0's range is [0, 1), thread 1's
     # empty; the first to ask takes it
     assert claim(addr[1], 1, 0) == 0
-    done(addr[1])
     assert claim(addr[0], 1, 0) == -1
-    for t in (0, 1):
-        end(addr[t], 1)
+    end(addr[1], 1, 1)
+    end(addr[0], 1, 0)
     assert sync[threads.SYNC_DONE] == 8 + 6 + 2 == rec[0, base] == rec[1, base]
 
 
@@ -331,12 +331,13 @@ def test_a_late_thread_claims_nothing_of_a_finished_phase():
     """A thread that missed a phase (its base still that phase's) finds every range of it
     claimed and gets -1; once it has ended the phase it takes part in the next one, from its
     own range."""
-    (claim, done, end), sync, rec, addr, _lib = _phase_protocol(3)
+    (claim, end), sync, rec, addr, _lib = _phase_protocol(3)
     for _ in range(7):
         assert claim(addr[0], 7, 0) >= 0
-        done(addr[0])
-    end(addr[0], 7)
+    assert claim(addr[0], 7, 0) == -1                  # passing the last range's empty slot
+    end(addr[0], 7, 7)
+    assert sync[threads.SYNC_DONE] == 9                          # 7 chunks, 2 empty slots
     assert claim(addr[0], 5, 0) == 0                   # thread 0 is in the next phase
     assert claim(addr[2], 7, 0) == -1                  # thread 2, late, finds the old one taken
-    end(addr[2], 7)
+    end(addr[2], 7, 0)
     assert claim(addr[2], 5, 0) == 4                   # its own range of the new phase: [4, 5)
