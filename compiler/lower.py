@@ -72,6 +72,9 @@ class LoweredGraph:
     #: output is a graph output and the input an intermediate, the input lives in the output
     #: (``runtime.memory_plan``)
     aliases: dict[int, int] = field(default_factory=dict)
+    #: alias slot -> the byte offset of its bytes in the slot it views (absent: 0): the inputs
+    #: of a Concat that lowers to no kernel (:func:`_concat_views`) live in its output
+    alias_offsets: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -158,6 +161,46 @@ def _output_of_temp(n: Node, slots: list[Slot], slot_of: dict[int, int], aliases
             and x.dtype == y.dtype and x.type.numel == y.type.numel)
 
 
+def _concat_views(n: Node, lg: "LoweredGraph", slot_of: dict[int, int], uses: dict[int, int]) -> bool:
+    """Make the inputs of Concat node ``n`` views of its output, so that their producers write
+    straight into it and the Concat lowers to no kernel (as TVM's and XLA's buffer assignment
+    place a concatenation's operands; squeezenet's Fire modules concatenate their two expand
+    convs). Applies where each input is a contiguous byte range of the output (every
+    dimension before ``axis`` is 1: NCHW channels at batch 1) and is an intermediate of the
+    output's dtype, not empty, read by this Concat alone (once) and no view itself; the output
+    is an intermediate or a graph output. Records ``lg.aliases`` / ``lg.alias_offsets`` and
+    returns True, else changes nothing and returns False."""
+    y = n.outputs[0] if len(n.outputs) == 1 else None
+    if y is None or id(y) not in slot_of or len(n.inputs) < 2:
+        return False
+    ys = slot_of[id(y)]
+    if lg.slots[ys].kind not in ("temp", "output") or ys in lg.aliases:
+        return False
+    rank = len(y.shape)
+    axis = int(n.attrs.get("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis < rank or any(int(d) != 1 for d in y.shape[:axis]):
+        return False
+    seen: set[int] = set()
+    for x in n.inputs:
+        if x is None or id(x) not in slot_of or id(x) in seen:
+            return False
+        seen.add(id(x))
+        xs = slot_of[id(x)]
+        if (lg.slots[xs].kind != "temp" or xs in lg.aliases
+                or x.dtype != y.dtype or x.type.numel == 0 or uses.get(id(x), 0) != 1):
+            return False
+    off = 0
+    for x in n.inputs:
+        xs = slot_of[id(x)]
+        lg.aliases[xs] = ys
+        lg.alias_offsets[xs] = off
+        off += lg.slots[xs].nbytes
+    if off != lg.slots[ys].nbytes:
+        raise CompileError(f"Concat node '{n.name}': its inputs hold {off} bytes, its output {lg.slots[ys].nbytes}")
+    return True
+
+
 def lower_graph(graph: Graph, target=None, tuning=None) -> LoweredGraph:
     """Lower every node through its registry entry for ``target`` (an ``ir.target.Target``;
     default: the host CPU). ``tuning``: None, or an object whose ``knobs_for(workload_key)``
@@ -172,13 +215,21 @@ def lower_graph(graph: Graph, target=None, tuning=None) -> LoweredGraph:
     backend.load_schedules()
     _check_dtypes(graph, tgt)
     with lowering_target(tgt):
-        return _lower_graph(graph, tuning, lambda k: backend.schedule_kernel(k, tgt))
+        return _lower_graph(graph, tuning, lambda k: backend.schedule_kernel(k, tgt), views=tgt.kind == "llvm")
 
 
-def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
+def _lower_graph(graph: Graph, tuning, schedule, views: bool = False) -> LoweredGraph:
     """:func:`lower_graph` within its target; ``schedule(kernel)`` is the backend's
-    ``schedule_kernel`` for that target."""
+    ``schedule_kernel`` for that target; ``views``: the runtime binds aliases at byte offsets
+    (the llvm target's), so a Concat may lower to views (:func:`_concat_views`)."""
     lg = LoweredGraph()
+    uses: dict[int, int] = {}
+    for n in graph.nodes:
+        for v in n.inputs:
+            if v is not None:
+                uses[id(v)] = uses.get(id(v), 0) + 1
+    for v in graph.outputs:
+        uses[id(v)] = uses.get(id(v), 0) + 1
     slot_of: dict[int, int] = {}
     buf_of: dict[int, Buffer] = {}
 
@@ -237,6 +288,8 @@ def _lower_graph(graph: Graph, tuning, schedule) -> LoweredGraph:
         if od.reshape_only and _output_of_temp(n, lg.slots, slot_of, lg.aliases):
             lg.aliases[slot_of[id(n.inputs[0])]] = slot_of[id(n.outputs[0])]
             continue        # a graph output reshaping an intermediate: the intermediate lives in it
+        if views and n.op == "Concat" and n.domain in ("", "ai.onnx") and _concat_views(n, lg, slot_of, uses):
+            continue        # the producers write into the output: no kernel
         ctx = LowerCtx(n, ins, outs, f"{_ident(n.op).lower()}_{i}", status, lg.messages)
         wkey = workload_key(n)
         fixed = tuning.knobs_for(wkey) if tuning is not None else None

@@ -20,6 +20,10 @@
    the root lives until the alias's last use, and the runtime points the alias at the root's memory
    (an arena offset, a constant, or a graph input's or output's array). A graph output is
    never an alias (it comes out as its own array), so an alias never makes two outputs share.
+   An alias may view a byte range of its root (``alias_offsets``: slot -> byte offset, summed
+   along a chain): the inputs of a Concat that lowers to no kernel (``compiler.lower``
+   ``_concat_views``) are views of its output at their offsets, so their producers write
+   straight into it. Such a root lives from the first of its views' producers on.
 
 ``peak_live_bytes`` is the lower bound any placement of these buffers must pay: the largest sum
 of the sizes of buffers alive at the same call. ``naive_bytes`` is the sum of all intermediates'
@@ -63,6 +67,8 @@ class MemoryPlan:
     buffers: list[PlannedBuffer] = field(default_factory=list)
     #: slot -> the slot whose memory it views (resolved: the root is no alias itself)
     aliases: dict[int, int] = field(default_factory=dict)
+    #: alias slot -> the byte offset of its bytes in its root (resolved; absent: 0)
+    alias_offsets: dict[int, int] = field(default_factory=dict)
 
     @property
     def offsets(self) -> dict[int, int]:
@@ -81,6 +87,7 @@ class MemoryPlan:
         d = dict(d)
         d["buffers"] = [PlannedBuffer(**b) for b in d.get("buffers", [])]
         d["aliases"] = {int(k): int(v) for k, v in (d.get("aliases") or {}).items()}   # JSON keys are strings
+        d["alias_offsets"] = {int(k): int(v) for k, v in (d.get("alias_offsets") or {}).items()}
         return MemoryPlan(**d)
 
     def root(self, slot: int) -> int:
@@ -109,11 +116,14 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n} B"
 
 
-def resolve_aliases(aliases, slots=None) -> dict[int, int]:
+def resolve_aliases(aliases, slots=None, offsets=None) -> dict[int, int]:
     """``aliases`` (slot -> the slot it views, possibly another alias) with every chain followed
     to its root. Raises ValueError for a cycle, or (given ``slots``) for an alias that is not a
-    temp, or a root whose bytes differ from the alias's."""
+    temp, or whose bytes (from its offset in the root, ``offsets``: slot -> byte offset in the
+    slot it views) do not lie within its root's, or that views a part of a root without an
+    offset."""
     out: dict[int, int] = {}
+    offsets = offsets or {}
     for a in aliases or {}:
         r, seen = a, {a}
         while r in aliases:
@@ -124,23 +134,41 @@ def resolve_aliases(aliases, slots=None) -> dict[int, int]:
         if slots is not None:
             if slots[a].kind != "temp":
                 raise ValueError(f"memory plan: slot {a} '{slots[a].name}' is a {slots[a].kind}, only a temp may be an alias")
-            if slots[a].nbytes != slots[r].nbytes:
-                raise ValueError(f"memory plan: alias slot {a} '{slots[a].name}' has {slots[a].nbytes} bytes, "
-                                 f"slot {r} '{slots[r].name}' it views has {slots[r].nbytes}")
+            off = resolve_alias_offsets(aliases, offsets).get(a, 0)
+            part = any(x in offsets for x in seen)
+            if (off < 0 or off + slots[a].nbytes > slots[r].nbytes
+                    or (not part and slots[a].nbytes != slots[r].nbytes)):
+                raise ValueError(f"memory plan: alias slot {a} '{slots[a].name}' has {slots[a].nbytes} bytes at "
+                                 f"offset {off}, slot {r} '{slots[r].name}' it views has {slots[r].nbytes}")
         out[a] = r
     return out
 
 
-def plan_memory(slots, calls, alignment: int = ALIGNMENT, aliases=None) -> MemoryPlan:
+def resolve_alias_offsets(aliases, offsets) -> dict[int, int]:
+    """alias slot -> the byte offset of its bytes in its root: ``offsets`` (slot -> offset in
+    the slot it views directly) summed along the chain of ``aliases``; only the non-zero ones."""
+    out: dict[int, int] = {}
+    for a in aliases or {}:
+        r, off, hops = a, 0, 0
+        while r in aliases and hops <= len(aliases):
+            off += (offsets or {}).get(r, 0)
+            r, hops = aliases[r], hops + 1
+        if off:
+            out[a] = off
+    return out
+
+
+def plan_memory(slots, calls, alignment: int = ALIGNMENT, aliases=None, alias_offsets=None) -> MemoryPlan:
     """Plan the arena for the temp slots.
 
     slots: objects with ``index``, ``name``, ``kind`` ("temp" is planned) and ``nbytes``;
     calls: objects with ``slots`` (the slot of each kernel parameter) and optionally
     ``inplace_ok`` (pairs (input param, output param)); aliases: temp slot -> the slot whose
-    bytes it views (module docstring, 4). Returns a :class:`MemoryPlan`. Raises ValueError for
-    an alias that is not a temp, of another size than its root, or a cycle of aliases.
+    bytes it views (module docstring, 4); alias_offsets: alias slot -> byte offset of its bytes
+    in the slot it views (absent: 0). Returns a :class:`MemoryPlan`. Raises ValueError for an
+    alias that is not a temp, whose bytes do not lie within its root's, or a cycle of aliases.
     """
-    alias = resolve_aliases(aliases or {}, slots)
+    alias = resolve_aliases(aliases or {}, slots, alias_offsets)
     temps = {s.index: s for s in slots if s.kind == "temp" and s.index not in alias}
     calls = [_Viewed(c, alias) for c in calls] if alias else calls
     first: dict[int, int] = {}
@@ -206,7 +234,7 @@ def plan_memory(slots, calls, alignment: int = ALIGNMENT, aliases=None) -> Memor
                for s in sorted(temps)]
     return MemoryPlan(arena_bytes=arena, naive_bytes=sum(s.nbytes for s in temps.values()),
                       peak_live_bytes=peak, alignment=alignment, strategy=strategy, buffers=buffers,
-                      aliases=alias)
+                      aliases=alias, alias_offsets=resolve_alias_offsets(aliases or {}, alias_offsets))
 
 
 class _Viewed:

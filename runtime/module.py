@@ -104,6 +104,8 @@ class Program:
     #: temp slot -> the slot whose bytes it views (a reshape that runs no kernel; the memory
     #: plan records them as ``MemoryPlan.aliases``, which is what a run reads)
     aliases: dict[int, int] = field(default_factory=dict)
+    #: alias slot -> the byte offset of its bytes in the slot it views (a Concat's inputs)
+    alias_offsets: dict[int, int] = field(default_factory=dict)
 
     @staticmethod
     def from_lowered(lg) -> "Program":
@@ -114,7 +116,7 @@ class Program:
                           getattr(c, "writes", None)) for c in lg.calls]
         return Program(slots, list(lg.inputs), list(lg.outputs), calls, dict(lg.consts),
                        getattr(lg, "status_slot", None), list(getattr(lg, "messages", ())),
-                       dict(getattr(lg, "aliases", None) or {}))
+                       dict(getattr(lg, "aliases", None) or {}), dict(getattr(lg, "alias_offsets", None) or {}))
 
 
 def aligned_empty(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
@@ -265,8 +267,10 @@ class ModuleBase:
         self.output_info = [TensorInfo(n, slots[s].dtype, slots[s].shape) for n, s in zip(output_names, prog.outputs)]
         self._consts = prog.consts      # held once, never copied on the host
         if plan is None:
-            plan = (plan_memory(prog.slots, prog.calls, aliases=prog.aliases) if alignment is None
-                    else plan_memory(prog.slots, prog.calls, alignment=alignment, aliases=prog.aliases))
+            offs = getattr(prog, "alias_offsets", None) or {}
+            plan = (plan_memory(prog.slots, prog.calls, aliases=prog.aliases, alias_offsets=offs) if alignment is None
+                    else plan_memory(prog.slots, prog.calls, alignment=alignment, aliases=prog.aliases,
+                                     alias_offsets=offs))
         self.memory_plan = plan
         #: why this machine cannot run the code (set by the backend), or None
         self._cannot_run: str | None = None
@@ -480,8 +484,9 @@ class Module(ModuleBase):
             table[s] = a.ctypes.data
         for s, a in zip(self._program.outputs, outs):
             table[s] = a.ctypes.data
-        for s, r in self.memory_plan.aliases.items():      # a reshape views its root's bytes
-            table[s] = table[r]
+        offs = getattr(self.memory_plan, "alias_offsets", None) or {}
+        for s, r in self.memory_plan.aliases.items():      # a reshape (a Concat's input) views its root's bytes
+            table[s] = table[r] + offs.get(s, 0)
 
     def run(self, *arrays, **named) -> list[np.ndarray]:
         """Run the model. Inputs by position (graph input order) or by name; returns fresh
