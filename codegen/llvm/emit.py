@@ -665,15 +665,19 @@ class _FnEmitter:
         stop = self.expr(par.extent)
         total = b.sub(stop, start)
         parts = b.mul(self.nth, self.cpt)
-        grain = b.sdiv(b.add(total, b.sub(parts, ir.Constant(I64, 1))), parts)
-        grain = b.select(b.icmp_signed("<", grain, ir.Constant(I64, 1)), ir.Constant(I64, 1), grain)
-        n = b.sdiv(b.add(total, b.sub(grain, ir.Constant(I64, 1))), grain)
-        n = b.select(b.icmp_signed("<", total, ir.Constant(I64, 1)), ir.Constant(I64, 0), n)
+        # n = min(parts, total) chunks whose sizes differ by at most one iteration (chunk i:
+        # [i total / n, (i + 1) total / n)), so each thread's range of chunks holds total / T
+        # iterations give or take one: chunks of ceil(total / parts) iterations gave a 14-task
+        # loop 8 and 6 (28 tasks: 16 and 12) at 2 threads
+        one = ir.Constant(I64, 1)
+        n = b.select(b.icmp_signed("<", total, parts), total, parts)
+        n = b.select(b.icmp_signed("<", total, one), ir.Constant(I64, 0), n)
+        div = b.select(b.icmp_signed("<", n, one), one, n)
 
         def chunk(i):
-            lo = b.add(start, b.mul(i, grain))
-            hi = b.add(lo, grain)
-            self.chunk = (lo, b.select(b.icmp_signed("<", hi, stop), hi, stop))
+            lo = b.add(start, b.sdiv(b.mul(i, total), div))
+            hi = b.add(start, b.sdiv(b.mul(b.add(i, one), total), div))
+            self.chunk = (lo, hi)
             self.split_ok = True
             self.stmt(s)
             self.split_ok = False
