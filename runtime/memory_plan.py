@@ -124,6 +124,7 @@ def resolve_aliases(aliases, slots=None, offsets=None) -> dict[int, int]:
     offset."""
     out: dict[int, int] = {}
     offsets = offsets or {}
+    resolved = resolve_alias_offsets(aliases, offsets) if slots is not None else {}
     for a in aliases or {}:
         r, seen = a, {a}
         while r in aliases:
@@ -134,7 +135,7 @@ def resolve_aliases(aliases, slots=None, offsets=None) -> dict[int, int]:
         if slots is not None:
             if slots[a].kind != "temp":
                 raise ValueError(f"memory plan: slot {a} '{slots[a].name}' is a {slots[a].kind}, only a temp may be an alias")
-            off = resolve_alias_offsets(aliases, offsets).get(a, 0)
+            off = resolved.get(a, 0)
             part = any(x in offsets for x in seen)
             if (off < 0 or off + slots[a].nbytes > slots[r].nbytes
                     or (not part and slots[a].nbytes != slots[r].nbytes)):
@@ -148,10 +149,11 @@ def resolve_alias_offsets(aliases, offsets) -> dict[int, int]:
     """alias slot -> the byte offset of its bytes in its root: ``offsets`` (slot -> offset in
     the slot it views directly) summed along the chain of ``aliases``; only the non-zero ones."""
     out: dict[int, int] = {}
+    offsets = offsets or {}
     for a in aliases or {}:
         r, off, hops = a, 0, 0
-        while r in aliases and hops <= len(aliases):
-            off += (offsets or {}).get(r, 0)
+        while r in aliases and hops <= len(aliases):       # (a cycle: resolve_aliases names it)
+            off += offsets.get(r, 0)
             r, hops = aliases[r], hops + 1
         if off:
             out[a] = off

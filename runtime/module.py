@@ -267,10 +267,9 @@ class ModuleBase:
         self.output_info = [TensorInfo(n, slots[s].dtype, slots[s].shape) for n, s in zip(output_names, prog.outputs)]
         self._consts = prog.consts      # held once, never copied on the host
         if plan is None:
-            offs = getattr(prog, "alias_offsets", None) or {}
-            plan = (plan_memory(prog.slots, prog.calls, aliases=prog.aliases, alias_offsets=offs) if alignment is None
-                    else plan_memory(prog.slots, prog.calls, alignment=alignment, aliases=prog.aliases,
-                                     alias_offsets=offs))
+            kw = {} if alignment is None else {"alignment": alignment}
+            plan = plan_memory(prog.slots, prog.calls, aliases=prog.aliases,
+                               alias_offsets=getattr(prog, "alias_offsets", None) or {}, **kw)
         self.memory_plan = plan
         #: why this machine cannot run the code (set by the backend), or None
         self._cannot_run: str | None = None

@@ -974,15 +974,14 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
         b.position_at_end(shared)
 
     def counter(b, team, word):
+        """The address of int64 ``word`` (a constant or an i64 value) of the shared block."""
         sync = b.load(_field(b, team, "sync"), typ=PTR)
-        return b.gep(sync, [ir.Constant(I64, word)], source_etype=I64)
+        return b.gep(sync, [ir.Constant(I64, word) if isinstance(word, int) else word], source_etype=I64)
 
     def range_counter(b, team, r):
         """The claimed counter of thread ``r``'s range (``runtime.threads.sync_claimed_word``)."""
-        sync = b.load(_field(b, team, "sync"), typ=PTR)
-        w = b.select(b.icmp_signed("==", r, zero), ir.Constant(I64, SYNC_CLAIMED),
-                     b.mul(b.add(r, one), ir.Constant(I64, 8)))
-        return b.gep(sync, [w], source_etype=I64)
+        return counter(b, team, b.select(b.icmp_signed("==", r, zero), ir.Constant(I64, SYNC_CLAIMED),
+                                         b.mul(b.add(r, one), ir.Constant(I64, 8))))
 
     # tf_claim
     team, n, mine = claim.args
@@ -1029,6 +1028,7 @@ def phase_helpers(module: ir.Module) -> tuple[ir.Function, ir.Function, ir.Funct
     c.add_incoming(b.extract_value(res, 0), fail)
     b.branch(cl)
     b.position_at_end(got)
+
     def ceil_part(k):                                              # ceil(k n / T)
         return b.sdiv(b.add(b.mul(k, n), b.sub(nth, one)), nth)
     lo = ceil_part(r)                                              # range r: [ceil(r n / T), ceil((r + 1) n / T))
