@@ -10,7 +10,7 @@ from onnx import helper, numpy_helper
 
 from tensorfuse.ir.graph import Graph
 from tensorfuse.ir.types import TensorType
-from tests.oracle import np_to_onnx_type
+from tests.oracle import np_to_onnx_type, rand
 
 
 def graph_model(nodes: Sequence[onnx.NodeProto], inputs: dict[str, np.ndarray], outputs: Sequence[str],
@@ -75,3 +75,12 @@ def why_not(model, rule: str, opt_level: int = 2) -> str:
     assert ex, f"{rule}: no candidate node"
     assert not any(r.matched for r in ex), f"{rule} applies: {ex}"
     return " | ".join(r.reason for r in ex)
+
+
+def conv_params(c: int, m: int, k: int, group: int = 1, bias: bool = True) -> tuple[list[str], dict[str, np.ndarray]]:
+    """A Conv's input names from ``x`` and its random constants: W [m, c / group, k, k] (seed
+    1) and, with ``bias``, b [m] (seed 2). Returns (inputs, initializers)."""
+    inits = {"w": rand(m, c // group, k, k, seed=1)}
+    if bias:
+        inits["b"] = rand(m, seed=2)
+    return ["x", *inits], inits

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from tests.fusion_util import count, graph_model, optimized, why_not
+from tests.fusion_util import conv_params, count, graph_model, optimized, why_not
 from tests.oracle import assert_matches_ort, rand
 
 RT, AT = 1e-4, 1e-4
@@ -15,11 +15,7 @@ RULE = "ConvPatchifyToMatMul"
 
 def _model(n=1, c=3, h=32, w=32, m=8, k=16, bias=True, **attrs):
     x = rand(n, c, h, w)
-    inits = {"w": rand(m, c // attrs.get("group", 1), k, k, seed=1)}
-    ins = ["x", "w"]
-    if bias:
-        inits["b"] = rand(m, seed=2)
-        ins.append("b")
+    ins, inits = conv_params(c, m, k, attrs.get("group", 1), bias)
     attrs.setdefault("strides", [k, k])
     model = graph_model([helper.make_node("Conv", ins, ["c"], kernel_shape=[k, k], **attrs),
                          helper.make_node("Relu", ["c"], ["y"])], {"x": x}, ["y"], inits)

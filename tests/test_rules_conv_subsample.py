@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from tests.fusion_util import count, graph_model, optimized, why_not
+from tests.fusion_util import conv_params, count, graph_model, optimized, why_not
 from tests.oracle import assert_matches_ort, rand
 
 RT, AT = 1e-4, 1e-4
@@ -16,11 +16,7 @@ RULE = "StridedPointwiseConvSubsample"
 
 def _model(n=1, c=8, h=14, w=14, m=16, k=1, strides=(2, 2), bias=True, residual=False, **attrs):
     x = rand(n, c, h, w)
-    inits = {"w": rand(m, c // attrs.get("group", 1), k, k, seed=1)}
-    ins = ["x", "w"]
-    if bias:
-        inits["b"] = rand(m, seed=2)
-        ins.append("b")
+    ins, inits = conv_params(c, m, k, attrs.get("group", 1), bias)
     nodes = [helper.make_node("Conv", ins, ["c"], kernel_shape=[k, k], strides=list(strides), **attrs)]
     feeds = {"x": x}
     last = "c"
