@@ -7,7 +7,7 @@ whose body is the op's decomposition into standard ONNX ops, so onnxruntime (whi
 local functions) loads and runs the file and ``tensorfuse.compile`` re-imports it (the
 frontend inlines them too):
 
-- ``FusedConv``: Conv -> Add(Z) -> activation; ``FusedMatMul``: MatMul -> Add(bias) ->
+- ``FusedConv``: Mul(X, S) (where it has S) -> Conv -> Add(Z) -> activation; ``FusedMatMul``: MatMul -> Add(bias) ->
   activation; ``FusedGemm``: Gemm -> activation (``ir/ops/fused.py`` defines each);
 - ``Attention``: MatMul(Q, Transpose(K)) -> Mul(scale) -> Add(mask) -> Softmax(-1) -> MatMul(V);
 - ``SkipLayerNormalization``: Add(X, skip, bias) -> LayerNormalization (stash_type 1), the sum
@@ -287,6 +287,13 @@ def _anchored(b: _Body, n: Node, f: dict, anchor: str, n_anchor: int, addend: in
     return [_activation(b, y)]
 
 
+def _scaled_input(b: _Body, f: dict) -> dict:
+    """FusedConv's formals with X replaced by Mul(X, S) where it has input 4 (S, the input-channel scale)."""
+    if 4 not in f:
+        return f
+    return {**f, 0: b.op("Mul", f[0], f[4])}
+
+
 def _attention(b: _Body, n: Node, f: dict) -> list[str]:
     r = n.inputs[1].type.rank
     kt = b.op("Transpose", f[1], perm=list(range(r - 2)) + [r - 1, r - 2])
@@ -320,7 +327,7 @@ def _embed_layernorm(b: _Body, n: Node, f: dict) -> list[str]:
 
 #: fused op -> its decomposition: (body, node, {input index: formal name}) -> result names
 DECOMPOSE = {
-    "FusedConv": lambda b, n, f: _anchored(b, n, f, "Conv", 3, 3),
+    "FusedConv": lambda b, n, f: _anchored(b, n, _scaled_input(b, f), "Conv", 3, 3),
     "FusedMatMul": lambda b, n, f: _anchored(b, n, f, "MatMul", 2, 2),
     "FusedGemm": lambda b, n, f: _anchored(b, n, f, "Gemm", 3, None),
     "Attention": _attention,

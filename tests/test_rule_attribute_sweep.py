@@ -15,7 +15,7 @@ checks that every schema attribute is either swept or listed, so a new attribute
 new rule) cannot go unnoticed. The base case of each rule (every attribute at its default) must
 fire. ``TF_SWEEP_FULL=1`` adds more values (more paddings, dilations, LeakyRelu alphas).
 
-Size: 45 graphs over the 38 rules, about 340 combinations (about 360 with TF_SWEEP_FULL), about 105 s of CPU
+Size: 47 graphs over the 40 rules, about 350 combinations (about 370 with TF_SWEEP_FULL), about 105 s of CPU
 (two compiles each). ``make test`` runs 238 of them: each rule's base case, the first value of
 each swept attribute or input, and every value the rule must not fire for; the other 84 values
 (a second padding, dilation, alpha ...) are marked heavy, so ``make test-heavy`` (.ci/run) runs
@@ -145,6 +145,23 @@ def g_conv_patch(ov):
     b.inits["w"] = rand(6, 3 // (a.get("group") or 1), *k, seed=1, low=-0.5, high=0.5)
     b.inits["b"] = rand(6, seed=2)
     b.node("Conv", ["x", "w", "b"], "c", a)
+    b.node("Relu", ["c"], "y")
+    return b.done(["y"])
+
+
+def g_scaled_conv(ov):
+    """A squeeze-excitation scale (Sigmoid of a runtime [1, 8, 1, 1]) multiplying an 8 x 12 x 12
+    input before a Conv into 6 channels (1x1 by default), then Relu."""
+    b = B(ov["_opset"])
+    a = ov.get("conv", {})
+    k = a.get("kernel_shape") or [1, 1]
+    b.inputs["x"] = rand(1, 8, 12, 12, seed=0)
+    b.inputs["e"] = rand(1, 8, 1, 1, seed=3)
+    b.inits["w"] = rand(6, 8 // (a.get("group") or 1), *k, seed=1, low=-0.5, high=0.5)
+    b.inits["b"] = rand(6, seed=2)
+    b.node("Sigmoid", ["e"], "s")
+    b.node("Mul", ["x", "s"], "xs")
+    b.node("Conv", ["xs", "w", "b"], "c", a)
     b.node("Relu", ["c"], "y")
     return b.done(["y"])
 
@@ -745,6 +762,16 @@ SPECS = [
           ("conv", "auto_pad"): [V("VALID", fires=True)],
           ("conv", "kernel_shape"): [V([3, 3], fires=False)]},
          base={"conv": {"kernel_shape": [1, 1], "strides": [2, 2]}}),
+    # the squeeze-excitation scale read by a 1x1 conv (stride 1 only: a strided one is
+    # subsampled first, and its plane is then below INPUT_SCALE_MIN_PIXELS)
+    Spec("FuseConvInputScale", g_scaled_conv, {"mul": "Mul", "conv": "Conv"},
+         {("conv", "strides"): [V([2, 2], fires=False)],
+          ("conv", "pads"): [V([1, 1, 1, 1], fires=False)],
+          ("conv", "dilations"): [V([2, 2], fires=True)],          # one tap: dilation changes nothing
+          ("conv", "group"): [V(2, fires=False)],
+          ("conv", "auto_pad"): [V("VALID", fires=True), V("SAME_UPPER", fires=True)],   # 1x1: no padding
+          ("conv", "kernel_shape"): [V([3, 3], {"pads": [1, 1, 1, 1]}, fires=False)]},
+         base={"conv": {"kernel_shape": [1, 1]}}),
     Spec("FoldBatchNormIntoConv", g_conv_bn, {"conv": "Conv", "bn": "BatchNormalization"},
          _keyed("conv", CONV_V) | _keyed("bn", BN_V)),
     Spec("FoldPadIntoConv", g_pad_conv, {"pad": "Pad", "conv": "Conv"},

@@ -283,7 +283,7 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
               geo: Geometry, *, acc_dtype: DType | None = None,
               x_zero: Buffer | None = None, w_zero: Buffer | None = None,
               finish: Callable[[Expr, Expr], Expr] | None = None,
-              params: list[Buffer] | None = None) -> KernelBuilder:
+              params: list[Buffer] | None = None, x_scale: Buffer | None = None) -> KernelBuilder:
     """Emit one kernel computing y = conv(x, w) (+ b), then the fused epilogue, for an N-D
     grouped convolution with resolved geometry ``geo`` (reusable by fused variants).
 
@@ -301,13 +301,22 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     not load functions, so a schedule sees what it may precompute (the llvm ``conv2d_int8``
     packs a constant w with its zero points at compile time).
 
+    ``x_scale``: None, or a buffer [1 or N, C, 1..1] of x's dtype by which each input channel is
+    multiplied where it is read (``tensorfuse::FusedConv``'s input S: y = conv(x * S, w)); the
+    schedules asked are then those registered for ``"conv2d_input_scale"`` (keywords as below
+    plus ``x_scale``), so a schedule that does not read S is never chosen.
+
     First the target's backend schedules registered for the key ``"conv2d"``
     (``ir.strategy.dispatch``; the llvm ones in ``codegen/llvm/schedules/conv2d*.py``) are
     asked, with the keywords ``x, w, b, y, group, geo, acc_dtype, params, x_zero, w_zero`` and
     ``hooks`` = ``(finish,)`` (None when not given; the float schedules take no hooks); the loop
     nest above is the generic one, used where none applies.
     """
-    if geo.rank == 1 and not ctx.target.simt and acc_dtype in (None, DType.f32) and x.dtype == DType.f32:
+    if x_scale is not None:
+        done = dispatch("conv2d_input_scale", ctx, x=x, w=w, b=b, y=y, group=group, geo=geo, acc_dtype=acc_dtype,
+                        hooks=(finish,) if finish is not None else (), params=params, x_zero=x_zero,
+                        w_zero=w_zero, x_scale=x_scale)
+    elif geo.rank == 1 and not ctx.target.simt and acc_dtype in (None, DType.f32) and x.dtype == DType.f32:
         done = _conv1d_as_2d(ctx, x, w, b, y, group, geo, acc_dtype, finish, params, x_zero, w_zero)
     else:
         done = dispatch("conv2d", ctx, x=x, w=w, b=b, y=y, group=group, geo=geo, acc_dtype=acc_dtype,
@@ -318,8 +327,11 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     if acc_dtype is None:
         acc_dtype = DType.f32 if x.dtype in (DType.f16, DType.bf16) else x.dtype
 
-    def load_x(v, c):
-        return v.cast(acc_dtype) - x_zero.flat(0).cast(acc_dtype) if x_zero is not None else v.cast(acc_dtype)
+    def load_x(v, n, c):
+        v = v.cast(acc_dtype) - x_zero.flat(0).cast(acc_dtype) if x_zero is not None else v.cast(acc_dtype)
+        if x_scale is not None:
+            v = v * x_scale.flat((n if x_scale.shape[0] > 1 else 0) * c_ + c).cast(acc_dtype)
+        return v
 
     def load_w(v, oc):
         return v.cast(acc_dtype) - _channel(w_zero, oc, acc_dtype) if w_zero is not None else v.cast(acc_dtype)
@@ -362,7 +374,7 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
                     xrow = flat_offset(x.shape, [n, c, *irow, 0])
                     with kb.loop(hi, start=lo, kind="vectorize", hint="ow") as ow:
                         a = ow - ow0 if tile < ow_n else ow
-                        kb.store(acc, a, acc[a] + wv * load_x(x.flat(xrow + ow * s_l + off), c))
+                        kb.store(acc, a, acc[a] + wv * load_x(x.flat(xrow + ow * s_l + off), n, c))
             with kb.loop(tw, kind="vectorize", hint="j") as j:
                 v = acc[j]
                 if b is not None:

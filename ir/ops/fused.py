@@ -679,32 +679,50 @@ def _gemm_attrs():
 
 @op("FusedConv", OpPatternKind.OUT_ELEMWISE_FUSABLE, domain=DOMAIN, attrs=_conv_attrs())
 class FusedConv:
-    """Y = activation(Conv(X, W, B) + Z).
+    """Y = activation(Conv(X * S, W, B) + Z).
 
     Inputs: X [N, C, D1..Dn], W [M, C/group, k1..kn], B [M] (optional), Z (optional residual,
-    unidirectionally broadcastable to Y); one float dtype. Attributes: every Conv attribute
+    unidirectionally broadcastable to Y), S (optional input-channel scale [1 or N, C, 1..1]:
+    the squeeze-excitation Mul before a projection conv, folded by
+    ``compiler.rules.fuse_conv.FuseConvInputScale``); one float dtype. Attributes: every Conv attribute
     (ONNX spec: Conv-22) plus ``activation`` (one of ``ir.ops.activations.FUSED_ACTIVATIONS``, "" for none) and
     ``activation_params`` (Clip: min, max; LeakyRelu: alpha; HardSigmoid: alpha, beta).
     Means Conv -> Add(Z) -> activation op (Relu-14, Clip-13, LeakyRelu-16, Sigmoid-13,
     HardSigmoid-6, HardSwish-14, x*Sigmoid(x), Tanh-13, Gelu-20). The anchor kernel is Conv's
     (:func:`ir.ops.conv.emit_conv`); Z and the activation run in its epilogue before the single
-    store. Raises ShapeError as Conv does, and for an unknown activation or a Z that does not
-    broadcast to Y.
+    store; S multiplies X where the kernel reads it (each input channel's plane by its factor,
+    so zero padding stays zero). Raises ShapeError as Conv does, and for an unknown activation,
+    a Z that does not broadcast to Y or an S that is not [1 or N, C, 1..1] of X's dtype.
     """
 
     def infer(node):
-        return _anchored_infer(node, "Conv", 3, 3, "Z")
+        (t,) = _anchored_infer(node, "Conv", 3, 3, "Z")
+        s = node.input(4)
+        if s is not None:
+            x = node.inputs[0]
+            if s.dtype != x.dtype:
+                raise ShapeError(f"S has dtype {s.dtype}, X has {x.dtype}; they must match")
+            want = f"[1 or {x.shape[0]}, {x.shape[1]}{', 1' * (x.type.rank - 2)}]"
+            if (s.type.rank != x.type.rank or s.shape[0] not in (1, x.shape[0]) or s.shape[1] != x.shape[1]
+                    or any(d != 1 for d in s.shape[2:])):
+                raise ShapeError(f"S (the input-channel scale) has shape {list(s.shape)}, expected {want}")
+        return [t]
 
     def reference(node, ins):
-        return _anchored_reference(node, ins, "Conv", 3, 3)
+        ins = list(ins)
+        if len(ins) > 4 and ins[4] is not None:
+            ins[0] = (ins[0] * ins[4]).astype(ins[0].dtype)
+        return _anchored_reference(node, ins[:4], "Conv", 3, 3)
 
     def lower(ctx):
         from tensorfuse.ir.ops.conv import conv_geometry_of, emit_conv
         x, w = ctx.inputs[0], ctx.inputs[1]
         b = ctx.inputs[2] if len(ctx.inputs) > 2 else None
         z = ctx.inputs[3] if len(ctx.inputs) > 3 else None
+        s = ctx.inputs[4] if len(ctx.inputs) > 4 else None
         ctx.epilogue = _epilogue(ctx, z)
-        emit_conv(ctx, x, w, b, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node))
+        emit_conv(ctx, x, w, b, ctx.outputs[0], int(ctx.attr("group", 1)), conv_geometry_of(ctx.node),
+                  x_scale=s)
 
     def flops(node):
         from tensorfuse.ir.ops.conv import conv_flops

@@ -629,9 +629,9 @@ def pointwise_ok(ctx: LowerCtx, x: Buffer, y: Buffer, geo, group: int = 1) -> bo
 
 def epilogue_operands(ctx: LowerCtx) -> list[Buffer]:
     """The buffers a conv's fused epilogue reads besides its own value: FusedConv's addend
-    (inputs after X, W, B) and the fused group's operands (``ctx.epilogue_inputs``)."""
+    (input 3, after X, W, B) and the fused group's operands (``ctx.epilogue_inputs``)."""
     out: list[Buffer] = []
-    for b in list(ctx.inputs[3:]) + list(ctx.epilogue_inputs):
+    for b in list(ctx.inputs[3:4]) + list(ctx.epilogue_inputs):
         if b is not None and all(b is not o for o in out):
             out.append(b)
     return out
@@ -824,7 +824,8 @@ def choose_pointwise_tile(target, m: int) -> tuple[int, int, int]:
 
 
 def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, geo,
-                        params: list[Buffer] | None = None, grp: ConvGroups | None = None) -> KernelBuilder:
+                        params: list[Buffer] | None = None, grp: ConvGroups | None = None,
+                        x_scale: Buffer | None = None) -> KernelBuilder:
     """A 1x1 convolution as Y[n] = W [M, C] @ X[n] [C, H*W], vectorised over pixels (contiguous
     in NCHW): an R x NB tile (R output channels x NB*L pixels) of accumulators over the C
     reduction, the weights packed at compile time as [MB, C, R] and broadcast, the inputs
@@ -846,8 +847,14 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     14x14, 2 MiB) is read once per image, not once per pixel tile (1 thread, weights cold as in
     a model: 1.42 -> 1.30 ms; onnxruntime 1.48). Each reduction step prefetches the next block's
     weights (knob ``prefetch``). ``grp``: the groups of a grouped convolution
-    (:class:`ConvGroups`)."""
+    (:class:`ConvGroups`). ``x_scale``: None, or S [1 or N, C, 1, 1] (group 1 only) multiplying
+    each input channel where it is read (``tensorfuse::FusedConv``'s input S, the
+    squeeze-excitation scale): one multiply per pixel vector loaded, in the panel copy where
+    the tiles are packed, else per channel block; the separate Mul it replaces read and wrote
+    all of X."""
     grp = grp or ConvGroups(x, y)
+    if x_scale is not None and grp.G != 1:
+        raise AssertionError("an input-channel scale needs group 1 (conv2d_pointwise_scaled applies)")
     n_, c_, m_ = grp.n, grp.c, grp.m
     hw = int(np.prod(y.shape[2:]))
     sh, sw = geo.strides
@@ -880,13 +887,22 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     if pack:
         kb.kernel.comment += f"  [pixel tiles packed as panels [{c_}, {pix}]]"
 
+    def scale_of(n: Expr, ic: Expr) -> Expr | None:
+        if x_scale is None:
+            return None
+        return x_scale.flat((n * c_ if x_scale.shape[0] > 1 else 0) + ic)
+
+    def scaled(v: Expr, n: Expr, ic: Expr, lanes: int) -> Expr:
+        f = scale_of(n, ic)
+        return v if f is None else v * kb.broadcast(f, lanes)
+
     def tile(n: Expr, mb: Expr, p0: Expr, nvec: int, lanes: int, packed: bool):
         if packed:
             def xvec(ic, v):
                 return xp.vload(ic * (nvec * lanes) + v * lanes, lanes)
         else:
             def xvec(ic, v):
-                return x.vload((n * c_ + ic) * hw + p0 + v * lanes, lanes)
+                return scaled(x.vload((n * c_ + ic) * hw + p0 + v * lanes, lanes), n, ic, lanes)
         pixel_gemm_tile(ctx, kb, acc, wp, y, b, grp, n, R, c_, mb, nvec, lanes, xvec,
                         lambda yn, oc, v: PixelIndex([yn, oc] + [as_expr(0)] * (len(y.shape) - 3)
                                                      + [Ramp(p0 + v * lanes, lanes)], y.shape[2:]),
@@ -915,10 +931,11 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
                     for k in range(nvec * L):
                         q = p0 + k
                         src = (n * c_ + ic) * (H * W) + (q / OW) * (sh * W) + (q % OW) * sw
-                        kb.store(xp, ic * (nvec * L) + k, x.flat(src))
+                        kb.store(xp, ic * (nvec * L) + k, scaled(x.flat(src), n, ic, 1))
                 else:
                     for v in range(nvec):
-                        kb.store(xp, ic * (nvec * L) + v * L, x.vload((n * c_ + ic) * hw + p0 + v * L, L))
+                        kb.store(xp, ic * (nvec * L) + v * L,
+                                 scaled(x.vload((n * c_ + ic) * hw + p0 + v * L, L), n, ic, L))
             with kb.loop(per, hint="j", role="spatial") as j:
                 mb = g * per + j
                 if MB % per:
@@ -1188,6 +1205,24 @@ def register_thresholded(name: str, emit, ok, fits) -> None:
 
 register_schedule("conv2d", "llvm", "conv2d_pointwise", plevel=_pointwise_plevel,
                   applies=_pointwise_applies)(blocked_schedule(emit_conv_pointwise))
+
+
+def _pointwise_scaled_applies(ctx, **kw) -> bool:
+    xs = kw["x_scale"]
+    return (kw["group"] == 1 and xs.dtype == DType.f32 and len(xs.shape) == 4
+            and all(d == 1 for d in xs.shape[2:]) and _pointwise_applies(ctx, **kw))
+
+
+@register_schedule("conv2d_input_scale", "llvm", "conv2d_pointwise_scaled", plevel=PLEVEL["pointwise"],
+                   applies=_pointwise_scaled_applies)
+def emit_conv_pointwise_scaled(ctx: LowerCtx, *, x, w, b, y, group, geo, params=None, x_scale=None, **_):
+    """:func:`emit_conv_pointwise` of conv(X * S, W): the squeeze-excitation scale S [1 or N, C, 1, 1]
+    applied to each pixel vector of X as it is read (``x_scale``)."""
+    kb = emit_conv_pointwise(ctx, x, w, b, y, geo, params, ConvGroups(x, y, group), x_scale=x_scale)
+    kb.kernel.comment += "  [input channels scaled by S as read]"
+    return kb
+
+
 register_thresholded("flat", emit_conv_flat, flat_ok, flat_fits)
 register_thresholded("im2row", emit_conv_im2row, lambda ctx, c, m, geo: im2row_ok(ctx, c, geo),
                      lambda ctx, c, m, geo: im2row_fits(ctx, c, geo))
