@@ -1,6 +1,6 @@
 """The thread team (runtime/threads.py ThreadTeam, codegen.llvm.emit.phase_helpers): jobs start
-natively while a worker polls, a worker that went to sleep on its semaphore is woken when a job
-comes, a run ends when its chunks are done whether or not a worker took part (a worker that is
+natively while a worker polls, a worker that went to sleep (natively on a futex, or on its
+semaphore) is woken when a job comes, a run ends when its chunks are done whether or not a worker took part (a worker that is
 absent or late holds nothing back and claims nothing of a job that is over), and every run's
 result is checked against onnxruntime's. Each test makes sure the workers did run chunks
 (``run_on_team``): in debug mode (the whole suite) a run checks the memory plan kernel by kernel,
@@ -24,88 +24,122 @@ def _parallel(mod) -> bool:
     return any(kernel_is_parallel(k) for k in mod.kernels)
 
 
+#: how workers sleep: natively (futex, where the platform has it) or on Python semaphores (the
+#: fallback elsewhere, and for a module saved without the native helpers)
+SLEEPS = ["native", "semaphore"]
+
+
+def _compile(model, num_threads: int, sleep: str):
+    """The model compiled for ``num_threads``; with ``sleep`` "semaphore" its team is made
+    without the native sleep helpers. Skips "native" where the platform has none."""
+    from tensorfuse.codegen.llvm.emit import TEAM_SLEEP_HELPERS, futex_syscall
+    if sleep == "native" and futex_syscall() is None:
+        pytest.skip("no futex on this platform: the workers sleep on semaphores")
+    mod = tensorfuse.compile(model, num_threads=num_threads, cache=False)
+    if sleep == "semaphore":
+        mod._helpers = {k: v for k, v in mod._team_helpers().items() if k not in TEAM_SLEEP_HELPERS}
+    return mod
+
+
+def _team(mod, sleep: str):
+    team = module_team(mod)
+    assert team.native_sleep == (sleep == "native")
+    team.adaptive = False                            # every run on the team (ThreadTeam.run)
+    return team
+
+
+@pytest.mark.parametrize("sleep", SLEEPS)
 @pytest.mark.parametrize("num_threads", [2, 3])
-def test_team_runs_every_job_while_polling_and_after_sleeping(monkeypatch, num_threads):
+def test_team_runs_every_job_while_polling_and_after_sleeping(num_threads, sleep):
     """With a spin budget of a few microseconds the workers sleep between most runs (their flag
     set), with the default one they poll; runs alternate between the two, and with 3 threads
-    (on a 2-core machine: oversubscribed) too. Every output matches onnxruntime."""
+    (on a 2-core machine: oversubscribed) too, whether the workers sleep natively or on
+    semaphores. Every output matches onnxruntime."""
     model = mlp_model(n=64, d=256, seed=3)
-    mod = tensorfuse.compile(model, num_threads=num_threads, cache=False)
+    mod = _compile(model, num_threads, sleep)
     assert _parallel(mod)
     xs = [x_input(40 + i, n=64) for i in range(4)]
     want = [ort_run(model, {"x": x})[0] for x in xs]
     spin = threads.WORKER_SPIN_TICKS
     mod.run(xs[0])
-    module_team(mod).adaptive = False                # every run on the team (ThreadTeam.run)
+    team = _team(mod, sleep)
+    assert team.size == num_threads
     for i in range(30):
         fast = i % 3 != 0
-        monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", spin if fast else 1000)
+        team.spin_ticks = spin if fast else 1000
         mod.check_memory = i % 2 == 0                 # the checked run (kernel by kernel) and the plain one
         got = mod.run(xs[i % 4])[0]
         np.testing.assert_allclose(got, want[i % 4], rtol=1e-4, atol=1e-5, err_msg=f"run {i}")
         if not fast:
             time.sleep(0.005)
-    team = module_team(mod)
-    assert team is not None and team.size == num_threads
-    monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", spin)
+    team.spin_ticks = spin
     run_on_team(mod, {"x": xs[0]}, lambda got, i: np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5))
     assert team.chunks_run()[1:].sum() > 0
 
 
-def test_idle_worker_sleeps_and_is_woken():
+def _wait_asleep(team, t: int = 1) -> None:
+    deadline = time.time() + 10
+    while team._ctl[8 * t + 1] != 1 and time.time() < deadline:
+        time.sleep(0.01)
+    assert team._ctl[8 * t + 1] == 1, f"the idle worker {t} did not go to sleep"
+
+
+def _wait_finished(team, t: int = 1) -> None:
+    deadline = time.time() + 10                      # run() does not wait for it: its word does
+    while team._ctl[8 * t] != team._seq and time.time() < deadline:
+        time.sleep(0.01)
+    assert team._ctl[8 * t] == team._seq, f"worker {t} did not finish the last job"
+
+
+@pytest.mark.parametrize("sleep", SLEEPS)
+def test_idle_worker_sleeps_and_is_woken(sleep):
     """A worker idle past its spin budget sets its sleeping flag and blocks; the next run clears
-    the flag and releases its semaphore, and the worker finishes that job (its word shows the
-    job's number) and runs chunks of later ones."""
-    model = mlp_model(n=64, d=256, seed=4)
-    mod = tensorfuse.compile(model, num_threads=2, cache=False)
+    the flag and wakes it (futex, or its semaphore), and the worker finishes that job (its word
+    shows the job's number) and runs chunks of later ones."""
+    model = mlp_model(n=64, d=256, seed=5)
+    mod = _compile(model, 2, sleep)
     assert _parallel(mod)
     x = x_input(7, n=64)
     want = ort_run(model, {"x": x})[0]
     np.testing.assert_allclose(mod.run(x)[0], want, rtol=1e-4, atol=1e-5)
-    team = module_team(mod)
-    team.adaptive = False                            # every run on the team (ThreadTeam.run)
-    old = threads.WORKER_SPIN_TICKS
+    team = _team(mod, sleep)
     try:
-        threads.WORKER_SPIN_TICKS = 1000
+        team.spin_ticks = 1000
         mod.run(x)                                   # the worker's next poll uses the small budget
-        deadline = time.time() + 10
-        while team._ctl[8 + 1] != 1 and time.time() < deadline:
-            time.sleep(0.01)
-        assert team._ctl[8 + 1] == 1, "the idle worker did not go to sleep"
+        _wait_asleep(team)
         for _ in range(3):
             np.testing.assert_allclose(mod.run(x)[0], want, rtol=1e-4, atol=1e-5)
-        deadline = time.time() + 10                  # run() does not wait for it: its word does
-        while team._ctl[8] != team._seq and time.time() < deadline:
-            time.sleep(0.01)
-        assert team._ctl[8] == team._seq, "the woken worker did not finish the last job"
+        _wait_finished(team)
     finally:
-        threads.WORKER_SPIN_TICKS = old
+        team.spin_ticks = threads.WORKER_SPIN_TICKS
     run_on_team(mod, {"x": x}, lambda got, i: np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5))
 
 
-def test_run_ends_without_an_absent_worker_and_a_late_one_claims_nothing(monkeypatch):
+@pytest.mark.parametrize("sleep", SLEEPS)
+def test_run_ends_without_an_absent_worker_and_a_late_one_claims_nothing(sleep):
     """Issue 24 item 2: a run must not wait for a particular worker. Worker 1 is kept asleep
-    (its wake-up token held back) while runs go on: each ends, right, with the calling thread
-    (and worker 2) doing every chunk; under the barriers of before, the first run never ended.
-    Woken late, the worker passes over the job it missed without claiming a chunk (all were
-    claimed), and later runs are right with it taking part again."""
+    (not woken: its semaphore token held back, or the native wake skipping it) while runs go
+    on: each ends, right, with the calling thread (and worker 2) doing every chunk; under the
+    barriers of before, the first run never ended. Woken late, the worker passes over the job
+    it missed without claiming a chunk (all were claimed), and later runs are right with it
+    taking part again."""
     import threading
     model = mlp_model(n=64, d=256, seed=6)
-    mod = tensorfuse.compile(model, num_threads=3, cache=False)
+    mod = _compile(model, 3, sleep)
     mod.check_memory = False
     xs = [x_input(60 + i, n=64) for i in range(3)]
     want = [ort_run(model, {"x": x})[0] for x in xs]
     np.testing.assert_allclose(mod.run(xs[0])[0], want[0], rtol=1e-4, atol=1e-5)
-    team = module_team(mod)
-    team.adaptive = False                            # every run on the team (ThreadTeam.run)
-    monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", 1000)
+    team = _team(mod, sleep)
+    team.spin_ticks = 1000
     mod.run(xs[0])
-    deadline = time.time() + 10
-    while team._ctl[8 + 1] != 1 and time.time() < deadline:       # worker 1 asleep
-        time.sleep(0.01)
-    assert team._ctl[8 + 1] == 1
-    token, held = team._go[1], threading.Semaphore(0)
-    team._go[1] = held                               # run() wakes this one: worker 1 sleeps on
+    _wait_asleep(team)
+    if sleep == "semaphore":
+        token, held = team._go[1], threading.Semaphore(0)
+        team._go[1] = held                           # run() wakes this one: worker 1 sleeps on
+    else:
+        wake = team._native_wake
+        team._native_wake = lambda ctl, first, end: wake(ctl, max(first, 2), end)   # never worker 1
     before = int(team.chunks_run()[1])
     results, errors = [], []
 
@@ -123,14 +157,18 @@ def test_run_ends_without_an_absent_worker_and_a_late_one_claims_nothing(monkeyp
     for i, got in enumerate(results):
         np.testing.assert_allclose(got, want[i % 3], rtol=1e-4, atol=1e-5, err_msg=f"run {i}")
     assert int(team.chunks_run()[1]) == before       # it slept through them
-    team._go[1] = token
-    token.release()                                  # wake it late: it finds the last job over
-    deadline = time.time() + 10
-    while team._ctl[8] != team._seq and time.time() < deadline:
-        time.sleep(0.01)
-    assert team._ctl[8] == team._seq
+    if sleep == "native":
+        assert team._ctl[8 + 1] == 1                 # still asleep (its flag never cleared)
+    if sleep == "semaphore":                         # wake it late: it finds the last job over
+        team._go[1] = token
+        team._xchg(team._sleeping[1], 0)
+        token.release()
+    else:
+        team._native_wake = wake
+        wake(team._ctl_addr, 1, 2)
+    _wait_finished(team)
     assert int(team.chunks_run()[1]) == before, "a late worker claimed a chunk of a finished job"
-    monkeypatch.setattr(threads, "WORKER_SPIN_TICKS", threads.WORKER_SPIN_TICKS)
+    team.spin_ticks = threads.WORKER_SPIN_TICKS
     run_on_team(mod, {"x": xs[1]}, lambda got, i: np.testing.assert_allclose(got[0], want[1], rtol=1e-4, atol=1e-5))
 
 

@@ -39,7 +39,8 @@ from tensorfuse.ir.schedule import expr_children, expr_nodes, runs_on_thread0_on
 from tensorfuse.ir.types import DType
 # the team record and shared counters' layout belongs to the runtime (which loads saved modules
 # without importing codegen)
-from tensorfuse.runtime.threads import SYNC_CLAIMED, SYNC_DONE, TEAM_FIELDS, TEAM_RECORD_BYTES  # noqa: F401
+from tensorfuse.runtime.threads import (CTL_CLOSED, CTL_TICKS, SYNC_CLAIMED, SYNC_DONE, TEAM_FIELDS,  # noqa: F401
+                                        TEAM_RECORD_BYTES)
 
 from . import vmath
 
@@ -1119,6 +1120,23 @@ def _pause(module: ir.Module) -> ir.Function:
 
 #: the thread team's native helpers (:func:`emit_team_helpers`; runtime/threads.py calls them)
 TEAM_HELPERS = ("tf_spin", "tf_xchg", "tf_load", "tf_worker", "tf_lead", "tf_publish")
+#: ... and where the process runs on Linux (x86-64 or AArch64), the workers' native sleep and wake
+#: (futex): :func:`emit_team_helpers`
+TEAM_SLEEP_HELPERS = ("tf_serve", "tf_wake")
+#: the ``futex`` system call's number by architecture (Linux), and its private wait / wake operations
+FUTEX_SYSCALL = {"x86_64": 202, "aarch64": 98}
+FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
+
+
+def futex_syscall() -> int | None:
+    """The ``futex`` system call number of the process's platform, or None (not Linux, or an
+    architecture not in :data:`FUTEX_SYSCALL`): the workers then sleep on Python semaphores."""
+    import sys
+
+    from llvmlite import binding
+    if not sys.platform.startswith("linux"):
+        return None
+    return FUTEX_SYSCALL.get(binding.get_process_triple().split("-")[0])
 #: ``sched_yield`` every this many polls of a team helper's wait
 SPIN_YIELD_EVERY = 2048
 
@@ -1171,7 +1189,18 @@ def emit_team_helpers(module: ir.Module) -> None:
       last sequence it ran once ``ticks`` pass without a new job. It never waits for another
       thread: a job is over for it when it finds no chunk left to claim;
     - ``void tf_lead(i64 entry, ptr slots, ptr team, i64 base)``: the calling thread's part of a
-      job: its ``base``, the entry, then a wait until every chunk of the job is done."""
+      job: its ``base``, the entry, then a wait until every chunk of the job is done;
+    - on Linux (:func:`futex_syscall`; :data:`TEAM_SLEEP_HELPERS`) ``i64 tf_serve(ptr ctl, ptr
+      team, i64 t)``: worker ``t``'s whole life, natively, so that waking it never needs
+      Python's GIL: ``tf_worker`` with ``ctl[CTL_TICKS]`` ticks; when it returns idle, unless
+      ``ctl[CTL_CLOSED]`` is set, the worker sets its sleeping flag ``ctl[8 t + 1]``, reads the
+      sequence once more (a job came: flag cleared, back to work) and waits on the flag's low
+      32 bits with ``futex(FUTEX_WAIT_PRIVATE, 1)`` while it is 1; returns the last sequence it
+      ran once closed; and ``void tf_wake(ptr ctl, i64 first, i64 end)``: for each worker
+      ``first`` .. ``end`` - 1 (the team: 1 .. size - 1),
+      clear its flag (an exchange) and, where it was set, ``futex(FUTEX_WAKE_PRIVATE)`` it. The
+      flag is exchanged and the sequence read sequentially consistently on both sides, and the
+      futex wait compares the flag in the kernel, so no wake is lost."""
     if module.globals.get("tf_lead") is not None:
         return
     spin = ir.Function(module, ir.FunctionType(I64, [PTR, I64, I64, I64]), name="tf_spin")
@@ -1267,6 +1296,91 @@ def emit_team_helpers(module: ir.Module) -> None:
     b.store(base, _field(b, team, "base"))
     b.call(b.inttoptr(fn_addr, entry_t), [slots, team])
     b.call(phase_helpers(module)[1], [team, ir.Constant(I64, 0)])
+    b.ret_void()
+    nr = futex_syscall()
+    if nr is not None:
+        _emit_sleep_helpers(module, work, nr)
+
+
+def _emit_sleep_helpers(module: ir.Module, work: ir.Function, nr: int) -> None:
+    """``tf_serve`` and ``tf_wake`` (:func:`emit_team_helpers`) with futex system call ``nr``."""
+    syscall = module.globals.get("syscall") or ir.Function(
+        module, ir.FunctionType(I64, [I64], var_arg=True), name="syscall")
+    null = ir.Constant(PTR, None)
+
+    def word(b, ctl, i):
+        return b.gep(ctl, [i if isinstance(i, ir.Value) else ir.Constant(I64, i)], source_etype=I64)
+
+    serve = ir.Function(module, ir.FunctionType(I64, [PTR, PTR, I64]), name="tf_serve")
+    ctl, team, tix = serve.args
+    b = ir.IRBuilder(serve.append_basic_block("entry"))
+    flag = word(b, ctl, b.add(b.mul(tix, ir.Constant(I64, 8)), ir.Constant(I64, 1)))
+    entry = b.block
+    top = serve.append_basic_block("top")
+    idle = serve.append_basic_block("idle")
+    came = serve.append_basic_block("came")
+    sleep = serve.append_basic_block("sleep")
+    wait = serve.append_basic_block("wait")
+    done = serve.append_basic_block("done")
+    b.branch(top)
+    b.position_at_end(top)
+    last = b.phi(I64, name="last")
+    last.add_incoming(ir.Constant(I64, 0), entry)
+    run = serve.append_basic_block("run")
+    quit_ = serve.append_basic_block("quit")
+    closed0 = b.load_atomic(word(b, ctl, CTL_CLOSED), "acquire", 8, typ=I64)
+    b.cbranch(b.icmp_signed("!=", closed0, ir.Constant(I64, 0)), quit_, run)
+    b.position_at_end(quit_)
+    b.ret(last)
+    b.position_at_end(run)
+    ticks = b.load_atomic(word(b, ctl, CTL_TICKS), "monotonic", 8, typ=I64)
+    ran = b.call(work, [ctl, team, tix, last, ticks])
+    closed = b.load_atomic(word(b, ctl, CTL_CLOSED), "acquire", 8, typ=I64)
+    b.cbranch(b.icmp_signed("!=", closed, ir.Constant(I64, 0)), done, idle)
+    b.position_at_end(idle)
+    b.atomic_rmw("xchg", flag, ir.Constant(I64, 1), "seq_cst")
+    seq = b.load_atomic(ctl, "seq_cst", 8, typ=I64)
+    b.cbranch(b.icmp_signed("!=", seq, ran), came, sleep)
+    b.position_at_end(came)                       # a job came meanwhile: awake again
+    b.atomic_rmw("xchg", flag, ir.Constant(I64, 0), "seq_cst")
+    last.add_incoming(ran, b.block)
+    b.branch(top)
+    b.position_at_end(sleep)
+    up = b.load_atomic(flag, "seq_cst", 8, typ=I64)
+    back = b.block
+    last.add_incoming(ran, back)
+    b.cbranch(b.icmp_signed("==", up, ir.Constant(I64, 0)), top, wait)
+    b.position_at_end(wait)
+    b.call(syscall, [ir.Constant(I64, nr), flag, ir.Constant(I64, FUTEX_WAIT_PRIVATE), ir.Constant(I64, 1), null])
+    b.branch(sleep)
+    b.position_at_end(done)
+    b.ret(ran)
+
+    wake = ir.Function(module, ir.FunctionType(ir.VoidType(), [PTR, I64, I64]), name="tf_wake")
+    ctl, first, size = wake.args
+    b = ir.IRBuilder(wake.append_basic_block("entry"))
+    entry = b.block
+    loop = wake.append_basic_block("loop")
+    call = wake.append_basic_block("call")
+    nxt = wake.append_basic_block("next")
+    out = wake.append_basic_block("out")
+    b.branch(loop)
+    b.position_at_end(loop)
+    t = b.phi(I64, name="t")
+    t.add_incoming(first, entry)
+    b.cbranch(b.icmp_signed("<", t, size), call, out)
+    b.position_at_end(call)
+    f = word(b, ctl, b.add(b.mul(t, ir.Constant(I64, 8)), ir.Constant(I64, 1)))
+    was = b.atomic_rmw("xchg", f, ir.Constant(I64, 0), "seq_cst")
+    sys_blk = wake.append_basic_block("futex")
+    b.cbranch(b.icmp_signed("==", was, ir.Constant(I64, 1)), sys_blk, nxt)
+    b.position_at_end(sys_blk)
+    b.call(syscall, [ir.Constant(I64, nr), f, ir.Constant(I64, FUTEX_WAKE_PRIVATE), ir.Constant(I64, 1)])
+    b.branch(nxt)
+    b.position_at_end(nxt)
+    t.add_incoming(b.add(t, ir.Constant(I64, 1)), nxt)
+    b.branch(loop)
+    b.position_at_end(out)
     b.ret_void()
 
 
