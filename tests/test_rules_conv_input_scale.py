@@ -40,7 +40,11 @@ def _se_model(n=1, c=32, h=16, w=16, m=24, gate="Sigmoid", swap=False, residual=
     nodes.append(helper.make_node("Conv", ["xs", "w2", "b2"], ["c"], kernel_shape=[k, k], strides=list(strides),
                                   group=group, pads=list(pads)))
     last = "c"
-    if residual:
+    if residual == "const":                          # a constant per output channel: into the bias
+        inits["zc"] = rand(1, m, 1, 1, seed=9)
+        nodes.append(helper.make_node("Add", ["c", "zc"], ["r"]))
+        last = "r"
+    elif residual:
         oh = (h + pads[0] + pads[2] - k) // strides[0] + 1
         ow = (w + pads[1] + pads[3] - k) // strides[1] + 1
         feeds["z"] = rand(n, m, oh, ow, seed=3)
@@ -61,15 +65,16 @@ def _scaled_convs(g):
 
 @pytest.mark.parametrize("kw", [dict(), dict(gate="HardSigmoid"), dict(swap=True), dict(n=2),
                                 dict(residual=True, act="Relu"), dict(act="Relu"), dict(residual=True),
-                                dict(c=96, m=40, h=28, w=28, residual=True, act="Relu")])
+                                dict(c=96, m=40, h=28, w=28, residual=True, act="Relu"),
+                                dict(residual="const", act="Relu")])
 def test_scale_folds_into_the_conv(kw):
     model, feeds = _se_model(**kw)
     g = optimized(model)
     (conv,) = _scaled_convs(g)
     assert count(g, "Mul") == 0
     assert conv.input(4).shape == (1 if kw.get("n", 1) == 1 else kw["n"], kw.get("c", 32), 1, 1)
-    # the residual Add and the activation still join the conv's epilogue
-    assert (conv.input(3) is not None) == bool(kw.get("residual"))
+    # the residual Add and the activation still join the conv's epilogue (a constant Add: the bias)
+    assert (conv.input(3) is not None) == (kw.get("residual") is True)
     assert conv.attr("activation", "") == (kw.get("act") or "")
     assert count(g, "Add") == 0 and count(g, "Relu") == 0
     assert_matches_ort(model, feeds, rtol=RT, atol=AT, opt_levels=(0, 2, 3))
