@@ -104,14 +104,21 @@ def test_depthwise_conv(xs, k, attrs, bias, threads):
 
 
 def test_depthwise_schedules_by_width_and_stride():
-    """Stride 1 reads the input rows in place above 2*L columns and copies them into padded
-    rows at or below; stride 2 de-interleaves the input (L: the target's f32 lanes)."""
-    cases = [((1, 8, 2 * L + 1, 2 * L + 1), {}, "contiguous rows"),
-             ((1, 8, 2 * L, 2 * L), {}, "zero-padded rows"),
-             ((1, 8, 2 * L, 2 * L), {"strides": [2, 2]}, "de-interleaved input (stride 2)")]
-    for xs, attrs, what in cases:
-        m, feeds = _conv_model(xs, (3, 3), {"pads": [1, 1, 1, 1], **attrs})
-        assert what in _check(m, feeds, opt_levels=(2,))
+    """Stride 1 reads the input rows of a 3x3 kernel in place above 2*L columns and copies them
+    into padded rows at or below, and those of kernels at least PADDED_MIN_KW wide (ConvNeXt's
+    7x7) into padded rows at any width; stride 2 de-interleaves the input (L: the target's f32
+    lanes)."""
+    from tensorfuse.codegen.llvm.schedules.conv2d_depthwise import PADDED_MIN_KW
+    wide = 2 * L + 9
+    cases = [((1, 8, 2 * L + 1, 2 * L + 1), 3, {}, "contiguous rows"),
+             ((1, 8, 2 * L, 2 * L), 3, {}, "zero-padded rows"),
+             ((1, 8, 2 * L, 2 * L), 3, {"strides": [2, 2]}, "de-interleaved input (stride 2)"),
+             ((1, 8, wide, wide), PADDED_MIN_KW, {}, "zero-padded rows"),
+             ((1, 8, wide, wide), 7, {}, "zero-padded rows"),
+             ((1, 8, wide, wide), 7, {"strides": [2, 2]}, "de-interleaved input (stride 2)")]
+    for xs, k, attrs, what in cases:
+        m, feeds = _conv_model(xs, (k, k), {"pads": [k // 2] * 4, **attrs})
+        assert what in _check(m, feeds, opt_levels=(2,)), (xs, k, attrs)
 
 
 def test_depthwise_kernel_is_vectorised_and_parallel():
