@@ -224,9 +224,9 @@ class ThreadTeam:
     job the worker sets its sleeping flag (word ``8 t + 1``), checks the sequence once more and
     sleeps. On Linux it never leaves native code: it sleeps on the flag with ``futex`` and
     ``run`` wakes it natively (``tf_serve`` / ``tf_wake``, ``codegen.llvm.emit``), so a waking
-    worker does not wait for the GIL, which the calling thread holds between runs: after a
-    pause, the worker took part in neither of the first two runs of squeezenet1_1 (6.1 and
-    4.4 ms against 2.7) and joined from the second with the native wake. Elsewhere (or for a
+    worker does not wait for the GIL, which the calling thread holds between runs (squeezenet1_1
+    at 2 threads, the first two runs after a 0.15 s pause: 6.62 and 4.67 ms with the semaphore,
+    5.97 and 4.07 with the futex, 2.75 steady; docs/architecture.md). Elsewhere (or for a
     module saved without those helpers) it blocks on a Python semaphore that ``run`` releases
     only for a worker whose flag it clears. Both sides exchange the flag and read the sequence
     sequentially consistently, so a job is never missed and no token is left over. ``run``

@@ -1309,12 +1309,15 @@ def _emit_sleep_helpers(module: ir.Module, work: ir.Function, nr: int) -> None:
     null = ir.Constant(PTR, None)
 
     def word(b, ctl, i):
-        return b.gep(ctl, [i if isinstance(i, ir.Value) else ir.Constant(I64, i)], source_etype=I64)
+        return b.gep(ctl, [ir.Constant(I64, i)], source_etype=I64)
+
+    def flag_of(b, ctl, t):                       # worker t's sleeping flag: word 8 t + 1
+        return b.gep(ctl, [b.add(b.mul(t, ir.Constant(I64, 8)), ir.Constant(I64, 1))], source_etype=I64)
 
     serve = ir.Function(module, ir.FunctionType(I64, [PTR, PTR, I64]), name="tf_serve")
     ctl, team, tix = serve.args
     b = ir.IRBuilder(serve.append_basic_block("entry"))
-    flag = word(b, ctl, b.add(b.mul(tix, ir.Constant(I64, 8)), ir.Constant(I64, 1)))
+    flag = flag_of(b, ctl, tix)
     entry = b.block
     top = serve.append_basic_block("top")
     idle = serve.append_basic_block("idle")
@@ -1370,7 +1373,7 @@ def _emit_sleep_helpers(module: ir.Module, work: ir.Function, nr: int) -> None:
     t.add_incoming(first, entry)
     b.cbranch(b.icmp_signed("<", t, size), call, out)
     b.position_at_end(call)
-    f = word(b, ctl, b.add(b.mul(t, ir.Constant(I64, 8)), ir.Constant(I64, 1)))
+    f = flag_of(b, ctl, t)
     was = b.atomic_rmw("xchg", f, ir.Constant(I64, 0), "seq_cst")
     sys_blk = wake.append_basic_block("futex")
     b.cbranch(b.icmp_signed("==", was, ir.Constant(I64, 1)), sys_blk, nxt)

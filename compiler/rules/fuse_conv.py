@@ -32,6 +32,12 @@ def _input_scale(v):
     return v.producer.input(4) if v.producer.op == "FusedConv" else None
 
 
+def _fused_conv(build, x, w, b, z, scale, expect, attrs):
+    """FusedConv(x, W, b, Z, S) (S, input 4, only where there is one), or Fail."""
+    ins = [x, w, b, z] + ([scale] if scale is not None else [])
+    return build_or_fail(build, "FusedConv", *ins, domain="tensorfuse", expect=expect, attributes=attrs)
+
+
 def _per_channel(z, out_shape) -> bool:
     """Is constant ``z`` (right-aligned against the output) 1 everywhere but the channel dim?"""
     s = (1,) * (len(out_shape) - z.type.rank) + tuple(z.shape)
@@ -63,11 +69,8 @@ class FuseConvAdd(Rule):
             bias = build.const((b0 + zc).astype(y.dtype.numpy), "b_fused")
             if scale is None:
                 return build_or_fail(build, "Conv", m.x, m.w, bias, expect=out, **attrs)
-            return build_or_fail(build, "FusedConv", m.x, m.w, bias, None, scale, domain="tensorfuse", expect=out,
-                                 attributes=dict(attrs, activation="", activation_params=[]))
-        return build_or_fail(build, "FusedConv", m.x, m.w, m.b, m.z, *([scale] if scale is not None else []),
-                             domain="tensorfuse", expect=out,
-                             attributes=dict(attrs, activation="", activation_params=[]))
+            return _fused_conv(build, m.x, m.w, bias, None, scale, out, dict(attrs, activation="", activation_params=[]))
+        return _fused_conv(build, m.x, m.w, m.b, m.z, scale, out, dict(attrs, activation="", activation_params=[]))
 
 
 _anchor = OneOf(P.Conv(x=Any(), w=Any(), b=Optional()),
@@ -94,9 +97,7 @@ class FuseConvActivation(Rule):
         attrs = {k: v for k, v in n.attrs.items() if k not in ("activation", "activation_params")}
         attrs.update(activation=name, activation_params=params)
         z = n.input(3) if n.op == "FusedConv" else None
-        scale = _input_scale(m.y)
-        return build_or_fail(build, "FusedConv", m.x, m.w, m.b, z, *([scale] if scale is not None else []),
-                             domain="tensorfuse", expect=m.act, attributes=attrs)
+        return _fused_conv(build, m.x, m.w, m.b, z, _input_scale(m.y), m.act, attrs)
 
 
 #: the input scale folds into 1x1 convs of at least this many output pixels. Below it the llvm
@@ -156,13 +157,9 @@ class FuseConvInputScale(Rule):
         return True
 
     def rewrite(self, m, build):
-        n = m.y.producer
-        attrs = {k: v for k, v in n.attrs.items() if k not in ("activation", "activation_params")}
+        n = m.y.producer            # a Conv, or a FusedConv whose residual and activation are kept
         z = n.input(3) if n.op == "FusedConv" else None
-        act = n.attr("activation", "") if n.op == "FusedConv" else ""
-        params = n.attr("activation_params", []) if n.op == "FusedConv" else []
-        return build_or_fail(build, "FusedConv", m.a, m.w, m.b, z, m.s, domain="tensorfuse", expect=m.y,
-                             attributes=dict(attrs, activation=act, activation_params=params))
+        return _fused_conv(build, m.a, m.w, m.b, z, m.s, m.y, {"activation": "", "activation_params": [], **n.attrs})
 
 
 RULES = [FuseConvInputScale, FuseConvAdd, FuseConvActivation]

@@ -312,16 +312,14 @@ def emit_conv(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y: Buffer, 
     ``hooks`` = ``(finish,)`` (None when not given; the float schedules take no hooks); the loop
     nest above is the generic one, used where none applies.
     """
+    workload = dict(x=x, w=w, b=b, y=y, group=group, geo=geo, acc_dtype=acc_dtype,
+                    hooks=(finish,) if finish is not None else (), params=params, x_zero=x_zero, w_zero=w_zero)
     if x_scale is not None:
-        done = dispatch("conv2d_input_scale", ctx, x=x, w=w, b=b, y=y, group=group, geo=geo, acc_dtype=acc_dtype,
-                        hooks=(finish,) if finish is not None else (), params=params, x_zero=x_zero,
-                        w_zero=w_zero, x_scale=x_scale)
+        done = dispatch("conv2d_input_scale", ctx, **workload, x_scale=x_scale)
     elif geo.rank == 1 and not ctx.target.simt and acc_dtype in (None, DType.f32) and x.dtype == DType.f32:
         done = _conv1d_as_2d(ctx, x, w, b, y, group, geo, acc_dtype, finish, params, x_zero, w_zero)
     else:
-        done = dispatch("conv2d", ctx, x=x, w=w, b=b, y=y, group=group, geo=geo, acc_dtype=acc_dtype,
-                        hooks=(finish,) if finish is not None else (), params=params, x_zero=x_zero,
-                        w_zero=w_zero)
+        done = dispatch("conv2d", ctx, **workload)
     if done is not NO_SCHEDULE:
         return done
     if acc_dtype is None:

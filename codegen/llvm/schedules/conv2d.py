@@ -887,14 +887,11 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     if pack:
         kb.kernel.comment += f"  [pixel tiles packed as panels [{c_}, {pix}]]"
 
-    def scale_of(n: Expr, ic: Expr) -> Expr | None:
-        if x_scale is None:
-            return None
-        return x_scale.flat((n * c_ if x_scale.shape[0] > 1 else 0) + ic)
-
     def scaled(v: Expr, n: Expr, ic: Expr, lanes: int) -> Expr:
-        f = scale_of(n, ic)
-        return v if f is None else v * kb.broadcast(f, lanes)
+        """``v`` (lanes of image n's input channel ic) times that channel's factor of S, if any."""
+        if x_scale is None:
+            return v
+        return v * kb.broadcast(x_scale.flat((n * c_ if x_scale.shape[0] > 1 else 0) + ic), lanes)
 
     def tile(n: Expr, mb: Expr, p0: Expr, nvec: int, lanes: int, packed: bool):
         if packed:
