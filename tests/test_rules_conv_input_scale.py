@@ -140,6 +140,30 @@ def test_pointwise_scaled_tile_orders(x_shape, m, knobs, order, threads):
     np.testing.assert_allclose(mod.run(**feeds)[0], ort_run(model, feeds)[0], rtol=RT, atol=AT)
 
 
+def test_scaled_pointwise_packs_where_the_unscaled_runs_tiles_inner():
+    """Default knobs: regnet's 320 -> 320 at 14x14 without a scale runs each channel block over
+    the unpacked tiles (``tiles_inner_ok``); with S it packs the tiles, so S multiplies each
+    element once in the panel copy instead of once per channel block. Both match onnxruntime."""
+    from tensorfuse.compiler.driver import build_module
+    from tensorfuse.compiler.frontend.onnx import import_onnx
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.compiler.pipeline import optimize
+    from tensorfuse.ir.target import Target
+    tgt = Target.parse("llvm")
+    for scaled in (False, True):
+        model, feeds = _se_model(c=320, h=14, w=14, m=320, act="Relu")
+        graph = import_onnx(model)
+        optimize(graph, 2, target=tgt, disabled_rules=() if scaled else ("FuseConvInputScale",))
+        low = lower_graph(graph, tgt)
+        mod = build_module(low, graph, list(feeds), ["y"], tgt)
+        (k,) = [k for k in mod.kernels if "pointwise:" in k.comment]
+        assert ("scaled by S" in k.comment) == scaled, k.comment
+        assert k.knobs["pack_pixels"] == scaled, k.knobs
+        if not scaled:
+            assert k.knobs["pixel_tiles_inner"], k.knobs
+        np.testing.assert_allclose(mod.run(**feeds)[0], ort_run(model, feeds)[0], rtol=RT, atol=AT)
+
+
 def test_fused_conv_scale_shape_is_checked():
     """FusedConv's input S must be [1 or N, C, 1, 1] of X's dtype: a ShapeError says so."""
     from tensorfuse.ir import Builder, DType, Graph, TensorType

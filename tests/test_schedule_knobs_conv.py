@@ -67,10 +67,16 @@ WORKLOADS = [
     ("rows", (1, 8, 13, 13), (16, 8, 3, 3), {"pads": [1, 2, 0, 1]}, "llvm.conv2d_rows"),
     ("rows_blocks", (1, 8, 13, 13), (40, 8, 3, 3), {"pads": [1, 2, 0, 1]}, "llvm.conv2d_rows"),
     ("rows_grouped", (1, 16, 6, 6), (16, 8, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}, "llvm.conv2d_rows"),
-    ("depthwise", (1, 8, 9, 9), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, "llvm.conv2d_depthwise"),
+    # fewer channels than lanes: the row schedule (channels as lanes needs C >= 8)
+    ("depthwise", (1, 7, 9, 9), (7, 1, 3, 3), {"group": 7, "pads": [1, 1, 1, 1]}, "llvm.conv2d_depthwise"),
     ("depthwise_wide", (1, 4, 5, 21), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, "llvm.conv2d_depthwise"),
-    ("depthwise_strided", (1, 8, 12, 12), (8, 1, 3, 3), {"group": 8, "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    ("depthwise_strided", (1, 7, 12, 12), (7, 1, 3, 3), {"group": 7, "strides": [2, 2], "pads": [1, 1, 1, 1]},
      "llvm.conv2d_depthwise"),
+    # channels as lanes: 12 channels (the last block overlaps the first), 5x5 stride 2
+    ("depthwise_lanes", (1, 12, 9, 9), (12, 1, 3, 3), {"group": 12, "pads": [1, 1, 1, 1]},
+     "llvm.conv2d_depthwise_lanes"),
+    ("depthwise_lanes_strided", (2, 8, 12, 11), (8, 1, 5, 5), {"group": 8, "strides": [2, 2], "pads": [2, 1, 2, 2]},
+     "llvm.conv2d_depthwise_lanes"),
     ("depthwise_7x7", (1, 4, 9, 11), (4, 1, 7, 7), {"group": 4, "pads": [3, 3, 3, 3]}, "llvm.conv2d_depthwise"),
 ]
 
