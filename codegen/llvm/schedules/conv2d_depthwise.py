@@ -435,18 +435,23 @@ def _depthwise(ctx, *, x, w, b, y, geo, params=None, **_) -> KernelBuilder:
 
 
 # ------------------------------------------------------------ small planes: channels as lanes
-#: the channels-as-lanes schedule (:func:`emit_conv_depthwise_lanes`) is the default over the
-#: row schedule where the conv is strided (the row schedule de-interleaves each channel's input),
-#: its kernel is at least :data:`PADDED_MIN_KW` wide, or its transposed input plane fits in the L1
-#: cache; elsewhere it ranks below the row schedule, for the "schedule" knob. Measured on a Zen 4
-#: (AVX-512, 32 KiB L1d), 1 thread, depthwise conv + SiLU, rows / lanes, ms: 1152x7x7 5x5
-#: 0.210 / 0.071, 3x3 0.120 / 0.056; 672x14x14 5x5 0.268 / 0.157, stride 2 0.280 / 0.086;
-#: 480x14x14 3x3 0.108 / 0.087; 576x14x14 3x3 stride 2 0.093 / 0.044; 240x28x28 5x5 0.230 /
-#: 0.215; 192x28x28 3x3 (a 57.6 KB plane) 0.104 / 0.139; without activation 768x7x7 7x7
-#: 0.130 / 0.053, 384x14x14 7x7 0.156 / 0.112, 192x28x28 7x7 0.286 / 0.212
-#: its zero-padded transposed input plane (Hp x Wp x L float32, on the stack) takes at most
-#: this many bytes; larger planes keep the row schedule
-LANES_MAX_PLANE_BYTES = 96 * 1024
+#: the channels-as-lanes schedule (:func:`emit_conv_depthwise_lanes`) applies where its
+#: zero-padded transposed input plane (Hp x Wp x L float32, on the stack) takes at most this
+#: many bytes, and is the default over the row schedule (:func:`_lanes_level`) where the kernel
+#: is at least :data:`PADDED_MIN_KW` wide, the plane fits in the L1 cache, or the conv is
+#: strided and the plane fits in :data:`LANES_STRIDED_L1` L1 caches; elsewhere it ranks below
+#: the row schedule, for the "schedule" knob. Measured on a Zen 4 (AVX-512, 32 KiB L1d), 1
+#: thread, depthwise conv + SiLU, rows / lanes, ms: 1152x7x7 5x5 0.210 / 0.071, 3x3 0.120 /
+#: 0.056; 672x14x14 5x5 0.268 / 0.157, stride 2 0.280 / 0.086; 480x14x14 3x3 0.108 / 0.087;
+#: 576x14x14 3x3 stride 2 0.093 / 0.044; 240x28x28 5x5 0.230 / 0.215, 3x3 stride 2 0.084 /
+#: 0.069 (a 53 KB plane); 144x56x56 5x5 stride 2 0.330 / 0.187 (222 KB), 3x3 stride 2 0.130 /
+#: 0.156 (208 KB); 192x28x28 3x3 0.104 / 0.139 (58 KB); 144x56x56 3x3 0.393 / 0.357 (215 KB);
+#: 32x112x112 5x5 0.395 / 0.434 (861 KB: does not apply); without activation 768x7x7 7x7
+#: 0.130 / 0.053, 384x14x14 7x7 0.156 / 0.112, 192x28x28 7x7 0.286 / 0.212, 96x56x56 7x7
+#: (ConvNeXt's first stage, 246 KB) 0.533 / 0.404
+LANES_MAX_PLANE_BYTES = 256 * 1024
+#: strided convs take channels as lanes by default up to a plane of this many L1 caches
+LANES_STRIDED_L1 = 2
 #: output pixels of a row per register tile (one accumulator vector each), at most
 LANES_MAX_TILE = 8
 
@@ -569,12 +574,14 @@ def _lanes_applies(ctx, *, x, w, y, group, geo, acc_dtype, hooks, **_) -> bool:
 
 
 def _lanes_level(ctx, *, geo, **_) -> int:
-    """Above the row schedule where the conv is strided, its kernel at least
-    :data:`PADDED_MIN_KW` wide or its transposed plane within the L1 cache; below it elsewhere."""
+    """Above the row schedule where the kernel is at least :data:`PADDED_MIN_KW` wide, the
+    transposed plane fits in L1, or the conv is strided and the plane fits in
+    :data:`LANES_STRIDED_L1` L1 caches; below it elsewhere."""
     Hp, Wp = lanes_plane(ctx, geo)
-    L = ctx.target.lanes(DType.f32)
-    preferred = (any(s > 1 for s in geo.strides) or geo.kernel[1] >= PADDED_MIN_KW
-                 or Hp * Wp * L * 4 <= ctx.target.l1d_bytes)
+    plane = Hp * Wp * ctx.target.lanes(DType.f32) * 4
+    l1 = ctx.target.l1d_bytes
+    preferred = (geo.kernel[1] >= PADDED_MIN_KW or plane <= l1
+                 or (any(s > 1 for s in geo.strides) and plane <= LANES_STRIDED_L1 * l1))
     return PLEVEL["depthwise"] + (1 if preferred else -1)
 
 
