@@ -277,3 +277,25 @@ def test_depthwise_silu_evaluates_the_conv_once():
     assert "channels as lanes" in k.comment and "7 pixels per tile" in k.comment, k.comment
     np.testing.assert_allclose(mod.run(x=x)[0], want, rtol=RT, atol=AT)
     assert str(k).count("fma(") == 9 * 7, str(k)
+
+
+@pytest.mark.parametrize("act,what", [("SiLU", "zero-padded rows"), ("Tanh", "zero-padded rows"),
+                                      ("Relu", "contiguous rows")])
+def test_depthwise_costly_activation_pads_rows(act, what):
+    """Rows wider than 2*L read in place compute their border columns one lane at a time; with
+    an activation that evaluates an exp or tanh per element (SiLU, Tanh) the stride-1 row
+    schedule copies the rows into zero-padded local rows instead, so every column, and its
+    activation, is a vector (COSTLY_ACTIVATIONS); a Relu keeps the rows in place. Fewer
+    channels than L keep the row schedule; values against onnxruntime."""
+    c, wd = L - 1, 2 * L + 9
+    x = _u(1, c, 9, wd)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=c, pads=[1, 1, 1, 1])]
+    if act == "SiLU":
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["y"])]
+    else:
+        nodes.append(helper.make_node(act, ["c"], ["y"]))
+    m = graph_model(nodes, {"x": x}, ["y"], {"w": _u(c, 1, 3, 3, seed=1), "b": _u(c, seed=2)}, opset=17)
+    mod = tensorfuse.compile(m, opt_level=2)
+    (k,) = mod.kernels
+    assert MARK in k.comment and what in k.comment, k.comment
+    np.testing.assert_allclose(mod.run(x=x)[0], ort_run(m, {"x": x})[0], rtol=RT, atol=AT)
