@@ -215,6 +215,9 @@ LANES = [
     ((1, L + 1, 17, 17), (3, 3), {"strides": [3, 3]}, "const", 1),                  # no padding, stride 3
     ((1, L, 7, 7), (7, 7), {"pads": [3, 3, 3, 3]}, None, 1),
     ((1, L, 20, 23), (3, 3), {"pads": [1, 1, 1, 1]}, "const", 2),                   # tiles overlap at the row end
+    # pads past every window: stride 4 over 1 row after 2 rows of padding reads no input row
+    ((1, L, 1, 5), (1, 1), {"pads": [2, 2, 0, 0], "strides": [4, 4]}, "const", 1),
+    ((1, L, 5, 1), (1, 3), {"pads": [0, 3, 0, 0], "strides": [2, 4]}, "const", 1),
 ]
 
 

@@ -508,7 +508,9 @@ def emit_conv_depthwise_lanes(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | N
     P = knob("tile_pixels", list(range(1, min(OW, 2 * LANES_MAX_TILE) + 1)), lanes_tile(OW),
              doc="output pixels of a row per register tile (one accumulator vector of L channels each)")
     Hp, Wp = lanes_plane(ctx, geo)
-    rows, cols = min(H, Hp - ph), min(W, Wp - pw)      # input rows / columns some window reads
+    # input rows / columns some window reads (none where the pads exceed the windows: a stride
+    # larger than the input and its end pad, the output all bias)
+    rows, cols = max(0, min(H, Hp - ph)), max(0, min(W, Wp - pw))
     CB = -(-C // L)
     nk = KH * KW
     wc = ctx.const(1).reshape(C, nk).astype(np.float32)
@@ -532,17 +534,17 @@ def emit_conv_depthwise_lanes(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | N
         cb = t % CB if CB > 1 else as_expr(0)
         c0 = cb * L if C % L == 0 else minimum(cb * L, as_expr(C - L))
         # the zero border: rows above and below the rows read, then columns left and right
-        for r0, r1 in ((0, ph), (ph + rows, Hp)):
+        for r0, r1 in ((0, min(ph, Hp)), (min(ph + rows, Hp), Hp)):
             if r1 > r0:
                 with kb.loop((r1 - r0) * Wp, hint="zb") as q:
                     kb.store(xin, (r0 * Wp + q) * L, zero)
-        for c_a, c_b in ((0, pw), (pw + cols, Wp)):
-            if c_b > c_a:
+        for c_a, c_b in ((0, min(pw, Wp)), (min(pw + cols, Wp), Wp)):
+            if c_b > c_a and rows:
                 with kb.loop(rows, hint="zr") as r:
                     for cc in range(c_a, c_b):
                         kb.store(xin, ((r + ph) * Wp + cc) * L, zero)
         # the task's channels, transposed: one gather of L channels per input pixel
-        with kb.loop(rows, hint="ih") as ih:
+        with kb.loop(rows, hint="ih") as ih:       # rows > 0: ih + ph < Hp; cols > 0 likewise
             with kb.loop(cols, hint="iw") as iw:
                 kb.store(xin, ((ih + ph) * Wp + iw + pw) * L, x[[n, Ramp(c0, L), ih, iw]])
         wbase = cb * ((nk + 1) * L)
