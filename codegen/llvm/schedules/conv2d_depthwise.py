@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from tensorfuse.ir.kernel import Buffer, Expr, KernelBuilder, Ramp, as_expr, fma, maximum, minimum
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.knobs import knob
@@ -465,7 +467,7 @@ LANES_STRIDED_L1 = 2
 LANES_MAX_TILE = 8
 
 
-def lanes_plane(ctx: LowerCtx, geo) -> tuple[int, int]:
+def lanes_plane(geo) -> tuple[int, int]:
     """(Hp, Wp): the zero-padded input window that :func:`emit_conv_depthwise_lanes` copies,
     just large enough for every output's taps."""
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
@@ -491,23 +493,23 @@ def emit_conv_depthwise_lanes(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | N
     zero-padded local plane [Hp, Wp, L] (one strided gather of L channels per input pixel;
     :func:`lanes_plane`), then computes each output row in tiles of P pixels
     (:func:`lanes_tile`, knob ``tile_pixels``): P accumulator vectors, each one ``fma`` chain
-    over the KH*KW taps, started from the bias, the tap's weights a contiguous vector of the
-    packed constant [C/L, KH*KW + 1, L] (the bias last). Every lane does useful work whatever
-    the plane's width or the stride, and the taps never test the padding. The accumulator of
-    a pixel goes through the bias, the fused epilogue and a store strided by the channel dim
-    (:func:`~.conv2d.store_channel_vector`'s vector path). A row's last tile, where P does not
+    over the KH*KW taps, started from the bias (a vector of the packed constant
+    [C/L, KH*KW + 1, L] after the taps' weights, or of B where B is not a constant), the tap's
+    weights a contiguous vector of that constant. Every lane does useful work whatever the
+    plane's width or the stride, and the taps never test the padding. The P sums go to a local
+    (the epilogue may read its value more than once: SiLU), then each through the fused
+    epilogue and a store strided by the channel dim. A row's last tile, where P does not
     divide OW, ends at the row's end and overlaps its predecessor.
 
     Registered as ``conv2d_depthwise_lanes`` (key ``"conv2d"``, llvm); the default over the
     row schedule where :func:`_lanes_level` says (see the measurements at the module constants)."""
-    import numpy as np
     N, C = x.shape[:2]
     H, W, OH, OW, KH, KW, sh, sw, dh, dw, ph, pw = geo.dims_2d()
     f32 = DType.f32
     L = ctx.target.lanes(f32)
     P = knob("tile_pixels", list(range(1, min(OW, 2 * LANES_MAX_TILE) + 1)), lanes_tile(OW),
              doc="output pixels of a row per register tile (one accumulator vector of L channels each)")
-    Hp, Wp = lanes_plane(ctx, geo)
+    Hp, Wp = lanes_plane(geo)
     # input rows / columns some window reads (none where the pads exceed the windows: a stride
     # larger than the input and its end pad, the output all bias)
     rows, cols = max(0, min(H, Hp - ph)), max(0, min(W, Wp - pw))
@@ -580,7 +582,7 @@ def _lanes_applies(ctx, *, x, w, y, group, geo, acc_dtype, hooks, **_) -> bool:
     if not _depthwise_applies(ctx, x=x, w=w, y=y, group=group, geo=geo, acc_dtype=acc_dtype, hooks=hooks):
         return False
     L = ctx.target.lanes(DType.f32)
-    Hp, Wp = lanes_plane(ctx, geo)
+    Hp, Wp = lanes_plane(geo)
     return L > 1 and x.shape[1] >= L and Hp * Wp * L * 4 <= LANES_MAX_PLANE_BYTES
 
 
@@ -588,7 +590,7 @@ def _lanes_level(ctx, *, geo, **_) -> int:
     """Above the row schedule where the kernel is at least :data:`PADDED_MIN_KW` wide, the
     transposed plane fits in L1, or the conv is strided and the plane fits in
     :data:`LANES_STRIDED_L1` L1 caches; below it elsewhere."""
-    Hp, Wp = lanes_plane(ctx, geo)
+    Hp, Wp = lanes_plane(geo)
     plane = Hp * Wp * ctx.target.lanes(DType.f32) * 4
     l1 = ctx.target.l1d_bytes
     preferred = (geo.kernel[1] >= PADDED_MIN_KW or plane <= l1
