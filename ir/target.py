@@ -123,6 +123,10 @@ class TargetKind:
         """:attr:`Target.has_fma`."""
         raise NotImplementedError
 
+    def datapath_bits(self, target: "Target") -> int:
+        """:attr:`Target.datapath_bits`: by default the register width."""
+        return self.vector_bits(target)
+
     def has_avx512(self, target: "Target") -> bool:
         """:attr:`Target.has_avx512`."""
         raise NotImplementedError
@@ -134,6 +138,14 @@ class TargetKind:
     def l2_bytes(self, target: "Target") -> int:
         """:attr:`Target.l2_bytes`."""
         raise NotImplementedError
+
+
+#: CPUs whose vector units are narrower than their widest registers, so that each wider
+#: operation issues as halves. AMD Zen 4 runs AVX-512 on its 256-bit units, a 512-bit
+#: operation taking both halves of a pair (A. J. Yee, "Zen4's AVX512 teardown", numberworld.org,
+#: 2022; his Zen 5 teardown, 2024, for the full 512-bit units that followed): a ``ymm``
+#: VPDPBUSD does as much work per lane and cycle as a ``zmm`` one there.
+_SPLIT_DATAPATH = {"znver4": 256}
 
 
 class LLVMKind(TargetKind):
@@ -166,6 +178,10 @@ class LLVMKind(TargetKind):
 
     def has_avx512(self, target: "Target") -> bool:
         return "avx512f" in target.feature_set
+
+    def datapath_bits(self, target: "Target") -> int:
+        bits = self.vector_bits(target)
+        return min(bits, _SPLIT_DATAPATH.get(target.cpu, bits))
 
     def l1d_bytes(self, target: "Target") -> int:
         return _cache_sizes()[0] if target._on_this_cpu() else _DEFAULT_L1D
@@ -335,6 +351,16 @@ class Target:
             import numpy as np
             itemsize = np.dtype(dtype).itemsize
         return max(1, self.vector_bits // (8 * itemsize))
+
+    @property
+    def datapath_bits(self) -> int:
+        """Width in bits of the vector execution units: one operation on :attr:`vector_bits`
+        wide registers costs ``vector_bits / datapath_bits`` issue slots of a ``datapath_bits``
+        wide one. Equal to :attr:`vector_bits` except on CPUs that split wide operations (AMD
+        Zen 4, ``-mcpu=znver4``: 256 with AVX-512); schedules that choose between 512- and
+        256-bit vectors count cost with it (a 56-pixel row: four 16-lane vectors or seven
+        8-lane ones, 4 x 2 against 7 x 1 halves on Zen 4)."""
+        return self._kind.datapath_bits(self)
 
     @property
     def has_fma(self) -> bool:

@@ -312,6 +312,34 @@ def test_conv_int8_layouts(form, hw):
     _compile_check(m, {"x": x}, form, ort_run(m, {"x": x})[0], "conv2d_int8")
 
 
+@pytest.mark.parametrize("hw,k,expect", [
+    (56, 3, {"x86-64-v4": ("rows", 16), "znver4": ("rows", 8)}),     # 4 x 16 lanes (8 idle) or 7 x 8
+    (7, 3, {"x86-64-v4": ("flat", 16), "znver4": ("rows", 8)}),      # 4 x 16 flat (15 idle) or 7 x 8
+    (7, 1, {"x86-64-v4": ("flat", 16), "znver4": ("flat", 8)}),      # 49 pixels: 4 x 16 or 7 x 8
+    (28, 3, {"x86-64-v4": ("rows", 16), "znver4": ("rows", 16)}),    # 2 x 16 or 4 x 8: the same
+])
+def test_conv_int8_lanes_follow_the_datapath(hw, k, expect):
+    """Where the target runs 512-bit operations as two 256-bit halves (Zen 4), 8-lane vectors
+    cost half a 16-lane one: the conv takes the layout and lanes that compute the most output
+    pixels per issue slot (a flat band of 8-lane vectors covered by one tile); with full-width
+    units (x86-64-v4) the choice stays per vector. Results against onnx.reference (u8 x s8)."""
+    rng = np.random.default_rng(hw + k)
+    x, w = _q((1, 12, hw, hw), np.uint8, rng), _q((40, 12, k, k), np.int8, rng)
+    m = node_model("ConvInteger", {"x": x}, {"pads": [k // 2] * 4},
+                   initializers={"w": w, "xz": np.array(3, np.uint8)}, input_names=["x", "w", "xz"])
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    for cpu, (layout, lanes) in expect.items():
+        target = f"llvm -mcpu={cpu} -mattr=+avx512vnni"
+        mod = tensorfuse.compile(m, target=target)
+        k_ = mod.kernels[-1]
+        assert (k_.knobs["int8_layout"], k_.knobs["int8_lanes"]) == (layout, lanes), (cpu, k_.knobs)
+        assert {n for *_, n in _dots(mod)} == {lanes}
+        if cpu == "znver4" and layout == "flat" and lanes == 8:
+            assert k_.knobs["int8_tile"][0] == 7            # the band's 7 vectors in one tile
+        if {"avx512vnni", "avx512bw"} <= HOST.feature_set:
+            np.testing.assert_array_equal(mod.run(x=x)[0], want)
+
+
 def test_shared_zero_point_buffer():
     """x's and w's zero point one initializer (as CSE makes equal constants): the packed
     weights replace w, the zero point stays readable."""

@@ -270,3 +270,17 @@ def test_a_module_for_features_this_cpu_lacks_refuses_to_run_but_saves(tmp_path)
     from tensorfuse import runtime
     with pytest.raises(runtime.artifact.ArtifactError, match=feature):
         tensorfuse.load(tmp_path / "m.tfm")
+
+
+def test_datapath_bits_split_and_full():
+    """Zen 4 runs its 512-bit AVX-512 operations on 256-bit units (``datapath_bits`` 256 with
+    ``vector_bits`` 512); Intel's AVX-512 CPUs and x86-64-v4 have full-width units; without
+    AVX-512 both are the register width; cuda has no CPU vectors."""
+    zen4 = Target.parse("llvm -mcpu=znver4")
+    assert (zen4.vector_bits, zen4.datapath_bits) == (512, 256)
+    for t in ("llvm -mcpu=x86-64-v4", "llvm -mcpu=sapphirerapids", "llvm -mcpu=znver3",
+              "llvm -mcpu=znver4 -mattr=-avx512f"):
+        tt = Target.parse(t)
+        assert tt.datapath_bits == tt.vector_bits, t
+    assert Target.parse("llvm -mcpu=znver4 -mattr=-avx512f").datapath_bits == 256
+    assert Target.parse("cuda").datapath_bits == 0

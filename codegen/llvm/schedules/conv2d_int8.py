@@ -204,16 +204,47 @@ def _default_tile(regs: int, rowsum: bool, m: int, slots: int) -> tuple[int, int
     return best[0], best[1]
 
 
-def _form_for(ctx: LowerCtx, OW: int) -> int:
+def vector_cost(target, lanes: int) -> float:
+    """Issue slots of one int32 vector operation of ``lanes`` lanes, in units of the target's
+    execution datapath (:attr:`~ir.target.Target.datapath_bits`): 1 for any vector within it,
+    2 for a 512-bit one on a CPU that splits it (Zen 4)."""
+    return max(1.0, 32 * lanes / max(32, target.datapath_bits))
+
+
+def row_cost(target, ow: int, lanes: int) -> float:
+    """Cost of one output row of ``ow`` pixels at ``lanes`` pixels per vector:
+    ceil(ow / lanes) vectors times :func:`vector_cost`."""
+    return -(-ow // lanes) * vector_cost(target, lanes)
+
+
+def _widths(ctx: LowerCtx) -> list[int]:
     forms = int8.dot_forms(ctx.target)
-    widths = [f.lanes for f in forms if f.isa == forms[0].isa]
-    # the widest vector unless a narrower one uses clearly more of its lanes on short rows
+    return [f.lanes for f in forms if f.isa == forms[0].isa]
+
+
+def _form_of(ctx: LowerCtx, L: int):
+    forms = int8.dot_forms(ctx.target)
+    return next(f for f in forms if f.lanes == L and f.isa == forms[0].isa)
+
+
+def _row_lanes(ctx: LowerCtx, OW: int) -> int:
+    """Default lanes of a row of ``OW`` output pixels: the widest vector unless a narrower one
+    uses clearly more of its lanes on short rows, or costs less per row where the target
+    splits wide vectors (Zen 4: a 56-pixel row in seven 8-lane vectors, not four 16-lane ones
+    of which 8 lanes compute nothing; 64x56x56 3x3 u8s8 conv 0.705 -> 0.66 ms at 1 thread)."""
+    widths = _widths(ctx)
     best = widths[0]
     for L in widths[1:]:
-        if _lane_use(OW, L) > _lane_use(OW, best) + 0.15:
+        if (_lane_use(OW, L) > _lane_use(OW, best) + 0.15
+                or row_cost(ctx.target, OW, L) < row_cost(ctx.target, OW, best)):
             best = L
-    L = knob("int8_lanes", widths, best, doc="int32 lanes (output pixels) per vector")
-    return next(f for f in forms if f.lanes == L and f.isa == forms[0].isa)
+    return best
+
+
+def _form_for(ctx: LowerCtx, OW: int):
+    """The dot-product form of rows of ``OW`` pixels; declares knob ``int8_lanes``."""
+    L = knob("int8_lanes", _widths(ctx), _row_lanes(ctx, OW), doc="int32 lanes (output pixels) per vector")
+    return _form_of(ctx, L)
 
 
 def _contiguous_flat(ctx: LowerCtx, geo, y) -> bool:
@@ -235,22 +266,50 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False):
     whose epilogue reads tensors, :func:`_contiguous_flat`) as many, the lanes, and the band of
     output rows."""
     OH, OW = geo.out_shape
-    row_form = _form_for(ctx, OW)
-    forms = int8.dot_forms(ctx.target)
-    Lw = forms[0].lanes
+    widths = _widths(ctx)
+    split = ctx.target.datapath_bits < ctx.target.vector_bits
     flat_ok = geo.strides == [1, 1]
-    rbs_flat = [d for d in _divisors(OH) if _flat_vectors(geo, Lw, d) <= MAX_FLAT_VECTORS
-                and 4 * Cq * _plane(geo, Lw, d, True) <= FLAT_PANEL_BYTES] if flat_ok else []
+
+    def flat_bands(Lf):
+        return [d for d in _divisors(OH) if _flat_vectors(geo, Lf, d) <= MAX_FLAT_VECTORS
+                and 4 * Cq * _plane(geo, Lf, d, True) <= FLAT_PANEL_BYTES] if flat_ok else []
+
+    def flat_use(Lf):
+        """Output pixels per issue slot of the flat layout at Lf lanes (its largest band)."""
+        rb = max(flat_bands(Lf))
+        return rb * OW / _flat_vectors(geo, Lf, rb) / vector_cost(ctx.target, Lf)
+
+    row_L = _row_lanes(ctx, OW)
+    # the flat layout at the widest vector; where the target splits wide vectors, at the width
+    # that computes most output pixels per issue slot (a 7x7 plane: seven 8-lane vectors, not
+    # four 16-lane ones with 15 lanes computing nothing)
+    flat_widths = [Lf for Lf in widths if flat_bands(Lf)]
+    flat_L = widths[0] if widths[0] in flat_widths else None
+    if split and flat_widths:
+        flat_L = max(flat_widths, key=lambda Lf: (flat_use(Lf), Lf))
     flat0 = False
-    if rbs_flat:
-        rb = max(rbs_flat)
-        useful_flat = rb * OW / _flat_vectors(geo, Lw, rb)
-        useful_rows = OW / -(-OW // row_form.lanes) * row_form.lanes / Lw
-        flat0 = useful_flat >= useful_rows if prefer_flat else useful_flat > 1.15 * useful_rows
-    flat = knob("int8_layout", ["rows", "flat"] if rbs_flat else ["rows"], "flat" if flat0 else "rows",
+    if flat_L is not None:
+        useful_flat = flat_use(flat_L)
+        if split:
+            # pixels per issue slot, both layouts; at equal use a 1x1 conv takes the flat band
+            # (no column of it is padding: 1x1 convs of 7x7 planes, 160->960 0.057 against
+            # 0.077 ms in rows, 960->320 0.101 against 0.109; mobilenet_v2 u8s8 at 1 thread
+            # 0.99x onnxruntime, 1.16x with the rows)
+            useful_rows = OW / row_cost(ctx.target, OW, row_L)
+            flat0 = useful_flat > useful_rows or (useful_flat == useful_rows and geo.kernel[1] == 1)
+        else:
+            # pixels per vector, a narrow vector counted as a whole wide one
+            useful_rows = OW / -(-OW // row_L) * row_L / flat_L
+            flat0 = useful_flat >= useful_rows if prefer_flat else useful_flat > 1.15 * useful_rows
+    flat = knob("int8_layout", ["rows", "flat"] if flat_widths else ["rows"], "flat" if flat0 else "rows",
                 doc="pixel vectors along output rows, or over a band's rows flattened (stride 1)") == "flat"
-    form = forms[0] if flat else row_form
-    L = form.lanes
+    if flat:
+        L = knob("int8_lanes", flat_widths, flat_L if flat_L is not None else flat_widths[0],
+                 doc="int32 lanes (output pixels) per vector")
+        rbs_flat = flat_bands(L)
+    else:
+        L = knob("int8_lanes", widths, row_L, doc="int32 lanes (output pixels) per vector")
+    form = _form_of(ctx, L)
     if flat:
         cands = rbs_flat
         rb0 = max(rbs_flat)
@@ -290,7 +349,16 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     regs = vector_registers(ctx.target)
     nvw = -(-OW // L)
     slots = _flat_vectors(geo, L, RB) if flat else RB * nvw
-    RP, OCn = knob("int8_tile", _tiles(regs, rowsum, M, slots), _default_tile(regs, rowsum, M, slots),
+    tile0 = _default_tile(regs, rowsum, M, slots)
+    if flat and L < _widths(ctx)[0] and slots <= MAX_FLAT_VECTORS:
+        # the flat layout at narrow vectors (a split target's 7x7 planes: 7 vectors): the band
+        # in one tile, every weight broadcast once per channel block; measured on a Zen 4 at 1
+        # thread, u8s8 1x1 convs of 7x7 planes, tile (7, 3) against the cost model's (1, 16)
+        # or (4, 6): 576->160 0.041 / 0.052 ms, 960->320 0.101 / 0.118, 160->960 0.057 / 0.060
+        ocn = min(M, (regs - 2 - slots * (2 if rowsum else 1)) // slots, 16)
+        if ocn >= 2:
+            tile0 = (slots, ocn)
+    RP, OCn = knob("int8_tile", _tiles(regs, rowsum, M, slots), tile0,
                    doc="register tile: pixel vectors x output channels")
     MB = -(-M // OCn)
     bands = OH // RB
