@@ -180,6 +180,39 @@ def dot_acc(acc, a: Expr, b: Expr, packing: str = "u8s8", isa: str = "") -> Expr
     return DotAcc(acc, a, b, packing, isa)
 
 
+@dataclass(eq=False)
+class Lookup(Expr):
+    """A read of a constant table: ``table[index]`` per lane. ``table`` is a tuple of Python
+    numbers (the values, ``dtype`` elements), ``index`` an i32 expression (scalar or vector) in
+    [0, len(table)); an index outside is undefined behaviour in generated code (the semantics
+    raise IndexError). Backends hold the table as a constant of the module (llvm: a private
+    global, read with a gather for vectors; cuda: a module constant). Used by 8-bit
+    elementwise chains turned into 256-entry tables (``tensorfuse::TableLookup``)."""
+    table: tuple
+    tdtype: DType
+    index: Expr
+
+    @property
+    def dtype(self):
+        return self.tdtype
+
+    @property
+    def lanes(self):
+        return self.index.lanes
+
+
+def lookup(table: Sequence, dtype: DType, index: Expr) -> Expr:
+    """:class:`Lookup` of ``table`` (values of ``dtype``) at ``index`` (cast to i32). Raises
+    TypeError for a non-integer index or an empty table."""
+    if not len(table):
+        raise TypeError("lookup: empty table")
+    index = as_expr(index, DType.i32)
+    if not (index.dtype.is_int or index.dtype == DType.bool):
+        raise TypeError(f"lookup: the index must be an integer, got {index.dtype}")
+    values = tuple(float(v) if dtype.is_float else int(v) for v in table)
+    return Lookup(values, dtype, index.cast(DType.i32))
+
+
 BINOPS_ARITH = ("add", "sub", "mul", "div", "rem", "min", "max", "pow", "and", "or", "xor",
                 "shl", "shr", "atan2")
 BINOPS_CMP = ("lt", "le", "gt", "ge", "eq", "ne")

@@ -1,7 +1,7 @@
 """Printing kernel IR as a small Python-like script (docs/architecture.md, IR level 3)."""
 from __future__ import annotations
 
-from .kernel import FMA, DotAcc, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Prefetch, Select, Store, Un, Var
+from .kernel import FMA, DotAcc, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, Select, Store, Un, Var
 
 _SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "lt": "<", "le": "<=",
         "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^",
@@ -38,6 +38,12 @@ def print_expr(e) -> str:
         return f"{t}({print_expr(e.a)})"
     if isinstance(e, Select):
         return f"select({print_expr(e.cond)}, {print_expr(e.a)}, {print_expr(e.b)})"
+    if isinstance(e, Lookup):
+        # the contents' digest: kernels that differ only in their table print differently (the
+        # kernel cache and deduplication key on this text)
+        import hashlib
+        digest = hashlib.sha1(repr((e.dtype.value, e.table)).encode()).hexdigest()[:12]
+        return f"table<{e.dtype.value} x {len(e.table)} #{digest}>[{print_expr(e.index)}]"
     if hasattr(e, "print_with"):        # a backend's intrinsic expression (codegen/cuda/mma.py)
         return e.print_with(print_expr)
     raise TypeError(f"not an expression: {e!r}")

@@ -61,6 +61,8 @@ FMA(a, b, c)        float only: a*b + c, either rounded once (fused) or as mul t
                     (unfused), as the target has FMA; a backend states which (the tests
                     accept either unless told); f16 in the LLVM backend: unfused
 Select(c, a, b)     c ? a : b, per lane
+Lookup(t, T, i)     t[i] per lane: the constant table's element (a T value) at the i32 index;
+                    an index outside the table raises IndexError (generated code: undefined)
 DotAcc(acc, a, b)   i32 only: per lane, acc + sum_t a_t * b_t where a_t, b_t are the narrow
                     integers packed little-endian in the i32 lanes of a and b ("u8s8": four
                     u8 times four i8; "s16s16": two i16 times two i16); the sum of products
@@ -100,7 +102,7 @@ from fractions import Fraction
 import numpy as np
 
 from .kernel import (BINOPS_ARITH, BINOPS_CMP, DOT_PACKINGS, FMA, UNOPS, Bin, Broadcast, Buffer, Cast, Const, DotAcc, Expr,
-                     Load, Ramp, Select, Un, Var)
+                     Load, Lookup, Ramp, Select, Un, Var)
 from .types import DType
 
 __all__ = ["evaluate", "reference64", "ulp_bound", "ulp_error", "is_approx", "fma_exact", "defined",
@@ -516,6 +518,12 @@ class _Eval:
             return np.where(c, a, b).astype(_np(e.dtype))
         if isinstance(e, DotAcc):
             return dot_acc_ref(self(e.acc), self(e.a), self(e.b), e.packing)
+        if isinstance(e, Lookup):
+            idx = np.asarray(self(e.index)).astype(np.int64)
+            if idx.size and (idx.min() < 0 or idx.max() >= len(e.table)):
+                raise IndexError(f"table read at {int(idx.min())}..{int(idx.max())}, outside its "
+                                 f"{len(e.table)} entries")
+            return np.asarray(e.table, dtype=_np(e.dtype))[idx]
         raise UndefinedSemanticsError(f"unknown expression {e!r}")
 
 

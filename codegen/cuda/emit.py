@@ -39,7 +39,7 @@ import re
 
 from tensorfuse.ir.errors import CompileError
 from tensorfuse.ir.kernel import (DOT_PACKINGS, FMA, GPU_LOOP_KINDS, DotAcc, Barrier, Prefetch, Bin, Broadcast, Buffer, Cast, Const, For, If,
-                                  Kernel, Load, Ramp, Select, Store, Un, Var)
+                                  Kernel, Load, Lookup, Ramp, Select, Store, Un, Var)
 from tensorfuse.ir.schedule import expr_children
 from tensorfuse.ir.types import DType
 
@@ -118,6 +118,7 @@ class _Fn:
         self.var_rng: dict[int, tuple[int, int]] = {}   # loop variable -> [lo, hi] (constant bounds)
         self.i32_vars: set[int] = set()        # loop variables emitted as int32 (serial range loops)
         self.rmemo: dict[int, tuple[int, int] | None] = {}
+        self.tables: dict[str, str] = {}       # module constant name -> its definition
         for b in k.params:
             self._bind(b, "g_" + b.name)
         for b in k.locals:
@@ -231,6 +232,16 @@ class _Fn:
             return self.unop(e.op, e.a.dtype, self.ex(e.a, lane))
         if isinstance(e, Cast):
             return self.cast(self.ex(e.a, lane), e.a.dtype, e.dtype)
+        if isinstance(e, Lookup):
+            # a module-level tuple constant (numba indexes a homogeneous tuple at run time)
+            import hashlib
+            key = hashlib.sha1(repr((e.dtype.value, e.table)).encode()).hexdigest()[:16]
+            name = f"_TABLE_{key}"
+            if name not in self.tables:
+                vals = ", ".join(_float_lit(v, e.dtype) if e.dtype.is_float else str(int(v)) for v in e.table)
+                self.tables[name] = f"{name} = ({vals},)"
+            v = f"{name}[{self.ex(e.index, lane)}]"
+            return v if e.dtype.is_float or e.dtype == DType.i64 else f"{ctor(e.dtype)}({v})"
         if isinstance(e, Select):
             return f"({self.ex64(e.a, lane)} if {self.ex(e.cond, lane)} else {self.ex64(e.b, lane)})"
         raise self.err(f"unknown expression {e!r}")
@@ -672,7 +683,12 @@ def emit_source(name: str, launches: list[Kernel]) -> str:
             if b.dtype not in _CTOR:
                 raise CodegenError(f"kernel {name}: buffer {b.name} of dtype {b.dtype.value} has no cuda lowering")
         fname = function_name(lk)
-        parts.append("\n".join(_Fn(lk, fname).emit()) + "\n")
+        fn = _Fn(lk, fname)
+        text = "\n".join(fn.emit()) + "\n"
+        for tname, tdef in fn.tables.items():
+            if tdef not in parts:
+                parts.append(tdef)
+        parts.append(text)
         if "_tfmma." in parts[-1] and MMA_IMPORT not in parts:
             parts.insert(2, MMA_IMPORT)
         table.append(f"    ({fname!r}, {tuple(lk.launch.grid)!r}, {tuple(lk.launch.block)!r}),")

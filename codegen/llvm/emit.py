@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Prefetch, Select, Store, Un, Var
+from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, Select, Store, Un, Var
 from tensorfuse.ir.schedule import expr_children, expr_nodes, runs_on_thread0_only, statement_is_parallel
 from tensorfuse.ir.types import DType
 # the team record and shared counters' layout belongs to the runtime (which loads saved modules
@@ -265,7 +265,43 @@ class _FnEmitter:
             return self.cast(self.expr(e.a), e.a.dtype, e.dtype)
         if isinstance(e, Select):
             return b.select(self.expr(e.cond), self.expr(e.a), self.expr(e.b))
+        if isinstance(e, Lookup):
+            return self.lookup(e, self.expr(e.index))
         raise CodegenError(f"kernel {self.k.name}: unknown expression {e!r}")
+
+    def lookup(self, e: Lookup, idx: ir.Value) -> ir.Value:
+        """``table[idx]``: the table a private constant global of the module (one per distinct
+        table), integers of at most 32 bits held as i32 so a vector index reads it with one
+        ``llvm.masked.gather`` (VPGATHERDD), then truncated to the element type."""
+        import hashlib
+        b = self.b
+        wide = e.dtype.is_int and e.dtype.itemsize < 4
+        et = ir.IntType(32) if wide else ltype(e.dtype, True)
+        key = hashlib.sha1(repr((e.dtype.value, e.table)).encode()).hexdigest()[:16]
+        name = f"tf.table.{key}"
+        g = self.m.globals.get(name)
+        if g is None:
+            at = ir.ArrayType(et, len(e.table))
+            g = ir.GlobalVariable(self.m, at, name)
+            g.global_constant = True
+            g.linkage = "private"
+            g.align = 64
+            g.initializer = ir.Constant(at, [int(v) if e.dtype.is_int else v for v in e.table])
+        n = e.lanes
+        if n == 1:
+            p = b.gep(g, [ir.Constant(I64, 0), b.sext(idx, I64)], source_etype=g.value_type)
+            v = b.load(p, typ=et, align=et.width // 8 if isinstance(et, ir.IntType) else 4)
+        else:
+            vt = ir.VectorType(et, n)
+            ptrs = b.gep(g, [idx], source_etype=et)
+            ptrs.type = ir.VectorType(PTR, n)            # a vector GEP: one address per lane
+            fn = self._decl(f"llvm.masked.gather.{_suffix(vt)}.v{n}p0", vt,
+                            [ir.VectorType(PTR, n), ir.IntType(32), ir.VectorType(I1, n), vt])
+            v = b.call(fn, [ptrs, ir.Constant(ir.IntType(32), 4), ir.Constant(ir.VectorType(I1, n), [1] * n),
+                            ir.Constant(vt, ir.Undefined)])
+        if wide:
+            v = b.trunc(v, ltype(e.dtype, True, n))
+        return v
 
     def _byte_window(self, e: Bin) -> ir.Value | None:
         """An i32 vector whose every lane is bytes of one u8/i8 buffer near each other (what the

@@ -659,3 +659,42 @@ class MatMulIntegerToFloat:
 
     def flops(node):
         return 2.0 * node.outputs[0].type.numel * node.inputs[0].shape[-1]
+
+
+# ----------------------------------------------------------------------------- TableLookup
+def _table_index(x: Expr) -> Expr:
+    """The table position of an 8-bit value: its byte, 0..255 (an i8 -1 is entry 255)."""
+    if x.dtype == DType.i8:
+        x = x.cast(DType.u8)
+    return x.cast(DType.i32)
+
+
+@op("TableLookup", OpPatternKind.ELEMWISE, domain="tensorfuse")
+class TableLookup:
+    """y = table[x]: x u8 or i8 (any shape), ``table`` a tensor attribute of 256 elements whose
+    dtype is y's; entry b is the output for the input whose byte is b (an i8 input -1 reads
+    entry 255). What an 8-bit elementwise chain of a QDQ model becomes
+    (:class:`~tensorfuse.compiler.rules.quantize.QuantizedElementwiseToTable`:
+    Q(Sigmoid(DQ(x))), Q(DQ(x) * Q(Sigmoid(DQ(x)))) ...), as onnxruntime's QLinearSigmoid and
+    QLinearLeakyRelu tabulate their function over the 256 inputs
+    (onnxruntime/contrib_ops/cpu/quantization/qlinear_lookup_table.cc). Fuses into producers'
+    epilogues and elementwise loops; the llvm backend reads vectors of entries with one gather.
+    Raises ShapeError for another input dtype or a table that is not 256 elements."""
+
+    def infer(node):
+        x = node.inputs[0]
+        t = node.attr("table", None)
+        if x.dtype not in (DType.u8, DType.i8):
+            raise ShapeError(f"input must be u8 or i8, got {x.dtype}")
+        if not isinstance(t, np.ndarray) or t.size != 256:
+            raise ShapeError("attribute 'table' must be a tensor of 256 elements")
+        return [TensorType(DType.from_numpy(t.dtype), x.shape)]
+
+    def reference(node, ins):
+        t = np.asarray(node.attr("table")).reshape(-1)
+        return [t[ins[0].view(np.uint8).astype(np.int64)] if ins[0].dtype == np.int8 else t[ins[0].astype(np.int64)]]
+
+    def scalar(node, x):
+        from tensorfuse.ir.kernel import lookup
+        t = np.asarray(node.attr("table")).reshape(-1)
+        return lookup(t.tolist(), DType.from_numpy(t.dtype), _table_index(x))
