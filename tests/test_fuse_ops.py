@@ -806,3 +806,56 @@ def test_shared_models_match_onnxruntime_with_fewer_kernels(shared_models, case)
         if not extra:       # fuse_ops ran (its speed is the compile-time benchmark's business, not a test's)
             assert any(p.name == "fuse_ops" for p in mod.pass_records)
     assert counts == [before, after]
+
+
+def test_dequantize_of_a_stored_u8_is_recomputed_by_its_consumer():
+    """A quantized residual block: the block's u8 output feeds the next conv (as u8) and the
+    next block's residual Add (through a DequantizeLinear). The DQ stays out of the producer's
+    epilogue (which would store a float copy, 4x the bytes) and joins the consumer's kernel,
+    which reads the u8 and dequantizes it in its epilogue; results as onnxruntime's unfused."""
+    import onnxruntime as ort
+    from onnx import TensorProto as TP, helper as oh, numpy_helper as nh
+    import tensorfuse
+    rng = np.random.default_rng(0)
+    c = 16
+    inits, nodes = [], []
+
+    def const(name, v):
+        inits.append(nh.from_array(v, name))
+
+    const("s", np.array(0.05, np.float32)); const("z", np.array(120, np.uint8))
+    for i in range(2):
+        const(f"w{i}", rng.integers(-127, 128, (c, c, 1, 1)).astype(np.int8))
+        const(f"ws{i}", (rng.random(c) * 0.01 + 0.002).astype(np.float32))
+        const(f"wz{i}", np.zeros(c, np.int8))
+    src = "xq"
+    nodes.append(oh.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]))
+    for i in range(2):
+        nodes += [oh.make_node("DequantizeLinear", [src, "s", "z"], [f"d{i}"]),
+                  oh.make_node("DequantizeLinear", [f"w{i}", f"ws{i}", f"wz{i}"], [f"wd{i}"], axis=0),
+                  oh.make_node("Conv", [f"d{i}", f"wd{i}"], [f"c{i}"]),
+                  oh.make_node("QuantizeLinear", [f"c{i}", "s", "z"], [f"cq{i}"]),
+                  oh.make_node("DequantizeLinear", [f"cq{i}", "s", "z"], [f"cd{i}"]),
+                  oh.make_node("Add", [f"cd{i}", f"d{i}"], [f"a{i}"]),
+                  oh.make_node("QuantizeLinear", [f"a{i}", "s", "z"], [f"o{i}"])]
+        src = f"o{i}"
+    g = oh.make_graph(nodes, "res", [oh.make_tensor_value_info("x", TP.FLOAT, [1, c, 8, 8])],
+                      [oh.make_tensor_value_info("o1", TP.UINT8, [1, c, 8, 8])], inits)
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    mod = tensorfuse.compile(m, cache=False)
+    fused = [n for n in mod.graph.nodes if n.op == "FusedFunction"]
+    # the first block's group stores only its u8 output: no float tensor leaves it
+    first = next(n for n in fused if any(b.op == "ConvIntegerToFloat" for b in n.attrs["body"].nodes)
+                 and "c0" in n.name or "Conv" in n.name)
+    for n in fused:
+        assert all(o.dtype.itemsize == 1 for o in n.outputs), [(o.name, o.dtype) for o in n.outputs]
+    # the second block's group dequantizes the first block's u8 output itself
+    second = [n for n in fused if any(b.op == "DequantizeLinear" and b.inputs[0].dtype.itemsize == 1
+                                      for b in n.attrs["body"].nodes)]
+    assert second and first is not None
+    x = rng.standard_normal((1, c, 8, 8)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = mod.run(x)[0]
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1

@@ -590,3 +590,92 @@ def test_int8_conv_with_a_fused_residual(c, m, hw, group, k, stride):
     got = mod.run(**feeds)[0]
     exp = ort_run(model, feeds)[0]
     assert np.abs(got - exp).max() <= 0.05 * 1.001
+
+
+def _qconv_model(c, m, hw, k, stride=1, pads=None, dil=1, residual=False, seed=0, bias=True):
+    """QDQ conv as onnxruntime's quantizer writes it (u8 activations, s8 per-channel symmetric
+    weights, int32 bias), + Relu, Q; with ``residual`` a quantized Add of a second u8 input."""
+    from onnx import TensorProto as TP, helper as oh, numpy_helper as nh
+    rng = np.random.default_rng(seed)
+    p = [k // 2 * dil] * 4 if pads is None else pads
+    oh_ = (hw + p[0] + p[2] - dil * (k - 1) - 1) // stride + 1
+    ow_ = (hw + p[1] + p[3] - dil * (k - 1) - 1) // stride + 1
+    w = rng.integers(-127, 128, (m, c, k, k)).astype(np.int8)
+    ws = (rng.random(m) * 0.004 + 0.001).astype(np.float32)
+    inits = [nh.from_array(w, "w"), nh.from_array(ws, "ws"), nh.from_array(np.zeros(m, np.int8), "wz"),
+             nh.from_array(np.array(0.02, np.float32), "xs"), nh.from_array(np.array(131, np.uint8), "xz"),
+             nh.from_array(np.array(0.05, np.float32), "ys"), nh.from_array(np.array(3, np.uint8), "yz")]
+    nodes = [oh.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+             oh.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0)]
+    conv_in = ["xd", "wd"]
+    if bias:
+        inits += [nh.from_array(rng.integers(-3000, 3000, m).astype(np.int32), "b"),
+                  nh.from_array(ws * 0.02, "bs"), nh.from_array(np.zeros(m, np.int32), "bz")]
+        nodes.append(oh.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bd"], axis=0))
+        conv_in.append("bd")
+    nodes.append(oh.make_node("Conv", conv_in, ["c"], pads=p, strides=[stride] * 2, dilations=[dil] * 2))
+    inputs = [oh.make_tensor_value_info("x", TP.UINT8, [1, c, hw, hw])]
+    out = "c"
+    if residual:
+        inits += [nh.from_array(np.array(0.04, np.float32), "rs"), nh.from_array(np.array(120, np.uint8), "rz")]
+        nodes += [oh.make_node("DequantizeLinear", ["r", "rs", "rz"], ["rd"]), oh.make_node("Add", ["c", "rd"], ["a"])]
+        inputs.append(oh.make_tensor_value_info("r", TP.UINT8, [1, m, oh_, ow_]))
+        out = "a"
+    nodes += [oh.make_node("Relu", [out], ["re"]), oh.make_node("QuantizeLinear", ["re", "ys", "yz"], ["y"])]
+    g = oh.make_graph(nodes, "qconv", inputs, [oh.make_tensor_value_info("y", TP.UINT8, [1, m, oh_, ow_])], inits)
+    feeds = {"x": rng.integers(0, 256, (1, c, hw, hw)).astype(np.uint8)}
+    if residual:
+        feeds["r"] = rng.integers(0, 256, (1, m, oh_, ow_)).astype(np.uint8)
+    return oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]), feeds
+
+
+def _unfused_ort(model, feeds):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("case", [
+    dict(c=64, m=64, hw=7, k=3),                              # a 7x7 plane: one band, tiles across rows
+    dict(c=32, m=48, hw=9, k=3, stride=2),                    # stride 2, 3 vectors of 16 channels
+    dict(c=20, m=32, hw=10, k=3, pads=[0, 1, 2, 0], dil=2),   # asymmetric pads, dilation, C % 4 != 0
+    dict(c=64, m=80, hw=6, k=1, residual=True),               # a residual read at the pixels' offsets
+    dict(c=40, m=16, hw=5, k=5, bias=False),                  # 25 taps, no bias
+])
+@pytest.mark.parametrize("knobs", [{}, {"int8_ctile": (4, 4)}, {"int8_ctile": (12, 2), "band_rows": 1},
+                                   {"int8_ctile": (16, 1), "oc_split": 2}])
+def test_conv_int8_channels_layout(case, knobs):
+    """The channel layout (output channels as the lanes, the tile transposed before the
+    epilogue) against onnxruntime's unfused QDQ result: pixel tiles across rows and a last
+    partial one, channel blocks with a last partial block (48 = 3 vectors in blocks of 4),
+    strides, pads, dilation, bias, the residual epilogue; several tiles, bands and splits."""
+    if knobs.get("oc_split", 1) > -(-case["m"] // 16 // knobs.get("int8_ctile", (8, 3))[1]):
+        pytest.skip("fewer channel blocks than the split")
+    m, feeds = _qconv_model(**case)
+    kn = {"int8_layout": "channels", **knobs}
+    if "band_rows" in kn:
+        kn["band_rows"] = 1
+    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**kn), cache=False)
+    conv = [k for k in mod.kernels if "ConvIntegerToFloat" in k.comment and not k.name.endswith("_pack")]
+    assert conv and all(k.knobs["int8_layout"] == "channels" for k in conv), [k.knobs for k in conv]
+    if _runs_here("vnni512"):
+        got = mod.run(**feeds)[0]
+        want = _unfused_ort(m, feeds)
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+
+
+def test_conv_int8_channels_default():
+    """The channel layout is the default where rows leave lanes idle and each output sums a
+    long reduction (256 channels 3x3 at 14x14: rows use 14 of 16 lanes); rows elsewhere (64
+    channels: a short reduction), and never where it does not apply (40 output channels are not
+    a multiple of 16; AVX2 has no 16-lane VNNI)."""
+    def layout(target, **case):
+        m, _ = _qconv_model(**case)
+        mod = tensorfuse.compile(m, target=target, cache=False)
+        return {k.knobs.get("int8_layout") for k in mod.kernels if "ConvIntegerToFloat" in k.comment}
+    v4 = FORMS["vnni512"][0]
+    assert layout(v4, c=256, m=256, hw=14, k=3) == {"channels"}
+    assert layout(v4, c=64, m=64, hw=14, k=3) != {"channels"}
+    assert layout(v4, c=256, m=40, hw=14, k=3) != {"channels"}
+    assert layout(FORMS["avx2"][0], c=256, m=256, hw=14, k=3) != {"channels"}

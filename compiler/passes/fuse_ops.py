@@ -166,6 +166,11 @@ class _Planner:
         target.nodes.append(n)
         if len(groups) > 1:
             target.nodes.sort(key=lambda m: self.pos[id(m)])
+            if target.anchor is not None and target.nodes[0] is not target.anchor:
+                # side chains (:meth:`side_chains`) precede the anchor in the graph but do not
+                # depend on it: the body starts with the anchor, as its lowering requires
+                target.nodes.remove(target.anchor)
+                target.nodes.insert(0, target.anchor)
         od = find_op(n.op, n.domain)
         if target.anchor is None:
             target.kind = max(target.kind, od.kind)
@@ -200,6 +205,48 @@ class _Planner:
             if id(grp) not in seen:
                 seen.add(id(grp))
                 out.append(grp)
+        return out
+
+    def widening_read(self, n: Node) -> bool:
+        """Whether ``n`` is a DequantizeLinear of an 8-bit value (per tensor) that another
+        group reads too, so the 8-bit tensor is stored anyway: in the producer's epilogue it
+        would also store the float copy, 4x the bytes (a quantized ResNet block's output,
+        which the next block's conv reads as u8 and its residual Add as float: 2x the time of
+        onnxruntime's QLinearConv + QLinearAdd for resnet50's 64->256 1x1 convs). Kept out of
+        the producer, it forms a loop group that the consumer's anchor takes as a side chain
+        (:meth:`side_chains`): the consumer reads the u8 and dequantizes it in its epilogue."""
+        if n.op != "DequantizeLinear" or n.domain or n.inputs[0].dtype.itemsize != 1:
+            return False
+        x = n.inputs[0]
+        if x.producer is None or any(p is not None and p.type.numel != 1 for p in n.inputs[1:]):
+            return False
+        # the float value itself must be storable nowhere: no graph output, and every reader
+        # elementwise (a consumer's epilogue or loop can recompute it there)
+        y = n.outputs[0]
+        if id(y) in self.graph_outputs or not all(_is_elementwise(u, find_op(u.op, u.domain))
+                                                  for u in self.consumers(y)):
+            return False
+        return (id(x) in self.graph_outputs
+                or any(u is not n and not _is_elementwise(u, find_op(u.op, u.domain)) for u in self.consumers(x)))
+
+    def side_chains(self, grp: Group, n: Node) -> list[Group]:
+        """Loop groups computing an input of ``n`` (joining anchored ``grp``) that only ``n``
+        reads, of the anchor's output shape, elementwise only (no movers): merged into ``grp``,
+        their values are computed in its epilogue at each output element instead of stored
+        (the widening reads of :meth:`widening_read`)."""
+        shape = tuple(grp.anchor.outputs[0].shape)
+        out = []
+        for v in n.inputs:
+            p = v.producer if v is not None else None
+            lg = self.group_of.get(id(p)) if p is not None else None
+            if (lg is None or lg is grp or lg.anchor is not None or not lg.fusable or lg in out
+                    or lg.shape != shape or not self.closed(lg, n)
+                    or not all(_is_elementwise(m, find_op(m.op, m.domain)) for m in lg.nodes)
+                    or not any(self.widening_read(m) for m in lg.nodes)):
+                continue
+            if self.makes_cycle([grp, lg], n):
+                continue
+            out.append(lg)
         return out
 
     def prologue_only(self, n: Node) -> bool:
@@ -267,9 +314,13 @@ class _Planner:
             cands = [grp for grp in cands if not all(find_op(m.op, m.domain).reshape_only for m in grp.nodes)]
         cands.sort(key=lambda grp: -max(self.pos[id(m)] for m in grp.nodes))    # latest first
         to_prologue = not loops_only and self.prologue_only(n)
+        if self.widening_read(n):
+            # stays out of the producer's group: the consumers' kernels recompute it
+            return False
         for grp in cands:
             if grp.anchor is not None and not loops_only and not to_prologue and self.can_join_anchor(grp, n) and not self.makes_cycle([grp], n):
-                self.merge([grp], n)
+                sides = self.side_chains(grp, n)
+                self.merge([grp] + sides, n)
                 return True
         loops = [grp for grp in cands if grp.anchor is None and self.can_join_loop(grp, n)]
         choices = ([loops] if len(loops) > 1 else []) + [[grp] for grp in loops]

@@ -642,10 +642,21 @@ class QuantizedElementwiseToTable(Rule):
         return order, srcs[0]
 
     def rewrite(self, m, build):
-        from tensorfuse.ir.registry import get_op
         nodes, src = m.table_plan
-        codes = np.arange(256, dtype=np.uint8)
+        # the 256 codes along the last axis, at the source's rank (a per-axis attribute of a
+        # node then names an axis that exists; its parameters have one element)
+        codes = np.arange(256, dtype=np.uint8).reshape((1,) * (max(len(src.shape), 1) - 1) + (256,))
         env = {id(src): codes.view(src.dtype.numpy) if src.dtype == DType.i8 else codes}
+        try:
+            table = self._tabulate(m, nodes, env)
+        except Exception as e:          # a reference that rejects the codes' shape: no table
+            return Fail(f"{m.q.name}: the chain could not be evaluated on the 256 codes ({e})")
+        return build_or_fail(build, "TableLookup", src, domain="tensorfuse", table=table,
+                             expect=m.q.outputs[0])
+
+    @staticmethod
+    def _tabulate(m, nodes, env) -> np.ndarray:
+        from tensorfuse.ir.registry import get_op
         for n in nodes:
             ins = []
             for u in n.inputs:
@@ -659,8 +670,7 @@ class QuantizedElementwiseToTable(Rule):
             env[id(n.outputs[0])] = np.asarray(outs[0])
         ins = [env[id(m.v)], m.s.data, None if m.z is None else m.z.data]
         table = np.asarray(get_op("QuantizeLinear").reference(m.q, ins)[0]).reshape(256)
-        return build_or_fail(build, "TableLookup", src, domain="tensorfuse", table=table.astype(m.q.outputs[0].dtype.numpy),
-                             expect=m.q.outputs[0])
+        return table.astype(m.q.outputs[0].dtype.numpy)
 
 
 RULES = [DropActivationBeforeSaturatingQuantize, DropQDQAroundDataMovement, ConcatOnInt8, QuantizedElementwiseToTable, QuantizeConv, QuantizeMatMul, QuantizeMatMulActivations, QuantizeGemm,

@@ -451,11 +451,13 @@ def _lower_anchored(ctx: LowerCtx, g: _Group, anchor_name: str) -> None:
         if id(o) not in g.out:
             raise ShapeError(f"the anchor's output %{o.name} must be a body output")
         outs.append(g.out[id(o)])
-    anchor_vals = {id(v) for v in anchor.inputs if v is not None}
+    # every tensor the epilogue reads, the anchor's own inputs included (a quantized residual
+    # that dequantizes the conv's u8 input): schedules decide from this list how the epilogue
+    # may be evaluated (on whole vectors, by flat pixel); default_params passes each buffer once
     extra: list[Buffer] = []
     for n in epi:
         for v in n.inputs:
-            if v is not None and id(v) in g.buf and id(v) not in g.imm and id(v) not in anchor_vals:
+            if v is not None and id(v) in g.buf and id(v) not in g.imm:
                 extra.append(g.buf[id(v)])
     side = [g.out[id(v)] for v in [a_out] + [n.outputs[0] for n in epi] if id(v) in g.out and v is not main]
     for b in extra + side:

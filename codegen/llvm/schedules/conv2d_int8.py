@@ -167,6 +167,21 @@ def _tiles(regs: int, rowsum: bool, m: int, slots: int) -> list[tuple[int, int]]
     return out
 
 
+#: the channel layout is the default only where each output sums at least this many packed
+#: words (Cq * KH * KW: its transposition per tile, about 2 operations per output, stays a few
+#: percent of the dot products) ...
+CHAN_MIN_REDUCTION = 256
+#: ... and where the pixel layouts use fewer of their lanes than this (7-, 14- and 28-wide rows
+#: at 16 lanes: 87.5%)
+CHAN_MAX_LANE_USE = 0.95
+
+
+#: default (RP, OCV) tile of the channel layout: 8 pixels x 3 vectors of 16 channels, 24
+#: accumulators, 3 weight vectors and a broadcast in 32 registers (512x7x7 3x3: 0.556 ms;
+#: (6, 4) 0.573, (12, 2) 0.560, (16, 1) 0.564)
+CHAN_TILE = (8, 3)
+
+
 #: a tile with fewer accumulators than this waits on the dot product's latency (VPDPBUSD:
 #: about 5 cycles at 2 per cycle); the default tile's cost model counts it as this many
 LATENCY_ACCUMULATORS = 16
@@ -255,11 +270,24 @@ def _contiguous_flat(ctx: LowerCtx, geo, y) -> bool:
     its last one in runs, instead of each output row's run of lanes in pieces of 8, 4, 2, 1."""
     if geo.kernel[1] != 1 or geo.strides != [1, 1]:
         return False
+    return _pixel_addressable(ctx, y)
+
+
+def _chan_tiles(regs: int, mbv: int) -> list[tuple[int, int]]:
+    """(RP pixels, OCV channel vectors) register tiles of the channel layout: RP*OCV
+    accumulators, OCV weight vectors and one broadcast within ``regs``."""
+    return [(rp, ov) for rp in (4, 6, 8, 12, 16) for ov in range(1, min(4, mbv) + 1)
+            if rp * ov + ov + 1 <= regs]
+
+
+def _pixel_addressable(ctx: LowerCtx, y) -> bool:
+    """Whether every tensor the fused epilogue reads broadcasts over the spatial dims as a whole
+    (a :class:`~ir.kernel.PixelIndex` of consecutive pixels across rows addresses it)."""
     probe = PixelIndex([0] * len(y.shape), y.shape[2:])
     return all(probe.addresses(b.shape) for b in ctx.epilogue_inputs)
 
 
-def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False):
+def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: bool = False):
     """(flat, form, band_rows): the flat layout where a stride-1 convolution's short rows leave
     too many lanes of the row layout idle (7-column rows: 7 of 8 lanes per 8-lane vector in
     rows, 12.25 of 16 per 16-lane vector flat), or (``prefer_flat``: a contiguous flat band
@@ -301,8 +329,29 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False):
             # pixels per vector, a narrow vector counted as a whole wide one
             useful_rows = OW / -(-OW // row_L) * row_L / flat_L
             flat0 = useful_flat >= useful_rows if prefer_flat else useful_flat > 1.15 * useful_rows
-    flat = knob("int8_layout", ["rows", "flat"] if flat_widths else ["rows"], "flat" if flat0 else "rows",
-                doc="pixel vectors along output rows, or over a band's rows flattened (stride 1)") == "flat"
+    # the channel layout: output channels as the lanes, so no lane waits on a short row; it
+    # pays a transposition per tile, worth it where the rows leave lanes idle and the
+    # reduction per output is long (CHAN_MIN_REDUCTION)
+    widest = widths[0]
+    use_rows = (OW / row_cost(ctx.target, OW, row_L)) / (widest / vector_cost(ctx.target, widest))
+    use_flat = flat_use(flat_L) / (widest / vector_cost(ctx.target, widest)) if flat_L is not None else 0.0
+    chan0 = (chan_ok and Cq * geo.kernel[0] * geo.kernel[1] >= CHAN_MIN_REDUCTION
+             and max(use_rows, use_flat) < CHAN_MAX_LANE_USE)
+    layouts = ["rows"] + (["flat"] if flat_widths else []) + (["channels"] if chan_ok else [])
+    layout = knob("int8_layout", layouts, "channels" if chan0 else "flat" if flat0 else "rows",
+                  doc="pixel vectors along output rows, or over a band's rows flattened (stride 1), "
+                      "or output channels as the lanes")
+    flat = layout == "flat"
+    if layout == "channels":
+        L = widest
+        cands = [d for d in _divisors(OH) if 4 * Cq * _plane(geo, L, d, False) <= MAX_PANEL_BYTES]
+        # a band of many pixels: its tiles of RP pixels run across rows; its panel, read by every
+        # channel block, may take an eighth of L2 (7x7 x 512 channels, 3x3: 83 KiB in one band
+        # 0.556 ms, in bands of 1 row 0.718, on a Zen 4 with 1 MiB L2)
+        fit = [d for d in cands if 4 * Cq * _plane(geo, L, d, False) <= max(PANEL_BYTES, ctx.target.l2_bytes // 8)]
+        RB = knob("band_rows", cands, max(fit) if fit else 1,
+                  doc="output rows per parallel task (its packed input panel)")
+        return "channels", _form_of(ctx, L), RB
     if flat:
         L = knob("int8_lanes", flat_widths, flat_L if flat_L is not None else flat_widths[0],
                  doc="int32 lanes (output pixels) per vector")
@@ -318,7 +367,7 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False):
         fit = [d for d in cands if 4 * Cq * _plane(geo, L, d, False) <= PANEL_BYTES]
         rb0 = max(fit) if fit else 1
     RB = knob("band_rows", cands, rb0, doc="output rows per parallel task (its packed input panel)")
-    return flat, form, RB
+    return layout, form, RB
 
 
 @register_schedule("conv2d", "llvm", "conv2d_int8", plevel=40, applies=conv_int8_applies)
@@ -336,20 +385,26 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     g = int8.dot_forms(ctx.target)[0].per_lane
     Cq = -(-C // g)
     contiguous = _contiguous_flat(ctx, geo, y)
-    flat, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y))
-    contiguous = contiguous and flat
-    L = form.lanes
     K = C * KH * KW
-
-    # ---- weights, packed at compile time
     wv = int8.const_input(ctx, w)
     wz = int8.const_input(ctx, w_zero)
+    form0 = int8.dot_forms(ctx.target)[0]
+    chan_ok = (form0.isa == "vnni" and form0.lanes == 16 and G == 1 and M % 16 == 0
+               and not int8.offset_weights(wv.reshape(G * M, K), wz, form0, w.dtype).need_rowsum
+               and _pixel_addressable(ctx, y))
+    layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
+                               chan_ok=chan_ok)
+    flat, chan = layout == "flat", layout == "channels"
+    contiguous = contiguous and flat
+    L = form.lanes
+
+    # ---- weights, packed at compile time
     pw_ = int8.offset_weights(wv.reshape(G * M, K), wz, form, w.dtype)
     rowsum = pw_.need_rowsum
     regs = vector_registers(ctx.target)
     nvw = -(-OW // L)
     slots = _flat_vectors(geo, L, RB) if flat else RB * nvw
-    tile0 = _default_tile(regs, rowsum, M, slots)
+    tile0 = _default_tile(regs, rowsum, M, slots) if not chan else None
     if flat and L < _widths(ctx)[0] and slots <= MAX_FLAT_VECTORS:
         # the flat layout at narrow vectors (a split target's 7x7 planes: 7 vectors): the band
         # in one tile, every weight broadcast once per channel block; measured on a Zen 4 at 1
@@ -358,14 +413,22 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         ocn = min(M, (regs - 2 - slots * (2 if rowsum else 1)) // slots, 16)
         if ocn >= 2:
             tile0 = (slots, ocn)
-    RP, OCn = knob("int8_tile", _tiles(regs, rowsum, M, slots), tile0,
-                   doc="register tile: pixel vectors x output channels")
+    if chan:
+        # RP pixels x OCV vectors of 16 output channels; the weights packed per vector (OCn 16)
+        slots = RB * OW
+        RP, OCV = knob("int8_ctile", _chan_tiles(regs, M // L), CHAN_TILE if CHAN_TILE[1] <= M // L else (8, 1),
+                       doc="register tile of the channel layout: pixels x vectors of output channels")
+        OCn = L
+    else:
+        RP, OCn = knob("int8_tile", _tiles(regs, rowsum, M, slots), tile0,
+                       doc="register tile: pixel vectors x output channels")
     MB = -(-M // OCn)
+    NBLK = -(-MB // OCV) if chan else MB         # the channel blocks tasks split
     bands = OH // RB
-    split0 = 1 if N * G * bands >= MIN_TASKS else min(MB, -(-MIN_TASKS // (N * G * bands)))
-    SPLIT = knob("oc_split", [s for s in (1, 2, 4, 8, 16) if s <= MB], split0,
+    split0 = 1 if N * G * bands >= MIN_TASKS else min(NBLK, -(-MIN_TASKS // (N * G * bands)))
+    SPLIT = knob("oc_split", [s for s in (1, 2, 4, 8, 16) if s <= NBLK], split0,
                  doc="channel blocks split into this many parallel tasks")
-    mb_per = -(-MB // SPLIT)
+    mb_per = -(-NBLK // SPLIT)
 
     MBP = MB * OCn
     wpad = np.zeros((G, MBP, Cq * g, KH, KW), np.int64)
@@ -397,26 +460,32 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         kb0 = ctx.kernel("pack", params=[x] + ([x_zero] if x_zero is not None else []) + [xps])
         kb0.kernel.comment += f"  [int8 panels of {PB} band(s) packed for {form.isa} {form.packing}: {[PB, Cq, PL]} words]"
     kb = ctx.kernel(params=params_ + ([xps] if shared else []))
-    kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: tile {RP} pixel vectors x {OCn} channels, "
-                          f"{'flat ' if flat else ''}band {RB} rows, panel {[Cq_, NR, KR, COLS]}"
+    kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: "
+                          + (f"channels as lanes, tile {RP} pixels x {OCV} vectors of {L} channels, " if chan else
+                             f"tile {RP} pixel vectors x {OCn} channels, ")
+                          + f"{'flat ' if flat else ''}band {RB} rows, panel {[Cq_, NR, KR, COLS]}"
                           f"{' shared' if shared else ''}, weights {list(wp.shape)}]")
     xp = xps if shared else kb.local(DType.i32, (Cq * PL,), hint="xpanel")
-    acc = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="acc")
+    if chan:
+        cacc = kb.local(DType.i32, (RP * OCV * L,), hint="acc")
+        # the tile transposed: [OCV*16 channels, RP pixels]
+        ctr = kb.local(DType.i32, (OCV * L, RP), hint="tr")
+    acc = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="acc") if not chan else None
     lanes_buf = kb.local(DType.i32, (L,), hint="lanes")
     # the tile's results go to a stage on the stack first and then to Y: with no store to Y
     # among the epilogues, LLVM loads each channel's scale, zero point and corrections (and
     # divides the scales) once per tile, not once per pixel vector (Y may alias any
     # parameter as far as it knows)
-    staged = knob("int8_stage", ["tile", "none"], "tile",
-                  doc="epilogue results staged per tile before the stores to Y") == "tile"
+    staged = not chan and knob("int8_stage", ["tile", "none"], "tile",
+                               doc="epilogue results staged per tile before the stores to Y") == "tile"
     ystage = kb.local(y.dtype, (RP * OCn * L,), hint="ystage") if staged else None
     # staged, with an epilogue that reads no tensor but scalars (a Q's scale and zero point) and
     # stores no side output: the epilogue runs on whole vectors
     # (lanes past a row's end or from several rows of the flat layout are computed, only the
     # valid ones copied), one finish per vector instead of one per run of lanes
     whole_vectors = staged and int8.epilogue_whole_vectors_ok(ctx, y)
-    epi_loop = knob("int8_epilogue", ["loop", "unrolled"], "loop" if OCn > 1 else "unrolled",
-                    doc="the tile's epilogues in a loop over its channels, or unrolled") == "loop"
+    epi_loop = not chan and knob("int8_epilogue", ["loop", "unrolled"], "loop" if OCn > 1 else "unrolled",
+                                 doc="the tile's epilogues in a loop over its channels, or unrolled") == "loop"
     accs = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="accs") if epi_loop else None
     i32 = DType.i32
     s_off = int8.activation_offset(form, x.dtype)
@@ -690,6 +759,75 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 for p in range(rp):
                     for j in range(OCn):
                         one(p, j)
+
+        def ctile(blk: Expr, q0: Expr, rp: int, ocv: int):
+            """The channel layout's tile: band pixels q0 .. q0+rp-1 (row q // OW, column q % OW,
+            consecutive across rows) x ``ocv`` vectors of L output channels from block ``blk``:
+            per reduction step ocv weight vectors, rp broadcast input words and rp*ocv
+            ``DotAcc``; then the tile transposed through ``ctr`` into one vector of rp pixels
+            per channel, which the epilogue gets with a PixelIndex (Y's channel plane is
+            contiguous, so the pixels store as one run whatever rows they cross)."""
+            for t in range(rp * ocv):
+                kb.store(cacc, t * L, zero)
+            offs = []
+            for p in range(rp):
+                q = q0 + p
+                r = q / OW if OW > 1 else q
+                ow = q % OW if OW > 1 else as_expr(0)
+                offs.append(r * (sh * KR * COLS) + ow)
+            mb0 = blk * OCV
+
+            def ctaps(cq, kh):
+                for kw in range(KW):
+                    kr = phases.index(kw * dw % sw)
+                    toff = (kh * dh * KR + kr) * COLS + kw * dw // sw
+                    wvs = [wp.vload(((((gi * MB + mb0 + j) * Cq + cq) * KH + kh) * KW + kw) * L, L)
+                           for j in range(ocv)]
+                    for p in range(rp):
+                        xb = broadcast(xp.flat(pbase + cq * PL + offs[p] + toff), L)
+                        for j in range(ocv):
+                            t = (p * ocv + j) * L
+                            kb.store(cacc, t, dot_acc(cacc.vload(t, L), xb, wvs[j], form.packing, form.isa))
+            if KH * KW <= MAX_UNROLLED_TAPS:
+                with kb.reduce(Cq, hint="cq") as cq:
+                    for kh in range(KH):
+                        ctaps(cq, kh)
+            else:
+                with kb.reduce(Cq * KH, hint="ck") as ck:
+                    ctaps(ck / KH if KH > 1 else ck, ck % KH if KH > 1 else as_expr(0))
+            for p in range(rp):
+                for j in range(ocv):
+                    kb.store(ctr, [Ramp(as_expr(j * L), L), as_expr(p)], cacc.vload((p * ocv + j) * L, L))
+            pix0 = oh0 * OW + q0
+            with kb.loop(ocv * L, hint="c") as cc:
+                oc = mb0 * L + cc
+                v = ctr.vload(cc * RP, rp) if rp > 1 else ctr.flat(cc * RP)
+                v = v - a_corr * cb.flat(oc)
+                if b is not None:
+                    v = v + b.flat(oc).cast(i32)
+                idx = PixelIndex([n, oc, as_expr(0), Ramp(pix0, rp) if rp > 1 else pix0], (OH, OW))
+                kb.store(y, idx, ctx.apply_epilogue(finish(v, oc), idx))
+
+        if chan:
+            b_lo = part * mb_per if SPLIT > 1 else as_expr(0)
+            b_hi = minimum(b_lo + mb_per, as_expr(NBLK)) if SPLIT > 1 else as_expr(NBLK)
+            nfull, rem = MB // OCV, MB % OCV
+
+            def pixel_tiles(blk, ocv):
+                full = slots // RP
+                if full:
+                    with kb.loop(full, hint="s", role="spatial") as st:
+                        ctile(blk, st * RP, RP, ocv)
+                if slots % RP:
+                    ctile(blk, as_expr(full * RP), slots % RP, ocv)
+            if nfull:
+                with kb.loop(minimum(b_hi, as_expr(nfull)), start=b_lo, hint="mb", role="spatial") as blk:
+                    pixel_tiles(blk, OCV)
+            if rem:
+                # the last block's fewer vectors
+                with kb.if_((b_lo <= nfull) & (b_hi > nfull)):
+                    pixel_tiles(as_expr(nfull), rem)
+            return kb
 
         mb_lo = part * mb_per if SPLIT > 1 else as_expr(0)
         mb_hi = minimum(mb_lo + mb_per, as_expr(MB)) if SPLIT > 1 else as_expr(MB)
