@@ -208,13 +208,14 @@ class _Planner:
         return out
 
     def widening_read(self, n: Node) -> bool:
-        """Whether ``n`` is a DequantizeLinear of an 8-bit value (per tensor) that another
-        group reads too, so the 8-bit tensor is stored anyway: in the producer's epilogue it
-        would also store the float copy, 4x the bytes (a quantized ResNet block's output,
-        which the next block's conv reads as u8 and its residual Add as float: 2x the time of
-        onnxruntime's QLinearConv + QLinearAdd for resnet50's 64->256 1x1 convs). Kept out of
-        the producer, it forms a loop group that the consumer's anchor takes as a side chain
-        (:meth:`side_chains`): the consumer reads the u8 and dequantizes it in its epilogue."""
+        """Whether ``n`` is a DequantizeLinear of an 8-bit value (per tensor) whose float result
+        only elementwise nodes read (no graph output): in the producer's epilogue it would be
+        stored as float, 4x the bytes of the 8-bit value (a quantized ResNet block's output,
+        which the next block's residual Add reads as float: 2x the time of onnxruntime's
+        QLinearConv + QLinearAdd for resnet50's 64->256 1x1 convs). Kept out of the producer,
+        it forms a loop group that the consumer's anchor takes as a side chain
+        (:meth:`side_chains`): the producer stores the 8-bit value, the consumer reads it and
+        dequantizes it in its epilogue."""
         if n.op != "DequantizeLinear" or n.domain or n.inputs[0].dtype.itemsize != 1:
             return False
         x = n.inputs[0]
@@ -226,8 +227,7 @@ class _Planner:
         if id(y) in self.graph_outputs or not all(_is_elementwise(u, find_op(u.op, u.domain))
                                                   for u in self.consumers(y)):
             return False
-        return (id(x) in self.graph_outputs
-                or any(u is not n and not _is_elementwise(u, find_op(u.op, u.domain)) for u in self.consumers(x)))
+        return True
 
     def side_chains(self, grp: Group, n: Node) -> list[Group]:
         """Loop groups computing an input of ``n`` (joining anchored ``grp``) that only ``n``
