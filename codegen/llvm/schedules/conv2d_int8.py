@@ -596,6 +596,20 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
 
         mode = ["compute"]
 
+        def reduction(taps):
+            """The reduction over channel groups and kernel rows: ``taps(cq, kh)`` emits one
+            kernel row's steps. Kernels of at most MAX_UNROLLED_TAPS taps take every row in one
+            step of the channel loop; large kernels (resnet's 7x7 stem, few channels) one
+            kernel row per step: with all 49 taps in one straight block, LLVM's scheduler
+            chained the updates of each accumulator (3x slower)."""
+            if KH * KW <= MAX_UNROLLED_TAPS:
+                with kb.reduce(Cq, hint="cq") as cq:
+                    for kh in range(KH):
+                        taps(cq, kh)
+            else:
+                with kb.reduce(Cq * KH, hint="ck") as ck:
+                    taps(ck / KH if KH > 1 else ck, ck % KH if KH > 1 else as_expr(0))
+
         def put(idx, slot: int, wd: int, value):
             """Y[idx] (``wd`` lanes) = ``value()``; with the staged epilogue, in the "compute"
             pass into the stage at ``slot``, in the "copy" pass from there into Y."""
@@ -659,16 +673,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                         for p in range(rp):
                             q = (p * (OCn + 1) + OCn) * L
                             kb.store(acc, q, dot_acc(acc.vload(q, L), xv[p], ones, form.packing, form.isa))
-            if KH * KW <= MAX_UNROLLED_TAPS:
-                with kb.reduce(Cq, hint="cq") as cq:
-                    for kh in range(KH):
-                        taps(cq, kh)
-            else:
-                # large kernels (resnet's 7x7 stem, few channels): one kernel row per loop
-                # step; with all 49 taps in one straight block, LLVM's scheduler chained
-                # the updates of each accumulator (3x slower)
-                with kb.reduce(Cq * KH, hint="ck") as ck:
-                    taps(ck / KH if KH > 1 else ck, ck % KH if KH > 1 else as_expr(0))
+            reduction(taps)
             src = acc
             if epi_loop:
                 # the accumulators to a second local read at run-time offsets (``acc`` keeps
@@ -788,13 +793,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                         for j in range(ocv):
                             t = (p * ocv + j) * L
                             kb.store(cacc, t, dot_acc(cacc.vload(t, L), xb, wvs[j], form.packing, form.isa))
-            if KH * KW <= MAX_UNROLLED_TAPS:
-                with kb.reduce(Cq, hint="cq") as cq:
-                    for kh in range(KH):
-                        ctaps(cq, kh)
-            else:
-                with kb.reduce(Cq * KH, hint="ck") as ck:
-                    ctaps(ck / KH if KH > 1 else ck, ck % KH if KH > 1 else as_expr(0))
+            reduction(ctaps)
             for p in range(rp):
                 for j in range(ocv):
                     kb.store(ctr, [Ramp(as_expr(j * L), L), as_expr(p)], cacc.vload((p * ocv + j) * L, L))
