@@ -641,6 +641,17 @@ def g_qresidual(ov):
     return b.done(["y"])
 
 
+def g_qtable(ov):
+    """Q -> DQ -> LeakyRelu -> Q -> DQ: a quantized activation of one u8 tensor, a table."""
+    b = B(ov["_opset"])
+    b.inputs["x"] = rand(2, 3, 8, seed=0)
+    b.inits.update(xs=np.float32(0.02), xz=np.uint8(128), ys=np.float32(Q_STEP), yz=np.uint8(40))
+    _q(b, "x", "xs", "xz", "xd")
+    b.node("LeakyRelu", ["xd"], "lr", {"alpha": 0.1} | ov.get("act", {}))
+    _q(b, "lr", "ys", "yz", "y")
+    return b.done(["y"])
+
+
 def g_relu_q(ov):
     """Relu -> QuantizeLinear with zero point 0 (u8): the Q clips at 0 anyway."""
     b = B(ov["_opset"])
@@ -879,6 +890,8 @@ SPECS = [
          {("transpose", "perm"): [V([2, 0, 1], fires=True), V(None, fires=True)]},
          base={"transpose": {"perm": [0, 2, 1]}}, opset=21, atol=Q_STEP * 1.001),
     Spec("DropActivationBeforeSaturatingQuantize", g_relu_q, {"relu": "Relu"}, {}, opset=21),
+    Spec("QuantizedElementwiseToTable", g_qtable, {"act": "LeakyRelu"},
+         {("act", "alpha"): [V(0.5, fires=True), V(0.01, fires=True)]}, opset=21, atol=Q_STEP * 1.001),
     Spec("ConcatOnInt8", g_qconcat, {"concat": "Concat"},
          {("concat", "axis"): [V(0, fires=True), V(-1, fires=True), V(3, fires=True)]}, opset=21,
          atol=Q_STEP * 1.001),

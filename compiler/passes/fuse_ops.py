@@ -229,6 +229,22 @@ class _Planner:
             return False
         return True
 
+    def read_by_epilogue(self, n: Node, depth: int = 8) -> bool:
+        """Whether a reader of ``n``'s value also reads a value an anchor computes (directly or
+        through at most ``depth`` elementwise nodes): that reader will join the anchor's
+        epilogue, which can take ``n`` as a side chain."""
+        out = n.outputs[0]
+
+        def from_anchor(v, d):
+            p = v.producer if v is not None else None
+            if p is None or d < 0:
+                return False
+            od = find_op(p.op, p.domain)
+            if _is_anchor(p, od):
+                return True
+            return _is_elementwise(p, od) and any(from_anchor(u, d - 1) for u in p.inputs if u is not None)
+        return any(from_anchor(v, depth) for u in self.consumers(out) for v in u.inputs if v is not None and v is not out)
+
     def side_chains(self, grp: Group, n: Node) -> list[Group]:
         """Loop groups computing an input of ``n`` (joining anchored ``grp``) that only ``n``
         reads, of the anchor's output shape, elementwise only (no movers): merged into ``grp``,
@@ -315,8 +331,11 @@ class _Planner:
         cands.sort(key=lambda grp: -max(self.pos[id(m)] for m in grp.nodes))    # latest first
         to_prologue = not loops_only and self.prologue_only(n)
         if self.widening_read(n):
-            # stays out of the producer's group: the consumers' kernels recompute it
-            return False
+            if self.read_by_epilogue(n):
+                # stays out of the producer's group: the consumer's anchor recomputes it
+                return False
+            # a loop group may take it (its consumers then join that loop), an anchor not
+            cands = [grp for grp in cands if grp.anchor is None]
         for grp in cands:
             if grp.anchor is not None and not loops_only and not to_prologue and self.can_join_anchor(grp, n) and not self.makes_cycle([grp], n):
                 sides = self.side_chains(grp, n)
