@@ -200,6 +200,14 @@ class Lookup(Expr):
     def lanes(self):
         return self.index.lanes
 
+    @property
+    def digest(self) -> str:
+        """A short hex digest of the table's dtype and values: what names the table in
+        generated code and in the kernel text (so kernels that differ only in their table
+        differ in the text the kernel cache and ``dedupe_kernels`` key on)."""
+        import hashlib
+        return hashlib.sha1(repr((self.dtype.value, self.table)).encode()).hexdigest()[:16]
+
 
 def lookup(table: Sequence, dtype: DType, index: Expr) -> Expr:
     """:class:`Lookup` of ``table`` (values of ``dtype``) at ``index`` (cast to i32). Raises

@@ -41,9 +41,7 @@ def print_expr(e) -> str:
     if isinstance(e, Lookup):
         # the contents' digest: kernels that differ only in their table print differently (the
         # kernel cache and deduplication key on this text)
-        import hashlib
-        digest = hashlib.sha1(repr((e.dtype.value, e.table)).encode()).hexdigest()[:12]
-        return f"table<{e.dtype.value} x {len(e.table)} #{digest}>[{print_expr(e.index)}]"
+        return f"table<{e.dtype.value} x {len(e.table)} #{e.digest}>[{print_expr(e.index)}]"
     if hasattr(e, "print_with"):        # a backend's intrinsic expression (codegen/cuda/mma.py)
         return e.print_with(print_expr)
     raise TypeError(f"not an expression: {e!r}")

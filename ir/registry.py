@@ -196,6 +196,14 @@ def has_scalar(node, od: "OpDef | None" = None) -> bool:
     return od is not None and od.scalar is not None and (od.scalar_applies is None or bool(od.scalar_applies(node)))
 
 
+def is_elementwise(node, od: "OpDef | None" = None) -> bool:
+    """Is ``node`` an elementwise op as fusion and the rules see it: one output, kind ELEMWISE
+    or BROADCAST, a per-element ``scalar`` (:func:`has_scalar`), at least one input read?"""
+    od = od if od is not None else find_op(node.op, node.domain)
+    return (od is not None and od.kind <= OpPatternKind.BROADCAST and has_scalar(node, od)
+            and len(node.outputs) == 1 and any(v is not None for v in node.inputs))
+
+
 def is_deterministic(node) -> bool:
     """Is ``node``'s result a function of its inputs and attributes alone (``OpDef.deterministic``)?
     False for ops not in the registry, which nothing may fold or merge either."""

@@ -234,9 +234,7 @@ class _Fn:
             return self.cast(self.ex(e.a, lane), e.a.dtype, e.dtype)
         if isinstance(e, Lookup):
             # a module-level tuple constant (numba indexes a homogeneous tuple at run time)
-            import hashlib
-            key = hashlib.sha1(repr((e.dtype.value, e.table)).encode()).hexdigest()[:16]
-            name = f"_TABLE_{key}"
+            name = f"_TABLE_{e.digest}"
             if name not in self.tables:
                 vals = ", ".join(_float_lit(v, e.dtype) if e.dtype.is_float else str(int(v)) for v in e.table)
                 self.tables[name] = f"{name} = ({vals},)"

@@ -273,12 +273,10 @@ class _FnEmitter:
         """``table[idx]``: the table a private constant global of the module (one per distinct
         table), integers of at most 32 bits held as i32 so a vector index reads it with one
         ``llvm.masked.gather`` (VPGATHERDD), then truncated to the element type."""
-        import hashlib
         b = self.b
         wide = e.dtype.is_int and e.dtype.itemsize < 4
         et = ir.IntType(32) if wide else ltype(e.dtype, True)
-        key = hashlib.sha1(repr((e.dtype.value, e.table)).encode()).hexdigest()[:16]
-        name = f"tf.table.{key}"
+        name = f"tf.table.{e.digest}"
         g = self.m.globals.get(name)
         if g is None:
             at = ir.ArrayType(et, len(e.table))

@@ -51,7 +51,7 @@ import numpy as np
 
 from tensorfuse.ir.graph import Graph, Node, Value
 from tensorfuse.ir.ops.fused import DOMAIN
-from tensorfuse.ir.registry import OpPatternKind, find_op, has_scalar
+from tensorfuse.ir.registry import OpPatternKind, find_op, has_scalar, is_elementwise
 
 __all__ = ["fuse_ops", "FuseOps", "Group", "plan_groups"]
 
@@ -76,8 +76,7 @@ class Group:
 
 
 def _is_elementwise(n: Node, od) -> bool:
-    return (od is not None and od.kind <= OpPatternKind.BROADCAST and has_scalar(n, od)
-            and len(n.outputs) == 1 and any(v is not None for v in n.inputs))
+    return is_elementwise(n, od)
 
 
 def _is_mover(n: Node, od) -> bool:
@@ -224,10 +223,8 @@ class _Planner:
         # the float value itself must be storable nowhere: no graph output, and every reader
         # elementwise (a consumer's epilogue or loop can recompute it there)
         y = n.outputs[0]
-        if id(y) in self.graph_outputs or not all(_is_elementwise(u, find_op(u.op, u.domain))
-                                                  for u in self.consumers(y)):
-            return False
-        return True
+        return id(y) not in self.graph_outputs and all(_is_elementwise(u, find_op(u.op, u.domain))
+                                                       for u in self.consumers(y))
 
     def read_by_epilogue(self, n: Node, depth: int = 8) -> bool:
         """Whether a reader of ``n``'s value also reads a value an anchor computes (directly or

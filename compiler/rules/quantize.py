@@ -545,10 +545,8 @@ MAX_TABLE_NODES = 32
 
 
 def _elementwise_node(n) -> bool:
-    from tensorfuse.ir.registry import OpPatternKind, find_op, has_scalar, is_deterministic
-    od = find_op(n.op, n.domain)
-    return (od is not None and od.kind <= OpPatternKind.BROADCAST and has_scalar(n, od)
-            and is_deterministic(n) and len([o for o in n.outputs if o is not None]) == 1)
+    from tensorfuse.ir.registry import is_deterministic, is_elementwise
+    return is_elementwise(n) and is_deterministic(n)
 
 
 class QuantizedElementwiseToTable(Rule):
@@ -570,7 +568,6 @@ class QuantizedElementwiseToTable(Rule):
         if not any(n.op not in ("QuantizeLinear", "DequantizeLinear") or n.domain for n in nodes):
             return Fail(f"{q.name}: the chain only requantizes (no function to tabulate)")
         m.table_plan = (nodes, src)
-
         return True
 
     @staticmethod

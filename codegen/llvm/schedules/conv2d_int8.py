@@ -389,17 +389,17 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     wv = int8.const_input(ctx, w)
     wz = int8.const_input(ctx, w_zero)
     form0 = int8.dot_forms(ctx.target)[0]
+    pw0 = int8.offset_weights(wv.reshape(G * M, K), wz, form0, w.dtype)
     chan_ok = (form0.isa == "vnni" and form0.lanes == 16 and G == 1 and M % 16 == 0
-               and not int8.offset_weights(wv.reshape(G * M, K), wz, form0, w.dtype).need_rowsum
-               and _pixel_addressable(ctx, y))
+               and not pw0.need_rowsum and _pixel_addressable(ctx, y))
     layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
                                chan_ok=chan_ok)
     flat, chan = layout == "flat", layout == "channels"
     contiguous = contiguous and flat
     L = form.lanes
 
-    # ---- weights, packed at compile time
-    pw_ = int8.offset_weights(wv.reshape(G * M, K), wz, form, w.dtype)
+    # ---- weights, packed at compile time (offset for the chosen form's packing)
+    pw_ = pw0 if form.packing == form0.packing else int8.offset_weights(wv.reshape(G * M, K), wz, form, w.dtype)
     rowsum = pw_.need_rowsum
     regs = vector_registers(ctx.target)
     nvw = -(-OW // L)
