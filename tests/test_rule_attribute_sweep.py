@@ -600,6 +600,32 @@ def g_dynamic_matmul(ov):
     return b.done(["y"])
 
 
+def g_dynamic_conv(ov, patch: bool = False):
+    """quantize_dynamic's Conv chain: DynamicQuantizeLinear -> ConvInteger (int8 W, scalar zero
+    point) -> Cast -> Mul(scale) -> Add(bias [1, M, 1, 1]); on a 4 x 9 x 11 input, or a patch
+    embedding's 3 x 26 x 29 image (kernel 12x12 by default) with ``patch``."""
+    b = B(ov["_opset"])
+    a = ov.get("conv", {})
+    group = a.get("group") or 1
+    rng = np.random.default_rng(10)
+    c, k, hw = (3, [12, 12], (26, 29)) if patch else (4, [3, 3], (9, 11))
+    k = a.get("kernel_shape") or k
+    b.inputs["x"] = rand(1, c, *hw, seed=0)
+    b.inits.update(w=rng.integers(-127, 128, (6 if patch else 4, c // group, *k)).astype(np.int8),
+                   wz=np.int8(0), ws=np.float32(0.004), bias=rand(1, 6 if patch else 4, 1, 1, seed=2))
+    b.nodes.append(_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], {}))
+    b.node("Mul", ["xs", "ws"], "s")
+    b.node("ConvInteger", ["xq", "w", "xz", "wz"], "acc", a)
+    b.node("Cast", ["acc"], "accf", {"to": TensorProto.FLOAT})
+    b.node("Mul", ["accf", "s"], "p")
+    b.node("Add", ["p", "bias"], "y")
+    return b.done(["y"])
+
+
+def g_dynamic_conv_patch(ov):
+    return g_dynamic_conv(ov, patch=True)
+
+
 def g_qdq_transpose(ov):
     """Q -> DQ -> Transpose -> Q -> DQ with one scale: the Transpose moves int8."""
     b = B(ov["_opset"])
@@ -886,6 +912,30 @@ SPECS = [
     Spec("DynamicMatMulToFloat", g_dynamic_matmul, {"cast": "Cast"},
          {("cast", "saturate"): [V(0, fires=True)]},
          not_swept={("cast", "to"): "the rule wants FLOAT (the chain quantize_dynamic writes)"}, opset=21),
+    Spec("StridedPointwiseIntegerConvSubsample", g_qconv, {"conv": "Conv"},
+         {("conv", "strides"): [V([1, 1], fires=False), V([2, 3], fires=True)],
+          ("conv", "pads"): [V([1, 1, 1, 1], fires=False)],
+          ("conv", "dilations"): [V([2, 2], fires=True)],          # one tap: dilation changes nothing
+          ("conv", "group"): [V(2, fires=True)],
+          ("conv", "auto_pad"): [V("VALID", fires=True)],
+          ("conv", "kernel_shape"): [V([3, 3], fires=False)]},
+         base={"conv": {"kernel_shape": [1, 1], "strides": [2, 2]}}, opset=21, atol=Q_STEP * 1.001),
+    Spec("FoldBiasIntoMatMulIntegerToFloat", g_dynamic_matmul, {"cast": "Cast"}, {},
+         not_swept={("cast", "saturate"): "swept by DynamicMatMulToFloat (the same graph)",
+                    ("cast", "to"): "the rule wants FLOAT (the chain quantize_dynamic writes)"}, opset=21),
+    Spec("DynamicConvToFloat", g_dynamic_conv, {"conv": "ConvInteger"}, _keyed("conv", CONV_V), opset=21),
+    Spec("FoldBiasIntoConvIntegerToFloat", g_dynamic_conv, {"conv": "ConvInteger"}, {},
+         not_swept={("conv", a): "swept by DynamicConvToFloat (the same graph)"
+                    for a in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")}, opset=21),
+    Spec("QuantizedConvPatchifyToMatMul", g_dynamic_conv_patch, {"conv": "ConvInteger"},
+         {("conv", "strides"): [V([6, 6], fires=False)],
+          ("conv", "pads"): [V([1, 1, 1, 1], fires=False)],
+          ("conv", "dilations"): [V([2, 2], fires=False)],
+          ("conv", "group"): [V(3, fires=False)],
+          ("conv", "auto_pad"): [V("VALID", fires=True), V("SAME_UPPER", fires=False)],
+          ("conv", "kernel_shape"): [V([16, 16], {"strides": [16, 16]}, fires=True),
+                                     V([4, 4], {"strides": [4, 4]}, fires=False)]},
+         base={"conv": {"kernel_shape": [12, 12], "strides": [12, 12]}}, opset=21),
     Spec("DropQDQAroundDataMovement", g_qdq_transpose, {"transpose": "Transpose"},
          {("transpose", "perm"): [V([2, 0, 1], fires=True), V(None, fires=True)]},
          base={"transpose": {"perm": [0, 2, 1]}}, opset=21, atol=Q_STEP * 1.001),

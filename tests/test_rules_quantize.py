@@ -25,10 +25,10 @@ def _qdq(src, dst, scale, zp, nodes, axis=None):
 
 
 def _conv_qdq_model(xt=np.uint8, act="Relu", weight_axis=0, per_channel=True, bn=False, runtime_weights=False,
-                    x_axis=None):
+                    x_axis=None, kernel=3, hw=(7, 7), **conv_attrs):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, 4, 7, 7)).astype(np.float32)
-    w = rng.integers(-127, 128, (6, 4, 3, 3)).astype(np.int8)
+    x = rng.standard_normal((1, 4, *hw)).astype(np.float32)
+    w = rng.integers(-127, 128, (6, 4, kernel, kernel)).astype(np.int8)
     ws = (rng.random(6 if per_channel else 1) * 0.01 + 0.002).astype(np.float32)
     if not per_channel:
         ws = ws.reshape(())
@@ -48,7 +48,7 @@ def _conv_qdq_model(xt=np.uint8, act="Relu", weight_axis=0, per_channel=True, bn
     _qdq("x", "xd", "xs", "xz", nodes, axis=x_axis)
     nodes += [helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=weight_axis),
               helper.make_node("DequantizeLinear", ["bq", "bs", "bz"], ["bd"], axis=0),
-              helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], pads=[1, 1, 1, 1])]
+              helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], **(conv_attrs or {"pads": [1, 1, 1, 1]}))]
     src = "c"
     if bn:
         inits.update(g=rng.random(6).astype(np.float32) + 0.5, be=rng.standard_normal(6).astype(np.float32),
@@ -219,6 +219,24 @@ def test_quantize_conv_not_fired_for_runtime_weights():
 
 
 # ----------------------------------------------------------------------------- MatMul / Gemm
+@pytest.mark.parametrize("xt", [np.uint8, np.int8])
+@pytest.mark.parametrize("strides,hw", [((2, 2), (14, 14)), ((2, 3), (9, 13))])
+def test_strided_pointwise_integer_conv_is_subsampled(xt, strides, hw):
+    m, feeds = _conv_qdq_model(xt=xt, kernel=1, hw=hw, strides=list(strides))
+    g = optimized(m)
+    (conv,) = [n for n in g.nodes if n.qualified_op == CITF]
+    assert list(conv.attrs.get("strides", [1, 1])) == [1, 1] and conv.inputs[0].producer.op == "Slice"
+    assert conv.inputs[0].dtype == (DType.u8 if xt == np.uint8 else DType.i8)
+    _assert_within_one_step(m, feeds, opt_levels=(0, 2))
+
+
+def test_strided_integer_conv_of_a_3x3_kernel_not_subsampled():
+    m, feeds = _conv_qdq_model(kernel=3, hw=(14, 14), strides=[2, 2], pads=[1, 1, 1, 1])
+    assert count(optimized(m), "Slice") == 0
+    assert "a 3x3 kernel, not 1x1" in why_not(m, "StridedPointwiseIntegerConvSubsample")
+    _assert_within_one_step(m, feeds)
+
+
 def _matmul_qdq_model(kind="MatMul", trans_b=0, alpha=1.0, beta=1.0, per_column=True):
     rng = np.random.default_rng(2)
     a = rng.standard_normal((2, 5, 16) if kind == "MatMul" else (5, 16)).astype(np.float32)
@@ -347,6 +365,119 @@ def test_dynamic_matmul_to_float_not_fired_for_a_per_column_scale():
     assert count(optimized(m), MITF) == 0
     assert "not one f32" in why_not(m, "DynamicMatMulToFloat")
     np.testing.assert_allclose(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_dynamic_matmul_bias_joins_the_integer_product():
+    m, feeds = _dynamic_model()
+    g = optimized(m)
+    (n,) = [n for n in g.nodes if n.qualified_op == MITF]
+    assert len(n.inputs) == 7 and n.inputs[6] is not None and count(g, "Add") == 0, g.op_histogram()
+
+
+def test_fold_bias_into_matmul_integer_not_fired_for_a_bias_across_rows():
+    m, feeds = _dynamic_model()
+    # a [3, 1] addend varies along the rows, not the columns: it is no bias of the product
+    rng = np.random.default_rng(5)
+    m.graph.initializer.remove([t for t in m.graph.initializer if t.name == "bias"][0])
+    m.graph.initializer.append(numpy_helper.from_array(rng.standard_normal((3, 1)).astype(np.float32), "bias"))
+    assert count(optimized(m), "Add") == 1
+    assert "not an f32 constant per channel" in why_not(m, "FoldBiasIntoMatMulIntegerToFloat")
+    np.testing.assert_allclose(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_gelu_after_the_reshaped_integer_product_joins_its_epilogue():
+    # quantize_dynamic's MatMuls run on 2-D reshapes of the tokens: Reshape -> Gelu after the
+    # product; ActivationBeforeReshape moves the Gelu onto the product, whose kernel takes it
+    m, feeds = _dynamic_model()
+    m.graph.node.append(helper.make_node("Reshape", ["y", "shape"], ["r"]))
+    m.graph.node.append(helper.make_node("Gelu", ["r"], ["z"]))
+    m.graph.initializer.append(numpy_helper.from_array(np.array([1, 3, 8], np.int64), "shape"))
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 3, 8]))
+    g = optimized(m)
+    (gelu,) = [n for n in g.nodes if n.op == "Gelu"]
+    assert gelu.inputs[0].producer.qualified_op == MITF, g.op_histogram()
+    mod = tensorfuse.compile(m)
+    # DynamicQuantizeLinear, the scales' product, the integer product with its epilogue
+    assert len(mod.kernels) == 3 and mod.kernels[-1].schedule == "llvm.matmul_int8", [k.name for k in mod.kernels]
+    exp = ort_run(m, feeds)[0]
+    for lvl in (0, 2):
+        np.testing.assert_allclose(tensorfuse.compile(m, opt_level=lvl).run(**feeds)[0], exp, rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_stays_after_a_reshape_read_elsewhere():
+    m, feeds = _dynamic_model()
+    m.graph.node.append(helper.make_node("Reshape", ["y", "shape"], ["r"]))
+    m.graph.node.append(helper.make_node("Gelu", ["r"], ["z"]))
+    m.graph.initializer.append(numpy_helper.from_array(np.array([1, 3, 8], np.int64), "shape"))
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 3, 8]))
+    m.graph.output.append(helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [1, 3, 8]))
+    g = optimized(m)
+    (gelu,) = [n for n in g.nodes if n.op == "Gelu"]
+    assert gelu.inputs[0].producer.op == "Reshape"
+    assert "is a graph output, so it must stay" in why_not(m, "ActivationBeforeReshape")
+    exp = ort_run(m, feeds)
+    for got, e in zip(tensorfuse.compile(m).run(**feeds), exp):
+        np.testing.assert_allclose(got, e, rtol=1e-5, atol=1e-6)
+
+
+def _dynamic_conv_model(scale_shape=(), kernel=(3, 3), strides=(1, 1), image=(4, 9, 11), m_out=5, bias_shape=None):
+    """quantize_dynamic's Conv chain: DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul -> Add."""
+    rng = np.random.default_rng(6)
+    c = image[0]
+    x = rng.standard_normal((1, *image)).astype(np.float32)
+    inits = {"w": rng.integers(-127, 128, (m_out, c, *kernel)).astype(np.int8), "wz": np.int8(0),
+             "ws": np.full(scale_shape, 0.004, np.float32),
+             "bias": rng.standard_normal(bias_shape or (1, m_out, 1, 1)).astype(np.float32)}
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("Mul", ["xs", "ws"], ["s"]),
+             helper.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["acc"], kernel_shape=list(kernel),
+                              strides=list(strides)),
+             helper.make_node("Cast", ["acc"], ["accf"], to=1),
+             helper.make_node("Mul", ["accf", "s"], ["p"]),
+             helper.make_node("Add", ["p", "bias"], ["y"])]
+    return graph_model(nodes, {"x": x}, ["y"], inits, opset=21), {"x": x}
+
+
+def test_dynamic_conv_to_float_fires_takes_the_bias_and_is_exact():
+    m, feeds = _dynamic_conv_model()
+    g = optimized(m)
+    (n,) = [n for n in g.nodes if n.qualified_op == "tensorfuse::ConvIntegerToFloat"]
+    assert n.inputs[6] is not None and count(g, "ConvInteger") == 0 and count(g, "Add") == 0, g.op_histogram()
+    exp = ort_run(m, feeds)[0]
+    for lvl in (0, 2):
+        np.testing.assert_allclose(tensorfuse.compile(m, opt_level=lvl).run(**feeds)[0], exp, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_conv_to_float_not_fired_for_a_per_channel_scale():
+    m, feeds = _dynamic_conv_model(scale_shape=(5, 1, 1))
+    assert count(optimized(m), "tensorfuse::ConvIntegerToFloat") == 0
+    assert "not one f32" in why_not(m, "DynamicConvToFloat")
+    np.testing.assert_allclose(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_fold_bias_into_conv_integer_not_fired_for_a_bias_along_the_width():
+    m, feeds = _dynamic_conv_model(bias_shape=(1, 1, 1, 9))
+    assert count(optimized(m), "Add") == 1
+    assert "not an f32 constant per channel" in why_not(m, "FoldBiasIntoConvIntegerToFloat")
+    np.testing.assert_allclose(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("image", [(3, 48, 32), (3, 50, 37)])
+def test_quantized_patch_conv_becomes_an_integer_matmul(image):
+    # a 16x16 patch embedding (ViT's, smaller), the second image not a multiple of the patch
+    m, feeds = _dynamic_conv_model(kernel=(16, 16), strides=(16, 16), image=image, m_out=24)
+    g = optimized(m)
+    assert count(g, MITF) == 1 and count(g, "tensorfuse::ConvIntegerToFloat") == 0, g.op_histogram()
+    exp = ort_run(m, feeds)[0]
+    for lvl in (0, 2):
+        np.testing.assert_allclose(tensorfuse.compile(m, opt_level=lvl).run(**feeds)[0], exp, rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_patch_conv_not_fired_for_overlapping_patches():
+    m, feeds = _dynamic_conv_model(kernel=(16, 16), strides=(8, 8), image=(3, 48, 32), m_out=24)
+    assert count(optimized(m), MITF) == 0
+    assert "differ from the kernel" in why_not(m, "QuantizedConvPatchifyToMatMul")
+    np.testing.assert_allclose(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- explain's triage

@@ -81,11 +81,15 @@ class FuseGemmActivation(Rule):
 
 
 class ActivationBeforeReshape(Rule):
-    """Act(Reshape(Gemm or MatMul, shape)) ==> Reshape(Act(Gemm or MatMul), shape): an elementwise
-    activation commutes with a Reshape (the same elements, in the same order), and on the
-    product itself FuseGemmActivation / FuseMatMulActivation take it into the product's
-    epilogue. The product and the Reshape must have no other consumer."""
+    """Act(Reshape(Gemm, MatMul or MatMulIntegerToFloat, shape)) ==> Reshape(Act(product), shape):
+    an elementwise activation commutes with a Reshape (the same elements, in the same order),
+    and on the product itself FuseGemmActivation / FuseMatMulActivation take it into the
+    product's epilogue (the integer product's epilogue takes it in fuse_ops: quantize_dynamic
+    writes its MatMuls on 2-D reshapes of the tokens, and ViT-B/16's GELU was a kernel of its
+    own after each). The product and the Reshape must have no other consumer."""
     pattern = activation(P.Reshape(OneOf(P.Gemm(Any(), Any(), Optional()), P.MatMul(Any(), Any()),
+                                         P.__getattr__("com.microsoft::MatMulIntegerToFloat")(
+                                             Any(), Any(), Any(), Any(), Optional(), Optional(), Optional()),
                                          name="prod").single_use(), Any()).single_use())
 
     def condition(self, m):

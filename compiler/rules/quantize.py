@@ -14,7 +14,10 @@ integer and leave the rest to the epilogue:
 - ``MatMul(DQ(a), DQ(b))`` of two activations, each per tensor (attention's Q K^T and P V) ==>
   ``MatMulIntegerToFloat`` too: the llvm int8 GEMM packs such a B at run time;
 - dynamic quantization's ``Mul(Cast(MatMulInteger(a, B, ...)), scale)`` ==>
-  ``MatMulIntegerToFloat`` (``quantize_dynamic`` writes that chain);
+  ``MatMulIntegerToFloat`` (``quantize_dynamic`` writes that chain), and its
+  ``Mul(Cast(ConvInteger(x, W, ...)), scale)`` ==> ``ConvIntegerToFloat``; the bias Add after
+  either product joins it (:class:`FoldBiasIntoConvIntegerToFloat`,
+  :class:`FoldBiasIntoMatMulIntegerToFloat`);
 - ``Q(Concat(v1, v2 ...))`` ==> ``Concat(Q(v1), Q(v2) ...)`` (exact; ``Q(DQ(x))`` with equal
   parameters is ``x``): each Q joins its producer's epilogue and the Concat moves int8;
 - ``Q(Relu(x))`` / ``Q(Clip(x))`` whose bounds the Q's saturation already applies ==> ``Q(x)``;
@@ -266,6 +269,85 @@ class DynamicMatMulToFloat(Rule):
         return build_or_fail(build, "MatMulIntegerToFloat", m.aq, m.bq, s,
                              build.const(np.array(1.0, np.float32), "one"), m.a_zp, m.b_zp,
                              domain="com.microsoft", expect=m.mul.outputs[0])
+
+
+class DynamicConvToFloat(Rule):
+    """Mul(Cast(ConvInteger(x, W const, x_zp, w_zp), to=float), s) with s one f32 ==> tensorfuse::ConvIntegerToFloat(x, W, s, 1, x_zp, w_zp): quantize_dynamic's Conv chain in one kernel (its scale is computed at run time: DynamicQuantizeLinear's times the weights')."""
+    name_from = "convinteger"
+    pattern = P.Mul(P.Cast(P.ConvInteger(Any("xq"), Const(name="wq"), Optional(Any()).named("x_zp"),
+                                         Optional(Const()).named("w_zp")).single_use()).single_use(),
+                    Any("s"))
+
+    def condition(self, m):
+        if m.cast.outputs[0].dtype != DType.f32:
+            return Fail(f"{m.cast.name}: casts to {m.cast.outputs[0].dtype}, not f32")
+        if m.s.type.numel != 1 or m.s.dtype != DType.f32:
+            return Fail(f"{m.mul.name}: the scale '{m.s.name}' is {m.s.type}, not one f32")
+        if m.mul.outputs[0].shape != m.cast.outputs[0].shape:
+            return Fail(f"{m.mul.name}: the scale broadcasts the product to another shape")
+        if m.x_zp is not None and m.x_zp.type.numel != 1:
+            return Fail(f"{m.convinteger.name}: x_zero_point is not one value")
+        wz, ch = m.w_zp, m.wq.shape[0]
+        if wz is not None and not (wz.type.numel == 1 or tuple(wz.shape) == (ch,)):
+            return Fail(f"{m.convinteger.name}: w_zero_point of shape {list(wz.shape)}, not a scalar or [{ch}]")
+        return True
+
+    def rewrite(self, m, build):
+        s = m.s if m.s.type.rank == 0 else build.op("Reshape", m.s, build.const(np.zeros(0, np.int64), "scalar"))
+        wz = m.w_zp
+        if wz is not None and wz.type.rank > 1:
+            wz = build.const(wz.data.reshape(()), "w_zp")
+        return build_or_fail(build, "ConvIntegerToFloat", m.xq, m.wq, s, build.const(np.array(1.0, np.float32), "one"),
+                             m.x_zp, wz, None, domain="tensorfuse", expect=m.mul.outputs[0], **m.convinteger.attrs)
+
+
+class _FoldBiasIntoProduct(Rule):
+    """Abstract (no pattern): Add(product(...) without bias, c) with c a constant per output
+    channel ==> product(..., bias=c as [M]); the bias quantize_dynamic leaves after its scale
+    Mul (then a Reshape or an activation after the Add meets the product itself)."""
+    rule_set = "fold"
+    #: the bias input's index and the axis of the output channels (from the end: None = 1)
+    channel_axis: int = 1
+
+    def condition(self, m):
+        y, out = m.prod.outputs[0], m.add.outputs[0]
+        if len(m.prod.inputs) > 6 and m.prod.inputs[6] is not None:
+            return Fail(f"{m.prod.name}: already has a bias")
+        if out.type != y.type:
+            return Fail(f"{m.add.name}: the Add changes the product's type {y.type} to {out.type}")
+        cs, r, ch = tuple(m.c.shape), y.type.rank, self.channels(m)
+        ax = self.channel_axis if self.channel_axis >= 0 else r + self.channel_axis   # in y's dims
+        k = len(cs) - (r - ax)                                                        # in c's dims
+        per_channel = len(cs) <= r and 0 <= k < len(cs) and cs[k] == ch and \
+            all(d == 1 for i, d in enumerate(cs) if i != k)
+        if not per_channel or m.c.dtype != DType.f32:
+            return Fail(f"{m.add.name}: '{m.c.name}' {m.c.dtype}{list(cs)} is not an f32 constant per channel of {list(y.shape)}")
+        return True
+
+    def rewrite(self, m, build):
+        b = build.const(m.c.data.astype(np.float32).reshape(self.channels(m)), "bias")
+        ins = list(m.prod.inputs[:6]) + [None] * (6 - len(m.prod.inputs[:6]))
+        return build_or_fail(build, m.prod.op, *ins, b, domain=m.prod.domain, expect=m.add.outputs[0], **m.prod.attrs)
+
+
+class FoldBiasIntoConvIntegerToFloat(_FoldBiasIntoProduct):
+    """Add(ConvIntegerToFloat(x, W, xs, ws, xz, wz), c) with c a constant per output channel ([M, 1, 1], [1, M, 1, 1] ...) ==> ConvIntegerToFloat(x, W, xs, ws, xz, wz, c as [M])."""
+    pattern = P.Add(P.__getattr__("tensorfuse::ConvIntegerToFloat")(
+        Any(), Any("w"), Any(), Any(), Optional(), Optional()).named("prod").single_use(), Const(name="c"))
+    channel_axis = 1
+
+    def channels(self, m):
+        return m.w.shape[0]
+
+
+class FoldBiasIntoMatMulIntegerToFloat(_FoldBiasIntoProduct):
+    """Add(MatMulIntegerToFloat(a, B, as, bs, az, bz), c) with c a constant along the last axis ([N], [1, N] ...) ==> MatMulIntegerToFloat(a, B, as, bs, az, bz, c as [N])."""
+    pattern = P.Add(P.__getattr__("com.microsoft::MatMulIntegerToFloat")(
+        Any(), Any("w"), Any(), Any(), Optional(), Optional()).named("prod").single_use(), Const(name="c"))
+    channel_axis = -1
+
+    def channels(self, m):
+        return m.w.shape[-1]
 
 
 class FoldBatchNormIntoConvIntegerToFloat(Rule):
@@ -671,6 +753,6 @@ class QuantizedElementwiseToTable(Rule):
 
 
 RULES = [DropActivationBeforeSaturatingQuantize, DropQDQAroundDataMovement, ConcatOnInt8, QuantizedElementwiseToTable, QuantizeConv, QuantizeMatMul, QuantizeMatMulActivations, QuantizeGemm,
-         DynamicMatMulToFloat]
-FOLD = [FoldBatchNormIntoConvIntegerToFloat, FoldQuantizeScaleIntoConvIntegerToFloat,
+         DynamicMatMulToFloat, DynamicConvToFloat]
+FOLD = [FoldBatchNormIntoConvIntegerToFloat, FoldBiasIntoConvIntegerToFloat, FoldBiasIntoMatMulIntegerToFloat, FoldQuantizeScaleIntoConvIntegerToFloat,
         FoldQuantizeScaleIntoMatMulIntegerToFloat, FoldQuantizeScaleIntoAdd]
