@@ -79,12 +79,15 @@ def test_dequantize_int32_bias_and_float16_scale():
     _assert_equal_everywhere(m16, {"q": q})
 
 
-@pytest.mark.parametrize("case", ["mixed", "positive", "negative", "zeros", "odd_length"])
+@pytest.mark.parametrize("case", ["mixed", "positive", "negative", "zeros", "odd_length", "extremes"])
 def test_dynamic_quantize_linear(case):
     rng = np.random.default_rng(2)
     x = {"mixed": rng.standard_normal((3, 50)) * 5, "positive": np.abs(rng.standard_normal((4, 17))),
          "negative": -np.abs(rng.standard_normal((33,))), "zeros": np.zeros((2, 8)),
-         "odd_length": rng.standard_normal((7, 3, 5))}[case].astype(np.float32)
+         "odd_length": rng.standard_normal((7, 3, 5)), "extremes": rng.standard_normal((5, 41))}[case].astype(np.float32)
+    if case == "extremes":
+        # the range in one partial vector of the blocked pass and in the scalar tail
+        x.flat[131], x.flat[203] = -9.5, 7.25
     m = node_model("DynamicQuantizeLinear", {"x": x}, outputs=("y", "s", "z"), opset=11)
     # an all-zero x: onnxruntime's scale is 1 (its "max == min ? 1" rule, which we follow),
     # onnx.reference's 1/255; the spec leaves the degenerate range open

@@ -371,6 +371,10 @@ def dynamic_scale_np(x: np.ndarray) -> tuple[np.float32, np.uint8]:
     return scale, np.uint8(np.rint(zp))
 
 
+#: partial min/max vectors DynamicQuantizeLinear's range pass keeps (independent chains)
+DQL_ACCUMULATORS = 4
+
+
 @op("DynamicQuantizeLinear", OpPatternKind.OPAQUE)
 class DynamicQuantizeLinear:
     """(y, y_scale, y_zero_point) = DynamicQuantizeLinear(x). ONNX spec: DynamicQuantizeLinear-11.
@@ -378,8 +382,8 @@ class DynamicQuantizeLinear:
     x: f32, any shape. y: u8 of x's shape; y_scale: f32 []; y_zero_point: u8 []. The range
     always includes 0 (max(0, max x), min(0, min x)); scale = range / 255 (1 for an all-zero x);
     zero point = round_half_even(clamp(-min / scale, 0, 255)); y = saturate(round(x / scale) + zp).
-    The kernel reads x twice: min and max in one pass (one partial pair per vector lane), then
-    the quantization. Raises ShapeError for a non-f32 x.
+    The kernel reads x twice: min and max in one pass (:data:`DQL_ACCUMULATORS` partial vectors
+    of each), then the quantization. Raises ShapeError for a non-f32 x.
     """
 
     def infer(node):
@@ -404,23 +408,39 @@ class DynamicQuantizeLinear:
         lanes = 1 if ctx.target.simt else max(1, ctx.target.lanes(f32))
         n = x.numel
         main = n - n % lanes
-        lo = kb.local(f32, (lanes,), hint="lo")
-        hi = kb.local(f32, (lanes,), hint="hi")
+        # ACC independent partial vectors per bound: llvm.minimum / maximum (NaN-propagating)
+        # is a chain of about five dependent operations, so one accumulator ran the pass at a
+        # fifth of the load rate (197x3072: 0.24 against onnxruntime's 0.11 ms)
+        acc = DQL_ACCUMULATORS if lanes > 1 else 1
+        lo = kb.local(f32, (acc * lanes,), hint="lo")
+        hi = kb.local(f32, (acc * lanes,), hint="hi")
         zero = as_expr(0.0, f32)
-        # min/max with 0 as the start: the range includes 0 as the spec's max(0, .)/min(0, .);
-        # one partial pair per vector lane, then across the lanes
-        kb.store(lo, 0, broadcast(zero, lanes) if lanes > 1 else zero)
-        kb.store(hi, 0, broadcast(zero, lanes) if lanes > 1 else zero)
-        if main:
-            with kb.reduce(main // lanes, hint="b") as blk:
-                v = x.vload(blk * lanes, lanes) if lanes > 1 else x.flat(blk)
-                kb.store(lo, 0, minimum(lo.vload(0, lanes) if lanes > 1 else lo[0], v))
-                kb.store(hi, 0, maximum(hi.vload(0, lanes) if lanes > 1 else hi[0], v))
+
+        def vec(buf, a):
+            return buf.vload(a * lanes, lanes) if lanes > 1 else buf[a]
+        # min/max with 0 as the start: the range includes 0 as the spec's max(0, .)/min(0, .)
+        for a in range(acc):
+            kb.store(lo, a * lanes, broadcast(zero, lanes) if lanes > 1 else zero)
+            kb.store(hi, a * lanes, broadcast(zero, lanes) if lanes > 1 else zero)
+        step = lanes * acc
+        blocks = n // step
+        if blocks:
+            with kb.reduce(blocks, hint="b") as blk:
+                for a in range(acc):
+                    v = x.vload(blk * step + a * lanes, lanes) if lanes > 1 else x.flat(blk * step + a)
+                    kb.store(lo, a * lanes, minimum(vec(lo, a), v))
+                    kb.store(hi, a * lanes, maximum(vec(hi, a), v))
+        main = n - n % lanes
+        if main > blocks * step:
+            with kb.reduce(main // lanes, start=blocks * acc, hint="c") as c:
+                v = x.vload(c * lanes, lanes) if lanes > 1 else x.flat(c)
+                kb.store(lo, 0, minimum(vec(lo, 0), v))
+                kb.store(hi, 0, maximum(vec(hi, 0), v))
         with kb.reduce(n, start=main, hint="t") as t:
             kb.store(lo, 0, minimum(lo[0], x.flat(t)))
             kb.store(hi, 0, maximum(hi[0], x.flat(t)))
         mn, mx = lo.flat(0), hi.flat(0)
-        for ln in range(1, lanes):
+        for ln in range(1, acc * lanes):
             mn, mx = minimum(mn, lo.flat(ln)), maximum(mx, hi.flat(ln))
         sc = kb.local(f32, (2,), hint="sc")
         kb.store(sc, 0, select(mx.eq(mn), as_expr(1.0, f32), (mx - mn) / as_expr(255.0, f32)))
