@@ -859,3 +859,48 @@ def test_dequantize_of_a_stored_u8_is_recomputed_by_its_consumer():
     want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     got = mod.run(x)[0]
     assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+
+
+def test_quantized_residual_add_joins_the_later_convs_kernel():
+    """A ResNet block's end in QDQ form: Add(DQ(Q(conv_a(x))), DQ(Q(conv_b(x)))) -> Q, the
+    shortcut conv_b computed first. The Add (and its requantization) joins conv_a's kernel
+    (the later of the two) with conv_a's own Q -> DQ inside it and conv_b's u8 dequantized as a
+    side chain: no kernel of its own, no float tensor stored (before: a kernel reading both u8
+    values, 0.18 ms at resnet50's 256 x 56 x 56 against onnxruntime's QLinearAdd 0.12);
+    results within one step of onnxruntime's unfused QDQ semantics."""
+    import onnxruntime as ort
+    from onnx import TensorProto as TP, helper as oh, numpy_helper as nh
+    import tensorfuse
+    rng = np.random.default_rng(1)
+    c, m_ = 16, 32
+    inits = [nh.from_array(np.array(0.05, np.float32), "s"), nh.from_array(np.array(120, np.uint8), "z"),
+             nh.from_array(np.array(0.08, np.float32), "s2"), nh.from_array(np.array(0.1, np.float32), "s3")]
+    nodes = [oh.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             oh.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"])]
+    for name in ("b", "a"):                       # the shortcut first, as the exporters write it
+        inits += [nh.from_array(rng.integers(-127, 128, (m_, c, 1, 1)).astype(np.int8), f"w{name}"),
+                  nh.from_array((rng.random(m_) * 0.01 + 0.002).astype(np.float32), f"ws{name}"),
+                  nh.from_array(np.zeros(m_, np.int8), f"wz{name}")]
+        nodes += [oh.make_node("DequantizeLinear", [f"w{name}", f"ws{name}", f"wz{name}"], [f"wd{name}"], axis=0),
+                  oh.make_node("Conv", ["xd", f"wd{name}"], [f"c{name}"]),
+                  oh.make_node("QuantizeLinear", [f"c{name}", "s2", "z"], [f"q{name}"]),
+                  oh.make_node("DequantizeLinear", [f"q{name}", "s2", "z"], [f"d{name}"])]
+    nodes += [oh.make_node("Add", ["da", "db"], ["sum"]), oh.make_node("Relu", ["sum"], ["r"]),
+              oh.make_node("QuantizeLinear", ["r", "s3", "z"], ["y"])]
+    g = oh.make_graph(nodes, "res", [oh.make_tensor_value_info("x", TP.FLOAT, [1, c, 14, 14])],
+                      [oh.make_tensor_value_info("y", TP.UINT8, [1, m_, 14, 14])], inits)
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    mod = tensorfuse.compile(m, cache=False)
+    fused = [n for n in mod.graph.nodes if n.op == "FusedFunction"]
+    convs = [n for n in fused if any(b.op == "ConvIntegerToFloat" for b in n.attrs["body"].nodes)]
+    assert len(convs) == 2
+    with_add = [n for n in fused if any(b.op == "Add" for b in n.attrs["body"].nodes)]
+    assert len(with_add) == 1 and with_add[0] is convs[1], [[b.op for b in n.attrs["body"].nodes] for n in fused]
+    for n in fused:
+        assert all(o.dtype.itemsize == 1 for o in n.outputs), [(o.name, o.dtype) for o in n.outputs]
+    x = rng.standard_normal((1, c, 14, 14)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = mod.run(x)[0]
+    assert np.abs(got.astype(int) - want.astype(int)).max() <= 1 and np.mean(got == want) > 0.95

@@ -592,6 +592,39 @@ def test_int8_conv_with_a_fused_residual(c, m, hw, group, k, stride):
     assert np.abs(got - exp).max() <= 0.05 * 1.001
 
 
+@pytest.mark.parametrize("xdt", [np.uint8, np.int8])
+@pytest.mark.parametrize("shape,k,attrs", [
+    ((1, 8, 14, 14), 1, {}),                               # 14 of 16 words, the last row past x's end
+    ((1, 12, 14, 14), 3, {"pads": [1, 1, 1, 1]}),          # pads both sides: the first row before x's start
+    ((1, 12, 16, 16), 3, {"pads": [1, 1, 1, 1]}),          # 18 words a row: two overlapping vectors
+    ((1, 8, 28, 28), 1, {}),                                # 28 words: two overlapping vectors
+    ((2, 9, 7, 9), 3, {"pads": [0, 2, 1, 0]}),              # C % 4 != 0: the last quad word by word
+    ((1, 16, 20, 20), 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),   # stride 2: word by word
+])
+@pytest.mark.parametrize("pack", ["shared", "task"])
+def test_conv_int8_vector_pack(xdt, shape, k, attrs, pack):
+    """The input panel packed in whole vectors (``int8_vector_pack``) equals the word-by-word
+    packing and onnxruntime: rows shorter than the vector, pads on either side, the first and
+    last rows of x (packed word by word: a vector would read outside x), a channel tail."""
+    rng = np.random.default_rng(12)
+    x, w = _q(shape, xdt, rng), _q((32, shape[1], k, k), np.int8, rng)
+    xz = np.array(-7 if xdt == np.int8 else 131, xdt)
+    m = node_model("ConvInteger", {"x": x}, attrs,
+                   initializers={"w": w, "xz": xz, "wz": np.array(2, np.int8)},
+                   input_names=["x", "w", "xz", "wz"])
+    outs = []
+    for vector in (True, False):
+        knobs = {"int8_vector_pack": vector, "int8_layout": "rows", "oc_split": 2, "int8_pack": pack}
+        mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs), cache=False)
+        assert mod.kernels[-1].knobs["int8_vector_pack"] is vector
+        if _runs_here("vnni512"):
+            outs.append(mod.run(x=x)[0])
+    if outs:
+        want = ort_run(m, {"x": x})[0]
+        for got in outs:
+            np.testing.assert_array_equal(got, want)
+
+
 def _qconv_model(c, m, hw, k, stride=1, pads=None, dil=1, residual=False, seed=0, bias=True):
     """QDQ conv as onnxruntime's quantizer writes it (u8 activations, s8 per-channel symmetric
     weights, int32 bias), + Relu, Q; with ``residual`` a quantized Add of a second u8 input."""

@@ -242,6 +242,39 @@ class _Planner:
             return _is_elementwise(p, od) and any(from_anchor(u, d - 1) for u in p.inputs if u is not None)
         return any(from_anchor(v, depth) for u in self.consumers(out) for v in u.inputs if v is not None and v is not out)
 
+    def epilogue_of_producer(self, n: Node) -> bool:
+        """Whether widening read ``n`` (:meth:`widening_read`) and all its readers can join the
+        epilogue of the anchor group that computes its 8-bit input (a quantized residual block's
+        last conv: Q -> DQ -> Add(DQ(shortcut)) -> Q, the block's Add then in that conv's
+        kernel, as onnxruntime's QLinearConv does not but its QLinearAdd reads the u8). Every
+        reader must be elementwise and read besides ``n`` only constants, values of that group,
+        or widening reads of 8-bit values computed before ``n``'s (those become the epilogue's
+        side chains: :meth:`side_chains`); of several such reads, the latest producer's
+        epilogue takes the readers."""
+        x = n.inputs[0]
+        grp = self.group_of.get(id(x.producer))
+        if grp is None or grp.anchor is None or not grp.fusable:
+            return False
+        here = self.pos[id(x.producer)]
+        y = n.outputs[0]
+        users = self.consumers(y)
+        if not users:
+            return False
+        for u in users:
+            if not _is_elementwise(u, find_op(u.op, u.domain)):
+                return False
+            for v in u.inputs:
+                if v is None or v is y or v.producer is None or v.const_value() is not None:
+                    continue
+                p = v.producer
+                if self.group_of.get(id(p)) is grp:
+                    continue
+                src = p.inputs[0].producer if p.inputs and p.inputs[0] is not None else None
+                if not (self.widening_read(p) and src is not None and id(src) in self.pos
+                        and self.pos[id(src)] < here):
+                    return False
+        return True
+
     def side_chains(self, grp: Group, n: Node) -> list[Group]:
         """Loop groups computing an input of ``n`` (joining anchored ``grp``) that only ``n``
         reads, of the anchor's output shape, elementwise only (no movers): merged into ``grp``,
@@ -328,11 +361,16 @@ class _Planner:
         cands.sort(key=lambda grp: -max(self.pos[id(m)] for m in grp.nodes))    # latest first
         to_prologue = not loops_only and self.prologue_only(n)
         if self.widening_read(n):
-            if self.read_by_epilogue(n):
+            if self.epilogue_of_producer(n):
+                # its readers will join the producer's epilogue with it: its float value is
+                # computed there and never stored
+                cands = [grp for grp in cands if grp is self.group_of.get(id(n.inputs[0].producer))]
+            elif self.read_by_epilogue(n):
                 # stays out of the producer's group: the consumer's anchor recomputes it
                 return False
-            # a loop group may take it (its consumers then join that loop), an anchor not
-            cands = [grp for grp in cands if grp.anchor is None]
+            else:
+                # a loop group may take it (its consumers then join that loop), an anchor not
+                cands = [grp for grp in cands if grp.anchor is None]
         for grp in cands:
             if grp.anchor is not None and not loops_only and not to_prologue and self.can_join_anchor(grp, n) and not self.makes_cycle([grp], n):
                 sides = self.side_chains(grp, n)

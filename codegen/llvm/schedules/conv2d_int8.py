@@ -505,6 +505,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             out = term if out is None else out | term
         return out if out is not None else as_expr(0, i32)
 
+    vector_pack = knob("int8_vector_pack", [True, False], True,
+                       doc="pack the input panel's rows in whole vectors (else word by word)")
+
     def pack_row(kbx: KernelBuilder, pbase: Expr, n: Expr, gi: Expr, oh0: Expr, r: Expr, zx: Expr):
         """Panel row ``r`` of the band starting at output row ``oh0`` (image n, group gi), every
         channel group, into ``xp`` from word ``pbase`` on (kernel ``kbx``)."""
@@ -529,17 +532,50 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
 
                 def body(cq: Expr, valid=valid, pad=pad, cs=cs, off=off, lo=lo, hi=hi, kr=kr):
                     rowbase = pbase + cq * PL + (r * KR + kr) * COLS
+                    ihc = ih
+
+                    def src(t: int, iw: Expr) -> Expr:
+                        return ((n * CX + gi * C + cq * g + t) * H + ihc) * W + iw
+
+                    def scalar_cols(c0: int, c1: int):
+                        """Panel columns [c0, c1): the padding outside [lo, hi), packed words inside."""
+                        if min(lo, c1) > c0:
+                            with kbx.loop(min(lo, c1), start=c0, kind="vectorize", hint="c") as col:
+                                kbx.store(xp, rowbase + col, pad)
+                        if min(hi, c1) > max(lo, c0):
+                            with kbx.loop(min(hi, c1), start=max(lo, c0), kind="vectorize", hint="c") as col:
+                                vals = [xu(x.flat(src(t, col * cs + off))) if t < valid else None for t in range(g)]
+                                kbx.store(xp, rowbase + col, packed(vals))
+                        if c1 > max(hi, c0):
+                            with kbx.loop(c1, start=max(hi, c0), kind="vectorize", hint="c") as col:
+                                kbx.store(xp, rowbase + col, pad)
+
                     with kbx.if_(row_in) as inside:
-                        with kbx.loop(lo, kind="vectorize", hint="c") as col:
-                            kbx.store(xp, rowbase + col, pad)
-                        ihc = ih
-                        with kbx.loop(hi, start=lo, kind="vectorize", hint="c") as col:
-                            iw = col * cs + off
-                            vals = [xu(x.flat(((n * CX + gi * C + cq * g + t) * H + ihc) * W + iw)) if t < valid else None
-                                    for t in range(g)]
-                            kbx.store(xp, rowbase + col, packed(vals))
-                        with kbx.loop(COLS, start=hi, kind="vectorize", hint="c") as col:
-                            kbx.store(xp, rowbase + col, pad)
+                        if vector_pack and cs == 1 and valid == g and COLS >= L:
+                            # whole vectors of L words: L contiguous bytes of each of the g channel
+                            # rows, widened and interleaved (the words past the row's ends are
+                            # then set to the padding); a vector that would read outside x (the
+                            # first and last rows of the tensor) packs column by column
+                            # vectors at 0, L, 2L ... and, where L does not divide the row,
+                            # a last one ending at the row's end (overlapping: the same words)
+                            starts = list(range(0, COLS - L + 1, L))
+                            if COLS % L:
+                                starts.append(COLS - L)
+                            for c0 in starts:
+                                c1 = c0 + L
+                                if c1 <= lo or c0 >= hi:
+                                    kbx.store(xp, rowbase + c0, broadcast(pad, L))
+                                    continue
+                                first, last = src(0, c0 + off), src(g - 1, c0 + off)
+                                with kbx.if_((first >= 0) & (last + L <= x.numel)) as fits:
+                                    vals = [xu(x.vload(src(t, c0 + off), L)) for t in range(g)]
+                                    kbx.store(xp, rowbase + c0, packed(vals))
+                                    for col in list(range(c0, lo)) + list(range(hi, c1)):
+                                        kbx.store(xp, rowbase + col, pad)
+                                with kbx.else_(fits):
+                                    scalar_cols(c0, c1)
+                        else:
+                            scalar_cols(0, COLS)
                     with kbx.else_(inside):
                         with kbx.loop(COLS, kind="vectorize", hint="c") as col:
                             kbx.store(xp, rowbase + col, pad)
