@@ -25,10 +25,10 @@ def _qdq(src, dst, scale, zp, nodes, axis=None):
 
 
 def _conv_qdq_model(xt=np.uint8, act="Relu", weight_axis=0, per_channel=True, bn=False, runtime_weights=False,
-                    x_axis=None, kernel=3, hw=(7, 7), **conv_attrs):
+                    x_axis=None):
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((1, 4, *hw)).astype(np.float32)
-    w = rng.integers(-127, 128, (6, 4, kernel, kernel)).astype(np.int8)
+    x = rng.standard_normal((1, 4, 7, 7)).astype(np.float32)
+    w = rng.integers(-127, 128, (6, 4, 3, 3)).astype(np.int8)
     ws = (rng.random(6 if per_channel else 1) * 0.01 + 0.002).astype(np.float32)
     if not per_channel:
         ws = ws.reshape(())
@@ -48,7 +48,7 @@ def _conv_qdq_model(xt=np.uint8, act="Relu", weight_axis=0, per_channel=True, bn
     _qdq("x", "xd", "xs", "xz", nodes, axis=x_axis)
     nodes += [helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=weight_axis),
               helper.make_node("DequantizeLinear", ["bq", "bs", "bz"], ["bd"], axis=0),
-              helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], **(conv_attrs or {"pads": [1, 1, 1, 1]}))]
+              helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], pads=[1, 1, 1, 1])]
     src = "c"
     if bn:
         inits.update(g=rng.random(6).astype(np.float32) + 0.5, be=rng.standard_normal(6).astype(np.float32),
@@ -219,24 +219,6 @@ def test_quantize_conv_not_fired_for_runtime_weights():
 
 
 # ----------------------------------------------------------------------------- MatMul / Gemm
-@pytest.mark.parametrize("xt", [np.uint8, np.int8])
-@pytest.mark.parametrize("strides,hw", [((2, 2), (14, 14)), ((2, 3), (9, 13))])
-def test_strided_pointwise_integer_conv_is_subsampled(xt, strides, hw):
-    m, feeds = _conv_qdq_model(xt=xt, kernel=1, hw=hw, strides=list(strides))
-    g = optimized(m)
-    (conv,) = [n for n in g.nodes if n.qualified_op == CITF]
-    assert list(conv.attrs.get("strides", [1, 1])) == [1, 1] and conv.inputs[0].producer.op == "Slice"
-    assert conv.inputs[0].dtype == (DType.u8 if xt == np.uint8 else DType.i8)
-    _assert_within_one_step(m, feeds, opt_levels=(0, 2))
-
-
-def test_strided_integer_conv_of_a_3x3_kernel_not_subsampled():
-    m, feeds = _conv_qdq_model(kernel=3, hw=(14, 14), strides=[2, 2], pads=[1, 1, 1, 1])
-    assert count(optimized(m), "Slice") == 0
-    assert "a 3x3 kernel, not 1x1" in why_not(m, "StridedPointwiseIntegerConvSubsample")
-    _assert_within_one_step(m, feeds)
-
-
 def _matmul_qdq_model(kind="MatMul", trans_b=0, alpha=1.0, beta=1.0, per_column=True):
     rng = np.random.default_rng(2)
     a = rng.standard_normal((2, 5, 16) if kind == "MatMul" else (5, 16)).astype(np.float32)

@@ -14,9 +14,6 @@ for each block of output channels; the subsampled copy (1 / (sh * sw) of X) is c
 small enough to stay in cache for all of them. 1 thread, weights and output not in cache as
 in a model (AVX-512 host): resnet50's 512 -> 1024 at 28x28 2.42 -> 1.74 ms (onnxruntime
 2.36), 1024 -> 2048 at 14x14 2.30 -> 2.11, 256 -> 512 at 56x56 1.81 -> 1.74.
-
-The quantized form, ``tensorfuse::ConvIntegerToFloat`` (a QDQ model's downsampling conv), is
-subsampled the same way (:class:`StridedPointwiseIntegerConvSubsample`): the Slice moves u8/i8.
 """
 from __future__ import annotations
 
@@ -26,7 +23,6 @@ from tensorfuse.compiler.pattern import Any, Const, Optional, P
 from tensorfuse.compiler.rewrite import Fail, Rule
 from tensorfuse.compiler.rules._activation import build_or_fail
 from tensorfuse.ir.ops.conv import conv_geometry_of
-from tensorfuse.ir.types import DType
 
 
 class StridedPointwiseConvSubsample(Rule):
@@ -39,18 +35,12 @@ class StridedPointwiseConvSubsample(Rule):
     layouts = ("NCHW",)
 
     def condition(self, m):
-        if m.x.type.rank != 4 or m.w.type.rank != 4:
-            return Fail(f"{m.conv.name}: not a 2-D convolution (input rank {m.x.type.rank})")
-        if not m.x.dtype.is_float:
-            return Fail(f"{m.conv.name}: input {m.x.dtype} is not a float type")
-        return self._geometry(m)
-
-    def _geometry(self, m):
-        """Fail (or True) unless the conv is a 2-D 1x1 of stride > 1 without padding, shapes known."""
         conv, x, w = m.conv, m.x, m.w
         y = conv.outputs[0]
         if x.type.rank != 4 or w.type.rank != 4:
             return Fail(f"{conv.name}: not a 2-D convolution (input rank {x.type.rank})")
+        if not x.dtype.is_float:
+            return Fail(f"{conv.name}: input {x.dtype} is not a float type")
         if not all(isinstance(d, int) for d in list(x.shape) + list(y.shape)):
             return Fail(f"{conv.name}: shapes {list(x.shape)} -> {list(y.shape)} are not all known")
         if tuple(int(d) for d in w.shape[2:]) != (1, 1):
@@ -62,20 +52,15 @@ class StridedPointwiseConvSubsample(Rule):
             return Fail(f"{conv.name}: padded (pads {conv.attr('pads')}, auto_pad {conv.attr('auto_pad')})")
         return True
 
-    @staticmethod
-    def _subsampled(m, build):
-        """Slice(x, steps=strides on axes [2, 3]), or a Fail."""
+    def rewrite(self, m, build):
         conv, x = m.conv, m.x
         h, wd = int(x.shape[2]), int(x.shape[3])
         sh, sw = conv_geometry_of(conv).strides
 
         def i64(*vals):
             return build.const(np.array(vals, np.int64), "subsample")
-        return build_or_fail(build, "Slice", x, i64(0, 0), i64(h, wd), i64(2, 3), i64(sh, sw))
 
-    def rewrite(self, m, build):
-        conv = m.conv
-        xs = self._subsampled(m, build)
+        xs = build_or_fail(build, "Slice", x, i64(0, 0), i64(h, wd), i64(2, 3), i64(sh, sw))
         if isinstance(xs, Fail):
             return xs
         ins = [xs, m.w] + ([m.b] if m.b is not None else [])
@@ -83,26 +68,4 @@ class StridedPointwiseConvSubsample(Rule):
                              group=int(conv.attr("group", 1)))
 
 
-class StridedPointwiseIntegerConvSubsample(StridedPointwiseConvSubsample):
-    """tensorfuse::ConvIntegerToFloat(x, W, xs, ws, xz, wz, b) with a 1x1 kernel, strides > 1
-    and no padding ==> the same op on Slice(x, steps=strides) with strides 1 (x u8/i8; the
-    scales, zero points and bias unchanged)."""
-    pattern = P.__getattr__("tensorfuse::ConvIntegerToFloat")(
-        Any("x"), Const(name="w"), Any("xs"), Any("ws"), Optional(Any()).named("xz"),
-        Optional(Any()).named("wz"), Optional(Any()).named("b")).named("conv")
-
-    def condition(self, m):
-        if m.x.dtype not in (DType.u8, DType.i8):
-            return Fail(f"{m.conv.name}: input {m.x.dtype} is not u8 or i8")
-        return self._geometry(m)
-
-    def rewrite(self, m, build):
-        xs = self._subsampled(m, build)
-        if isinstance(xs, Fail):
-            return xs
-        attrs = {k: v for k, v in m.conv.attrs.items() if k in ("group",)}
-        return build_or_fail(build, "ConvIntegerToFloat", xs, m.w, m.xs, m.ws, m.xz, m.wz, m.b, domain="tensorfuse",
-                             expect=m.conv.outputs[0], kernel_shape=[1, 1], **attrs)
-
-
-RULES = [StridedPointwiseConvSubsample, StridedPointwiseIntegerConvSubsample]
+RULES = [StridedPointwiseConvSubsample]
