@@ -712,3 +712,21 @@ def test_conv_int8_channels_default():
     assert layout(v4, c=64, m=64, hw=14, k=3) != {"channels"}
     assert layout(v4, c=256, m=40, hw=14, k=3) != {"channels"}
     assert layout(FORMS["avx2"][0], c=256, m=256, hw=14, k=3) != {"channels"}
+
+
+def test_conv_int8_short_reduction_takes_a_square_tile():
+    """Where each output sums fewer than SHORT_REDUCTION packed words (1x1 convs of up to 508
+    channels, small 3x3 ones), the default pixel tile is 4 pixel vectors x 4 channels (its
+    epilogue weighs as much as its dot products; 24 accumulators spilled there); longer
+    reductions keep the cost model's tile. Results against onnxruntime's unfused QDQ."""
+    from tensorfuse.codegen.llvm.schedules import conv2d_int8 as c8
+    assert c8._default_tile(32, False, 256, 7, words=16) == (4, 4)
+    assert c8._default_tile(32, False, 256, 2, words=16) == (2, 8)
+    assert c8._default_tile(32, False, 256, 7, words=c8.SHORT_REDUCTION) == c8._default_tile(32, False, 256, 7)
+    m, feeds = _qconv_model(c=64, m=96, hw=14, k=1)
+    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(int8_layout="rows"), cache=False)
+    conv = [k for k in mod.kernels if "ConvIntegerToFloat" in k.comment and not k.name.endswith("_pack")]
+    assert [k.knobs["int8_tile"] for k in conv] == [(4, 4)], [k.knobs for k in conv]
+    if _runs_here("vnni512"):
+        got, want = mod.run(**feeds)[0], _unfused_ort(m, feeds)
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1

@@ -187,6 +187,18 @@ CHAN_TILE = (8, 3)
 LATENCY_ACCUMULATORS = 16
 
 
+#: where each output sums fewer packed words than this (Cq * KH * KW), the default pixel tile
+#: keeps at most SHORT_REDUCTION_ACCUMULATORS accumulators: with a short reduction the tile's
+#: epilogue (staging, requantization, stores) weighs as much as its dot products, and a 24-
+#: accumulator tile spills there. Measured on a Zen 4 at 1 thread, u8s8 QDQ conv + Relu, default
+#: (4, 6) or (3, 8) against (4, 4): 64->256 1x1 at 56x56 (16 words) 0.490 / 0.373 ms,
+#: 128->512 1x1 at 28x28 0.391 / 0.331, 256->1024 1x1 at 14x14 0.395 / 0.329, 256->64 1x1 at
+#: 56x56 0.448 / 0.418, 32->64 3x3 at 112x112 (72 words) 1.705 / 1.489; at 144 words (64->64
+#: 3x3 at 56x56) equal, at 288 (128->128 3x3 stride 2) the larger tile 4% faster
+SHORT_REDUCTION = 128
+SHORT_REDUCTION_ACCUMULATORS = 16
+
+
 def _tile_cost(rp: int, ocn: int, m: int, slots: int) -> tuple[float, float]:
     """(dot-product slots per channel-group step over the whole output, loads per dot product)
     of the register tile (RP, OCn): ceil(M / OCn) channel blocks (padded channels computed and
@@ -197,17 +209,24 @@ def _tile_cost(rp: int, ocn: int, m: int, slots: int) -> tuple[float, float]:
     return -(-m // ocn) * per_block, (rp + ocn) / (rp * ocn)
 
 
-def _default_tile(regs: int, rowsum: bool, m: int, slots: int) -> tuple[int, int]:
+def _default_tile(regs: int, rowsum: bool, m: int, slots: int, words: int | None = None) -> tuple[int, int]:
     """With 32 registers: the (RP, OCn) of least :func:`_tile_cost` (the channels padded to a
     multiple of OCn and the pixel vectors to RP count: 64 channels take 8 blocks of 8, not 11
     of 6 with 2 computed in vain; 1-4% faster on resnet18 and mobilenet_v2 u8s8), among tiles
     of RP <= 4 with RP*OCn accumulators, RP pixel vectors (and RP row sums), one broadcast and
-    one spare in the registers; within 1% the one with fewer loads per dot product. With 16
+    one spare in the registers; within 1% the one with fewer loads per dot product. Where each
+    output sums ``words`` < :data:`SHORT_REDUCTION` packed words: RP = min(4, slots) pixel
+    vectors x :data:`SHORT_REDUCTION_ACCUMULATORS` / RP channels. With 16
     registers RP = 2 and at most 4 channels: VPMADDWD's product needs a register before its
     VPADDD, and 2 x 6 spilled (measured on the AVX2 form: 2 x 4 is 10-15% faster than 2 x 6)."""
     if regs < 32:
         rp = max(1, min(2, slots))
         return rp, max(1, min(m, (regs - 2 - rp * (2 if rowsum else 1)) // rp, 4))
+    if words is not None and words < SHORT_REDUCTION:
+        # the fewest loads per dot product within the accumulator bound: a square tile (the
+        # cost model's padding count chose (1, 16) here, 1.2-1.3x slower than (4, 4))
+        rp = max(1, min(4, slots))
+        return rp, max(1, min(m, SHORT_REDUCTION_ACCUMULATORS // rp))
     best = None
     for rp in range(1, min(4, slots) + 1):
         ocn = min(m, (regs - 2 - rp * (2 if rowsum else 1)) // rp, 16)
@@ -404,7 +423,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     regs = vector_registers(ctx.target)
     nvw = -(-OW // L)
     slots = _flat_vectors(geo, L, RB) if flat else RB * nvw
-    tile0 = _default_tile(regs, rowsum, M, slots) if not chan else None
+    tile0 = _default_tile(regs, rowsum, M, slots, Cq * KH * KW) if not chan else None
     if flat and L < _widths(ctx)[0] and slots <= MAX_FLAT_VECTORS:
         # the flat layout at narrow vectors (a split target's 7x7 planes: 7 vectors): the band
         # in one tile, every weight broadcast once per channel block; measured on a Zen 4 at 1
