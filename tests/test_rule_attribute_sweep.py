@@ -15,9 +15,9 @@ checks that every schema attribute is either swept or listed, so a new attribute
 new rule) cannot go unnoticed. The base case of each rule (every attribute at its default) must
 fire. ``TF_SWEEP_FULL=1`` adds more values (more paddings, dilations, LeakyRelu alphas).
 
-Size: 47 graphs over the 40 rules, about 350 combinations (about 370 with TF_SWEEP_FULL), about 105 s of CPU
-(two compiles each). ``make test`` runs 238 of them: each rule's base case, the first value of
-each swept attribute or input, and every value the rule must not fire for; the other 84 values
+Size: 43 graphs over the 52 rules, about 384 combinations (about 406 with TF_SWEEP_FULL), about 115 s of CPU
+(two compiles each). ``make test`` runs 287 of them: each rule's base case, the first value of
+each swept attribute or input, and every value the rule must not fire for; the other 97 values
 (a second padding, dilation, alpha ...) are marked heavy, so ``make test-heavy`` (.ci/run) runs
 them (:func:`_in_default_suite`).
 """
