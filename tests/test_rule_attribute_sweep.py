@@ -751,6 +751,18 @@ def _act_sweep(anchor_role, anchor_table, anchor_full=False):
     return sw
 
 
+#: the patch-embedding rules' sweep: the patches stop being disjoint (strides, pads, dilations,
+#: group) or too small (4x4), a base case of 12x12 patches
+PATCH_V = {("conv", "strides"): [V([6, 6], fires=False)],
+           ("conv", "pads"): [V([1, 1, 1, 1], fires=False)],
+           ("conv", "dilations"): [V([2, 2], fires=False)],
+           ("conv", "group"): [V(3, fires=False)],
+           ("conv", "auto_pad"): [V("VALID", fires=True), V("SAME_UPPER", fires=False)],
+           ("conv", "kernel_shape"): [V([16, 16], {"strides": [16, 16]}, fires=True),
+                                      V([4, 4], {"strides": [4, 4]}, fires=False)]}
+PATCH_BASE = {"conv": {"kernel_shape": [12, 12], "strides": [12, 12]}}
+
+
 SPECS = [
     # simplification rules (O1+; checked at O2)
     Spec("RemoveIdentity", g_identity, {"identity": "Identity"}, {("identity", None): [V(None, fires=True)]}),
@@ -783,14 +795,7 @@ SPECS = [
     # folding
     # a patch-embedding Conv (strides == kernel) as a MatMul over the patches
     Spec("ConvPatchifyToMatMul", g_conv_patch, {"conv": "Conv"},
-         {("conv", "strides"): [V([6, 6], fires=False)],
-          ("conv", "pads"): [V([1, 1, 1, 1], fires=False)],
-          ("conv", "dilations"): [V([2, 2], fires=False)],
-          ("conv", "group"): [V(3, fires=False)],
-          ("conv", "auto_pad"): [V("VALID", fires=True), V("SAME_UPPER", fires=False)],
-          ("conv", "kernel_shape"): [V([16, 16], {"strides": [16, 16]}, fires=True),
-                                     V([4, 4], {"strides": [4, 4]}, fires=False)]},
-         base={"conv": {"kernel_shape": [12, 12], "strides": [12, 12]}}),
+         PATCH_V, base=PATCH_BASE),
     Spec("StridedPointwiseConvSubsample", g_conv_patch, {"conv": "Conv"},
          {("conv", "strides"): [V([1, 1], fires=False), V([2, 3], fires=True)],
           ("conv", "pads"): [V([1, 1, 1, 1], fires=False)],
@@ -920,14 +925,7 @@ SPECS = [
          not_swept={("conv", a): "swept by DynamicConvToFloat (the same graph)"
                     for a in ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")}, opset=21),
     Spec("QuantizedConvPatchifyToMatMul", g_dynamic_conv_patch, {"conv": "ConvInteger"},
-         {("conv", "strides"): [V([6, 6], fires=False)],
-          ("conv", "pads"): [V([1, 1, 1, 1], fires=False)],
-          ("conv", "dilations"): [V([2, 2], fires=False)],
-          ("conv", "group"): [V(3, fires=False)],
-          ("conv", "auto_pad"): [V("VALID", fires=True), V("SAME_UPPER", fires=False)],
-          ("conv", "kernel_shape"): [V([16, 16], {"strides": [16, 16]}, fires=True),
-                                     V([4, 4], {"strides": [4, 4]}, fires=False)]},
-         base={"conv": {"kernel_shape": [12, 12], "strides": [12, 12]}}, opset=21),
+         PATCH_V, base=PATCH_BASE, opset=21),
     Spec("DropQDQAroundDataMovement", g_qdq_transpose, {"transpose": "Transpose"},
          {("transpose", "perm"): [V([2, 0, 1], fires=True), V(None, fires=True)]},
          base={"transpose": {"perm": [0, 2, 1]}}, opset=21, atol=Q_STEP * 1.001),

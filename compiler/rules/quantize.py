@@ -242,6 +242,23 @@ class QuantizeGemm(Rule):
                              domain="com.microsoft", expect=g.outputs[0])
 
 
+def _scaled_product_ok(m):
+    """Fail (or True) for dynamic quantization's ``Mul(Cast(product), s)`` (captures cast, mul,
+    s): the Cast to f32 and s one f32 that does not broadcast the product."""
+    if m.cast.outputs[0].dtype != DType.f32:
+        return Fail(f"{m.cast.name}: casts to {m.cast.outputs[0].dtype}, not f32")
+    if m.s.type.numel != 1 or m.s.dtype != DType.f32:
+        return Fail(f"{m.mul.name}: the scale '{m.s.name}' is {m.s.type}, not one f32")
+    if m.mul.outputs[0].shape != m.cast.outputs[0].shape:
+        return Fail(f"{m.mul.name}: the scale broadcasts the product to another shape")
+    return True
+
+
+def _scalar(v, build):
+    """A one-element value as a scalar (rank 0), reshaped where it has a rank."""
+    return v if v.type.rank == 0 else build.op("Reshape", v, build.const(np.zeros(0, np.int64), "scalar"))
+
+
 class DynamicMatMulToFloat(Rule):
     """Mul(Cast(MatMulInteger(a, B, a_zp, b_zp), to=float), s) with s one element ==> MatMulIntegerToFloat(a, B, s, 1, a_zp, b_zp): quantize_dynamic's chain in one kernel."""
     name_from = "matmulinteger"
@@ -250,12 +267,9 @@ class DynamicMatMulToFloat(Rule):
                     Any("s"))
 
     def condition(self, m):
-        if m.cast.outputs[0].dtype != DType.f32:
-            return Fail(f"{m.cast.name}: casts to {m.cast.outputs[0].dtype}, not f32")
-        if m.s.type.numel != 1 or m.s.dtype != DType.f32:
-            return Fail(f"{m.mul.name}: the scale '{m.s.name}' is {m.s.type}, not one f32")
-        if m.mul.outputs[0].shape != m.cast.outputs[0].shape:
-            return Fail(f"{m.mul.name}: the scale broadcasts the product to another shape")
+        ok = _scaled_product_ok(m)
+        if ok is not True:
+            return ok
         az = m.a_zp
         if az is not None and az.type.numel != 1:
             return Fail(f"{m.matmulinteger.name}: a_zero_point is per row")
@@ -265,8 +279,7 @@ class DynamicMatMulToFloat(Rule):
         return True
 
     def rewrite(self, m, build):
-        s = m.s if m.s.type.rank == 0 else build.op("Reshape", m.s, build.const(np.zeros(0, np.int64), "scalar"))
-        return build_or_fail(build, "MatMulIntegerToFloat", m.aq, m.bq, s,
+        return build_or_fail(build, "MatMulIntegerToFloat", m.aq, m.bq, _scalar(m.s, build),
                              build.const(np.array(1.0, np.float32), "one"), m.a_zp, m.b_zp,
                              domain="com.microsoft", expect=m.mul.outputs[0])
 
@@ -279,12 +292,9 @@ class DynamicConvToFloat(Rule):
                     Any("s"))
 
     def condition(self, m):
-        if m.cast.outputs[0].dtype != DType.f32:
-            return Fail(f"{m.cast.name}: casts to {m.cast.outputs[0].dtype}, not f32")
-        if m.s.type.numel != 1 or m.s.dtype != DType.f32:
-            return Fail(f"{m.mul.name}: the scale '{m.s.name}' is {m.s.type}, not one f32")
-        if m.mul.outputs[0].shape != m.cast.outputs[0].shape:
-            return Fail(f"{m.mul.name}: the scale broadcasts the product to another shape")
+        ok = _scaled_product_ok(m)
+        if ok is not True:
+            return ok
         if m.x_zp is not None and m.x_zp.type.numel != 1:
             return Fail(f"{m.convinteger.name}: x_zero_point is not one value")
         wz, ch = m.w_zp, m.wq.shape[0]
@@ -293,11 +303,10 @@ class DynamicConvToFloat(Rule):
         return True
 
     def rewrite(self, m, build):
-        s = m.s if m.s.type.rank == 0 else build.op("Reshape", m.s, build.const(np.zeros(0, np.int64), "scalar"))
         wz = m.w_zp
         if wz is not None and wz.type.rank > 1:
             wz = build.const(wz.data.reshape(()), "w_zp")
-        return build_or_fail(build, "ConvIntegerToFloat", m.xq, m.wq, s, build.const(np.array(1.0, np.float32), "one"),
+        return build_or_fail(build, "ConvIntegerToFloat", m.xq, m.wq, _scalar(m.s, build), build.const(np.array(1.0, np.float32), "one"),
                              m.x_zp, wz, None, domain="tensorfuse", expect=m.mul.outputs[0], **m.convinteger.attrs)
 
 
