@@ -246,8 +246,9 @@ class _Planner:
         """Whether widening read ``n`` (:meth:`widening_read`) and all its readers can join the
         epilogue of the anchor group that computes its 8-bit input (a quantized residual block's
         last conv: Q -> DQ -> Add(DQ(shortcut)) -> Q, the block's Add then in that conv's
-        kernel, as onnxruntime's QLinearConv does not but its QLinearAdd reads the u8). Every
-        reader must be elementwise and read besides ``n`` only constants, values of that group,
+        kernel, where onnxruntime runs it as a QLinearAdd pass over both u8 tensors). Every
+        reader must be elementwise, of the anchor's output shape, and read besides ``n`` only
+        constants, values of that group,
         or widening reads of 8-bit values computed before ``n``'s (those become the epilogue's
         side chains: :meth:`side_chains`); of several such reads, the latest producer's
         epilogue takes the readers."""
@@ -260,8 +261,9 @@ class _Planner:
         users = self.consumers(y)
         if not users:
             return False
+        shape = tuple(grp.anchor.outputs[0].shape)
         for u in users:
-            if not _is_elementwise(u, find_op(u.op, u.domain)):
+            if not _is_elementwise(u, find_op(u.op, u.domain)) or tuple(u.outputs[0].shape) != shape:
                 return False
             for v in u.inputs:
                 if v is None or v is y or v.producer is None or v.const_value() is not None:
