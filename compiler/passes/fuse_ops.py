@@ -248,10 +248,9 @@ class _Planner:
         last conv: Q -> DQ -> Add(DQ(shortcut)) -> Q, the block's Add then in that conv's
         kernel, where onnxruntime runs it as a QLinearAdd pass over both u8 tensors). Every
         reader must be elementwise, of the anchor's output shape, and read besides ``n`` only
-        constants, values of that group,
-        or widening reads of 8-bit values computed before ``n``'s (those become the epilogue's
-        side chains: :meth:`side_chains`); of several such reads, the latest producer's
-        epilogue takes the readers."""
+        constants, values of that group, or widening reads of 8-bit values computed before
+        ``n``'s (those become the epilogue's side chains: :meth:`side_chains`); of several such
+        reads, the latest producer's epilogue takes the readers."""
         x = n.inputs[0]
         grp = self.group_of.get(id(x.producer))
         if grp is None or grp.anchor is None or not grp.fusable:

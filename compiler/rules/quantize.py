@@ -315,7 +315,7 @@ class _FoldBiasIntoProduct(Rule):
     channel ==> product(..., bias=c as [M]); the bias quantize_dynamic leaves after its scale
     Mul (then a Reshape or an activation after the Add meets the product itself)."""
     rule_set = "fold"
-    #: the bias input's index and the axis of the output channels (from the end: None = 1)
+    #: the axis of the product's output that holds the output channels
     channel_axis: int = 1
 
     def condition(self, m):
@@ -324,17 +324,18 @@ class _FoldBiasIntoProduct(Rule):
             return Fail(f"{m.prod.name}: already has a bias")
         if out.type != y.type:
             return Fail(f"{m.add.name}: the Add changes the product's type {y.type} to {out.type}")
-        cs, r, ch = tuple(m.c.shape), y.type.rank, self.channels(m)
-        ax = self.channel_axis if self.channel_axis >= 0 else r + self.channel_axis   # in y's dims
-        k = len(cs) - (r - ax)                                                        # in c's dims
-        per_channel = len(cs) <= r and 0 <= k < len(cs) and cs[k] == ch and \
+        cs, r = tuple(m.c.shape), y.type.rank
+        ax = self.channel_axis % r                                  # in y's dims
+        k = len(cs) - (r - ax)                                      # in c's dims
+        per_channel = len(cs) <= r and 0 <= k < len(cs) and cs[k] == y.shape[ax] and \
             all(d == 1 for i, d in enumerate(cs) if i != k)
         if not per_channel or m.c.dtype != DType.f32:
             return Fail(f"{m.add.name}: '{m.c.name}' {m.c.dtype}{list(cs)} is not an f32 constant per channel of {list(y.shape)}")
         return True
 
     def rewrite(self, m, build):
-        b = build.const(m.c.data.astype(np.float32).reshape(self.channels(m)), "bias")
+        y = m.prod.outputs[0]
+        b = build.const(m.c.data.astype(np.float32).reshape(y.shape[self.channel_axis]), "bias")
         ins = list(m.prod.inputs[:6]) + [None] * (6 - len(m.prod.inputs[:6]))
         return build_or_fail(build, m.prod.op, *ins, b, domain=m.prod.domain, expect=m.add.outputs[0], **m.prod.attrs)
 
@@ -342,21 +343,15 @@ class _FoldBiasIntoProduct(Rule):
 class FoldBiasIntoConvIntegerToFloat(_FoldBiasIntoProduct):
     """Add(ConvIntegerToFloat(x, W, xs, ws, xz, wz), c) with c a constant per output channel ([M, 1, 1], [1, M, 1, 1] ...) ==> ConvIntegerToFloat(x, W, xs, ws, xz, wz, c as [M])."""
     pattern = P.Add(P.__getattr__("tensorfuse::ConvIntegerToFloat")(
-        Any(), Any("w"), Any(), Any(), Optional(), Optional()).named("prod").single_use(), Const(name="c"))
+        Any(), Any(), Any(), Any(), Optional(), Optional()).named("prod").single_use(), Const(name="c"))
     channel_axis = 1
-
-    def channels(self, m):
-        return m.w.shape[0]
 
 
 class FoldBiasIntoMatMulIntegerToFloat(_FoldBiasIntoProduct):
     """Add(MatMulIntegerToFloat(a, B, as, bs, az, bz), c) with c a constant along the last axis ([N], [1, N] ...) ==> MatMulIntegerToFloat(a, B, as, bs, az, bz, c as [N])."""
     pattern = P.Add(P.__getattr__("com.microsoft::MatMulIntegerToFloat")(
-        Any(), Any("w"), Any(), Any(), Optional(), Optional()).named("prod").single_use(), Const(name="c"))
+        Any(), Any(), Any(), Any(), Optional(), Optional()).named("prod").single_use(), Const(name="c"))
     channel_axis = -1
-
-    def channels(self, m):
-        return m.w.shape[-1]
 
 
 class FoldBatchNormIntoConvIntegerToFloat(Rule):

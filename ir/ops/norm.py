@@ -76,18 +76,22 @@ def emit_row_norm(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, ep
 
 def row_norm_nest(kb: KernelBuilder, x: Buffer, y: Buffer, rows: int, n: int, eps: float, ct: DType,
                   post, mean_out: Buffer | None, inv_out: Buffer | None, m: Buffer, v: Buffer,
-                  row_sum=None) -> None:
+                  row_sum=None, row_prologue=None) -> None:
     """The loop nest of :func:`emit_row_norm` over its rows, with the mean in ``m`` and the
     inverse std dev in ``v`` (locals of ``ct`` [1]). ``row_sum(acc, term)`` stores into
     ``acc[0]`` the sum over j < n of ``term(j, lanes)`` (the ``lanes`` elements from row
     position j as one Expr); default :func:`_row_sum`, one running sum in order. The llvm
     backend's ``row_norm`` schedule passes a sum in vector partial sums
-    (``codegen/llvm/schedules/norm.py``)."""
+    (``codegen/llvm/schedules/norm.py``). ``row_prologue(o, base)``, where given, emits code at
+    the start of row ``o`` (flat offset ``base``) before its statistics: the fused LayerNorms'
+    schedule stores the row's addend into ``x`` there."""
     if row_sum is None:
         def row_sum(acc, term):
             _row_sum(kb, acc, n, term)
     with kb.loop(rows, hint="o", role="spatial") as o:       # rows are independent
         base = o * n
+        if row_prologue is not None:
+            row_prologue(o, base)
         def row(j, lanes):                   # x[base + j : +lanes] (one element for 1 lane)
             return x.vload(base + j, lanes).cast(ct)
         row_sum(m, row)

@@ -430,7 +430,6 @@ class DynamicQuantizeLinear:
                     v = x.vload(blk * step + a * lanes, lanes) if lanes > 1 else x.flat(blk * step + a)
                     kb.store(lo, a * lanes, minimum(vec(lo, a), v))
                     kb.store(hi, a * lanes, maximum(vec(hi, a), v))
-        main = n - n % lanes
         if main > blocks * step:
             with kb.reduce(main // lanes, start=blocks * acc, hint="c") as c:
                 v = x.vload(c * lanes, lanes) if lanes > 1 else x.flat(c)

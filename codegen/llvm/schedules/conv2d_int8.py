@@ -551,10 +551,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
 
                 def body(cq: Expr, valid=valid, pad=pad, cs=cs, off=off, lo=lo, hi=hi, kr=kr):
                     rowbase = pbase + cq * PL + (r * KR + kr) * COLS
-                    ihc = ih
 
                     def src(t: int, iw: Expr) -> Expr:
-                        return ((n * CX + gi * C + cq * g + t) * H + ihc) * W + iw
+                        return ((n * CX + gi * C + cq * g + t) * H + ih) * W + iw
 
                     def scalar_cols(c0: int, c1: int):
                         """Panel columns [c0, c1): the padding outside [lo, hi), packed words inside."""
@@ -571,12 +570,12 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
 
                     with kbx.if_(row_in) as inside:
                         if vector_pack and cs == 1 and valid == g and COLS >= L:
-                            # whole vectors of L words: L contiguous bytes of each of the g channel
-                            # rows, widened and interleaved (the words past the row's ends are
-                            # then set to the padding); a vector that would read outside x (the
-                            # first and last rows of the tensor) packs column by column
-                            # vectors at 0, L, 2L ... and, where L does not divide the row,
-                            # a last one ending at the row's end (overlapping: the same words)
+                            # whole vectors of L words at 0, L, 2L ... and, where L does not
+                            # divide the row, a last one ending at the row's end (overlapping:
+                            # the same words): L contiguous bytes of each of the g channel rows,
+                            # widened and interleaved, the words past the row's ends then set to
+                            # the padding; a vector that would read outside x (the first and
+                            # last rows of the tensor) packs column by column
                             starts = list(range(0, COLS - L + 1, L))
                             if COLS % L:
                                 starts.append(COLS - L)

@@ -7,8 +7,14 @@ target) sum their mean and their variance in ``V * L`` partial sums over whole v
 ``V * L`` elements (V independent vector add chains), then the partial sums are added in lane
 order and the scalar tail (n mod V*L elements) in order: another order of the additions than
 one running sum, within float32 rounding of it. Knob ``sum_vectors`` (V: 1, 2, 4; default 1).
+
+``layernorm_rows_partial_sums`` (plevel 5, key ``"layernorm_rows"``: the fused
+SkipLayerNormalization and EmbedLayerNormalization, ``ir.ops.fused._emit_layernorm_rows``):
+the same nest over each row's addend, stored first (default ``sum_vectors`` 2).
 """
 from __future__ import annotations
+
+import math
 
 from tensorfuse.ir.kernel import Buffer, KernelBuilder, as_expr
 from tensorfuse.ir.knobs import knob
@@ -69,36 +75,26 @@ def layernorm_rows_partial_sums(ctx, kb, outer, inner, n, eps, addend, y, scale,
     """The fused LayerNorms (SkipLayerNormalization, EmbedLayerNormalization:
     ``ir.ops.fused._emit_layernorm_rows``) on llvm for f32 rows of at least two vectors, into
     ``kb``: per row (rows independent, parallel), the addend stored into ``tmp`` in one
-    vectorised pass, then the mean and the variance of ``tmp``'s contiguous row summed in
-    ``V * L`` partial sums (:func:`vector_row_sum`, knob ``sum_vectors``), then the normalised
-    row times scale plus B in a vectorised pass. The generic nest sums in one running scalar
-    chain (ViT-B/16's [197, 768] SkipLayerNorm: 0.26 ms, latency-bound)."""
-    from tensorfuse.ir.kernel import unop
+    vectorised pass, then :func:`~ir.ops.norm.row_norm_nest` over ``tmp``'s contiguous row: the
+    mean and the variance in ``V * L`` partial sums (:func:`vector_row_sum`, knob
+    ``sum_vectors``), the normalised row times scale plus B. The generic nest sums in one
+    running scalar chain (ViT-B/16's [197, 768] SkipLayerNorm: 0.26 ms, latency-bound)."""
     from tensorfuse.ir.ops.linalg import unravel
     L = row_sum_lanes(tmp, n, ct, ctx.target)
     V = knob("sum_vectors", [c for c in (1, 2, 4) if c * L <= n], 2 if 2 * L <= n else 1,
              doc="vectors of partial sums of each row statistic")
     part = kb.local(ct, (V * L,), hint="part")
-    rows = 1
-    for d in outer:
-        rows *= d
     outer, inner = list(outer), list(inner)
-    with kb.loop(rows, hint="o", role="spatial") as o:
-        base = o * n
+
+    def addend_row(o, base):
         oidx = unravel(o, outer) if outer else []
         with kb.loop(n, kind="vectorize", hint="j") as j:
             kb.store(tmp, base + j, as_expr(addend(oidx + unravel(j, inner)), y.dtype))
-        vector_row_sum(kb, acc, part, n, lambda j, w: tmp.vload(base + j, w).cast(ct))
-        kb.store(acc, 0, acc[0] / as_expr(float(n), ct))
 
-        def sq(j, w):
-            d = tmp.vload(base + j, w).cast(ct) - kb.broadcast(acc[0], w)
-            return d * d
-        vector_row_sum(kb, var, part, n, sq)
-        kb.store(var, 0, as_expr(1.0, ct) / unop("sqrt", var[0] / as_expr(float(n), ct) + as_expr(eps, ct)))
-        with kb.loop(n, kind="vectorize", hint="j") as j:
-            idx = oidx + unravel(j, inner)
-            yv = ((tmp.flat(base + j).cast(ct) - acc[0]) * var[0]).cast(y.dtype) * scale.bcast(idx)
-            if bias is not None:
-                yv = yv + bias.bcast(idx)
-            kb.store(y, base + j, yv)
+    def post(o, j, normed):
+        idx = (unravel(o, outer) if outer else []) + unravel(j, inner)
+        yv = normed.cast(y.dtype) * scale.bcast(idx)
+        return yv + bias.bcast(idx) if bias is not None else yv
+
+    row_norm_nest(kb, tmp, y, math.prod(outer), n, eps, ct, post, None, None, acc, var,
+                  row_sum=lambda a, term: vector_row_sum(kb, a, part, n, term), row_prologue=addend_row)
