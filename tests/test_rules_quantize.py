@@ -324,13 +324,18 @@ def _dynamic_model(scale_shape=()):
     x = rng.standard_normal((3, 16)).astype(np.float32)
     inits = {"w": rng.integers(-127, 128, (16, 8)).astype(np.int8), "wz": np.int8(0),
              "ws": np.full(scale_shape, 0.004, np.float32), "bias": rng.standard_normal(8).astype(np.float32)}
-    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
-             helper.make_node("Mul", ["xs", "ws"], ["s"]),
-             helper.make_node("MatMulInteger", ["xq", "w", "xz", "wz"], ["acc"]),
-             helper.make_node("Cast", ["acc"], ["accf"], to=1),
-             helper.make_node("Mul", ["accf", "s"], ["p"]),
-             helper.make_node("Add", ["p", "bias"], ["y"])]
-    return graph_model(nodes, {"x": x}, ["y"], inits, opset=21), {"x": x}
+    return graph_model(_dynamic_chain("MatMulInteger"), {"x": x}, ["y"], inits, opset=21), {"x": x}
+
+
+def _dynamic_chain(product: str, **attrs) -> list:
+    """quantize_dynamic's nodes: DynamicQuantizeLinear(x) -> ``product``(xq, w, xz, wz) -> Cast
+    -> Mul(xs * ws) -> Add(bias) -> y."""
+    return [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+            helper.make_node("Mul", ["xs", "ws"], ["s"]),
+            helper.make_node(product, ["xq", "w", "xz", "wz"], ["acc"], **attrs),
+            helper.make_node("Cast", ["acc"], ["accf"], to=1),
+            helper.make_node("Mul", ["accf", "s"], ["p"]),
+            helper.make_node("Add", ["p", "bias"], ["y"])]
 
 
 def test_dynamic_matmul_to_float_fires_and_is_exact():
@@ -367,14 +372,20 @@ def test_fold_bias_into_matmul_integer_not_fired_for_a_bias_across_rows():
     np.testing.assert_allclose(tensorfuse.compile(m).run(**feeds)[0], ort_run(m, feeds)[0], rtol=1e-6, atol=1e-6)
 
 
-def test_gelu_after_the_reshaped_integer_product_joins_its_epilogue():
-    # quantize_dynamic's MatMuls run on 2-D reshapes of the tokens: Reshape -> Gelu after the
-    # product; ActivationBeforeReshape moves the Gelu onto the product, whose kernel takes it
+def _dynamic_gelu_model():
+    """:func:`_dynamic_model` with a Reshape to [1, 3, 8] and a Gelu after the product."""
     m, feeds = _dynamic_model()
     m.graph.node.append(helper.make_node("Reshape", ["y", "shape"], ["r"]))
     m.graph.node.append(helper.make_node("Gelu", ["r"], ["z"]))
     m.graph.initializer.append(numpy_helper.from_array(np.array([1, 3, 8], np.int64), "shape"))
     m.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 3, 8]))
+    return m, feeds
+
+
+def test_gelu_after_the_reshaped_integer_product_joins_its_epilogue():
+    # quantize_dynamic's MatMuls run on 2-D reshapes of the tokens: Reshape -> Gelu after the
+    # product; ActivationBeforeReshape moves the Gelu onto the product, whose kernel takes it
+    m, feeds = _dynamic_gelu_model()
     g = optimized(m)
     (gelu,) = [n for n in g.nodes if n.op == "Gelu"]
     assert gelu.inputs[0].producer.qualified_op == MITF, g.op_histogram()
@@ -387,11 +398,7 @@ def test_gelu_after_the_reshaped_integer_product_joins_its_epilogue():
 
 
 def test_gelu_stays_after_a_reshape_read_elsewhere():
-    m, feeds = _dynamic_model()
-    m.graph.node.append(helper.make_node("Reshape", ["y", "shape"], ["r"]))
-    m.graph.node.append(helper.make_node("Gelu", ["r"], ["z"]))
-    m.graph.initializer.append(numpy_helper.from_array(np.array([1, 3, 8], np.int64), "shape"))
-    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 3, 8]))
+    m, feeds = _dynamic_gelu_model()
     m.graph.output.append(helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [1, 3, 8]))
     g = optimized(m)
     (gelu,) = [n for n in g.nodes if n.op == "Gelu"]
@@ -410,13 +417,7 @@ def _dynamic_conv_model(scale_shape=(), kernel=(3, 3), strides=(1, 1), image=(4,
     inits = {"w": rng.integers(-127, 128, (m_out, c, *kernel)).astype(np.int8), "wz": np.int8(0),
              "ws": np.full(scale_shape, 0.004, np.float32),
              "bias": rng.standard_normal(bias_shape or (1, m_out, 1, 1)).astype(np.float32)}
-    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
-             helper.make_node("Mul", ["xs", "ws"], ["s"]),
-             helper.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["acc"], kernel_shape=list(kernel),
-                              strides=list(strides)),
-             helper.make_node("Cast", ["acc"], ["accf"], to=1),
-             helper.make_node("Mul", ["accf", "s"], ["p"]),
-             helper.make_node("Add", ["p", "bias"], ["y"])]
+    nodes = _dynamic_chain("ConvInteger", kernel_shape=list(kernel), strides=list(strides))
     return graph_model(nodes, {"x": x}, ["y"], inits, opset=21), {"x": x}
 
 
