@@ -359,6 +359,55 @@ def broadcast(x, lanes: int) -> Expr:
     return Broadcast(x, lanes)
 
 
+@dataclass(eq=False)
+class Shuffle(Expr):
+    """Lanes picked from two vectors of the same dtype and width n: lane i of the result is
+    lane ``mask[i]`` of the concatenation ``a ++ b`` (0 <= mask[i] < 2n), as LLVM's
+    ``shufflevector`` (LLVM Language Reference, "shufflevector" instruction). Schedules use it
+    to transpose register tiles (the int8 channel layout, ``codegen/llvm/schedules``)."""
+    a: Expr
+    b: Expr
+    mask: tuple
+
+    @property
+    def dtype(self):
+        return self.a.dtype
+
+    @property
+    def lanes(self):
+        return len(self.mask)
+
+
+def shuffle(a: Expr, b: Expr, mask) -> Shuffle:
+    """:class:`Shuffle` of ``a ++ b`` by ``mask``. Raises TypeError for operands of different
+    dtypes or widths, scalars, or a mask entry outside [0, 2n)."""
+    if not (isinstance(a, Expr) and isinstance(b, Expr)) or a.dtype != b.dtype or a.lanes != b.lanes or a.lanes < 2:
+        raise TypeError(f"shuffle takes two vectors of one dtype and width, got {a!r}, {b!r}")
+    mask = tuple(int(m) for m in mask)
+    if not mask or any(not 0 <= m < 2 * a.lanes for m in mask):
+        raise TypeError(f"shuffle mask entries must lie in [0, {2 * a.lanes}), got {mask}")
+    return Shuffle(a, b, mask)
+
+
+def interleave(vectors: Sequence[Expr]) -> Expr:
+    """The lane-wise interleaving of k vectors of n lanes (k a power of two): lane ``c*k + p``
+    of the result is lane c of ``vectors[p]`` (an [n, k] transposition of the [k, n] tile the
+    vectors form), built as log2(k) levels of pairwise :class:`Shuffle`. Raises ValueError for
+    a k that is not a power of two."""
+    vs = list(vectors)
+    k = len(vs)
+    if k < 1 or k & (k - 1):
+        raise ValueError(f"interleave takes a power-of-two number of vectors, got {k}")
+    n = vs[0].lanes
+    g = 1                                           # lanes per source lane so far
+    while len(vs) > 1:
+        m = n * g                                   # lanes of each vector at this level
+        mask = [src + c * g + t for c in range(n) for src in (0, m) for t in range(g)]
+        vs = [shuffle(vs[i], vs[i + 1], mask) for i in range(0, len(vs), 2)]
+        g *= 2
+    return vs[0]
+
+
 def fma(a, b, c) -> Expr:
     """``a * b + c`` (see :class:`FMA`); scalars broadcast to the vector operand's width."""
     a = as_expr(a, next((x.dtype for x in (b, c) if isinstance(x, Expr)), None))

@@ -1,7 +1,7 @@
 """Printing kernel IR as a small Python-like script (docs/architecture.md, IR level 3)."""
 from __future__ import annotations
 
-from .kernel import FMA, DotAcc, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, Select, Store, Un, Var
+from .kernel import FMA, DotAcc, Shuffle, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, Select, Store, Un, Var
 
 _SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "lt": "<", "le": "<=",
         "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^",
@@ -22,6 +22,8 @@ def print_expr(e) -> str:
         return f"ramp({print_expr(e.base)}, {e.lanes})"
     if isinstance(e, Broadcast):
         return f"broadcast({print_expr(e.a)}, {e.lanes})"
+    if isinstance(e, Shuffle):
+        return f"shuffle({print_expr(e.a)}, {print_expr(e.b)}, [{', '.join(map(str, e.mask))}])"
     if isinstance(e, DotAcc):
         isa = f", {e.isa}" if e.isa else ""
         return f"dot_{e.packing}({print_expr(e.acc)}, {print_expr(e.a)}, {print_expr(e.b)}{isa})"

@@ -9,7 +9,7 @@ team size is a run-time value.
 """
 from __future__ import annotations
 
-from .kernel import Bin, Broadcast, Cast, DotAcc, FMA, For, If, Kernel, Load, Lookup, Ramp, Select, Store, Un, Var
+from .kernel import Bin, Broadcast, Cast, DotAcc, FMA, For, If, Kernel, Load, Lookup, Ramp, Select, Shuffle, Store, Un, Var
 
 #: a nest whose estimated iteration count is below this stays on one thread (benchmarks/
 #: dispatch.py measured 3-6 microseconds per parallel kernel at 2 threads on a 2-core Zen 3;
@@ -41,6 +41,8 @@ def expr_children(e) -> tuple:
         return (e.a, e.b, e.c)
     if isinstance(e, DotAcc):
         return (e.acc, e.a, e.b)
+    if isinstance(e, Shuffle):
+        return (e.a, e.b)
     if isinstance(e, Lookup):
         return (e.index,)
     if hasattr(e, "operands"):          # a backend's intrinsic expression (codegen/cuda/mma.py)

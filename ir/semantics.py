@@ -102,7 +102,7 @@ from fractions import Fraction
 import numpy as np
 
 from .kernel import (BINOPS_ARITH, BINOPS_CMP, DOT_PACKINGS, FMA, UNOPS, Bin, Broadcast, Buffer, Cast, Const, DotAcc, Expr,
-                     Load, Lookup, Ramp, Select, Un, Var)
+                     Load, Lookup, Ramp, Select, Shuffle, Un, Var)
 from .types import DType
 
 __all__ = ["evaluate", "reference64", "ulp_bound", "ulp_error", "is_approx", "fma_exact", "defined",
@@ -474,6 +474,9 @@ class _Eval:
         if isinstance(e, Broadcast):
             a = self(e.a)
             return np.broadcast_to(a, a.shape[:-1] + (e.lanes,))
+        if isinstance(e, Shuffle):
+            a, b = np.broadcast_arrays(self(e.a), self(e.b))
+            return np.concatenate([a, b], axis=-1)[..., list(e.mask)]
         if isinstance(e, Load):
             if e.buf not in self.env:
                 raise KeyError(f"buffer {e.buf.name} has no array in the environment")

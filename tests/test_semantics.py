@@ -364,3 +364,44 @@ def test_llvm_float_unsigned_float_round_trip_meets_the_spec(mid, ft):
     want = sem.evaluate(store.value, {x: data, i: np.arange(n)}).reshape(-1)
     np.testing.assert_array_equal(got, want)
     assert not np.signbit(got).any()
+
+
+def test_shuffle_and_interleave_by_hand():
+    """``Shuffle`` picks lanes of ``a ++ b`` (LLVM's shufflevector); ``interleave`` of k vectors
+    puts lane c of vector p at c*k + p (a [k, n] tile transposed), for k = 1, 2, 4, 8."""
+    from tensorfuse.ir.kernel import interleave, shuffle
+    x = Buffer("x", DType.i32, (64,))
+    data = np.arange(64, dtype=np.int32) * 3 - 50
+    e = shuffle(x.vload(0, 4), x.vload(4, 4), [7, 0, 5, 5, 2])
+    np.testing.assert_array_equal(sem.evaluate(e, {x: data}), data[[7, 0, 5, 5, 2]])
+    for k in (1, 2, 4, 8):
+        t = interleave([x.vload(8 * p, 8) for p in range(k)])
+        want = data[:8 * k].reshape(k, 8).T.reshape(-1)
+        assert t.lanes == 8 * k
+        np.testing.assert_array_equal(sem.evaluate(t, {x: data}), want)
+    with pytest.raises(ValueError):
+        interleave([x.vload(0, 8)] * 3)
+    with pytest.raises(TypeError):
+        shuffle(x.vload(0, 4), x.vload(0, 8), [0])
+    with pytest.raises(TypeError):
+        shuffle(x.vload(0, 4), x.vload(4, 4), [8])
+
+
+@pytest.mark.parametrize("k,lanes,dt", [(8, 16, DType.i32), (4, 8, DType.f32), (2, 16, DType.u8)])
+def test_llvm_shuffles_meet_the_spec(k, lanes, dt):
+    """The LLVM emitter's shufflevector for ``Shuffle`` (a k x lanes tile transposed by
+    ``interleave``, stored as k vectors) equals the spec's value."""
+    from tensorfuse.ir.kernel import KernelBuilder, interleave, shuffle
+    n = 3
+    x = Buffer("x", dt, (n, k * lanes))
+    y = Buffer("y", dt, (n, k * lanes))
+    kb = KernelBuilder("transpose", [x, y])
+    with kb.loop(n, kind="parallel") as i:
+        t = interleave([x.vload(i * (k * lanes) + p * lanes, lanes) for p in range(k)])
+        for q in range(k):
+            kb.store(y, i * (k * lanes) + q * lanes, shuffle(t, t, range(q * lanes, (q + 1) * lanes)))
+    rng = np.random.default_rng(k)
+    data = rng.integers(0, 100, x.shape).astype(dt.numpy)
+    got = run_llvm(kb.kernel, [data], [(y.shape, dt.numpy)])[0]
+    want = data.reshape(n, k, lanes).transpose(0, 2, 1).reshape(n, k * lanes)
+    np.testing.assert_array_equal(got, want)

@@ -39,7 +39,7 @@ import re
 
 from tensorfuse.ir.errors import CompileError
 from tensorfuse.ir.kernel import (DOT_PACKINGS, FMA, GPU_LOOP_KINDS, DotAcc, Barrier, Prefetch, Bin, Broadcast, Buffer, Cast, Const, For, If,
-                                  Kernel, Load, Lookup, Ramp, Select, Store, Un, Var)
+                                  Kernel, Load, Lookup, Ramp, Select, Shuffle, Store, Un, Var)
 from tensorfuse.ir.schedule import expr_children
 from tensorfuse.ir.types import DType
 
@@ -213,6 +213,9 @@ class _Fn:
             return f"({b} + {lane})" if lane else b
         if isinstance(e, Broadcast):
             return self.ex(e.a, 0)
+        if isinstance(e, Shuffle):                # lane ``lane`` is one lane of a or b
+            m = e.mask[lane]
+            return self.ex(e.a, m) if m < e.a.lanes else self.ex(e.b, m - e.a.lanes)
         if isinstance(e, FMA):
             return self.fma(e.dtype, self.ex(e.a, lane), self.ex(e.b, lane), self.ex(e.c, lane))
         if isinstance(e, DotAcc):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, Select, Store, Un, Var
+from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, Select, Shuffle, Store, Un, Var
 from tensorfuse.ir.schedule import expr_children, expr_nodes, runs_on_thread0_only, statement_is_parallel
 from tensorfuse.ir.types import DType
 # the team record and shared counters' layout belongs to the runtime (which loads saved modules
@@ -199,7 +199,7 @@ class _FnEmitter:
             return hit[1]
         if isinstance(e, (Const, Var)):
             r = True
-        elif isinstance(e, (Bin, Un, Cast, Broadcast, Select, FMA, DotAcc)):
+        elif isinstance(e, (Bin, Un, Cast, Broadcast, Select, FMA, DotAcc, Shuffle)):
             r = all(self._load_free(c) for c in expr_children(e))
         else:                            # a Load, or anything else: emitted every time
             r = False
@@ -222,6 +222,9 @@ class _FnEmitter:
             return b.call(self._intrinsic("fmuladd", x.type, 3), [x, y, z])
         if isinstance(e, DotAcc):
             return self.dot_acc(e, self.expr(e.acc), self.expr(e.a), self.expr(e.b))
+        if isinstance(e, Shuffle):
+            return b.shuffle_vector(self.expr(e.a), self.expr(e.b),
+                                    ir.Constant(ir.VectorType(ir.IntType(32), len(e.mask)), list(e.mask)))
         if isinstance(e, Var):
             try:
                 return self.vars[id(e)]
