@@ -110,6 +110,10 @@ CONV_CASES = [
     # stride 3 in width with dilation in height: three column phases
     ((1, 4, 17, 19), (6, 4, 3, 3), {"strides": [2, 3], "dilations": [2, 1], "pads": [0, 1, 1, 0]}, np.uint8,
      np.uint8, 9, 77),
+    # kernels shorter than the vertical stride: the panel holds only the rows the taps read
+    # (a 1x1 stride-2 downsample; 2 kernel rows at stride 3 with a pad)
+    ((1, 12, 15, 16), (20, 12, 1, 1), {"strides": [2, 2]}, np.uint8, np.int8, 140, None),
+    ((1, 5, 14, 13), (9, 5, 2, 2), {"strides": [3, 2], "pads": [1, 0, 0, 1]}, np.int8, np.int8, -3, 2),
 ]
 
 
@@ -599,7 +603,9 @@ def test_int8_conv_with_a_fused_residual(c, m, hw, group, k, stride):
     ((1, 12, 16, 16), 3, {"pads": [1, 1, 1, 1]}),          # 18 words a row: two overlapping vectors
     ((1, 8, 28, 28), 1, {}),                                # 28 words: two overlapping vectors
     ((2, 9, 7, 9), 3, {"pads": [0, 2, 1, 0]}),              # C % 4 != 0: the last quad word by word
-    ((1, 16, 20, 20), 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),   # stride 2: word by word
+    ((1, 16, 20, 20), 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),   # stride 2: every other byte
+    ((1, 8, 36, 36), 1, {"strides": [2, 2]}),               # a 1x1 stride-2 downsample: panel rows 0, 2, 4 ...
+    ((1, 8, 37, 37), 3, {"pads": [1, 1, 1, 1], "strides": [2, 2]}),    # an odd width at stride 2
 ])
 @pytest.mark.parametrize("pack", ["shared", "task"])
 def test_conv_int8_vector_pack(xdt, shape, k, attrs, pack):
@@ -675,14 +681,19 @@ def _unfused_ort(model, feeds):
     dict(c=20, m=32, hw=10, k=3, pads=[0, 1, 2, 0], dil=2),   # asymmetric pads, dilation, C % 4 != 0
     dict(c=64, m=80, hw=6, k=1, residual=True),               # a residual read at the pixels' offsets
     dict(c=40, m=16, hw=5, k=5, bias=False),                  # 25 taps, no bias
+    dict(c=24, m=40, hw=13, k=1),                             # 40 channels: the last vector half used
+    dict(c=16, m=1000 // 40, hw=9, k=3, stride=2),            # 25 channels, stride 2
+    dict(c=32, m=32, hw=14, k=1, stride=2, pads=[0, 0, 0, 0]),   # a 1x1 downsample (sparse panel rows)
 ])
 @pytest.mark.parametrize("knobs", [{}, {"int8_ctile": (4, 4)}, {"int8_ctile": (12, 2), "band_rows": 1},
-                                   {"int8_ctile": (16, 1), "oc_split": 2}])
+                                   {"int8_ctile": (16, 1), "oc_split": 2}, {"int8_transpose": "scatter"}])
 def test_conv_int8_channels_layout(case, knobs):
     """The channel layout (output channels as the lanes, the tile transposed before the
-    epilogue) against onnxruntime's unfused QDQ result: pixel tiles across rows and a last
-    partial one, channel blocks with a last partial block (48 = 3 vectors in blocks of 4),
-    strides, pads, dilation, bias, the residual epilogue; several tiles, bands and splits."""
+    epilogue: register shuffles for a power-of-two pixel tile, else or by the knob a scatter)
+    against onnxruntime's unfused QDQ result: pixel tiles across rows and a last partial one,
+    channel blocks with a last partial block (48 = 3 vectors in blocks of 4), output channels
+    not a multiple of 16 (the last vector's lanes past them not stored), strides, pads,
+    dilation, bias, the residual epilogue; several tiles, bands and splits."""
     if knobs.get("oc_split", 1) > -(-case["m"] // 16 // knobs.get("int8_ctile", (8, 3))[1]):
         pytest.skip("fewer channel blocks than the split")
     m, feeds = _qconv_model(**case)
@@ -700,17 +711,22 @@ def test_conv_int8_channels_layout(case, knobs):
 
 def test_conv_int8_channels_default():
     """The channel layout is the default where rows leave lanes idle and each output sums a
-    long reduction (256 channels 3x3 at 14x14: rows use 14 of 16 lanes); rows elsewhere (64
-    channels: a short reduction), and never where it does not apply (40 output channels are not
-    a multiple of 16; AVX2 has no 16-lane VNNI)."""
+    long reduction (256 channels 3x3 at 14x14: rows use 14 of 16 lanes; also with 40 output
+    channels), or a reduction of CHAN_SHORT_REDUCTION words where the pixel layouts use under
+    CHAN_SHORT_MAX_LANE_USE of their lanes (512 channels 1x1 at 13x13: 13 of 16, not at 14x14);
+    rows elsewhere (64 channels: a short reduction), and never where it does not apply (8
+    output channels, under one vector; AVX2 has no 16-lane VNNI)."""
     def layout(target, **case):
         m, _ = _qconv_model(**case)
         mod = tensorfuse.compile(m, target=target, cache=False)
         return {k.knobs.get("int8_layout") for k in mod.kernels if "ConvIntegerToFloat" in k.comment}
     v4 = FORMS["vnni512"][0]
     assert layout(v4, c=256, m=256, hw=14, k=3) == {"channels"}
+    assert layout(v4, c=256, m=40, hw=14, k=3) == {"channels"}
+    assert layout(v4, c=512, m=48, hw=13, k=1) == {"channels"}
+    assert layout(v4, c=512, m=48, hw=14, k=1) != {"channels"}
     assert layout(v4, c=64, m=64, hw=14, k=3) != {"channels"}
-    assert layout(v4, c=256, m=40, hw=14, k=3) != {"channels"}
+    assert layout(v4, c=256, m=8, hw=14, k=3) != {"channels"}
     assert layout(FORMS["avx2"][0], c=256, m=256, hw=14, k=3) != {"channels"}
 
 

@@ -23,7 +23,11 @@ epilogue runs on whole vectors, as in the float schedules.
   stride sw, copy k holds input columns c*sw + phase_k - pw, and tap kw (kw*dw = q*sw + phase)
   reads its phase's copy from column ow + q, a contiguous vector for consecutive output
   columns. KR copies, one per phase the taps use: 1 at stride 1 (the padded input row), 2 for
-  resnet's 7x7 and 3x3 stride-2 convolutions.
+  resnet's 7x7 and 3x3 stride-2 convolutions. Rows: every input row the band reads, or, where
+  the kernel's rows span less than the vertical stride (a 1x1 stride-2 downsample), only the
+  rows the taps read (:func:`_row_steps`). Rows are packed in whole vectors (L bytes of each of
+  the g channel rows, every other byte at stride 2, widened and interleaved), column by column
+  at x's first and last rows.
 - Micro-kernel: a tile of ``RP`` pixel vectors (consecutive vectors of the band's rows) x
   ``OCn`` output channels keeps RP*OCn int32 accumulator vectors in registers over the
   Cq x KH x KW reduction: per step RP vector loads of Xp, OCn broadcasts of Wp and RP*OCn
@@ -44,7 +48,10 @@ this many parallel tasks: images x bands alone may be too few tasks), ``int8_pac
 ``oc_split`` > 1: ``shared``, the default, packs every band's panel once in a first kernel into
 a scratch buffer [N*G*bands, Cq, plane] that the split tasks read, one parallel task per panel
 row; ``task``: each task packs its band's panel on its stack, SPLIT times over), ``int8_stage``
-(``tile``: the staged epilogue above; ``none``: stores straight to Y). The epilogue runs on
+(``tile``: the staged epilogue above; ``none``: stores straight to Y), ``int8_layout`` (the
+pixel layouts above; ``channels``: output channels as the lanes, any M from 16 up, the tile
+transposed by register shuffles, ``int8_transpose``, before an epilogue per channel on
+vectors of the tile's pixels), ``int8_ctile``. The epilogue runs on
 whole vectors (lanes past a row's end computed and dropped) where it reads only scalars and
 stores no side output (:func:`int8.epilogue_whole_vectors_ok`), else the lanes of each row
 in runs.
@@ -55,7 +62,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensorfuse.ir.kernel import Expr, KernelBuilder, PixelIndex, Ramp, as_expr, binop, broadcast, dot_acc, minimum
+from tensorfuse.ir.kernel import (Expr, KernelBuilder, Load, PixelIndex, Ramp, as_expr, binop, broadcast, dot_acc, interleave,
+                                  minimum, shuffle)
 from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.strategy import register_schedule
@@ -81,13 +89,23 @@ def _lane_use(ow: int, L: int) -> float:
     return ow / (-(-ow // L) * L)
 
 
+def _row_steps(geo) -> tuple[int, int]:
+    """(panel rows per output row, per kernel row). Where a kernel's rows span less than the
+    vertical stride (a 1x1 stride-2 downsample: input rows 0, 2, 4 ...), the panel holds only
+    the rows the taps read, output row oo's kernel row kh at panel row ``oo*KH + kh``: (KH, 1);
+    else every input row of the band, ``oo*sh + kh*dh``: (sh, dh)."""
+    (KH, _), (sh, _), (dh, _) = geo.kernel, geo.strides, geo.dilations
+    return (KH, 1) if (KH - 1) * dh + 1 < sh else (sh, dh)
+
+
 def _panel_shape(geo, L: int, rb: int, cq: int, flat: bool = False) -> tuple[int, int, int, int]:
     """(Cq, NR, KR, COLS) of a band of ``rb`` output rows at ``L`` lanes (``flat``: columns
     exactly as many as the band's output rows read, see :func:`_plane`)."""
     (KH, KW), (sh, sw), (dh, dw) = geo.kernel, geo.strides, geo.dilations
     OW = geo.out_shape[1]
     nvw = -(-OW // L)
-    nr = (rb - 1) * sh + (KH - 1) * dh + 1
+    rs, ks = _row_steps(geo)
+    nr = (rb - 1) * rs + (KH - 1) * ks + 1
     if flat:
         return cq, nr, 1, OW + (KW - 1) * dw
     phases, qmax = _phases(geo)
@@ -174,6 +192,13 @@ CHAN_MIN_REDUCTION = 256
 #: ... and where the pixel layouts use fewer of their lanes than this (7-, 14- and 28-wide rows
 #: at 16 lanes: 87.5%)
 CHAN_MAX_LANE_USE = 0.95
+#: a reduction of at least CHAN_SHORT_REDUCTION words suffices where the pixel layouts use
+#: fewer than CHAN_SHORT_MAX_LANE_USE of their lanes (13x13 planes: 13 of 16; squeezenet1_1
+#: u8s8, Zen 4, 1 thread: its 512->1000 classifier conv 0.548 -> 0.489 ms, the model 1.047x
+#: -> 1.007x onnxruntime in one process; with 14- and 7-wide rows, 87.5% used, the 1x1 convs of
+#: 576 and 960 channels kept their layouts: mobilenet_v2 u8s8 0.76x against 0.83x in channels)
+CHAN_SHORT_REDUCTION = 128
+CHAN_SHORT_MAX_LANE_USE = 0.85
 
 
 #: default (RP, OCV) tile of the channel layout: 8 pixels x 3 vectors of 16 channels, 24
@@ -354,8 +379,9 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
     widest = widths[0]
     use_rows = (OW / row_cost(ctx.target, OW, row_L)) / (widest / vector_cost(ctx.target, widest))
     use_flat = flat_use(flat_L) / (widest / vector_cost(ctx.target, widest)) if flat_L is not None else 0.0
-    chan0 = (chan_ok and Cq * geo.kernel[0] * geo.kernel[1] >= CHAN_MIN_REDUCTION
-             and max(use_rows, use_flat) < CHAN_MAX_LANE_USE)
+    words, use = Cq * geo.kernel[0] * geo.kernel[1], max(use_rows, use_flat)
+    chan0 = chan_ok and ((words >= CHAN_MIN_REDUCTION and use < CHAN_MAX_LANE_USE)
+                         or (words >= CHAN_SHORT_REDUCTION and use < CHAN_SHORT_MAX_LANE_USE))
     layouts = ["rows"] + (["flat"] if flat_widths else []) + (["channels"] if chan_ok else [])
     layout = knob("int8_layout", layouts, "channels" if chan0 else "flat" if flat0 else "rows",
                   doc="pixel vectors along output rows, or over a band's rows flattened (stride 1), "
@@ -409,7 +435,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     wz = int8.const_input(ctx, w_zero)
     form0 = int8.dot_forms(ctx.target)[0]
     pw0 = int8.offset_weights(wv.reshape(G * M, K), wz, form0, w.dtype)
-    chan_ok = (form0.isa == "vnni" and form0.lanes == 16 and G == 1 and M % 16 == 0
+    chan_ok = (form0.isa == "vnni" and form0.lanes == 16 and G == 1 and M >= 16
                and not pw0.need_rowsum and _pixel_addressable(ctx, y))
     layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
                                chan_ok=chan_ok)
@@ -435,9 +461,13 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     if chan:
         # RP pixels x OCV vectors of 16 output channels; the weights packed per vector (OCn 16)
         slots = RB * OW
-        RP, OCV = knob("int8_ctile", _chan_tiles(regs, M // L), CHAN_TILE if CHAN_TILE[1] <= M // L else (8, 1),
+        RP, OCV = knob("int8_ctile", _chan_tiles(regs, -(-M // L)), CHAN_TILE if CHAN_TILE[1] <= -(-M // L) else (8, 1),
                        doc="register tile of the channel layout: pixels x vectors of output channels")
         OCn = L
+        # the tile's transposition: shuffles in registers (a power-of-two RP) or a scatter
+        shuffled = not RP & (RP - 1) and knob(
+            "int8_transpose", ["shuffle", "scatter"], "shuffle",
+            doc="channel layout: the tile transposed by register shuffles or stored lane by lane") == "shuffle"
     else:
         RP, OCn = knob("int8_tile", _tiles(regs, rowsum, M, slots), tile0,
                        doc="register tile: pixel vectors x output channels")
@@ -464,6 +494,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     # x's zero point or one the fused epilogue reads (a QuantizeLinear's)
     params_ = [p for p in base if p is not w] + [wp, cb]
     Cq_, NR, KR, COLS = _panel_shape(geo, L, RB, Cq, flat)
+    RS, KS = _row_steps(geo)                    # panel rows per output row, per kernel row
     phases = _phases(geo)[0]
     PL = _plane(geo, L, RB, flat)
     # with the channel blocks split over tasks, each band's panel is packed once, by a first
@@ -535,7 +566,10 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         for cq_kind, valid in (("full", g), ("tail", C % g)):
             if valid:
                 pads[cq_kind] = packed([a_u if t < valid else None for t in range(g)])
-        ih = oh0 * sh - ph + r
+        if RS == sh:
+            ih = oh0 * sh - ph + r
+        else:                                         # sparse rows (_row_steps)
+            ih = oh0 * sh - ph + ((r / KH) * sh + (r % KH) * dh if KH > 1 else r * sh)
         row_in = (ih >= 0) & (ih < H)
         for kr, phase in enumerate(_phases(geo)[0] if not flat else [0]):
             # panel column col holds input column iw = col*cs + off
@@ -569,13 +603,14 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                                 kbx.store(xp, rowbase + col, pad)
 
                     with kbx.if_(row_in) as inside:
-                        if vector_pack and cs == 1 and valid == g and COLS >= L:
+                        if vector_pack and cs in (1, 2) and valid == g and COLS >= L:
                             # whole vectors of L words at 0, L, 2L ... and, where L does not
                             # divide the row, a last one ending at the row's end (overlapping:
-                            # the same words): L contiguous bytes of each of the g channel rows,
-                            # widened and interleaved, the words past the row's ends then set to
-                            # the padding; a vector that would read outside x (the first and
-                            # last rows of the tensor) packs column by column
+                            # the same words): L bytes of each of the g channel rows (every
+                            # cs-th: stride 2 takes the even bytes of two loads), widened and
+                            # interleaved, the words past the row's ends then set to the
+                            # padding; a vector that would read outside x (the first and last
+                            # rows of the tensor) packs column by column
                             starts = list(range(0, COLS - L + 1, L))
                             if COLS % L:
                                 starts.append(COLS - L)
@@ -584,9 +619,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                                 if c1 <= lo or c0 >= hi:
                                     kbx.store(xp, rowbase + c0, broadcast(pad, L))
                                     continue
-                                first, last = src(0, c0 + off), src(g - 1, c0 + off)
-                                with kbx.if_((first >= 0) & (last + L <= x.numel)) as fits:
-                                    vals = [xu(x.vload(src(t, c0 + off), L)) for t in range(g)]
+                                first, last = src(0, c0 * cs + off), src(g - 1, c0 * cs + off)
+                                with kbx.if_((first >= 0) & (last + (L - 1) * cs + 1 <= x.numel)) as fits:
+                                    vals = [xu(Load(x, src(t, c0 * cs + off), L, cs)) for t in range(g)]
                                     kbx.store(xp, rowbase + c0, packed(vals))
                                     for col in list(range(c0, lo)) + list(range(hi, c1)):
                                         kbx.store(xp, rowbase + col, pad)
@@ -711,7 +746,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                     return pbase + cq * PL + (s0 + p) * L + kh * dh * COLS + kw * dw
                 kr = phases.index(kw * dw % sw)
                 coff = kw * dw // sw
-                return pbase + cq * PL + ((rows[p] * sh + kh * dh) * KR + kr) * COLS + vecs[p] * L + coff
+                return pbase + cq * PL + ((rows[p] * RS + kh * KS) * KR + kr) * COLS + vecs[p] * L + coff
             for q in range(rp * (OCn + 1)):
                 kb.store(acc, q * L, zero)
             def taps(cq, kh):
@@ -833,13 +868,13 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 q = q0 + p
                 r = q / OW if OW > 1 else q
                 ow = q % OW if OW > 1 else as_expr(0)
-                offs.append(r * (sh * KR * COLS) + ow)
+                offs.append(r * (RS * KR * COLS) + ow)
             mb0 = blk * OCV
 
             def ctaps(cq, kh):
                 for kw in range(KW):
                     kr = phases.index(kw * dw % sw)
-                    toff = (kh * dh * KR + kr) * COLS + kw * dw // sw
+                    toff = (kh * KS * KR + kr) * COLS + kw * dw // sw
                     wvs = [wp.vload(((((gi * MB + mb0 + j) * Cq + cq) * KH + kh) * KW + kw) * L, L)
                            for j in range(ocv)]
                     for p in range(rp):
@@ -848,11 +883,23 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                             t = (p * ocv + j) * L
                             kb.store(cacc, t, dot_acc(cacc.vload(t, L), xb, wvs[j], form.packing, form.isa))
             reduction(ctaps)
-            for p in range(rp):
+            if shuffled and rp == RP:
+                # transposed in registers: the rp pixel vectors of each channel vector
+                # interleaved (log2(rp) levels of shuffles), so channel c's rp pixels are
+                # consecutive, and stored as rp whole vectors instead of lane by lane
                 for j in range(ocv):
-                    kb.store(ctr, [Ramp(as_expr(j * L), L), as_expr(p)], cacc.vload((p * ocv + j) * L, L))
+                    t = interleave([cacc.vload((p * ocv + j) * L, L) for p in range(rp)])
+                    for q in range(rp):
+                        kb.store(ctr, j * L * RP + q * L, shuffle(t, t, range(q * L, (q + 1) * L)))
+            else:
+                for p in range(rp):
+                    for j in range(ocv):
+                        kb.store(ctr, [Ramp(as_expr(j * L), L), as_expr(p)], cacc.vload((p * ocv + j) * L, L))
             pix0 = oh0 * OW + q0
-            with kb.loop(ocv * L, hint="c") as cc:
+            # the channels of the block that Y has (the last block of M % 16 != 0 channels
+            # computes zero-weight lanes past M; they are not stored)
+            nc = ocv * L if M % L == 0 else minimum(as_expr(ocv * L), M - mb0 * L)
+            with kb.loop(nc, hint="c") as cc:
                 oc = mb0 * L + cc
                 v = ctr.vload(cc * RP, rp) if rp > 1 else ctr.flat(cc * RP)
                 v = v - a_corr * cb.flat(oc)
