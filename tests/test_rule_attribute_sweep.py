@@ -667,6 +667,18 @@ def g_qresidual(ov):
     return b.done(["y"])
 
 
+def g_qrequant(ov):
+    """Q -> DQ at one scale, then Q -> DQ at another: a requantization (Q(DQ(x)), two scales)."""
+    b = B(ov["_opset"])
+    b.inputs["x"] = rand(2, 3, 8, seed=0)
+    b.inits.update(xs=np.float32(0.03), xz=np.uint8(120), ys=np.float32(Q_STEP), yz=np.uint8(7))
+    b.node("QuantizeLinear", ["x", "xs", "xz"], "xq")
+    b.node("DequantizeLinear", ["xq", "xs", "xz"], "xd", ov.get("dq", {}))
+    b.node("QuantizeLinear", ["xd", "ys", "yz"], "yq", ov.get("q", {}))
+    b.node("DequantizeLinear", ["yq", "ys", "yz"], "y")
+    return b.done(["y"])
+
+
 def g_qtable(ov):
     """Q -> DQ -> LeakyRelu -> Q -> DQ: a quantized activation of one u8 tensor, a table."""
     b = B(ov["_opset"])
@@ -932,6 +944,13 @@ SPECS = [
     Spec("DropActivationBeforeSaturatingQuantize", g_relu_q, {"relu": "Relu"}, {}, opset=21),
     Spec("QuantizedElementwiseToTable", g_qtable, {"act": "LeakyRelu"},
          {("act", "alpha"): [V(0.5, fires=True), V(0.01, fires=True)]}, opset=21, atol=Q_STEP * 1.001),
+    Spec("FoldRequantizeScale", g_qrequant, {"dq": "DequantizeLinear", "q": "QuantizeLinear"},
+         {("dq", "axis"): [V(0, fires=True)], ("q", "axis"): [V(2, fires=True)]},
+         not_swept={("dq", "block_size"): "blocked quantization needs a scale per block (the rule refuses it)",
+                    ("q", "block_size"): "blocked quantization needs a scale per block (the rule refuses it)",
+                    ("q", "saturate"): "defined for float8 outputs only",
+                    ("q", "output_dtype"): "the zero point gives the output's dtype"},
+         opset=21, atol=Q_STEP * 1.001),
     Spec("ConcatOnInt8", g_qconcat, {"concat": "Concat"},
          {("concat", "axis"): [V(0, fires=True), V(-1, fires=True), V(3, fires=True)]}, opset=21,
          atol=Q_STEP * 1.001),

@@ -177,6 +177,65 @@ def test_quantize_scale_folds_into_a_residual_add():
     _assert_within_one_step(m2, feeds2)
 
 
+def _requant_model(s1=0.03, s2=0.05, dq_axis=None, x_dtype=np.uint8, concat=False):
+    """u8 x -> DQ(s1, 120) -> Q(s2, 7) -> DQ: a requantization; with ``concat`` two inputs of
+    different scales (0.04 and s1) concatenated and quantized at s2 (squeezenet's fire modules)."""
+    rng = np.random.default_rng(3)
+    shape = (1, 4, 5, 6)
+    info = np.iinfo(x_dtype)
+    feeds = {"x": rng.integers(info.min, info.max + 1, shape).astype(x_dtype)}
+    s1v = np.float32(s1) if dq_axis is None else np.linspace(s1, 2 * s1, 4).astype(np.float32)
+    zt = np.int32 if x_dtype == np.int32 else x_dtype
+    inits = {"s1": s1v, "z1": np.full(np.shape(s1v), 120 if x_dtype != np.int8 else -5, zt),
+             "s2": np.float32(s2), "z2": np.uint8(7), "s0": np.float32(0.04), "z0": np.full((), 3, x_dtype)}
+    kw = {} if dq_axis is None else {"axis": dq_axis}
+    nodes = [helper.make_node("DequantizeLinear", ["x", "s1", "z1"], ["xd"], **kw)]
+    src = "xd"
+    if concat:
+        feeds["x0"] = rng.integers(info.min, info.max + 1, shape).astype(x_dtype)
+        nodes += [helper.make_node("DequantizeLinear", ["x0", "s0", "z0"], ["x0d"]),
+                  helper.make_node("Concat", ["x0d", "xd"], ["cat"], axis=1)]
+        src = "cat"
+    nodes += [helper.make_node("QuantizeLinear", [src, "s2", "z2"], ["yq"]),
+              helper.make_node("DequantizeLinear", ["yq", "s2", "z2"], ["y"])]
+    return graph_model(nodes, feeds, ["y"], inits, opset=21), feeds
+
+
+@pytest.mark.parametrize("concat", [False, True])
+def test_requantization_multiplies_by_one_scale(concat):
+    """Q(DQ(x, s1, z1), s2, z2) ==> Q(DQ(x, s1 / s2, z1), 1, z2): one multiply per element,
+    within one step of onnxruntime's unfused semantics; also for a Concat's inputs of another
+    scale (ConcatOnInt8 first moves the Q onto each input)."""
+    m, feeds = _requant_model(concat=concat)
+    g = optimized(m)
+    scales = sorted(float(n.inputs[0].producer.inputs[1].data) for n in g.nodes if n.op == "QuantizeLinear"
+                    and n.inputs[0].producer is not None and n.inputs[0].producer.op == "DequantizeLinear")
+    want = sorted([0.03 / 0.05] + ([0.04 / 0.05] if concat else []))
+    np.testing.assert_allclose(scales, want, rtol=1e-7)
+    assert 0.05 not in _q_scales(g) and _q_scales(g)
+    g0 = optimized(m, disabled_rules=["FoldRequantizeScale"])
+    assert float(Y_SCALE) in _q_scales(g0)
+    _assert_within_one_step(m, feeds, opt_levels=(0, 2))
+
+
+@pytest.mark.parametrize("case,reason", [
+    (dict(dq_axis=1), "the scale is not one positive finite f32"),
+    (dict(s2=1.0), "the scale is already 1"),
+    (dict(x_dtype=np.int32), "not 8 bits to f32"),
+])
+def test_requantization_not_folded(case, reason):
+    """A per-channel DQ scale, a Q whose scale is already 1, a DQ of int32: the pair stays."""
+    m, feeds = _requant_model(**case)
+    g = optimized(m)
+    assert any(n.op == "QuantizeLinear" and n.inputs[0].producer is not None
+               and n.inputs[0].producer.op == "DequantizeLinear"
+               and float(n.inputs[1].data) == float(np.float32(case.get("s2", 0.05)))
+               for n in g.nodes), [(n.op, [i.name for i in n.inputs if i]) for n in g.nodes]
+    assert reason in why_not(m, "FoldRequantizeScale")
+    if case.get("x_dtype") != np.int32:
+        _assert_within_one_step(m, feeds, scale=case.get("s2", Y_SCALE))
+
+
 def test_quantize_scale_not_folded_through_an_activation():
     """An activation the Q does not absorb (Relu before an i8 Q with zero point 10) stays
     between the product and the Q: the scale stays with the Q."""

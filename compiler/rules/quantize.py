@@ -19,7 +19,9 @@ integer and leave the rest to the epilogue:
   either product joins it (:class:`FoldBiasIntoConvIntegerToFloat`,
   :class:`FoldBiasIntoMatMulIntegerToFloat`);
 - ``Q(Concat(v1, v2 ...))`` ==> ``Concat(Q(v1), Q(v2) ...)`` (exact; ``Q(DQ(x))`` with equal
-  parameters is ``x``): each Q joins its producer's epilogue and the Concat moves int8;
+  parameters is ``x``): each Q joins its producer's epilogue and the Concat moves int8; with
+  other parameters ``Q(DQ(x, s1, z1), s2, z2)`` requantizes by one multiply
+  (:class:`FoldRequantizeScale`);
 - ``Q(Relu(x))`` / ``Q(Clip(x))`` whose bounds the Q's saturation already applies ==> ``Q(x)``;
 - ``Q(f(DQ(x)))`` with f elementwise and x the one u8/i8 tensor it varies with (SiLU, Sigmoid,
   HardSwish, Tanh, GELU, with Q/DQ pairs inside) ==> ``tensorfuse::TableLookup(x)``, the 256
@@ -499,6 +501,41 @@ class FoldQuantizeScaleIntoAdd(Rule):
                              name=m.q.name, **m.q.attrs)
 
 
+class FoldRequantizeScale(Rule):
+    """Q(DQ(x, s1, z1), s2, z2) with scalar constant scales ==> Q(DQ(x, s1 / s2, z1), 1, z2): a requantization (an input of a Concat whose scale differs from its producer's, ConcatOnInt8) multiplies by one constant instead of multiplying and then dividing every element."""
+    rule_set = "fold"
+    pattern = P.QuantizeLinear(P.DequantizeLinear(Any("x"), Const(name="s1"), Optional(Const()).named("z1"))
+                               .named("dq").single_use(),
+                               Const(name="s"), Optional(Const()).named("z")).named("q")
+
+    def condition(self, m):
+        s2 = _requant_scale(m)
+        if isinstance(s2, Fail):
+            return s2
+        s1 = m.s1.data
+        if s1.size != 1 or s1.dtype != np.float32 or not (np.isfinite(s1).all() and float(s1.reshape(())) > 0):
+            return Fail(f"{m.dq.name}: the scale is not one positive finite f32")
+        if int(m.dq.attr("block_size", 0) or 0):
+            return Fail(f"{m.dq.name}: blocked quantization")
+        dt = m.x.dtype
+        if dt not in (DType.u8, DType.i8) or m.dq.outputs[0].dtype != DType.f32:
+            return Fail(f"{m.dq.name}: dequantizes {dt} to {m.dq.outputs[0].dtype}, not 8 bits to f32")
+        return True
+
+    def rewrite(self, m, build):
+        """DQ with the scale s1 / s2 (in float64, rounded once to f32), then Q with scale 1:
+        (x - z1) * s1 / s2 in one rounding instead of two, so a result may differ by one step
+        where (x - z1) * s1 / s2 lies within an ulp or two of a half-integer."""
+        s2 = _requant_scale(m)
+        scale = _divided(m.s1, s2, "requant_scale", build)
+        dq = build_or_fail(build, "DequantizeLinear", m.x, scale, m.z1, expect=m.dq.outputs[0], name=m.dq.name,
+                           **m.dq.attrs)
+        if isinstance(dq, Fail):
+            return dq
+        return build_or_fail(build, "QuantizeLinear", dq, _one_like(m.s, build), m.z, expect=m.q.outputs[0],
+                             name=m.q.name, **m.q.attrs)
+
+
 def _passthrough_ops() -> tuple[str, ...]:
     from tensorfuse.ir.registry import op_names
     return op_names("quant_passthrough")
@@ -759,4 +796,4 @@ class QuantizedElementwiseToTable(Rule):
 RULES = [DropActivationBeforeSaturatingQuantize, DropQDQAroundDataMovement, ConcatOnInt8, QuantizedElementwiseToTable, QuantizeConv, QuantizeMatMul, QuantizeMatMulActivations, QuantizeGemm,
          DynamicMatMulToFloat, DynamicConvToFloat]
 FOLD = [FoldBatchNormIntoConvIntegerToFloat, FoldBiasIntoConvIntegerToFloat, FoldBiasIntoMatMulIntegerToFloat, FoldQuantizeScaleIntoConvIntegerToFloat,
-        FoldQuantizeScaleIntoMatMulIntegerToFloat, FoldQuantizeScaleIntoAdd]
+        FoldQuantizeScaleIntoMatMulIntegerToFloat, FoldQuantizeScaleIntoAdd, FoldRequantizeScale]
