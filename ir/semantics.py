@@ -67,6 +67,8 @@ DotAcc(acc, a, b)   i32 only: per lane, acc + sum_t a_t * b_t where a_t, b_t are
                     integers packed little-endian in the i32 lanes of a and b ("u8s8": four
                     u8 times four i8; "s16s16": two i16 times two i16); the sum of products
                     is exact, the add to acc wraps (VPDPBUSD, VPMADDWD + VPADDD)
+Shuffle(a, b, m)    any dtype: lane i is lane m[i] of the concatenation a ++ b (LLVM's
+                    shufflevector with a constant mask); exact
 Cast(T <- S)        S == T: x. to bool: x != 0 (float: NaN -> true).
                     float -> float: widening exact; narrowing rounded once (f64 -> f16 is
                     NOT via f32: 1 + 2^-11 + 2^-40 -> 1 + 2^-10).
