@@ -140,6 +140,24 @@ def team_helpers(library=None) -> dict | None:
     return _NATIVE
 
 
+def resolve_pin(pin: bool | None = None) -> bool:
+    """``pin`` if given, else ``$TENSORFUSE_PIN_THREADS`` ("0" turns it off), else True."""
+    if pin is not None:
+        return bool(pin)
+    return os.environ.get("TENSORFUSE_PIN_THREADS", "1").strip() not in ("0", "")
+
+
+def team_cpus(size: int) -> list[int] | None:
+    """A distinct CPU for each of ``size`` team threads, from those this process may run on
+    (thread 0, the caller, first), or None where there are fewer than ``size`` of them or the
+    platform has no affinity calls."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    return cpus[:size] if size > 1 and len(cpus) >= size else None
+
+
 #: :class:`RunChoice`: weight of a new run in the moving average, and the runs between tries
 #: of the slower mode (from MIN_GAP, doubling to MAX_GAP)
 EWMA_WEIGHT = 0.25
@@ -234,10 +252,12 @@ class ThreadTeam:
     the last job's phases).
     """
 
-    def __init__(self, size: int, helpers: dict | None = None, chunks_per_thread: int | None = None):
+    def __init__(self, size: int, helpers: dict | None = None, chunks_per_thread: int | None = None,
+                 pin: bool | None = None):
         """``helpers``: :func:`team_helpers` of the module the team runs (default: compiled);
         ``chunks_per_thread``: see :func:`resolve_chunks_per_thread` (fixed for the team's
-        life: every thread must cut each loop the same way)."""
+        life: every thread must cut each loop the same way); ``pin`` (default
+        ``$TENSORFUSE_PIN_THREADS``, on): each thread on a CPU of its own (:attr:`cpus`)."""
         import ctypes
         import threading
 
@@ -286,6 +306,13 @@ class ThreadTeam:
         #: of 1; benchmarks/threads_under_load.py, issue 24)
         self.adaptive = os.environ.get("TENSORFUSE_ADAPTIVE_TEAM", "0").strip() not in ("", "0")
         self._choices: dict = {}                         # id(fn) -> RunChoice
+        #: the CPU of each thread (the caller's first) while a job runs, or None (not pinned).
+        #: Unpinned, Linux placed a woken worker on the caller's CPU (wake-affine) and the
+        #: two shared it for milliseconds after every idle stretch: bench_attention's bert:128
+        #: at 2 threads ran at its 1-thread time, 0.58 ms against onnxruntime's 0.32, in every
+        #: run; with worker and caller each on its own CPU 0.30 (Zen 4 VM, 2 vCPUs). The
+        #: caller's own affinity is set for the job and restored after it.
+        self.cpus = team_cpus(size) if resolve_pin(pin) else None
         self._threads = [threading.Thread(target=self._work, args=(t,), daemon=True,
                                           name=f"tensorfuse-worker-{t}") for t in range(1, size)]
         for th in self._threads:
@@ -307,6 +334,11 @@ class ThreadTeam:
         return self._serve is not None and self._native_wake is not None
 
     def _work(self, t: int) -> None:
+        if self.cpus is not None:
+            try:
+                os.sched_setaffinity(0, {self.cpus[t]})       # this worker thread
+            except OSError:
+                pass
         if self.native_sleep:
             self._serve(self._ctl_addr, self._addr[t], t)              # returns once closed
             return
@@ -344,12 +376,26 @@ class ThreadTeam:
             team = choice.choose()
             t0 = time.perf_counter()
         if team:
-            base = self._load(self._done_addr)           # every earlier job's chunks are done
-            self._seq += 2
-            fn_addr = self._ctypes.cast(fn, self._ctypes.c_void_p).value
-            self._publish(self._ctl_addr, fn_addr, slots, base, self._seq)
-            self._wake()
-            self._lead(fn_addr, slots, self._addr[0], base)
+            saved = None
+            if self.cpus is not None:
+                try:
+                    saved = os.sched_getaffinity(0)
+                    if saved != {self.cpus[0]}:
+                        os.sched_setaffinity(0, {self.cpus[0]})
+                    else:
+                        saved = None
+                except OSError:
+                    saved = None
+            try:
+                base = self._load(self._done_addr)           # every earlier job's chunks are done
+                self._seq += 2
+                fn_addr = self._ctypes.cast(fn, self._ctypes.c_void_p).value
+                self._publish(self._ctl_addr, fn_addr, slots, base, self._seq)
+                self._wake()
+                self._lead(fn_addr, slots, self._addr[0], base)
+            finally:
+                if saved is not None:
+                    os.sched_setaffinity(0, saved)
         else:
             fn(slots, None)
         if choice is not None:

@@ -379,3 +379,41 @@ def test_a_late_thread_claims_nothing_of_a_finished_phase():
     assert claim(addr[2], 7, 0) == -1                  # thread 2, late, finds the old one taken
     end(addr[2], 7, 0)
     assert claim(addr[2], 5, 0) == 4                   # its own range of the new phase: [4, 5)
+
+
+def test_team_threads_each_on_a_cpu_of_their_own(monkeypatch):
+    """With ``$TENSORFUSE_PIN_THREADS`` on (the default) each worker runs on a CPU of its own
+    and the calling thread, during a job, on the first (``ThreadTeam.cpus``), its own affinity
+    restored after the run, whatever it was; off, nothing is pinned; with more threads than
+    CPUs, nothing is pinned either. The results match onnxruntime either way."""
+    import os
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs and the affinity calls")
+    cpus = sorted(os.sched_getaffinity(0))
+    model = mlp_model(n=64, d=256, seed=5)
+    x = x_input(7, n=64)
+    want = ort_run(model, {"x": x})[0]
+    monkeypatch.delenv("TENSORFUSE_PIN_THREADS", raising=False)
+    mod = tensorfuse.compile(model, num_threads=2, cache=False)
+    before = os.sched_getaffinity(0)
+    try:
+        np.testing.assert_allclose(mod.run(x)[0], want, rtol=1e-4, atol=1e-5)
+        team = module_team(mod)
+        assert team.cpus == cpus[:2]
+        assert os.sched_getaffinity(0) == before                     # the caller's, restored
+        (worker,) = team._threads
+        deadline = time.time() + 5
+        while os.sched_getaffinity(worker.native_id) != {cpus[1]} and time.time() < deadline:
+            time.sleep(0.01)
+        assert os.sched_getaffinity(worker.native_id) == {cpus[1]}
+        os.sched_setaffinity(0, {cpus[1]})                           # a caller with its own setting
+        np.testing.assert_allclose(mod.run(x)[0], want, rtol=1e-4, atol=1e-5)
+        assert os.sched_getaffinity(0) == {cpus[1]}
+    finally:
+        os.sched_setaffinity(0, before)
+    monkeypatch.setenv("TENSORFUSE_PIN_THREADS", "0")
+    mod2 = tensorfuse.compile(model, num_threads=2, cache=False)
+    np.testing.assert_allclose(mod2.run(x)[0], want, rtol=1e-4, atol=1e-5)
+    team2 = module_team(mod2)
+    assert team2.cpus is None and os.sched_getaffinity(team2._threads[0].native_id) == before
+    assert threads.team_cpus(len(cpus) + 1) is None and threads.team_cpus(1) is None
