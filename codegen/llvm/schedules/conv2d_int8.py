@@ -63,7 +63,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensorfuse.ir.kernel import (Expr, KernelBuilder, PixelIndex, Ramp, as_expr, binop, broadcast, dot_acc, interleave,
-                                  minimum, shuffle)
+                                  minimum)
 from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.strategy import register_schedule
@@ -899,11 +899,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             if shuffled and rp == RP:
                 # transposed in registers: the rp pixel vectors of each channel vector
                 # interleaved (log2(rp) levels of shuffles), so channel c's rp pixels are
-                # consecutive, and stored as rp whole vectors instead of lane by lane
+                # consecutive, and stored as one run of whole vectors instead of lane by lane
                 for j in range(ocv):
-                    t = interleave([cacc.vload((p * ocv + j) * L, L) for p in range(rp)])
-                    for q in range(rp):
-                        kb.store(ctr, j * L * RP + q * L, shuffle(t, t, range(q * L, (q + 1) * L)))
+                    kb.store(ctr, j * L * RP, interleave([cacc.vload((p * ocv + j) * L, L) for p in range(rp)]))
             else:
                 for p in range(rp):
                     for j in range(ocv):
