@@ -382,15 +382,24 @@ class FoldBatchNormIntoConvIntegerToFloat(Rule):
                              expect=m.batchnormalization.outputs[0], **m.qconv.attrs)
 
 
+def _positive_scale(node, s) -> float | Fail:
+    """The constant scale ``s`` of ``node`` (a QuantizeLinear or DequantizeLinear) as a float,
+    where it is one positive finite f32 (a per-tensor scale)."""
+    if s.size != 1 or s.dtype != np.float32:
+        return Fail(f"{node.name}: the scale is not one f32 (shape {list(s.shape)}, {s.dtype})")
+    v = float(s.reshape(()))
+    if not (np.isfinite(v) and v > 0):
+        return Fail(f"{node.name}: the scale {v} is not positive and finite")
+    return v
+
+
 def _requant_scale(m) -> float | Fail:
     """The scale of the QuantizeLinear ``m.q`` after an integer product, when it can go into the
     product's float scale: one positive finite f32 other than 1, per tensor, no ``precision``."""
-    q, s = m.q, m.s.data
-    if s.size != 1 or s.dtype != np.float32:
-        return Fail(f"{q.name}: the scale is not one f32 (shape {list(s.shape)}, {s.dtype})")
-    v = float(s.reshape(()))
-    if not (np.isfinite(v) and v > 0):
-        return Fail(f"{q.name}: the scale {v} is not positive and finite")
+    q = m.q
+    v = _positive_scale(q, m.s.data)
+    if isinstance(v, Fail):
+        return v
     if v == 1.0:
         return Fail(f"{q.name}: the scale is already 1")
     if int(q.attr("block_size", 0) or 0) or int(q.attr("precision", 0) or 0):
@@ -512,8 +521,7 @@ class FoldRequantizeScale(Rule):
         s2 = _requant_scale(m)
         if isinstance(s2, Fail):
             return s2
-        s1 = m.s1.data
-        if s1.size != 1 or s1.dtype != np.float32 or not (np.isfinite(s1).all() and float(s1.reshape(())) > 0):
+        if isinstance(_positive_scale(m.dq, m.s1.data), Fail):
             return Fail(f"{m.dq.name}: the scale is not one positive finite f32")
         if int(m.dq.attr("block_size", 0) or 0):
             return Fail(f"{m.dq.name}: blocked quantization")
