@@ -140,11 +140,15 @@ def team_helpers(library=None) -> dict | None:
     return _NATIVE
 
 
+def env_flag(name: str, default: bool) -> bool:
+    """The on/off variable ``name``: "0" is off, any other value on, unset or empty ``default``."""
+    v = os.environ.get(name, "").strip()
+    return default if not v else v != "0"
+
+
 def resolve_pin(pin: bool | None = None) -> bool:
-    """``pin`` if given, else ``$TENSORFUSE_PIN_THREADS`` ("0" turns it off), else True."""
-    if pin is not None:
-        return bool(pin)
-    return os.environ.get("TENSORFUSE_PIN_THREADS", "1").strip() not in ("0", "")
+    """``pin`` if given, else ``$TENSORFUSE_PIN_THREADS`` (default on)."""
+    return bool(pin) if pin is not None else env_flag("TENSORFUSE_PIN_THREADS", True)
 
 
 def team_cpus(size: int) -> list[int] | None:
@@ -304,14 +308,15 @@ class ThreadTeam:
         #: (off by default: on a quiet 2-core machine it kept runs alone that the team ran in
         #: 0.52-0.64x the time, and under load the phases alone kept 2 threads within 1.06x
         #: of 1; benchmarks/threads_under_load.py, issue 24)
-        self.adaptive = os.environ.get("TENSORFUSE_ADAPTIVE_TEAM", "0").strip() not in ("", "0")
+        self.adaptive = env_flag("TENSORFUSE_ADAPTIVE_TEAM", False)
         self._choices: dict = {}                         # id(fn) -> RunChoice
         #: the CPU of each thread (the caller's first) while a job runs, or None (not pinned).
         #: Unpinned, Linux placed a woken worker on the caller's CPU (wake-affine) and the
-        #: two shared it for milliseconds after every idle stretch: bench_attention's bert:128
-        #: at 2 threads ran at its 1-thread time, 0.58 ms against onnxruntime's 0.32, in every
-        #: run; with worker and caller each on its own CPU 0.30 (Zen 4 VM, 2 vCPUs). The
-        #: caller's own affinity is set for the job and restored after it.
+        #: two shared it for milliseconds after idle stretches: bench_attention's bert:128 at
+        #: 2 threads ran at its 1-thread time, 0.58 ms against onnxruntime's 0.32, in 4 of 7
+        #: processes; with worker and caller each on its own CPU 0.31-0.34 in 10 of 10 (Zen 4
+        #: VM, 2 vCPUs). The caller's own affinity is set for the job and restored after it
+        #: (:meth:`_pin_caller`).
         self.cpus = team_cpus(size) if resolve_pin(pin) else None
         self._threads = [threading.Thread(target=self._work, args=(t,), daemon=True,
                                           name=f"tensorfuse-worker-{t}") for t in range(1, size)]
@@ -376,16 +381,7 @@ class ThreadTeam:
             team = choice.choose()
             t0 = time.perf_counter()
         if team:
-            saved = None
-            if self.cpus is not None:
-                try:
-                    saved = os.sched_getaffinity(0)
-                    if saved != {self.cpus[0]}:
-                        os.sched_setaffinity(0, {self.cpus[0]})
-                    else:
-                        saved = None
-                except OSError:
-                    saved = None
+            saved = self._pin_caller()
             try:
                 base = self._load(self._done_addr)           # every earlier job's chunks are done
                 self._seq += 2
@@ -402,6 +398,21 @@ class ThreadTeam:
             choice.record(team, time.perf_counter() - t0)
             if not team and choice.team_next():
                 self._wake()
+
+    def _pin_caller(self):
+        """Put the calling thread on the team's first CPU (:attr:`cpus`) for a job; returns its
+        own affinity for ``run`` to restore, or None where nothing changed (the team is not
+        pinned, or the caller is already there)."""
+        if self.cpus is None:
+            return None
+        try:
+            cur = os.sched_getaffinity(0)
+            if cur != {self.cpus[0]}:
+                os.sched_setaffinity(0, {self.cpus[0]})
+                return cur
+        except OSError:
+            pass
+        return None
 
     def _wake(self) -> None:
         """Wake every sleeping worker (they then poll for a job): natively (``tf_wake``) or by
