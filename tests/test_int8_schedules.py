@@ -173,6 +173,52 @@ def test_qlinear_conv(form, xdt, wdt, per_channel):
     _compile_check(m, {"x": x}, form, exp, "conv2d_int8", atol=1)
 
 
+@pytest.mark.parametrize("strides,pads,shape", [
+    ([2, 2], [0, 0, 0, 0], (2, 20, 11, 13)),     # resnet's downsample: rows and columns 0, 2, 4 ...
+    ([2, 3], [0, 1, 0, 1], (1, 9, 10, 14)),      # a different column stride, padded columns
+    ([3, 1], [1, 0, 1, 0], (1, 13, 17, 9)),      # padded rows (the zero point's words)
+])
+@pytest.mark.parametrize("op", ["ConvInteger", "QLinearConv"])
+def test_conv_int8_strided_1x1_flat(op, strides, pads, shape):
+    """A 1x1 convolution at any stride reads a dense grid of input pixels, so the flat layout
+    (pixel vectors running across the band's output rows) applies as at stride 1: forced with
+    the knob, the results equal onnxruntime's (ConvInteger: its int32 output; QLinearConv: the
+    requantizing epilogue on whole vectors of the contiguous band); resnet50's first 1x1
+    stride-2 downsample (256 -> 512 channels, 56 -> 28) takes it by default on a Zen 4."""
+    rng = np.random.default_rng(sum(shape))
+    n, c, h, w_ = shape
+    m_ = 19
+    x, w = _q(shape, np.uint8, rng), _q((m_, c, 1, 1), np.int8, rng)
+    attrs = {"strides": strides, "pads": pads}
+    if op == "ConvInteger":
+        m = node_model(op, {"x": x}, attrs, initializers={"w": w, "xz": np.array(7, np.uint8)},
+                       input_names=["x", "w", "xz"])
+        atol = 0
+    else:
+        inits = {"xs": np.array(0.05, np.float32), "xz": np.array(130, np.uint8), "w": w,
+                 "ws": np.linspace(0.002, 0.004, m_).astype(np.float32), "wz": np.zeros(m_, np.int8),
+                 "ys": np.array(0.3, np.float32), "yz": np.array(128, np.uint8),
+                 "b": rng.integers(-5000, 5000, m_).astype(np.int32)}
+        m = node_model(op, {"x": x}, attrs, initializers=inits,
+                       input_names=["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"])
+        atol = 1
+    want = ort_run(m, {"x": x})[0]
+    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(int8_layout="flat"))
+    assert mod.kernels[-1].knobs["int8_layout"] == "flat", mod.kernels[-1].knobs
+    if _runs_here("vnni512"):
+        got = mod.run(x=x)[0]
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_allclose(got.astype(np.int64), want.astype(np.int64), atol=atol, rtol=0)
+    if op != "ConvInteger" or strides != [2, 2]:
+        return
+    # the default on a Zen 4 for resnet's downsample shape
+    x2, w2 = _q((1, 256, 56, 56), np.uint8, rng), _q((512, 256, 1, 1), np.int8, rng)
+    m2 = node_model("ConvInteger", {"x": x2}, {"strides": [2, 2]}, initializers={"w": w2, "xz": np.array(7, np.uint8)},
+                    input_names=["x", "w", "xz"])
+    mod2 = tensorfuse.compile(m2, target="llvm -mcpu=znver4")
+    assert mod2.kernels[-1].knobs["int8_layout"] == "flat", mod2.kernels[-1].knobs
+
+
 def test_conv_int8_not_chosen_where_it_does_not_apply():
     """A ConvInteger whose weights are a graph input, and a 1-D one, keep the generic nest."""
     rng = np.random.default_rng(0)

@@ -313,7 +313,7 @@ def _contiguous_flat(ctx: LowerCtx, geo, y) -> bool:
     broadcasts over the spatial dims as a whole (a :class:`~ir.kernel.PixelIndex` addresses
     it): then the band's whole pixel vectors go through the epilogue and to Y as vectors, only
     its last one in runs, instead of each output row's run of lanes in pieces of 8, 4, 2, 1."""
-    if geo.kernel[1] != 1 or geo.strides != [1, 1]:
+    if list(geo.kernel) != [1, 1] and (geo.kernel[1] != 1 or list(geo.strides) != [1, 1]):
         return False
     return _pixel_addressable(ctx, y)
 
@@ -341,7 +341,9 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
     OH, OW = geo.out_shape
     widths = _widths(ctx)
     split = ctx.target.datapath_bits < ctx.target.vector_bits
-    flat_ok = geo.strides == [1, 1]
+    # a 1x1 kernel at any stride too: its panel rows are the rows it reads (_row_steps) and its
+    # columns the columns it reads, so COLS == OW as at stride 1
+    flat_ok = list(geo.strides) == [1, 1] or list(geo.kernel) == [1, 1]
 
     def flat_bands(Lf):
         return [d for d in _divisors(OH) if _flat_vectors(geo, Lf, d) <= MAX_FLAT_VECTORS
@@ -385,7 +387,7 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
                          or (words >= CHAN_SHORT_REDUCTION and use < CHAN_SHORT_MAX_LANE_USE))
     layouts = ["rows"] + (["flat"] if flat_widths else []) + (["channels"] if chan_ok else [])
     layout = knob("int8_layout", layouts, "channels" if chan0 else "flat" if flat0 else "rows",
-                  doc="pixel vectors along output rows, or over a band's rows flattened (stride 1), "
+                  doc="pixel vectors along output rows, or over a band's rows flattened (stride 1 or a 1x1 kernel), "
                       "or output channels as the lanes")
     flat = layout == "flat"
     if layout == "channels":
