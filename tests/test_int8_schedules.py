@@ -729,6 +729,7 @@ def _unfused_ort(model, feeds):
     dict(c=24, m=40, hw=13, k=1),                             # 40 channels: the last vector half used
     dict(c=16, m=1000 // 40, hw=9, k=3, stride=2),            # 25 channels, stride 2
     dict(c=32, m=32, hw=14, k=1, stride=2, pads=[0, 0, 0, 0]),   # a 1x1 downsample (sparse panel rows)
+    dict(c=16, m=32, hw=10, k=3, residual=True),               # 100 pixels: a last tile of 4, shuffled
 ])
 @pytest.mark.parametrize("knobs", [{}, {"int8_ctile": (4, 4)}, {"int8_ctile": (12, 2), "band_rows": 1},
                                    {"int8_ctile": (16, 1), "oc_split": 2}, {"int8_transpose": "scatter"}])

@@ -208,6 +208,11 @@ CHAN_SHORT_MAX_LANE_USE = 0.85
 CHAN_TILE = (8, 3)
 
 
+#: the channel layout's band may take up to this share of L2 where it wastes fewer tile slots
+#: (band pixels a whole number of the tile's RP) than the band within an eighth of it
+CHAN_BAND_L2_SHARE = 0.25
+
+
 #: a tile with fewer accumulators than this waits on the dot product's latency (VPDPBUSD:
 #: about 5 cycles at 2 per cycle); the default tile's cost model counts it as this many
 LATENCY_ACCUMULATORS = 16
@@ -396,8 +401,25 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
         # a band of many pixels: its tiles of RP pixels run across rows; its panel, read by every
         # channel block, may take an eighth of L2 (7x7 x 512 channels, 3x3: 83 KiB in one band
         # 0.556 ms, in bands of 1 row 0.718, on a Zen 4 with 1 MiB L2)
-        fit = [d for d in cands if 4 * Cq * _plane(geo, L, d, False) <= max(PANEL_BYTES, ctx.target.l2_bytes // 8)]
-        RB = knob("band_rows", cands, max(fit) if fit else 1,
+        def panel(d):
+            return 4 * Cq * _plane(geo, L, d, False)
+        fit = [d for d in cands if panel(d) <= max(PANEL_BYTES, ctx.target.l2_bytes // 8)]
+        rb0 = max(fit) if fit else 1
+        # a band whose pixels are not a whole number of the default tile's RP ends in a short
+        # tile that costs about a whole one (its dot products wait on their latency, and it is
+        # transposed lane by lane): where a band of up to CHAN_BAND_L2_SHARE of L2 wastes fewer
+        # tile slots over the plane, it is taken (128x56x56 3x3 stride 2, Zen 4, 1 thread:
+        # bands of 7 rows, 196 pixels = 24.5 tiles of 8, 0.73 ms; of 14 rows, 49 tiles, 0.64)
+        RP0 = CHAN_TILE[0]
+
+        def waste(d):
+            return (OH // d) * (-(-d * OW // RP0) * RP0 - d * OW)
+        wide = [d for d in cands if panel(d) <= max(PANEL_BYTES, int(ctx.target.l2_bytes * CHAN_BAND_L2_SHARE))]
+        if wide:
+            best = min(wide, key=lambda d: (waste(d), d != rb0, -d))
+            if waste(best) < waste(rb0):
+                rb0 = best
+        RB = knob("band_rows", cands, rb0,
                   doc="output rows per parallel task (its packed input panel)")
         return "channels", _form_of(ctx, L), RB
     if flat:
@@ -898,12 +920,16 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                             t = (p * ocv + j) * L
                             kb.store(cacc, t, dot_acc(cacc.vload(t, L), xb, wvs[j], form.packing, form.isa))
             reduction(ctaps)
-            if shuffled and rp == RP:
+            # channel c's rp pixels at ctr[c * cstride:]
+            in_registers = shuffled and not rp & (rp - 1)
+            cstride = rp if in_registers else RP
+            if in_registers:
                 # transposed in registers: the rp pixel vectors of each channel vector
                 # interleaved (log2(rp) levels of shuffles), so channel c's rp pixels are
                 # consecutive, and stored as one run of whole vectors instead of lane by lane
+                # (also a band's last, shorter tile where its pixels are a power of two)
                 for j in range(ocv):
-                    kb.store(ctr, j * L * RP, interleave([cacc.vload((p * ocv + j) * L, L) for p in range(rp)]))
+                    kb.store(ctr, j * L * rp, interleave([cacc.vload((p * ocv + j) * L, L) for p in range(rp)]))
             else:
                 for p in range(rp):
                     for j in range(ocv):
@@ -914,7 +940,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             nc = ocv * L if M % L == 0 else minimum(as_expr(ocv * L), M - mb0 * L)
             with kb.loop(nc, hint="c") as cc:
                 oc = mb0 * L + cc
-                v = ctr.vload(cc * RP, rp) if rp > 1 else ctr.flat(cc * RP)
+                v = ctr.vload(cc * cstride, rp) if rp > 1 else ctr.flat(cc * cstride)
                 v = v - a_corr * cb.flat(oc)
                 if b is not None:
                     v = v + b.flat(oc).cast(i32)
