@@ -366,6 +366,38 @@ def test_llvm_float_unsigned_float_round_trip_meets_the_spec(mid, ft):
     assert not np.signbit(got).any()
 
 
+@pytest.mark.parametrize("ft", [DType.f32, DType.f64])
+def test_llvm_round_trip_of_an_integral_value_skips_the_truncation(ft):
+    """float(u8(round(x) + 3)) (a requantized value read back by the DequantizeLinear after
+    it): the value is an integer (or NaN, an infinity), so the emitted clamp needs no
+    truncation after it; the result still equals the spec's on ties, NaN, infinities, values
+    past the range and negative ones. The same form on x itself keeps its truncation."""
+    from tensorfuse.ir.kernel import KernelBuilder, Load
+    vals = [np.nan, np.inf, -np.inf, 0.0, -0.0, 0.5, 1.5, 2.5, -2.5, -3.5, -4.5, 251.5, 252.5, 253.0, 1e10, -1e10,
+            127.7, 128.2, -0.3, 0.3]
+    lanes = 8
+    data = np.array(vals + [7.0] * (-len(vals) % lanes), ft.numpy)
+    n = len(data) // lanes
+    for integral in (True, False):
+        x = Buffer("x", ft, data.shape)
+        y = Buffer("y", ft, data.shape)
+        kb = KernelBuilder("round_trip_int", [x, y])
+        with kb.loop(n) as i:
+            v = Load(x, i * lanes, lanes)
+            if integral:
+                v = unop("round", v) + broadcast(Const(3.0, ft), lanes)
+            kb.store(y, i * lanes, Cast(ft, Cast(DType.u8, v)))
+        got = run_llvm(kb.kernel, [data], [(data.shape, ft.numpy)])[0]
+        store = kb.kernel.body[0].body[0]
+        want = sem.evaluate(store.value, {x: data, i: np.arange(n)}).reshape(-1)
+        np.testing.assert_array_equal(got, want)
+        assert not np.signbit(got).any()
+        mod = lir.Module(name="rt")
+        emit_kernel(mod, kb.kernel)
+        text = str(mod)
+        assert ("llvm.trunc" in text) == (not integral), integral
+
+
 def test_shuffle_and_interleave_by_hand():
     """``Shuffle`` picks lanes of ``a ++ b`` (LLVM's shufflevector); ``interleave`` of k vectors
     puts lane c of vector p at c*k + p (a [k, n] tile transposed), for k = 1, 2, 4, 8."""

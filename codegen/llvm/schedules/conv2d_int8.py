@@ -338,7 +338,7 @@ def _pixel_addressable(ctx: LowerCtx, y) -> bool:
 
 
 def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: bool = False):
-    """(flat, form, band_rows): the flat layout where a stride-1 convolution's short rows leave
+    """(flat, form, band_rows): the flat layout where a stride-1 (or 1x1) convolution's short rows leave
     too many lanes of the row layout idle (7-column rows: 7 of 8 lanes per 8-lane vector in
     rows, 12.25 of 16 per 16-lane vector flat), or (``prefer_flat``: a contiguous flat band
     whose epilogue reads tensors, :func:`_contiguous_flat`) as many, the lanes, and the band of
