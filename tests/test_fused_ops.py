@@ -134,6 +134,33 @@ def test_attention_rows_knob_every_candidate_matches(target):
         np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5, err_msg=f"attention_rows={rows}")
 
 
+@pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
+@pytest.mark.parametrize("sq,sk,sv", [((2, 3, 9, 32), (3, 37, 32), (1, 3, 37, 16)),     # K's batch broadcast, 37 keys
+                                      ((1, 2, 4, 16), (1, 2, 3, 16), (1, 2, 3, 16))])     # fewer keys than a vector
+def test_attention_kt_knob_both_forms_match(target, sq, sk, sv):
+    """K^T copied as register-transposed L x L tiles into key blocks (``attention_kt`` blocked,
+    the default where the head size is a whole number of vectors) or element by element into
+    [d, keys] (``columns``): both equal onnxruntime's numbers, with a last partial key block
+    (37 = 2 x 16 + 5, or 3 keys) whose missing rows are zeros, on 16- and 8-lane vectors."""
+    from tensorfuse.compiler.driver import build_module
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.ir.target import Target
+    from tests.knob_util import Fixed
+    q, k, v = rand(*sq), rand(*sk, seed=1), rand(*sv, seed=2)
+    mask = rand(sq[-2], sk[-2], seed=3, low=-3, high=0)
+    model, feeds = _attention_onnx(q, k, v, mask, 0.2)
+    exp = ort_run(model, feeds)[0]
+    for form in ("blocked", "columns"):
+        g = Graph()
+        y = Builder(g).op("Attention", *ir_inputs(g, feeds), domain=F, scale=0.2)
+        g.outputs = [y]
+        low = lower_graph(g, Target.parse(target), tuning=Fixed({"attention_kt": form}))
+        (wl,) = low.workloads.values()
+        assert wl.knobs["attention_kt"] == form
+        got = build_module(low, g, list(feeds), [y.name], target).run(**feeds)[0]
+        np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5, err_msg=form)
+
+
 def test_attention_large_negative_mask_and_f64():
     q, k, v = rand(1, 2, 4, 8, dtype=np.float64), rand(1, 2, 6, 8, seed=1, dtype=np.float64), \
         rand(1, 2, 6, 8, seed=2, dtype=np.float64)

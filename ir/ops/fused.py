@@ -30,7 +30,7 @@ import math
 import numpy as np
 
 from tensorfuse.ir.graph import Node, Value
-from tensorfuse.ir.kernel import KernelBuilder, Ramp, as_expr, fma, maximum, minimum, row_max, select, unop
+from tensorfuse.ir.kernel import KernelBuilder, Ramp, as_expr, broadcast, fma, interleave, maximum, minimum, row_max, select, unop
 from tensorfuse.ir.ops._common import broadcast_shapes, check_float, erf_np, lanes_tree, norm_axis
 from tensorfuse.ir.ops.activations import ACTIVATION_ATTRS, activation_expr, activation_np, activation_params
 from tensorfuse.ir.ops.gather import np_wrap
@@ -235,7 +235,16 @@ class Attention:
 
         vec = transpose_k and vec_ok
 
+        # K^T in blocks of L keys, [ks / L, d, L], each L x L tile transposed in registers
+        blocked = vec and d % L == 0 and not L & (L - 1) and knob(
+            "attention_kt", ["blocked", "columns"], "blocked",
+            doc="K^T copied as register-transposed tiles into key blocks, or element by element") == "blocked"
+
         with kb.grid(batch) as b:
+            if blocked:
+                _attention_kt_tiles(kb, k, kt, b, bidx, sk, ks, d, L)
+                _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale, L, sk, kt_blocked=True)
+                return
             if transpose_k:
                 with kb.loop(sk, hint="k") as j:
                     with kb.loop(d, hint="d") as c:
@@ -336,8 +345,28 @@ def _attention_scratch_kt(ctx, kb, q, k, v, y, mask, fill, batch, bidx, scale: f
                                kt_base=kts.offset(list(b) + [0, 0]), ks=ks)
 
 
+def _attention_kt_tiles(kb, k, kt, b, bidx, sk: int, ks: int, d: int, L: int) -> None:
+    """K^T of batch entry ``b`` into ``kt`` in key blocks: ``kt[(t*d + c)*L + p] = K[t*L + p, c]``
+    (keys past ``sk`` 0), each L x L tile as L row loads of K interleaved in registers
+    (:func:`~ir.kernel.interleave`: lane c*L + p = row p's lane c) and stored as one run, instead
+    of d x sk scalar copies (ViT-B's 197 keys x 64 per head: 12.6 thousand). ``d`` a multiple of
+    ``L``, ``L`` a power of two."""
+    zero = broadcast(as_expr(0.0, DType.f32), L)
+    full, rest = divmod(sk, L)
+
+    def tiles(t, rows: int) -> None:
+        with kb.loop(d // L, hint="cb") as cb:
+            vs = [k.vload(k.offset(bidx(k, b, [t * L + p, cb * L])), L) if p < rows else zero for p in range(L)]
+            kb.store(kt, (t * d + cb * L) * L, interleave(vs))
+    if full:
+        with kb.loop(full, hint="kb") as t:
+            tiles(t, L)
+    if rest:
+        tiles(as_expr(full), rest)
+
+
 def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: float, L: int, sk: int,
-                           kt_base=None, ks: int | None = None) -> None:
+                           kt_base=None, ks: int | None = None, kt_blocked: bool = False) -> None:
     """Rows of f32 attention with vector registers (value columns in whole vectors; the ``sk``
     keys padded to whole vectors: ``kt`` is K^T [d, ks], ks = sk rounded up to L, the padding
     lanes scoring -inf so their exp is 0).
@@ -350,7 +379,10 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: flo
     exp and the sum as vectors (the sum added up in L partial sums); then P @ V in tiles of value
     columns over the sk keys (each V vector loaded once for the R rows), times 1/sum at the
     store. A tile's vectors are chosen so the R x tile accumulators and the tile's loads fit
-    the target's vector registers (``Target.vector_registers``)."""
+    the target's vector registers (``Target.vector_registers``); the tiles of one row block
+    differ in size by at most one vector (13 key vectors in 4 tiles: 4+3+3+3, not 4+4+4+1, whose
+    1-vector tile waits on its FMA chains). ``kt_blocked``: K^T in key blocks
+    (:func:`_attention_kt_tiles`) instead of [d, ks]."""
     sq, dv = y.shape[-2:]
     d = q.shape[-1]
     if ks is None:
@@ -362,13 +394,15 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: flo
     # at S = 128-197, each K^T / V vector feeding more FMAs), else 4
     R = knob("attention_rows", [r for r in ATTENTION_ROWS if r <= max(sq, 1)], min(6 if regs >= 32 else 4, max(sq, 1)),
              doc="query rows computed together (sharing each K^T / V vector load)")
-    def tile(nvec: int) -> int:
-        # the most vectors per tile that fit, then spread evenly over that many tiles: 13 key
-        # vectors (ViT's 197 keys) as 5+5+3 rather than 6+6+1, whose 1-vector tile waits on
-        # its FMA chain's latency
+    def spans(nvec: int) -> list[tuple[int, int]]:
+        # (first vector, vectors) of each tile: as few tiles as the registers allow, their sizes
+        # within one of each other (ViT's 197 keys, 13 vectors, at R = 6: 4+3+3+3)
         most = max(1, min(nvec, (regs - 2) // (R + 1)))
-        return -(-nvec // -(-nvec // most))
-    TQ, TV = tile(ks // L), tile(dv // L)
+        n = -(-nvec // most)
+        sizes = [nvec // n + (1 if i < nvec % n else 0) for i in range(n)]
+        return [(sum(sizes[:i]), sz) for i, sz in enumerate(sizes)]
+    QS, VS = spans(ks // L), spans(dv // L)
+    TQ, TV = max(n for _, n in QS), max(n for _, n in VS)
     sc = kb.local(f32, (R * ks,), hint="scores")
     accv = kb.local(f32, (R * max(TQ, TV) * L,), hint="accv")
     red = kb.local(f32, (L,), hint="red")
@@ -381,13 +415,13 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: flo
         kb.kernel.params.append(pad)
 
     def block(i0, nr: int) -> None:
-        for c0 in range(0, ks // L, TQ):
-            nv = min(TQ, ks // L - c0)
+        for c0, nv in QS:
             for r in range(nr):
                 for t in range(nv):
                     kb.store(accv, (r * TQ + t) * L, zero)
             with kb.reduce(d, hint="d") as c:
-                kv = [kt.vload(kt0 + c * ks + (c0 + t) * L, L) for t in range(nv)]
+                kv = [kt.vload(((c0 + t) * d + c) * L if kt_blocked else kt0 + c * ks + (c0 + t) * L, L)
+                      for t in range(nv)]
                 for r in range(nr):
                     qv = q[bidx(q, b, [i0 + r, c])]
                     for t in range(nv):
@@ -421,8 +455,7 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: flo
                 kb.store(red, 0, red.vload(0, L) + sc.vload(base + t * L, L))
             tot = lanes_tree(kb, red, 0, L, lambda a, c: a + c)
             kb.store(inv, r * L, kb.broadcast(1.0 / tot, L))
-        for c0 in range(0, dv // L, TV):
-            nv = min(TV, dv // L - c0)
+        for c0, nv in VS:
             for r in range(nr):
                 for t in range(nv):
                     kb.store(accv, (r * TV + t) * L, zero)
