@@ -114,24 +114,30 @@ def test_attention_rows_knob_every_candidate_matches(target):
     """The vector attention rows at every ``attention_rows`` candidate (query rows computed
     together; 11 rows leave a remainder for each) on 16- and 8-lane vectors, keys padded (13
     keys), a mask per row: onnxruntime's numbers."""
-    from tensorfuse.compiler.driver import build_module
-    from tensorfuse.compiler.lower import lower_graph
     from tensorfuse.ir.ops.fused import ATTENTION_ROWS
-    from tensorfuse.ir.target import Target
-    from tests.knob_util import Fixed
     q, k, v = rand(1, 2, 11, 16), rand(1, 2, 13, 16, seed=1), rand(1, 2, 13, 32, seed=2)
     mask = rand(1, 2, 11, 13, seed=3, low=-3, high=0)
     model, feeds = _attention_onnx(q, k, v, mask, 0.25)
     exp = ort_run(model, feeds)[0]
     for rows in [r for r in ATTENTION_ROWS if r <= 11]:     # candidates: at most the 11 rows
-        g = Graph()
-        y = Builder(g).op("Attention", *ir_inputs(g, feeds), domain=F, scale=0.25)
-        g.outputs = [y]
-        low = lower_graph(g, Target.parse(target), tuning=Fixed({"attention_rows": rows}))
-        (wl,) = low.workloads.values()
-        assert wl.knobs["attention_rows"] == rows
-        got = build_module(low, g, list(feeds), [y.name], target).run(**feeds)[0]
+        got = _attention_with_knob(feeds, 0.25, target, "attention_rows", rows)
         np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5, err_msg=f"attention_rows={rows}")
+
+
+def _attention_with_knob(feeds, scale: float, target: str, name: str, value):
+    """The Attention op on ``feeds`` compiled for ``target`` with knob ``name`` fixed to
+    ``value`` (checked on the workload), run once: its output."""
+    from tensorfuse.compiler.driver import build_module
+    from tensorfuse.compiler.lower import lower_graph
+    from tensorfuse.ir.target import Target
+    from tests.knob_util import Fixed
+    g = Graph()
+    y = Builder(g).op("Attention", *ir_inputs(g, feeds), domain=F, scale=scale)
+    g.outputs = [y]
+    low = lower_graph(g, Target.parse(target), tuning=Fixed({name: value}))
+    (wl,) = low.workloads.values()
+    assert wl.knobs[name] == value
+    return build_module(low, g, list(feeds), [y.name], target).run(**feeds)[0]
 
 
 @pytest.mark.parametrize("target", ["llvm", "llvm -mattr=-avx512f"])
@@ -142,22 +148,12 @@ def test_attention_kt_knob_both_forms_match(target, sq, sk, sv):
     the default where the head size is a whole number of vectors) or element by element into
     [d, keys] (``columns``): both equal onnxruntime's numbers, with a last partial key block
     (37 = 2 x 16 + 5, or 3 keys) whose missing rows are zeros, on 16- and 8-lane vectors."""
-    from tensorfuse.compiler.driver import build_module
-    from tensorfuse.compiler.lower import lower_graph
-    from tensorfuse.ir.target import Target
-    from tests.knob_util import Fixed
     q, k, v = rand(*sq), rand(*sk, seed=1), rand(*sv, seed=2)
     mask = rand(sq[-2], sk[-2], seed=3, low=-3, high=0)
     model, feeds = _attention_onnx(q, k, v, mask, 0.2)
     exp = ort_run(model, feeds)[0]
     for form in ("blocked", "columns"):
-        g = Graph()
-        y = Builder(g).op("Attention", *ir_inputs(g, feeds), domain=F, scale=0.2)
-        g.outputs = [y]
-        low = lower_graph(g, Target.parse(target), tuning=Fixed({"attention_kt": form}))
-        (wl,) = low.workloads.values()
-        assert wl.knobs["attention_kt"] == form
-        got = build_module(low, g, list(feeds), [y.name], target).run(**feeds)[0]
+        got = _attention_with_knob(feeds, 0.2, target, "attention_kt", form)
         np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5, err_msg=form)
 
 
