@@ -1510,7 +1510,7 @@ def _integral(e) -> bool:
     if isinstance(e, Un):
         return e.op in ("floor", "ceil", "round", "trunc")
     if isinstance(e, Cast):
-        return not e.a.dtype.is_float or (e.a.dtype.is_float and _integral(e.a))
+        return not e.a.dtype.is_float or _integral(e.a)
     if isinstance(e, Bin):
         return e.op in ("add", "sub", "mul", "min", "max") and _integral(e.a) and _integral(e.b)
     if isinstance(e, Select):

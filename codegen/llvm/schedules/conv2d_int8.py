@@ -312,13 +312,20 @@ def _form_for(ctx: LowerCtx, OW: int):
     return _form_of(ctx, L)
 
 
+def _flat_geometry(geo) -> bool:
+    """Whether the flat layout applies: stride 1, or a 1x1 kernel at any stride (its panel rows
+    are the rows it reads, :func:`_row_steps`, and its columns the columns it reads, so
+    COLS == OW as at stride 1)."""
+    return list(geo.strides) == [1, 1] or list(geo.kernel) == [1, 1]
+
+
 def _contiguous_flat(ctx: LowerCtx, geo, y) -> bool:
     """Whether the flat layout's band is contiguous in Y (a 1x1 kernel: COLS == OW, so band
     position r*COLS + ow is the flat pixel offset) and every tensor the fused epilogue reads
     broadcasts over the spatial dims as a whole (a :class:`~ir.kernel.PixelIndex` addresses
     it): then the band's whole pixel vectors go through the epilogue and to Y as vectors, only
     its last one in runs, instead of each output row's run of lanes in pieces of 8, 4, 2, 1."""
-    if list(geo.kernel) != [1, 1] and (geo.kernel[1] != 1 or list(geo.strides) != [1, 1]):
+    if geo.kernel[1] != 1 or not _flat_geometry(geo):
         return False
     return _pixel_addressable(ctx, y)
 
@@ -346,9 +353,7 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
     OH, OW = geo.out_shape
     widths = _widths(ctx)
     split = ctx.target.datapath_bits < ctx.target.vector_bits
-    # a 1x1 kernel at any stride too: its panel rows are the rows it reads (_row_steps) and its
-    # columns the columns it reads, so COLS == OW as at stride 1
-    flat_ok = list(geo.strides) == [1, 1] or list(geo.kernel) == [1, 1]
+    flat_ok = _flat_geometry(geo)
 
     def flat_bands(Lf):
         return [d for d in _divisors(OH) if _flat_vectors(geo, Lf, d) <= MAX_FLAT_VECTORS
