@@ -676,6 +676,45 @@ def test_conv_int8_vector_pack(xdt, shape, k, attrs, pack):
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("layout,shape,k,band", [
+    ("flat", (2, 10, 12, 12), 3, 3),        # 4 bands of a flat panel (its tail), a channel tail
+    ("rows", (2, 22, 9, 11), 3, 3),         # 3 bands of 3 rows, 6 groups (the last a tail)
+])
+def test_conv_int8_shared_pack_runs(layout, shape, k, band):
+    """The shared packing kernel's tasks (each a run of channel groups of one image, every band
+    and row of each group) fill every panel: several bands, images, runs of uneven length and a
+    channel tail in the last run, against onnxruntime (exact). The channel layout's runs:
+    :func:`test_conv_int8_shared_pack_runs_channels`."""
+    rng = np.random.default_rng(5)
+    x, w = _q(shape, np.uint8, rng), _q((48, shape[1], k, k), np.int8, rng)
+    m = node_model("ConvInteger", {"x": x}, {"pads": [k // 2] * 4},
+                   initializers={"w": w, "xz": np.array(131, np.uint8), "wz": np.array(0, np.int8)},
+                   input_names=["x", "w", "xz", "wz"])
+    knobs = {"int8_layout": layout, "band_rows": band, "oc_split": 2, "int8_pack": "shared"}
+    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs), cache=False)
+    assert [kk.name.endswith("_pack") for kk in mod.kernels] == [True, False]
+    assert {n: mod.kernels[-1].knobs[n] for n in knobs} == knobs
+    if _runs_here("vnni512"):
+        np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])
+
+
+@pytest.mark.parametrize("c,hw,band", [(37, 6, 1), (64, 7, 7)])   # 10 groups in 6 runs; 16 in 7
+def test_conv_int8_shared_pack_runs_channels(c, hw, band):
+    """:func:`test_conv_int8_shared_pack_runs` for the channel layout's panels (rows padded to
+    whole vectors, the words past a row's end blended with the padding), against onnxruntime's
+    unfused QDQ result (within one step)."""
+    m, feeds = _qconv_model(c=c, m=48, hw=hw, k=1)
+    knobs = {"int8_layout": "channels", "int8_ctile": (8, 1), "band_rows": band, "oc_split": 2,
+             "int8_pack": "shared"}
+    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs), cache=False)
+    conv = [kk for kk in mod.kernels if "ConvIntegerToFloat" in kk.comment]
+    assert [kk.name.endswith("_pack") for kk in conv] == [True, False]
+    assert {n: conv[-1].knobs[n] for n in knobs} == knobs
+    if _runs_here("vnni512"):
+        got = mod.run(**feeds)[0]
+        assert np.abs(got.astype(int) - _unfused_ort(m, feeds).astype(int)).max() <= 1
+
+
 def _qconv_model(c, m, hw, k, stride=1, pads=None, dil=1, residual=False, seed=0, bias=True):
     """QDQ conv as onnxruntime's quantizer writes it (u8 activations, s8 per-channel symmetric
     weights, int32 bias), + Relu, Q; with ``residual`` a quantized Add of a second u8 input."""
