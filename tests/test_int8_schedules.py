@@ -676,23 +676,28 @@ def test_conv_int8_vector_pack(xdt, shape, k, attrs, pack):
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("pack", ["shared", "task"])
 @pytest.mark.parametrize("layout,shape,k,band", [
     ("flat", (2, 10, 12, 12), 3, 3),        # 4 bands of a flat panel (its tail), a channel tail
     ("rows", (2, 22, 9, 11), 3, 3),         # 3 bands of 3 rows, 6 groups (the last a tail)
+    ("flat", (2, 10, 7, 14), 1, 7),         # 1x1: a run of 98 words (16-word vectors, the last
+                                            # overlapping), the tail group row by row
+    ("flat", (1, 8, 10, 5), 1, 2),          # 1x1: runs of 10 words in 8-word vectors
 ])
-def test_conv_int8_shared_pack_runs(layout, shape, k, band):
-    """The shared packing kernel's tasks (each a run of channel groups of one image, every band
-    and row of each group) fill every panel: several bands, images, runs of uneven length and a
-    channel tail in the last run, against onnxruntime (exact). The channel layout's runs:
+def test_conv_int8_shared_pack_runs(layout, shape, k, band, pack):
+    """The packing's tasks (shared: each a run of channel groups of one image, every band and
+    row of each group) fill every panel: several bands, images, runs of uneven length and a
+    channel tail in the last run; a 1x1 kernel's band (consecutive rows of x) packed as one run
+    of words; against onnxruntime (exact). The channel layout's runs:
     :func:`test_conv_int8_shared_pack_runs_channels`."""
     rng = np.random.default_rng(5)
     x, w = _q(shape, np.uint8, rng), _q((48, shape[1], k, k), np.int8, rng)
     m = node_model("ConvInteger", {"x": x}, {"pads": [k // 2] * 4},
                    initializers={"w": w, "xz": np.array(131, np.uint8), "wz": np.array(0, np.int8)},
                    input_names=["x", "w", "xz", "wz"])
-    knobs = {"int8_layout": layout, "band_rows": band, "oc_split": 2, "int8_pack": "shared"}
+    knobs = {"int8_layout": layout, "band_rows": band, "oc_split": 2, "int8_pack": pack}
     mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs), cache=False)
-    assert [kk.name.endswith("_pack") for kk in mod.kernels] == [True, False]
+    assert [kk.name.endswith("_pack") for kk in mod.kernels] == [True, False][pack == "task":]
     assert {n: mod.kernels[-1].knobs[n] for n in knobs} == knobs
     if _runs_here("vnni512"):
         np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])
