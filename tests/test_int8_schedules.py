@@ -686,9 +686,11 @@ def test_conv_int8_vector_pack(xdt, shape, k, attrs, pack):
 ])
 def test_conv_int8_shared_pack_runs(layout, shape, k, band, pack):
     """The packing's tasks (shared: each a run of channel groups of one image, every band and
-    row of each group) fill every panel: several bands, images, runs of uneven length and a
-    channel tail in the last run; a 1x1 kernel's band (consecutive rows of x) packed as one run
-    of words; against onnxruntime (exact). The channel layout's runs:
+    row of each group; per task: a thread's first task of a band packs it into the thread's
+    panel, its later tasks of the band reuse it) fill every panel: several bands, images, runs
+    of uneven length and a channel tail in the last run; a 1x1 kernel's band (consecutive rows
+    of x) packed as one run of words; at 2 threads and 1, against onnxruntime (exact). The
+    channel layout's runs:
     :func:`test_conv_int8_shared_pack_runs_channels`."""
     rng = np.random.default_rng(5)
     x, w = _q(shape, np.uint8, rng), _q((48, shape[1], k, k), np.int8, rng)
@@ -696,11 +698,16 @@ def test_conv_int8_shared_pack_runs(layout, shape, k, band, pack):
                    initializers={"w": w, "xz": np.array(131, np.uint8), "wz": np.array(0, np.int8)},
                    input_names=["x", "w", "xz", "wz"])
     knobs = {"int8_layout": layout, "band_rows": band, "oc_split": 2, "int8_pack": pack}
-    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs), cache=False)
+    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs), cache=False, num_threads=2)
     assert [kk.name.endswith("_pack") for kk in mod.kernels] == [True, False][pack == "task":]
     assert {n: mod.kernels[-1].knobs[n] for n in knobs} == knobs
+    # per task: each thread packs a band's panel for its first task of the band, and keeps it
+    assert ("held" in str(mod.kernels[-1])) == (pack == "task")
     if _runs_here("vnni512"):
-        np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])
+        want = ort_run(m, {"x": x})[0]
+        for threads in (2, 1):
+            mod.num_threads = threads
+            np.testing.assert_array_equal(mod.run(x=x)[0], want)
 
 
 @pytest.mark.parametrize("c,hw,band", [(37, 6, 1), (64, 7, 7)])   # 10 groups in 6 runs; 16 in 7

@@ -529,12 +529,15 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     RS, KS = _row_steps(geo)                    # panel rows per output row, per kernel row
     phases = _phases(geo)[0]
     PL = _plane(geo, L, RB, flat)
-    # with the channel blocks split over tasks, each band's panel is packed once, by a first
-    # kernel, into a scratch buffer that the split tasks read (packed per task, the panel was
+    # with the channel blocks split over tasks, a band's panel is packed by the first task of
+    # the band a thread runs, into the thread's own panel, which its later tasks of that band
+    # read ("task": the thread remembers the band it holds; packed by every task, the panel was
     # packed SPLIT times over: at 1 thread, 1x1 convolutions of 7x7 planes spent half their
-    # time repacking)
-    shared = knob("int8_pack", ["task", "shared"] if SPLIT > 1 else ["task"], "shared" if SPLIT > 1 else "task",
-                  doc="each task packs its band's panel, or one kernel packs every band once") == "shared"
+    # time repacking); or once, by a first kernel, into a scratch buffer that every task reads
+    # ("shared": one more phase of the team, whose synchronisation cost more than the packing
+    # on the 2-vCPU machine: resnet50 u8s8's 45 packing kernels took 0.9-2.3 ms at 2 threads)
+    shared = knob("int8_pack", ["task", "shared"] if SPLIT > 1 else ["task"], "task",
+                  doc="each thread packs the panels of the bands its tasks use, or one kernel packs every band once") == "shared"
     PB = N * G * bands                          # panels of the shared layout
     xps = ctx.scratch(DType.i32, (PB * Cq * PL,), "xpanel") if shared else None
     kb0 = None
@@ -749,6 +752,12 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                       as_expr(0), bands, pad_words(kb0, zero_point()), ct * Cq / CT, (ct + 1) * Cq / CT)
 
     ntasks = N * G * bands * SPLIT
+    held = None
+    if not shared and SPLIT > 1:
+        # the panel this thread holds (image x group x band; -1: none yet): every thread sets
+        # its own before its tasks, which keep it across the chunks they claim
+        held = kb.local(DType.i64, (1,), hint="held")
+        kb.store(held, 0, as_expr(-1, DType.i64))
     with kb.loop(ntasks, kind="parallel", hint="task") as task:
         ng = task / (bands * SPLIT) if ntasks > 1 else as_expr(0)       # image x group
         n = ng / G if G > 1 else ng
@@ -762,9 +771,14 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         if shared:
             pbase = (ng * bands + band) * (Cq * PL) if PB > 1 else as_expr(0)
         else:
-            # ---- pack the band's input rows
+            # ---- pack the band's input rows (unless this thread holds them already)
             pbase = as_expr(0)
-            pack_rows(kb, pbase, n, gi, band, 1, pad_words(kb, zx))
+            with contextlib.ExitStack() as st:
+                if held is not None:
+                    key = (ng * bands + band).cast(DType.i64)
+                    st.enter_context(kb.if_(held.flat(0).ne(key)))
+                    kb.store(held, 0, key)
+                pack_rows(kb, pbase, n, gi, band, 1, pad_words(kb, zx))
         # ---- the tiles
         ones = broadcast(as_expr(int(int8.pack_lanes(np.ones((1, g), np.int64), form)[0]), i32), L)
         zero = broadcast(as_expr(0, i32), L)
