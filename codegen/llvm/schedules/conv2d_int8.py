@@ -25,9 +25,13 @@ epilogue runs on whole vectors, as in the float schedules.
   columns. KR copies, one per phase the taps use: 1 at stride 1 (the padded input row), 2 for
   resnet's 7x7 and 3x3 stride-2 convolutions. Rows: every input row the band reads, or, where
   the kernel's rows span less than the vertical stride (a 1x1 stride-2 downsample), only the
-  rows the taps read (:func:`_row_steps`). Rows of stride-1 convolutions are packed in whole
-  vectors (L bytes of each of the g channel rows, widened and interleaved), column by column
-  at x's first and last rows and at other strides.
+  rows the taps read (:func:`_row_steps`). The packing runs channel group by channel group
+  (each group's rows of every band while its g channel planes are in L1). Rows of stride-1
+  convolutions are packed in whole vectors of the target's widest width (that many bytes of
+  each of the g channel rows, widened and interleaved, the words outside the row blended with
+  the padding), column by column at x's first and last rows and at other strides; a 1x1
+  kernel's band at stride 1 without padding, whose panel rows are consecutive rows of x, as one
+  run of words per group.
 - Micro-kernel: a tile of ``RP`` pixel vectors (consecutive vectors of the band's rows) x
   ``OCn`` output channels keeps RP*OCn int32 accumulator vectors in registers over the
   Cq x KH x KW reduction: per step RP vector loads of Xp, OCn broadcasts of Wp and RP*OCn
@@ -45,9 +49,11 @@ Knobs: ``int8_lanes`` (16 or 8: narrow rows waste fewer lanes at 8), ``int8_tile
 ``band_rows`` (a divisor of OH; larger bands repack fewer overlapping input rows, the panel
 stays under :data:`PANEL_BYTES` by default), ``oc_split`` (output-channel blocks split into
 this many parallel tasks: images x bands alone may be too few tasks), ``int8_pack`` (with
-``oc_split`` > 1: ``shared``, the default, packs every band's panel once in a first kernel into
-a scratch buffer [N*G*bands, Cq, plane] that the split tasks read, one parallel task per panel
-row; ``task``: each task packs its band's panel on its stack, SPLIT times over), ``int8_stage``
+``oc_split`` > 1: ``task``, the default, a thread's first task of a band packs its panel on the
+thread's stack and the thread's later tasks of that band reuse it, so each band is packed once
+per thread that works on it, with no extra phase of the team; ``shared``: a first kernel packs
+every band's panel once into a scratch buffer [N*G*bands, Cq, plane] that the split tasks read,
+its parallel tasks runs of channel groups of one image), ``int8_stage``
 (``tile``: the staged epilogue above; ``none``: stores straight to Y), ``int8_layout`` (the
 pixel layouts above; ``channels``: output channels as the lanes, any M from 16 up, the tile
 transposed by register shuffles, ``int8_transpose``, before an epilogue per channel on
