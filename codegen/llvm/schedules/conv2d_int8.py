@@ -688,61 +688,58 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             cs, off = sw, phase - pw
             lo = min(max(-(-(-off) // cs), 0), COLS)                  # first col with iw >= 0
             hi = max(min(-(-(W - off) // cs), COLS), lo)              # first col with iw >= W
+            rowbase = pbase + cq * PL + (r * KR + kr) * COLS
 
-            def body(cq: Expr, valid=valid, pad=pad, cs=cs, off=off, lo=lo, hi=hi, kr=kr):
-                rowbase = pbase + cq * PL + (r * KR + kr) * COLS
+            def src(t: int, iw: Expr) -> Expr:
+                return ((n * CX + gi * C + cq * g + t) * H + ih) * W + iw
 
-                def src(t: int, iw: Expr) -> Expr:
-                    return ((n * CX + gi * C + cq * g + t) * H + ih) * W + iw
-
-                def scalar_cols(c0: int, c1: int):
-                    """Panel columns [c0, c1): the padding outside [lo, hi), packed words inside."""
-                    if min(lo, c1) > c0:
-                        with kbx.loop(min(lo, c1), start=c0, kind="vectorize", hint="c") as col:
-                            kbx.store(xp, rowbase + col, pad)
-                    if min(hi, c1) > max(lo, c0):
-                        with kbx.loop(min(hi, c1), start=max(lo, c0), kind="vectorize", hint="c") as col:
-                            vals = [xu(x.flat(src(t, col * cs + off))) if t < valid else None for t in range(g)]
-                            kbx.store(xp, rowbase + col, packed(vals))
-                    if c1 > max(hi, c0):
-                        with kbx.loop(c1, start=max(hi, c0), kind="vectorize", hint="c") as col:
-                            kbx.store(xp, rowbase + col, pad)
-
-                with kbx.if_(row_in) as inside:
-                    if vector_pack and cs == 1 and valid == g and COLS >= PV:
-                        # whole vectors of PV words at 0, PV, 2PV ... and, where PV does not
-                        # divide the row, a last one ending at the row's end (overlapping:
-                        # the same words): PV contiguous bytes of each of the g channel rows,
-                        # widened and interleaved, the words past the row's ends blended with
-                        # the padding (one store, not one per padding word); a vector that
-                        # would read outside x (the first and last rows of the tensor) packs
-                        # column by column. (At stride 2 the
-                        # even bytes of two loads each, then widened, took longer than the
-                        # column loop LLVM vectorizes: 512x14x14 3x3 0.042 against 0.032 ms)
-                        starts = list(range(0, COLS - PV + 1, PV))
-                        if COLS % PV:
-                            starts.append(COLS - PV)
-                        for c0 in starts:
-                            c1 = c0 + PV
-                            if c1 <= lo or c0 >= hi:
-                                kbx.store(xp, rowbase + c0, broadcast(pad, PV))
-                                continue
-                            first, last = src(0, c0 + off), src(g - 1, c0 + off)
-                            with kbx.if_((first >= 0) & (last + PV <= x.numel)) as fits:
-                                vals = [xu(x.vload(src(t, c0 + off), PV)) for t in range(g)]
-                                vec = packed(vals)
-                                if c0 < lo or c1 > hi:      # the words outside the row: padding, blended
-                                    vec = shuffle(vec, broadcast(pad, PV),
-                                                  [i if lo <= c0 + i < hi else PV + i for i in range(PV)])
-                                kbx.store(xp, rowbase + c0, vec)
-                            with kbx.else_(fits):
-                                scalar_cols(c0, c1)
-                    else:
-                        scalar_cols(0, COLS)
-                with kbx.else_(inside):
-                    with kbx.loop(COLS, kind="vectorize", hint="c") as col:
+            def scalar_cols(c0: int, c1: int):
+                """Panel columns [c0, c1): the padding outside [lo, hi), packed words inside."""
+                if min(lo, c1) > c0:
+                    with kbx.loop(min(lo, c1), start=c0, kind="vectorize", hint="c") as col:
                         kbx.store(xp, rowbase + col, pad)
-            body(cq)
+                if min(hi, c1) > max(lo, c0):
+                    with kbx.loop(min(hi, c1), start=max(lo, c0), kind="vectorize", hint="c") as col:
+                        vals = [xu(x.flat(src(t, col * cs + off))) if t < valid else None for t in range(g)]
+                        kbx.store(xp, rowbase + col, packed(vals))
+                if c1 > max(hi, c0):
+                    with kbx.loop(c1, start=max(hi, c0), kind="vectorize", hint="c") as col:
+                        kbx.store(xp, rowbase + col, pad)
+
+            with kbx.if_(row_in) as inside:
+                if vector_pack and cs == 1 and valid == g and COLS >= PV:
+                    # whole vectors of PV words at 0, PV, 2PV ... and, where PV does not
+                    # divide the row, a last one ending at the row's end (overlapping:
+                    # the same words): PV contiguous bytes of each of the g channel rows,
+                    # widened and interleaved, the words past the row's ends blended with
+                    # the padding (one store, not one per padding word); a vector that
+                    # would read outside x (the first and last rows of the tensor) packs
+                    # column by column. (At stride 2 the even bytes of two loads each, then
+                    # widened, took longer than the column loop LLVM vectorizes: 512x14x14
+                    # 3x3 0.042 against 0.032 ms)
+                    starts = list(range(0, COLS - PV + 1, PV))
+                    if COLS % PV:
+                        starts.append(COLS - PV)
+                    for c0 in starts:
+                        c1 = c0 + PV
+                        if c1 <= lo or c0 >= hi:
+                            kbx.store(xp, rowbase + c0, broadcast(pad, PV))
+                            continue
+                        first, last = src(0, c0 + off), src(g - 1, c0 + off)
+                        with kbx.if_((first >= 0) & (last + PV <= x.numel)) as fits:
+                            vals = [xu(x.vload(src(t, c0 + off), PV)) for t in range(g)]
+                            vec = packed(vals)
+                            if c0 < lo or c1 > hi:      # the words outside the row: padding, blended
+                                vec = shuffle(vec, broadcast(pad, PV),
+                                              [i if lo <= c0 + i < hi else PV + i for i in range(PV)])
+                            kbx.store(xp, rowbase + c0, vec)
+                        with kbx.else_(fits):
+                            scalar_cols(c0, c1)
+                else:
+                    scalar_cols(0, COLS)
+            with kbx.else_(inside):
+                with kbx.loop(COLS, kind="vectorize", hint="c") as col:
+                    kbx.store(xp, rowbase + col, pad)
 
     def zero_point():
         return x_zero.flat(0) if x_zero is not None else as_expr(0, x.dtype)
