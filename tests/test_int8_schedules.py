@@ -676,20 +676,22 @@ def test_conv_int8_vector_pack(xdt, shape, k, attrs, pack):
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("form", ["vnni512", "avx2"])
 @pytest.mark.parametrize("pack", ["shared", "task"])
 @pytest.mark.parametrize("layout,shape,k,band", [
     ("flat", (2, 10, 12, 12), 3, 3),        # 4 bands of a flat panel (its tail), a channel tail
     ("rows", (2, 22, 9, 11), 3, 3),         # 3 bands of 3 rows, 6 groups (the last a tail)
-    ("flat", (2, 10, 7, 14), 1, 7),         # 1x1: a run of 98 words (16-word vectors, the last
-                                            # overlapping), the tail group row by row
+    ("flat", (2, 10, 4, 14), 1, 4),         # 1x1: a run of 56 words (16-word vectors, the last
+                                            # overlapping; 7 of 8), the tail group row by row
     ("flat", (1, 8, 10, 5), 1, 2),          # 1x1: runs of 10 words in 8-word vectors
 ])
-def test_conv_int8_shared_pack_runs(layout, shape, k, band, pack):
+def test_conv_int8_shared_pack_runs(layout, shape, k, band, pack, form):
     """The packing's tasks (shared: each a run of channel groups of one image, every band and
     row of each group; per task: a thread's first task of a band packs it into the thread's
     panel, its later tasks of the band reuse it) fill every panel: several bands, images, runs
     of uneven length and a channel tail in the last run; a 1x1 kernel's band (consecutive rows
-    of x) packed as one run of words; at 2 threads and 1, against onnxruntime (exact). The
+    of x) packed as one run of words; at 2 threads and 1, against onnxruntime (exact), with
+    VNNI (4 channels a word, 16-word vectors) and AVX2 (2 channels a word, 8 words). The
     channel layout's runs:
     :func:`test_conv_int8_shared_pack_runs_channels`."""
     rng = np.random.default_rng(5)
@@ -698,12 +700,13 @@ def test_conv_int8_shared_pack_runs(layout, shape, k, band, pack):
                    initializers={"w": w, "xz": np.array(131, np.uint8), "wz": np.array(0, np.int8)},
                    input_names=["x", "w", "xz", "wz"])
     knobs = {"int8_layout": layout, "band_rows": band, "oc_split": 2, "int8_pack": pack}
-    mod = tensorfuse.compile(m, target=FORMS["vnni512"][0], tuning=_fixed(**knobs), cache=False, num_threads=2)
+    mod = tensorfuse.compile(m, target=FORMS[form][0], tuning=_fixed(**knobs), cache=False, num_threads=2)
+    _check_dots(mod, form)
     assert [kk.name.endswith("_pack") for kk in mod.kernels] == [True, False][pack == "task":]
     assert {n: mod.kernels[-1].knobs[n] for n in knobs} == knobs
     # per task: each thread packs a band's panel for its first task of the band, and keeps it
     assert ("held" in str(mod.kernels[-1])) == (pack == "task")
-    if _runs_here("vnni512"):
+    if _runs_here(form):
         want = ort_run(m, {"x": x})[0]
         for threads in (2, 1):
             mod.num_threads = threads
