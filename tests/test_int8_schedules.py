@@ -366,7 +366,10 @@ def test_conv_int8_layouts(form, hw):
     (56, 3, {"x86-64-v4": ("rows", 16), "znver4": ("rows", 8)}),     # 4 x 16 lanes (8 idle) or 7 x 8
     (7, 3, {"x86-64-v4": ("flat", 16), "znver4": ("rows", 8)}),      # 4 x 16 flat (15 idle) or 7 x 8
     (7, 1, {"x86-64-v4": ("flat", 16), "znver4": ("flat", 8)}),      # 49 pixels: 4 x 16 or 7 x 8
-    (28, 3, {"x86-64-v4": ("rows", 16), "znver4": ("rows", 16)}),    # 2 x 16 or 4 x 8: the same
+    # rows: 2 x 16 lanes (4 idle); flat bands of 7 rows: 196 pixels in 13 x 16 (12 idle), worth a
+    # wide vector's double cost only where the datapath is split (64->64 3x3 at 28x28 on Zen 4,
+    # 1 thread: 0.140 ms flat, 0.149 rows)
+    (28, 3, {"x86-64-v4": ("rows", 16), "znver4": ("flat", 16)}),
 ])
 def test_conv_int8_lanes_follow_the_datapath(hw, k, expect):
     """Where the target runs 512-bit operations as two 256-bit halves (Zen 4), 8-lane vectors
@@ -423,7 +426,7 @@ def _fixed(**knobs):
     {"int8_tile": (3, 7), "int8_layout": "rows", "band_rows": 3},
     {"int8_tile": (2, 5), "int8_layout": "flat", "band_rows": 9},
     {"int8_tile": (4, 3), "int8_stage": "none", "band_rows": 9},
-    {"int8_tile": (3, 2), "int8_layout": "flat", "int8_stage": "none", "int8_epilogue": "unrolled"},
+    {"int8_tile": (3, 2), "int8_layout": "flat", "band_rows": 9, "int8_stage": "none", "int8_epilogue": "unrolled"},
     {"int8_tile": (2, 5), "int8_layout": "flat", "int8_epilogue": "unrolled"},
     {"int8_tile": (4, 3), "int8_layout": "rows", "int8_epilogue": "loop", "oc_split": 2},
     {"int8_tile": (2, 3), "oc_split": 2, "int8_pack": "task"},
@@ -830,9 +833,34 @@ def test_conv_int8_channels_default():
     assert layout(FORMS["avx2"][0], c=256, m=256, hw=14, k=3) != {"channels"}
 
 
+@pytest.mark.parametrize("hw,k,band,vectors", [
+    (14, 1, 14, 13),    # 196 pixels in 13 vectors of 16 (94% used), not 7 rows in 7 (87.5%)
+    (9, 3, 3, 2),       # rows of 11 columns: 3 rows, 31 positions in 2 vectors, not 9 rows in 7
+    (28, 3, 7, 13),     # 7 rows of 30 columns: 196 pixels in 13 vectors; 28 rows would be 53
+])
+def test_conv_int8_flat_band_fills_the_lanes(hw, k, band, vectors):
+    """The flat layout's default band is the one whose pixel vectors hold the most output pixels
+    (up to MAX_FLAT_VECTORS vectors), not the largest under a vector bound: on a target that
+    splits 512-bit operations (Zen 4) the conv takes it at 16 lanes with the (4, 4) tile where
+    the reduction is short. Results against onnxruntime's unfused QDQ (one step)."""
+    from tensorfuse.codegen.llvm.schedules import conv2d_int8 as c8
+    m, feeds = _qconv_model(c=24, m=20, hw=hw, k=k)
+    target = "llvm -mcpu=znver4 -mattr=+avx512vnni"
+    mod = tensorfuse.compile(m, target=target, cache=False)
+    conv = [kk for kk in mod.kernels if "int8_layout" in kk.knobs]
+    assert [(kk.knobs["int8_layout"], kk.knobs["int8_lanes"], kk.knobs["band_rows"]) for kk in conv] == \
+        [("flat", 16, band)], [kk.knobs for kk in conv]
+    geo = type("G", (), {"kernel": (k, k), "strides": (1, 1), "dilations": (1, 1), "out_shape": (hw, hw)})
+    assert c8._flat_vectors(geo, 16, band) == vectors
+    assert conv[0].knobs["int8_tile"] == ((4, 4) if vectors >= 4 else (vectors, 16 // vectors))
+    if {"avx512vnni", "avx512bw"} <= HOST.feature_set:
+        got, want = mod.run(**feeds)[0], _unfused_ort(m, feeds)
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+
+
 def test_conv_int8_short_reduction_takes_a_square_tile():
-    """Where each output sums fewer than SHORT_REDUCTION packed words (1x1 convs of up to 508
-    channels, small 3x3 ones), the default pixel tile is 4 pixel vectors x 4 channels (its
+    """Where each output sums fewer than SHORT_REDUCTION packed words (1x1 convs of up to 1020
+    channels, 3x3 ones of up to 112), the default pixel tile is 4 pixel vectors x 4 channels (its
     epilogue weighs as much as its dot products; 24 accumulators spilled there); longer
     reductions keep the cost model's tile. Results against onnxruntime's unfused QDQ."""
     from tensorfuse.codegen.llvm.schedules import conv2d_int8 as c8

@@ -147,9 +147,14 @@ MAX_UNROLLED_TAPS = 16
 #: default bound of the flat layout's panel (a whole small plane: resnet's 7x7 x 512 channels
 #: takes 59 KiB, in L2)
 FLAT_PANEL_BYTES = 96 * 1024
+#: ... or up to this share of the target's L2 (a 14x14 plane of 512 channels at a 1x1 stride-2
+#: kernel, 117 KiB in one band)
+FLAT_PANEL_L2_SHARE = 1 / 8
 #: the flat layout's tiles are unrolled (their lanes' output positions are constants): at most
 #: this many vectors per band
-MAX_FLAT_VECTORS = 8
+MAX_FLAT_VECTORS = 16
+#: narrow vectors of the flat layout take the band in one tile where it has at most this many
+ONE_TILE_VECTORS = 8
 
 
 def conv_int8_applies(ctx: LowerCtx, *, x, w, y, group, geo, acc_dtype, x_zero=None, w_zero=None, **_) -> bool:
@@ -233,8 +238,13 @@ LATENCY_ACCUMULATORS = 16
 #: (4, 6) or (3, 8) against (4, 4): 64->256 1x1 at 56x56 (16 words) 0.490 / 0.373 ms,
 #: 128->512 1x1 at 28x28 0.391 / 0.331, 256->1024 1x1 at 14x14 0.395 / 0.329, 256->64 1x1 at
 #: 56x56 0.448 / 0.418, 32->64 3x3 at 112x112 (72 words) 1.705 / 1.489; at 144 words (64->64
-#: 3x3 at 56x56) equal, at 288 (128->128 3x3 stride 2) the larger tile 4% faster
-SHORT_REDUCTION = 128
+#: 3x3 at 56x56) equal, at 288 (128->128 3x3 stride 2) the larger tile 4% faster. Remeasured
+#: with flat bands of up to 16 vectors (same machine, 1 thread), below 256 words (4, 4) is the
+#: fastest or within 1%: 512->128 1x1 at 28x28 (128 words) 0.239 ms against (1, 16) 0.245 and
+#: (4, 6) 0.254; 512->1024 1x1 stride 2 (128) 0.501 against 0.514 / 0.521; 64->64 3x3 at
+#: 56x56 (144) 0.527 against (3, 8) 0.539; 96->192 3x3 at 28x28 (216) 0.614 against (2, 8)
+#: 0.607 and (1, 16) 0.615
+SHORT_REDUCTION = 256
 SHORT_REDUCTION_ACCUMULATORS = 16
 
 
@@ -363,13 +373,21 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
     split = ctx.target.datapath_bits < ctx.target.vector_bits
     flat_ok = _flat_geometry(geo)
 
+    panel_max = max(FLAT_PANEL_BYTES, int(ctx.target.l2_bytes * FLAT_PANEL_L2_SHARE))
+
     def flat_bands(Lf):
         return [d for d in _divisors(OH) if _flat_vectors(geo, Lf, d) <= MAX_FLAT_VECTORS
-                and 4 * Cq * _plane(geo, Lf, d, True) <= FLAT_PANEL_BYTES] if flat_ok else []
+                and 4 * Cq * _plane(geo, Lf, d, True) <= panel_max] if flat_ok else []
+
+    def flat_band(Lf):
+        """The default band of the flat layout at Lf lanes: the one whose vectors' lanes hold
+        most output pixels (a 14x14 plane at 16 lanes: 14 rows, 196 pixels in 13 vectors, not 7
+        rows in 7 with 14 lanes in vain), the larger of equals."""
+        return max(flat_bands(Lf), key=lambda d: (d * OW / _flat_vectors(geo, Lf, d), d))
 
     def flat_use(Lf):
-        """Output pixels per issue slot of the flat layout at Lf lanes (its largest band)."""
-        rb = max(flat_bands(Lf))
+        """Output pixels per issue slot of the flat layout at Lf lanes (its default band)."""
+        rb = flat_band(Lf)
         return rb * OW / _flat_vectors(geo, Lf, rb) / vector_cost(ctx.target, Lf)
 
     row_L = _row_lanes(ctx, OW)
@@ -444,7 +462,7 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
     form = _form_of(ctx, L)
     if flat:
         cands = rbs_flat
-        rb0 = max(rbs_flat)
+        rb0 = flat_band(L)
     else:
         cands = [d for d in _divisors(OH) if 4 * Cq * _plane(geo, L, d, False) <= MAX_PANEL_BYTES]
         fit = [d for d in cands if 4 * Cq * _plane(geo, L, d, False) <= PANEL_BYTES]
@@ -488,7 +506,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     nvw = -(-OW // L)
     slots = _flat_vectors(geo, L, RB) if flat else RB * nvw
     tile0 = _default_tile(regs, rowsum, M, slots, Cq * KH * KW) if not chan else None
-    if flat and L < _widths(ctx)[0] and slots <= MAX_FLAT_VECTORS:
+    if flat and L < _widths(ctx)[0] and slots <= ONE_TILE_VECTORS:
         # the flat layout at narrow vectors (a split target's 7x7 planes: 7 vectors): the band
         # in one tile, every weight broadcast once per channel block; measured on a Zen 4 at 1
         # thread, u8s8 1x1 convs of 7x7 planes, tile (7, 3) against the cost model's (1, 16)
