@@ -6,7 +6,10 @@ For each shape, two one-node models compiled by tensorfuse for the same target s
 * int8: ``ConvInteger`` (x u8 [1, C, H, W] with a nonzero scalar zero point, w s8 constant) or
   ``MatMulInteger`` (A u8 [M, K] with a nonzero zero point, B s8 [K, N] constant): int32
   output, the schedules ``conv2d_int8`` / ``matmul_int8``;
-* fp32: ``Conv`` / ``MatMul`` with the same shapes and a constant float32 weight.
+* fp32: ``Conv`` / ``MatMul`` with the same shapes and a constant float32 weight. Where its
+  default schedule is Winograd (fewer multiplies than the GOP/s count), the fastest direct fp32
+  schedule (:data:`DIRECT_CONV`, chosen by the ``schedule`` knob) is timed too: the "direct"
+  column and ratio.
 
 The two are timed in interleaved blocks (``--blocks``) of ``--repeat`` runs each, so a slow
 stretch of the shared machine hits both alike; reported: the median ms, GOP/s (2 * MACs / time;
@@ -93,29 +96,75 @@ def _time(mod, feeds, repeat: int) -> list[float]:
     return ts
 
 
+#: fp32 convolution schedules that compute the direct sum (every multiply-add the GOP/s count);
+#: where the default is a fast algorithm (Winograd: fewer multiplies than the count), the fastest
+#: of these that applies is timed as well, as the "direct" column
+DIRECT_CONV = ("conv2d_rows", "conv2d_flat", "conv2d_pointwise")
+
+
+def _fixed_schedule(name: str):
+    """Tuning records that give every workload the knob ``schedule=name`` (the knob
+    ``ir.strategy.dispatch`` reads where several schedules apply)."""
+    from tensorfuse.compiler.tuning import TuningRecords
+
+    class Fixed(TuningRecords):
+        def knobs_for(self, *args, **kw):
+            return {"schedule": name}
+
+        def for_target(self, *args, **kw):
+            return self
+    return Fixed([])
+
+
+def _direct(f, ff, target: str, repeat: int):
+    """The fastest fp32 module of ``f`` on a :data:`DIRECT_CONV` schedule (None: none applies)."""
+    import tensorfuse
+    best = None
+    for name in DIRECT_CONV:
+        mod = tensorfuse.compile(f, target=target, num_threads=1, cache=False, tuning=_fixed_schedule(name))
+        if {k.schedule for k in mod.kernels} != {f"llvm.{name}"}:
+            continue
+        _time(mod, ff, 3)
+        t = statistics.median(_time(mod, ff, repeat))
+        if best is None or t < best[0]:
+            best = (t, mod)
+    return best[1] if best else None
+
+
 def bench(pairs, target: str, repeat: int, blocks: int, verbose: bool) -> list[dict]:
     import tensorfuse
     rows = []
     for name, (q, qf), (f, ff), ops in pairs:
         mq = tensorfuse.compile(q, target=target, num_threads=1, cache=False)
         mf = tensorfuse.compile(f, target=target, num_threads=1, cache=False)
+        fast = any("winograd" in k.schedule for k in mf.kernels)
+        md = _direct(f, ff, target, repeat) if fast else None
         if verbose:
-            for k in mq.kernels + mf.kernels:
+            for k in mq.kernels + mf.kernels + (md.kernels if md else []):
                 print(f"  {name}: {k.schedule}  {k.comment.strip()[:160]}")
-        for mod, feeds in ((mq, qf), (mf, ff)):
+        for mod, feeds in ((mq, qf), (mf, ff)) + (((md, ff),) if md else ()):
             _time(mod, feeds, 3)
-        tq, tf = [], []
+        tq, tf, td = [], [], []
         for _ in range(blocks):
             tq += _time(mq, qf, repeat)
             tf += _time(mf, ff, repeat)
+            if md:
+                td += _time(md, ff, repeat)
         a, b = statistics.median(tq), statistics.median(tf)
         rows.append({"shape": name, "int8_ms": a, "fp32_ms": b, "int8_gops": ops / a / 1e6,
                      "fp32_gflops": ops / b / 1e6, "ratio": b / a,
                      "int8_schedule": "+".join(sorted({k.schedule for k in mq.kernels})),
                      "fp32_schedule": "+".join(sorted({k.schedule for k in mf.kernels}))})
         r = rows[-1]
+        extra = ""
+        if md:
+            d = statistics.median(td)
+            r.update({"fp32_direct_ms": d, "fp32_direct_gflops": ops / d / 1e6, "ratio_direct": d / a,
+                      "fp32_direct_schedule": "+".join(sorted({k.schedule for k in md.kernels}))})
+            extra = (f"   direct fp32 {d:.3f} ms {r['fp32_direct_gflops']:.1f} GFLOP/s: "
+                     f"{r['ratio_direct']:.2f}x ({r['fp32_direct_schedule']})")
         print(f"{name:34s} {a:8.3f} {b:8.3f} {r['int8_gops']:8.1f} {r['fp32_gflops']:8.1f} {r['ratio']:6.2f}x  "
-              f"{r['int8_schedule']} / {r['fp32_schedule']}", flush=True)
+              f"{r['int8_schedule']} / {r['fp32_schedule']}{extra}", flush=True)
     return rows
 
 
@@ -141,6 +190,10 @@ def main(argv=None) -> int:
     rows = bench(pairs, args.target, args.repeat, args.blocks, args.verbose)
     rs = [r["ratio"] for r in rows]
     print(f"geometric mean int8/fp32: {float(np.exp(np.mean(np.log(rs)))):.2f}x  (min {min(rs):.2f}x, max {max(rs):.2f}x)")
+    rd = [r.get("ratio_direct", r["ratio"]) for r in rows]
+    if any("ratio_direct" in r for r in rows):
+        print(f"against the direct fp32 kernel where the default is Winograd: geometric mean "
+              f"{float(np.exp(np.mean(np.log(rd)))):.2f}x  (min {min(rd):.2f}x, max {max(rd):.2f}x)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"target": args.target, "rows": rows}, fh, indent=1)
