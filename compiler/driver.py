@@ -98,6 +98,8 @@ def compile_with(model: Any, options: CompileOptions):
     except InputValuesNeeded as e:
         return specialize(e, model, options.target, options.kwargs())
     m.num_threads = num_threads
+    from tensorfuse.runtime.module import trim_heap
+    trim_heap()         # the compiler's memory and the constants' originals back to the system
     return m
 
 

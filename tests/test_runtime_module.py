@@ -235,3 +235,50 @@ def test_thread_count_errors_name_where_the_value_came_from(monkeypatch):
         resolve_num_threads(-2)
     monkeypatch.setenv("TENSORFUSE_NUM_THREADS", "3")
     assert resolve_num_threads(None) == 3 and resolve_num_threads(2) == 2
+
+
+@pytest.mark.parametrize("huge", ["1", "0"])
+def test_large_constants_and_arena_on_huge_page_mappings(monkeypatch, tmp_path, huge):
+    """Constants of at least HUGE_PAGE_MIN_BYTES in all are copied into one 2 MiB aligned
+    mapping advised for transparent huge pages (each on a cache line), and so is an arena that
+    large; a saved module loads its constants into such a mapping and keeps them there (no
+    second copy); ``TENSORFUSE_HUGE_PAGES=0`` keeps numpy's memory. Results equal numpy's
+    either way. (Whether the system backs the mapping with huge pages is its setting.)"""
+    import mmap
+
+    from tensorfuse.runtime import module as rm
+    monkeypatch.setenv("TENSORFUSE_HUGE_PAGES", huge)
+    model = mlp_model(n=600, d=1024)               # weights 2 x 1024x1024 f32: 8 MiB
+    mod = tensorfuse.compile(model, cache=False)
+    x = np.random.default_rng(0).standard_normal((600, 1024)).astype(np.float32)
+    want = mlp_ref(model, x)
+    np.testing.assert_allclose(mod.run(x)[0], want, rtol=1e-4, atol=1e-4)
+    consts = [a for a in mod._consts.values() if a.nbytes]
+    assert sum(a.nbytes for a in consts) >= rm.HUGE_PAGE_MIN_BYTES
+    assert all(a.ctypes.data % 64 == 0 for a in consts)
+    on = huge == "1" and hasattr(mmap, "MADV_HUGEPAGE")
+    assert all(rm._in_mapping(a) for a in consts) == on
+    if on:
+        starts = sorted(a.ctypes.data for a in consts)
+        assert starts[0] % rm.HUGE_PAGE_BYTES == 0 and starts[-1] - starts[0] < sum(a.nbytes for a in consts) + 64 * len(consts)
+    arena = mod._acquire()
+    try:
+        assert mod.memory_plan.arena_bytes >= rm.HUGE_PAGE_MIN_BYTES
+        assert rm._in_mapping(arena.buffer) == on
+        assert (arena.buffer.ctypes.data % rm.HUGE_PAGE_BYTES == 0) or not on
+    finally:
+        mod._release(arena)
+    path = tmp_path / "mlp.tfm"
+    mod.save(str(path))
+    loaded = tensorfuse.load(str(path))
+    lc = [a for a in loaded._consts.values() if a.nbytes]
+    assert all(rm._in_mapping(a) for a in lc) == on
+    if on:      # views of the loaded file's buffer: one mapping, not copied into another
+        assert len({id(_root(a)) for a in lc}) == 1
+    np.testing.assert_allclose(loaded.run(x)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def _root(a):
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a.obj if isinstance(a, memoryview) else a
