@@ -15,6 +15,7 @@ import numpy as np
 from tensorfuse.ir.kernel import Const, Expr, I64
 from tensorfuse.ir.ops._common import broadcast_shapes, const_input, lower_copy, lower_known, norm_axis
 from tensorfuse.ir.registry import OpPatternKind, ShapeError, op
+from tensorfuse.ir.strategy import NO_SCHEDULE, dispatch
 from tensorfuse.ir.types import DType, TensorType
 
 INJ = OpPatternKind.INJECTIVE
@@ -294,6 +295,11 @@ class Transpose:
         return [out_idx[inv[a]] for a in range(len(perm))]
 
     def lower(ctx):
+        # a backend schedule for the swaps of two axis groups (NCHW <-> NHWC): llvm's
+        # ``codegen/llvm/schedules/transpose.py`` transposes blocks in registers
+        perm = transpose_perm(ctx.node, len(ctx.inputs[0].shape))
+        if dispatch("transpose", ctx, perm=perm) is not NO_SCHEDULE:
+            return
         lower_index_map(ctx, lambda idx: Transpose.index_map(ctx.node, idx))
 
 

@@ -18,4 +18,4 @@
 - ``reduce``: Reduce* over trailing axes (contiguous rows) in vector partial accumulators, key
   ``"reduction"`` (``ir.ops.reduce``) (:mod:`.reduce`).
 """
-from . import conv2d, conv2d_depthwise, conv2d_int8, conv2d_winograd, matmul, matmul_int8, norm, pool, reduce, softmax  # noqa: F401  (registers the schedules)
+from . import conv2d, conv2d_depthwise, conv2d_int8, conv2d_winograd, matmul, matmul_int8, norm, pool, reduce, softmax, transpose  # noqa: F401  (registers the schedules)
