@@ -5,10 +5,10 @@ adjacent axes merged, moves data as a batched 2-D transpose ``x [B, A, C] -> y [
 
 ``transpose_blocks`` (plevel 5), elements of 4 bytes (float32, int32, uint32), A and C each
 at least ``L`` (the target's float32 lanes: 8 with AVX2, 16 with AVX-512): x is read in
-L x L blocks, L rows of L contiguous elements as L vectors, transposed in registers
-(log2(L) rounds of L two-vector shuffles, :func:`transpose_vectors`) and written as L
-contiguous vectors of y; the A and C elements past the last whole block are copied one at a
-time. Parallel over (b, block of A, run of C blocks). The generic nest (``lower_index_map``)
+T x T blocks (T = :data:`BLOCK`, 8, or the knob), T rows of T contiguous elements as T
+vectors, transposed in registers (log2(T) rounds of T two-vector shuffles,
+:func:`transpose_vectors`) and written as T contiguous vectors of y; the A and C elements past
+the last whole block are copied one at a time. Parallel over (b, block of A, run of C blocks). The generic nest (``lower_index_map``)
 walks y's rows reading x with a stride of C elements: NHWC [1, 56, 56, 96] -> NCHW took
 0.197 ms against 0.079 in blocks, onnxruntime 0.079 (Zen 4, 1 thread, a run with its output
 allocation); convnext_tiny's 23 Transposes (channels-last LayerNorm) 2.0 ms of its 98, the
