@@ -7,7 +7,7 @@ the input with expected and got. Outputs are fresh arrays in graph output order.
 
 Memory (docs/architecture.md "Runtime"): constants are held once, as the arrays the compiler produced
 (copied only where one does not start on a cache line, or, where they take megabytes, into one
-buffer on transparent huge pages: :func:`aligned_consts`, :func:`host_buffer`), and
+buffer on transparent huge pages: :func:`aligned_consts`, :func:`aligned_empty`), and
 their addresses go straight into the slot table. Intermediates live at the offsets of the
 static :class:`~runtime.memory_plan.MemoryPlan` inside one arena. A run takes an arena (with its
 ready-filled slot table) from a pool, writes the input and output addresses into the table,
@@ -19,6 +19,8 @@ the largest number of simultaneous runs and keeps those arenas for reuse.
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -132,12 +134,22 @@ HUGE_PAGE_MIN_BYTES = 2 << 20
 
 
 def _huge_pages_enabled() -> bool:
-    import mmap
-    import os
     return hasattr(mmap, "MADV_HUGEPAGE") and os.environ.get("TENSORFUSE_HUGE_PAGES", "1") != "0"
 
 
-def host_buffer(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
+def trim_heap() -> None:
+    """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere). ``compile`` calls it once the compiler's structures are dropped: the constants
+    copied onto huge pages (:func:`aligned_consts`) free their originals there, and without it
+    the process kept their pages (resnet50 fp32 after compile and a run: 527 MB resident,
+    against 463 without huge pages; 399 both with the trim)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
+
+
+def aligned_empty(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
     """An uint8 array of ``nbytes`` (zeroed where on huge pages, else uninitialised) whose
     data starts on an ``alignment``-byte boundary (default 64, a cache line). From
     :data:`HUGE_PAGE_MIN_BYTES` on, where :func:`_huge_pages_enabled`: a private anonymous
@@ -146,7 +158,6 @@ def host_buffer(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
     below, or elsewhere: a view into a numpy allocation ``alignment`` bytes larger. The array
     keeps its mapping alive."""
     if nbytes >= HUGE_PAGE_MIN_BYTES and _huge_pages_enabled():
-        import mmap
         size = nbytes + HUGE_PAGE_BYTES
         try:
             mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -165,28 +176,9 @@ def host_buffer(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
     return raw[off:off + nbytes]
 
 
-def trim_heap() -> None:
-    """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``; nothing
-    elsewhere). ``compile`` calls it once the compiler's structures are dropped: the constants
-    copied onto huge pages (:func:`aligned_consts`) free their originals there, and without it
-    the process kept their pages (resnet50 fp32 after compile and a run: 527 MB resident,
-    against 463 without huge pages; 399 both with the trim)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):
-        pass
-
-
-def aligned_empty(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
-    """An uint8 array of ``nbytes`` whose data starts on an ``alignment``-byte boundary
-    (default 64, a cache line), its contents undefined: :func:`host_buffer`."""
-    return host_buffer(nbytes, alignment)
-
-
 def _in_mapping(a: np.ndarray) -> bool:
-    """Whether ``a`` views memory of a :func:`host_buffer` mapping (a loaded artifact's
+    """Whether ``a`` views memory of a :func:`aligned_empty` mapping (a loaded artifact's
     constants: already there, not copied again)."""
-    import mmap
     base = a
     while isinstance(base, np.ndarray) and base.base is not None:
         base = base.base
@@ -202,13 +194,13 @@ def aligned_consts(consts: dict, alignment: int = ALIGNMENT) -> dict:
     page boundary, and a kernel's full-width vector loads from a packed weight that is not
     line-aligned each touch two cache lines: a GEMM then ran 5-15% slower, by where the
     allocator put the weight). Where the constants take at least :data:`HUGE_PAGE_MIN_BYTES`
-    and huge pages are on, all of them are copied into one :func:`host_buffer` instead, each
+    and huge pages are on, all of them are copied into one :func:`aligned_empty` instead, each
     at an aligned offset (unless every one already views such a buffer at an aligned offset,
     as a loaded artifact's do)."""
     total = sum(-(-a.nbytes // alignment) * alignment for a in consts.values())
     if (total >= HUGE_PAGE_MIN_BYTES and _huge_pages_enabled()
             and not all(_in_mapping(a) and a.ctypes.data % alignment == 0 for a in consts.values())):
-        buf = host_buffer(total, alignment)
+        buf = aligned_empty(total, alignment)
         out, off = {}, 0
         for slot, a in consts.items():
             b = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
@@ -233,7 +225,7 @@ class _Arena:
     def __init__(self, module: "Module"):
         plan = module.memory_plan
         align = plan.alignment
-        self.buffer = host_buffer(plan.arena_bytes + align, align)
+        self.buffer = aligned_empty(plan.arena_bytes + align, align)
         base = self.buffer.ctypes.data
         self.base_offset = (-base) % align      # where the planned offsets start in ``buffer``
         base += self.base_offset

@@ -17,6 +17,8 @@ lanes, at least 4; default :data:`BLOCK`).
 """
 from __future__ import annotations
 
+import math
+
 from tensorfuse.ir.kernel import shuffle
 from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.strategy import register_schedule
@@ -51,13 +53,7 @@ def transpose_groups(shape, perm) -> tuple[int, int, int] | None:
     if p[k:] != list(range(j, n)) + list(range(k, j)):
         return None
     dims = [shape[a] for a in keep]
-
-    def size(lo, hi):
-        s = 1
-        for d in dims[lo:hi]:
-            s *= d
-        return s
-    return size(0, k), size(k, j), size(j, n)
+    return math.prod(dims[:k]), math.prod(dims[k:j]), math.prod(dims[j:])
 
 
 def transpose_vectors(rows: list) -> list:
@@ -79,14 +75,9 @@ def transpose_vectors(rows: list) -> list:
     return v
 
 
-def _lanes(ctx) -> int:
-    t = ctx.target
-    return 1 if t is None or t.simt else t.lanes(DType.f32)
-
-
 def _applies(ctx, perm) -> bool:
     x, y = ctx.inputs[0], ctx.outputs[0]
-    L = _lanes(ctx)
+    L = ctx.target.lanes(DType.f32)
     g = transpose_groups(x.shape, perm)
     return (L >= 4 and g is not None and x.dtype.itemsize == 4 and x.dtype == y.dtype
             and g[1] >= L and g[2] >= L and ctx.epilogue is None)
@@ -98,7 +89,7 @@ def transpose_blocks(ctx, perm) -> None:
     blocks (module docstring); 4-byte elements. Writes ``ctx.kernel()``."""
     x, y = ctx.inputs[0], ctx.outputs[0]
     B, A, C = transpose_groups(x.shape, perm)
-    L0 = _lanes(ctx)
+    L0 = ctx.target.lanes(DType.f32)
     cands = [w for w in (L0, L0 // 2, L0 // 4) if w >= 4]
     T = knob("transpose_block", cands, max(w for w in cands if w <= BLOCK or w == cands[-1]),
              doc="lanes of the square blocks transposed in registers")
