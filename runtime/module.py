@@ -384,6 +384,13 @@ class ModuleBase:
         return self._program.calls
 
     @property
+    def runs_here(self) -> bool:
+        """True when this CPU has every instruction-set feature the module's code needs (a module
+        compiled for another CPU, ``llvm -mcpu=znver4`` on an Intel host say, may not: its
+        :meth:`run` raises :class:`CPUFeaturesError`)."""
+        return not self._cannot_run
+
+    @property
     def num_kernels(self) -> int:
         return len(self._program.calls)
 
