@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .kernel import Bin, Broadcast, Cast, Const, FMA, For, If, Kernel, Load, Prefetch, Ramp, Select, Stmt, Store, Un, Var
+from .kernel import Bin, Broadcast, Cast, Const, FMA, For, If, Kernel, Load, Prefetch, TileOp, Ramp, Select, Stmt, Store, Un, Var
 from .schedule import expr_children
 
 Interval = Optional[tuple]
@@ -199,11 +199,11 @@ class _Bounds:
                 stack += expr_children(x)
         return True
 
-    def access(self, buf, index, lanes: int, stride: int, what: str) -> None:
+    def access(self, buf, index, lanes: int, stride: int, what: str, offset: int = 0) -> None:
         r = self.iv(index)
         if r is None:
             return
-        lo, hi = r[0], r[1] + (lanes - 1) * stride
+        lo, hi = r[0] + offset, r[1] + offset + (lanes - 1) * stride
         if (lo < 0 or hi >= buf.numel) and self.attained(index):
             raise BoundsError(
                 f"kernel {self.kernel.name} ({self.kernel.comment.strip()[:160]}): {what} of "
@@ -254,6 +254,12 @@ class _Bounds:
             self.expr_loads(s.index, checked)
             if checked:
                 self.access(s.buf, s.index, 1, 1, "load")
+        elif isinstance(s, TileOp) and s.op in ("load", "store"):
+            self.expr_loads(s.index, checked)
+            if checked:             # the first and the last row, each colsb bytes
+                n = max(1, s.colsb // s.buf.dtype.itemsize)
+                self.access(s.buf, s.index, n, 1, s.op)
+                self.access(s.buf, s.index, n, 1, s.op, (s.rows - 1) * s.stride)
         elif isinstance(s, If):
             self.expr_loads(s.cond, checked)
             nar = self.narrow(s.cond) if checked else None

@@ -672,6 +672,40 @@ class Prefetch(Stmt):
     locality: int = 3
 
 
+#: AMX tile operations (:class:`TileOp`)
+TILE_OPS = ("config", "zero", "load", "store", "dpbusd", "release")
+#: x86 AMX: tile registers tmm0..tmm7, each at most 16 rows of 64 bytes
+AMX_TILES, AMX_MAX_ROWS, AMX_MAX_COLSB = 8, 16, 64
+
+
+@dataclass(eq=False)
+class TileOp(Stmt):
+    """An x86 AMX operation on the tile registers tmm0..tmm7 (Intel 64 and IA-32 Architectures
+    Software Developer's Manual, vol. 1 ch. 18 "Intel Advanced Matrix Extensions", and the
+    instruction reference: LDTILECFG, TILEZERO, TILELOADD, TILESTORED, TDPBUSD, TILERELEASE);
+    CPU backend only, on targets with ``amx-tile`` (and ``amx-int8`` for ``dpbusd``).
+
+    - ``config``: ``shapes`` gives (rows, bytes per row) of each tile 0..7 (palette 1); every
+      later operation on a tile uses that shape. Loading a configuration zeroes the tiles.
+    - ``zero``: tile ``tiles[0]`` = 0.
+    - ``load`` / ``store``: tile ``tiles[0]`` from / to ``rows`` rows of ``colsb`` bytes, row
+      ``r`` at element ``index + r * stride`` of ``buf`` (``stride`` in elements).
+    - ``dpbusd``: for tiles (c, a, b): c[m, n] += sum over k < colsb(a) of u8 a[m, k] * s8
+      b[k // 4, 4 n + k % 4] (int32 lanes, wrapping), the 16 x 16 int32 product of an u8
+      [16, 64] tile and an s8 [64, 16] one packed four k to a 32-bit lane.
+    - ``release``: the tiles back to their initial state (the thread's extended state small
+      again).
+    Bounds checking treats a load as a read and a store as a write of each row."""
+    op: str
+    tiles: tuple = ()
+    buf: "Buffer | None" = None
+    index: "Expr | None" = None
+    stride: int = 0
+    rows: int = 0
+    colsb: int = 0
+    shapes: tuple = ()
+
+
 #: the most threads a CUDA thread block may have, and the most static shared memory per block
 MAX_THREADS_PER_BLOCK = 1024
 MAX_SHARED_BYTES = 48 * 1024
@@ -831,6 +865,36 @@ class KernelBuilder:
             raise ValueError(f"prefetch locality must be 0..3, got {locality!r}")
         off = buf.offset(idx) if isinstance(idx, (list, tuple)) else as_expr(idx, I64)
         self._emit(Prefetch(buf, off, locality))
+
+    def tile_config(self, shapes) -> None:
+        """A :class:`TileOp` ``config``: ``shapes`` lists (rows, bytes per row) of tiles 0, 1, ...
+        (at most 8; unlisted tiles unused). ValueError past 16 rows or 64 bytes."""
+        shapes = tuple((int(r), int(c)) for r, c in shapes)
+        if len(shapes) > AMX_TILES or any(not (0 < r <= AMX_MAX_ROWS and 0 < c <= AMX_MAX_COLSB and c % 4 == 0)
+                                          for r, c in shapes):
+            raise ValueError(f"AMX tile shapes must be at most {AMX_TILES} of (1..16 rows, 4..64 bytes), got {shapes}")
+        self._emit(TileOp("config", shapes=shapes))
+
+    def tile_zero(self, t: int) -> None:
+        """A :class:`TileOp` ``zero`` of tile ``t``."""
+        self._emit(TileOp("zero", (t,)))
+
+    def tile_load(self, t: int, buf: Buffer, idx, stride: int, rows: int, colsb: int) -> None:
+        """A :class:`TileOp` ``load``: tile ``t`` from ``rows`` rows of ``colsb`` bytes of ``buf``,
+        row r at flat element ``idx + r * stride``."""
+        self._emit(TileOp("load", (t,), buf, as_expr(idx, I64), int(stride), int(rows), int(colsb)))
+
+    def tile_store(self, t: int, buf: Buffer, idx, stride: int, rows: int, colsb: int) -> None:
+        """A :class:`TileOp` ``store`` of tile ``t`` (as :meth:`tile_load`, the other way)."""
+        self._emit(TileOp("store", (t,), buf, as_expr(idx, I64), int(stride), int(rows), int(colsb)))
+
+    def tile_dpbusd(self, c: int, a: int, b: int) -> None:
+        """A :class:`TileOp` ``dpbusd``: tile c += tile a (u8) x tile b (s8, four k per lane)."""
+        self._emit(TileOp("dpbusd", (c, a, b)))
+
+    def tile_release(self) -> None:
+        """A :class:`TileOp` ``release``."""
+        self._emit(TileOp("release"))
 
     def store(self, buf: Buffer, idx, value) -> None:
         off = buf.offset(idx) if isinstance(idx, (list, tuple)) else as_expr(idx, I64)

@@ -1,7 +1,7 @@
 """Printing kernel IR as a small Python-like script (docs/architecture.md, IR level 3)."""
 from __future__ import annotations
 
-from .kernel import FMA, DotAcc, Shuffle, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, Select, Store, Un, Var
+from .kernel import FMA, DotAcc, Shuffle, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, TileOp, Select, Store, Un, Var
 
 _SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "lt": "<", "le": "<=",
         "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^",
@@ -74,6 +74,18 @@ def _print_body(stmts, depth, out):
             out.append(f"{pad}barrier()")
         elif isinstance(s, Prefetch):
             out.append(f"{pad}prefetch {s.buf.name}[{print_expr(s.index)}] (locality {s.locality})")
+        elif isinstance(s, TileOp):
+            if s.op == "config":
+                out.append(f"{pad}tile_config {', '.join(f'tmm{i}={r}x{c}B' for i, (r, c) in enumerate(s.shapes))}")
+            elif s.op in ("load", "store"):
+                arrow = "<-" if s.op == "load" else "->"
+                out.append(f"{pad}tile_{s.op} tmm{s.tiles[0]} {arrow} {s.buf.name}[{print_expr(s.index)} + r*{s.stride}] "
+                           f"({s.rows} x {s.colsb}B)")
+            elif s.op == "dpbusd":
+                c, a, b = s.tiles
+                out.append(f"{pad}tmm{c} += dpbusd(tmm{a}, tmm{b})")
+            else:
+                out.append(f"{pad}tile_{s.op}{' tmm%d' % s.tiles[0] if s.tiles else ''}")
         else:
             raise TypeError(f"not a statement: {s!r}")
 

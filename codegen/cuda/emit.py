@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 
 from tensorfuse.ir.errors import CompileError
-from tensorfuse.ir.kernel import (DOT_PACKINGS, FMA, GPU_LOOP_KINDS, DotAcc, Barrier, Prefetch, Bin, Broadcast, Buffer, Cast, Const, For, If,
+from tensorfuse.ir.kernel import (DOT_PACKINGS, FMA, GPU_LOOP_KINDS, DotAcc, Barrier, Prefetch, TileOp, Bin, Broadcast, Buffer, Cast, Const, For, If,
                                   Kernel, Load, Lookup, Ramp, Select, Shuffle, Store, Un, Var)
 from tensorfuse.ir.schedule import expr_children
 from tensorfuse.ir.types import DType
@@ -649,6 +649,8 @@ class _Fn:
             self.line("cuda.syncthreads()")
         elif isinstance(s, Prefetch):
             pass                        # a CPU cache hint: nothing on the GPU
+        elif isinstance(s, TileOp):
+            raise self.err("an x86 AMX tile operation has no cuda lowering (llvm schedules only)")
         else:
             raise self.err(f"unknown statement {s!r}")
 

@@ -7,6 +7,8 @@ features the code may use); loading checks the triple and the features against t
 """
 from __future__ import annotations
 
+import functools
+
 from tensorfuse.codegen.base import Backend, program_of
 
 
@@ -34,6 +36,24 @@ def lacking_features(info: dict) -> list[str]:
     return sorted(needed_features(info) - have)
 
 
+@functools.lru_cache(maxsize=None)
+def request_amx_tiles() -> bool:
+    """Ask Linux for this process's permission to use the AMX tile data registers
+    (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``, Linux 5.16+: without it the first
+    tile instruction faults; the permission covers every thread of the process, the thread
+    team's included). True when granted; False on another OS or architecture, or refused."""
+    import ctypes
+    import platform
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def cannot_run_reason(info: dict | None) -> str | None:
     """Why this CPU cannot run code generated as ``info`` says (it lacks features the code
     needs), or None."""
@@ -41,6 +61,10 @@ def cannot_run_reason(info: dict | None) -> str | None:
         return None
     lacking = lacking_features(info)
     if not lacking:
+        if "amx-tile" in needed_features(info) and not request_amx_tiles():
+            return (f"this module was compiled for target {info.get('target')!r} and its code uses AMX "
+                    f"tiles, which the operating system did not let this process use "
+                    f"(arch_prctl ARCH_REQ_XCOMP_PERM refused: Linux 5.16 or newer grants it)")
         return None
     return (f"this module was compiled for target {info.get('target')!r} and its code "
             f"needs {', '.join(lacking)}, which this CPU lacks: save it and run it on a "

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, Select, Shuffle, Store, Un, Var
+from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, TileOp, Select, Shuffle, Store, Un, Var
 from tensorfuse.ir.schedule import expr_children, expr_nodes, runs_on_thread0_only, statement_is_parallel
 from tensorfuse.ir.types import DType
 # the team record and shared counters' layout belongs to the runtime (which loads saved modules
@@ -483,6 +483,45 @@ class _FnEmitter:
             total = bld.add(total, part)
         return total
 
+    def tile_op(self, s: TileOp) -> None:
+        """:class:`TileOp` as LLVM's x86 AMX intrinsics with the tile numbers as immediates
+        (``llvm.x86.ldtilecfg`` of a 64-byte configuration held in a private constant,
+        ``tilezero``, ``tileloadd64``, ``tilestored64`` with the row stride in bytes, ``tdpbusd``,
+        ``tilerelease``)."""
+        b = self.b
+        i8, void = ir.IntType(8), ir.VoidType()
+        imm = lambda t: ir.Constant(i8, t)
+        if s.op == "config":
+            cfg = bytearray(64)
+            cfg[0] = 1                              # palette 1
+            for t, (rows, colsb) in enumerate(s.shapes):
+                cfg[16 + 2 * t:18 + 2 * t] = int(colsb).to_bytes(2, "little")
+                cfg[48 + t] = rows
+            name = "tf.tilecfg." + bytes(cfg).hex()[:64] + bytes(cfg[48:56]).hex()
+            g = self.m.globals.get(name)
+            if g is None:
+                at = ir.ArrayType(i8, 64)
+                g = ir.GlobalVariable(self.m, at, name)
+                g.global_constant = True
+                g.linkage = "private"
+                g.align = 64
+                g.initializer = ir.Constant(at, bytearray(cfg))
+            b.call(self._decl("llvm.x86.ldtilecfg", void, [PTR]), [b.bitcast(g, PTR)])
+        elif s.op == "zero":
+            b.call(self._decl("llvm.x86.tilezero", void, [i8]), [imm(s.tiles[0])])
+        elif s.op in ("load", "store"):
+            et = ltype(s.buf.dtype, True)
+            p = b.gep(self._ptr(s.buf), [self.expr(s.index)], source_etype=et)
+            stride = ir.Constant(I64, s.stride * s.buf.dtype.itemsize)
+            name = "llvm.x86.tileloadd64" if s.op == "load" else "llvm.x86.tilestored64"
+            b.call(self._decl(name, void, [i8, PTR, I64]), [imm(s.tiles[0]), b.bitcast(p, PTR), stride])
+        elif s.op == "dpbusd":
+            b.call(self._decl("llvm.x86.tdpbusd", void, [i8, i8, i8]), [imm(t) for t in s.tiles])
+        elif s.op == "release":
+            b.call(self._decl("llvm.x86.tilerelease", void, []), [])
+        else:
+            raise CodegenError(f"kernel {self.k.name}: unknown tile operation {s.op!r}")
+
     def binop(self, op: str, dt: DType, x: ir.Value, y: ir.Value) -> ir.Value:
         b = self.b
         if dt.is_float:
@@ -814,6 +853,8 @@ class _FnEmitter:
             f = self._decl("llvm.prefetch.p0", ir.VoidType(), [i8p, i32, i32, i32])
             # (address, 0 = read, locality, 1 = data cache)
             b.call(f, [b.bitcast(p, i8p), ir.Constant(i32, 0), ir.Constant(i32, s.locality), ir.Constant(i32, 1)])
+        elif isinstance(s, TileOp):
+            self.tile_op(s)
         elif isinstance(s, Barrier):
             raise CodegenError(f"kernel {self.k.name}: a barrier (GPU only) has no LLVM lowering")
         else:

@@ -87,6 +87,14 @@ def dot_forms(target) -> list[DotForm]:
     return out
 
 
+def has_amx(target) -> bool:
+    """Whether ``target`` has AMX tiles with the int8 dot product (``amx-tile`` and
+    ``amx-int8``: Intel Sapphire Rapids and later) beside AVX-512 VNNI (whose 16-lane u8s8
+    packing the tile products share: four k in one 32-bit lane, TDPBUSD's B operand)."""
+    f = _features(target)
+    return {"amx-tile", "amx-int8", "avx512vnni", "avx512f"} <= f
+
+
 def activation_offset(form: DotForm, x_dtype: DType) -> int:
     """s: what is added to an activation to pack it (128 for i8 into VPDPBUSD's u8 operand)."""
     return 128 if (form.packing == "u8s8" and x_dtype == DType.i8) else 0

@@ -45,6 +45,11 @@ from .conv2d import vector_registers
 A_PANEL_BYTES = 24 * 1024
 #: parallel tasks the default ``col_split`` aims at
 MIN_TASKS = 8
+#: rows of A (per group) from which ``int8_engine`` defaults to AMX tiles where the target has
+#: them (a 16-row tile half empty below)
+AMX_MIN_ROWS = 16
+#: packed 32-bit words of K per AMX tile step (64 bytes: 64 k of u8 / s8)
+AMX_KQ = 16
 
 
 def _applies(ctx: LowerCtx, mm: MatMulSpec) -> bool:
@@ -91,6 +96,13 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     NGRP = b.numel // (K * N) if runtime_b else 1
     RG = rows // NGRP
     forms = int8.dot_forms(ctx.target)
+    engines = ["dot", "amx"] if int8.has_amx(ctx.target) and not runtime_b else ["dot"]
+    ENGINE = knob("int8_engine", engines, "amx" if len(engines) > 1 and RG >= AMX_MIN_ROWS else "dot",
+                  doc="dot: the vector dot product (VPDPBUSD / VPMADDWD) on registers; amx: AMX "
+                      "tiles (TDPBUSD on 16 x 64-byte tiles)") if len(engines) > 1 else "dot"
+    amx = ENGINE == "amx"
+    if amx:
+        forms = [f for f in forms if f.isa == "vnni" and f.lanes == 16]
     widths = [f.lanes for f in forms]
     L = knob("int8_lanes", widths, widths[0], doc="int32 lanes (output columns) per vector")
     form = next(f for f in forms if f.lanes == L)
@@ -98,9 +110,17 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     Kq = -(-K // g)
     nvec = -(-N // L)
     regs = vector_registers(ctx.target)
-    tiles = [(r, nb) for nb in range(1, min(4, nvec) + 1) for r in range(1, min(12, RG) + 1)
-             if r * nb + nb + 2 <= regs]
-    R, NB = knob("int8_tile", tiles, _default_tile(regs, RG, nvec), doc="register tile: rows x column vectors")
+    if amx:
+        # tiles of 16 rows: R / 16 A tiles and NB B tiles feed R / 16 * NB accumulator tiles,
+        # at most 8 tiles in all; K in steps of 64 (16 packed words), zero beyond K
+        Kq = -(-Kq // AMX_KQ) * AMX_KQ
+        tiles = [(r, nb) for r in (16, 32) for nb in (1, 2) if nb <= nvec]
+        tile0 = (32 if RG >= 32 else 16, min(2, nvec))
+    else:
+        tiles = [(r, nb) for nb in range(1, min(4, nvec) + 1) for r in range(1, min(12, RG) + 1)
+                 if r * nb + nb + 2 <= regs]
+        tile0 = _default_tile(regs, RG, nvec)
+    R, NB = knob("int8_tile", tiles, tile0, doc="register tile: rows x column vectors (amx: rows in tiles of 16)")
     blk = NB * L
     NBLK = -(-N // blk)
     full = RG // R
@@ -131,7 +151,7 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
         # ---- B packed at compile time: columns are the "output channels" of int8.offset_weights
         bz = int8.const_input(ctx, io.b_zero)
         pw = int8.offset_weights(np.ascontiguousarray(bv.T), bz, form, b.dtype)
-        wpad = np.zeros((NBLK * blk, Kq * g), np.int64)
+        wpad = np.zeros((NBLK * blk, Kq * g), np.int64)      # (Kq: AMX pads it to whole steps)
         wpad[:N, :K] = pw.w_p
         bp = ctx.pack(int8.pack_lanes(wpad.reshape(NBLK, blk, Kq, g).transpose(0, 2, 1, 3), form), "bint8")
         corr = np.zeros((2, NBLK * blk), np.int32)
@@ -144,7 +164,7 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     # A's zero point or one the fused epilogue reads (a QuantizeLinear's)
     params = [p for p in ctx.default_params() if p is not b] + [bp, cb]
     kb = ctx.kernel(params=params)
-    kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: tile {R} rows x {NB}x{L} columns, "
+    kb.kernel.comment += (f"  [int8 {'amx tdpbusd' if amx else form.isa} {form.packing} x{L}: tile {R} rows x {NB}x{L} columns, "
                           f"{G} tiles per task, B packed {list(bp.shape)}"
                           f"{' at run time' if runtime_b else ''}]")
     s_off = int8.activation_offset(form, a.dtype)
@@ -185,6 +205,9 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
                 for t in range(1, len(vals)):
                     word = word | binop("shl", vals[t], as_expr(t * form.bits, i32))
                 kb.store(ap, pr * Kq + K // g, word)
+            if Kq > -(-K // g):        # AMX: the words up to a whole tile step are zero
+                with kb.loop(Kq, start=-(-K // g), kind="vectorize", hint="kz") as kz:
+                    kb.store(ap, pr * Kq + kz, as_expr(0, i32))
             if rowsum:
                 # the row's sum of x_u = x + s, as numbers (not masked to the packed bits)
                 with kb.loop(K, hint="k") as k:
@@ -193,6 +216,10 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
 
     def tile(r0: Expr, lr0, nrows: int, jb: Expr, grp=0):
         """Rows r0 .. r0+nrows-1 (panel rows lr0 ..) x panel jb (of row group grp's B)."""
+        (tile_amx if amx else tile_dot)(r0, lr0, nrows, jb, grp)
+
+    def tile_dot(r0: Expr, lr0, nrows: int, jb: Expr, grp=0):
+        """:func:`tile` on vector registers: R x NB accumulators over the Kq words."""
         pj = jb + grp * NBLK if runtime_b else jb
         for q in range(nrows * NB):
             kb.store(acc, q * L, broadcast(as_expr(0, i32), L))
@@ -204,41 +231,66 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
                     q = (r * NB + v) * L
                     kb.store(acc, q, dot_acc(acc.vload(q, L), av, bvs[v], form.packing, form.isa))
         for r in range(nrows):
-            row = r0 + r
-            bidx = unravel(row / M, batch_dims) if batch_dims else []
-            i = row % M if batch_dims else row
+            row_epilogue(r0, lr0, r, jb, grp)
+
+    def tile_amx(r0: Expr, lr0, nrows: int, jb: Expr, grp=0):
+        """As :func:`tile` on AMX tiles: rows lr0 .. lr0+R-1 of the panel (those past nrows
+        are not stored) x panel jb; tile numbers: accumulators 0..3, A 4..5, B 6..7."""
+        nt = R // 16
+        for q in range(nt * NB):
+            kb.tile_zero(q)
+        with kb.reduce(Kq // AMX_KQ, hint="ks") as ks:
+            for ti in range(nt):
+                kb.tile_load(4 + ti, ap, (lr0 + ti * 16) * Kq + ks * AMX_KQ, Kq, 16, 64)
             for v in range(NB):
-                j0 = jb * blk + v * L
-                val = acc.vload((r * NB + v) * L, L)
-                if runtime_b:
-                    if rowsum:
-                        val = val + rs.flat(lr0 + r) * d_expr
-                    val = val - a_of(row) * cb.vload(grp * (NBLK * blk) + j0, L)
-                else:
-                    if rowsum:
-                        val = val + rs.flat(lr0 + r) * cb.vload(NBLK * blk + j0, L)
-                    val = val - a_of(row) * cb.vload(j0, L)
+                kb.tile_load(6 + v, bp, (jb * Kq + ks * AMX_KQ) * blk + v * L, blk, 16, 64)
+            for ti in range(nt):
+                for v in range(NB):
+                    kb.tile_dpbusd(ti * NB + v, 4 + ti, 6 + v)
+        for ti in range(nt):
+            for v in range(NB):
+                kb.tile_store(ti * NB + v, acc, (ti * 16 * NB + v) * L, NB * L, 16, 64)
+        with kb.loop(nrows, hint="er") as r:
+            row_epilogue(r0, lr0, r, jb, grp)
 
-                def vector_store(val=val, j0=j0, bidx=bidx, i=i):
-                    idx = mm.out_index(bidx, i, Ramp(j0, L))
-                    kb.store(y, idx, ctx.apply_epilogue(mm.finish(val, bidx, i, Ramp(j0, L)), idx))
+    def row_epilogue(r0: Expr, lr0, r, jb: Expr, grp):
+        """Row r of the tile in ``acc``: the zero-point correction, the op's finish, the fused
+        epilogue and the store of its NB vectors."""
+        row = r0 + r
+        bidx = unravel(row / M, batch_dims) if batch_dims else []
+        i = row % M if batch_dims else row
+        for v in range(NB):
+            j0 = jb * blk + v * L
+            val = acc.vload((r * NB + v) * L, L)
+            if runtime_b:
+                if rowsum:
+                    val = val + rs.flat(lr0 + r) * d_expr
+                val = val - a_of(row) * cb.vload(grp * (NBLK * blk) + j0, L)
+            else:
+                if rowsum:
+                    val = val + rs.flat(lr0 + r) * cb.vload(NBLK * blk + j0, L)
+                val = val - a_of(row) * cb.vload(j0, L)
 
-                def lane_stores(val=val, j0=j0, bidx=bidx, i=i):
-                    kb.store(lanes_buf, 0, val)
-                    for ln in range(L):
-                        with kb.if_(j0 + ln < N):
-                            idx = mm.out_index(bidx, i, j0 + ln)
-                            kb.store(y, idx, ctx.apply_epilogue(mm.finish(lanes_buf[ln], bidx, i, j0 + ln), idx))
-                if N % blk == 0:
+            def vector_store(val=val, j0=j0, bidx=bidx, i=i):
+                idx = mm.out_index(bidx, i, Ramp(j0, L))
+                kb.store(y, idx, ctx.apply_epilogue(mm.finish(val, bidx, i, Ramp(j0, L)), idx))
+
+            def lane_stores(val=val, j0=j0, bidx=bidx, i=i):
+                kb.store(lanes_buf, 0, val)
+                for ln in range(L):
+                    with kb.if_(j0 + ln < N):
+                        idx = mm.out_index(bidx, i, j0 + ln)
+                        kb.store(y, idx, ctx.apply_epilogue(mm.finish(lanes_buf[ln], bidx, i, j0 + ln), idx))
+            if N % blk == 0:
+                vector_store()
+            elif N % L == 0:
+                with kb.if_(j0 < N):
                     vector_store()
-                elif N % L == 0:
-                    with kb.if_(j0 < N):
-                        vector_store()
-                else:
-                    with kb.if_(j0 + L <= N) as whole:
-                        vector_store()
-                    with kb.else_(whole):
-                        lane_stores()
+            else:
+                with kb.if_(j0 + L <= N) as whole:
+                    vector_store()
+                with kb.else_(whole):
+                    lane_stores()
 
     def panels(part: Expr, body):
         lo = part * per if SPLIT > 1 else as_expr(0)
@@ -257,6 +309,8 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
                 blkrow = tt / SPLIT if SPLIT > 1 else tt
                 part = tt % SPLIT if SPLIT > 1 else as_expr(0)
             r0 = blkrow * GR + grp * RG if NGRP > 1 else blkrow * GR
+            if amx:
+                kb.tile_config([(16, 64)] * 8)
             pack_rows(r0, GR)
 
             def body(jb):
@@ -269,12 +323,16 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
                     with kb.loop(G, hint="gi") as gi:
                         tile(r0 + gi * R, gi * R, R, jb, grp)
             panels(part, body)
+            if amx:
+                kb.tile_release()
     rest = RG - nfull * GR
     if rest:
         with kb.loop(NGRP * SPLIT, kind="parallel", hint="t") as t:
             grp = t / SPLIT if NGRP > 1 and SPLIT > 1 else (t if NGRP > 1 else 0)
             part = t % SPLIT if SPLIT > 1 else as_expr(0)
             r0 = grp * RG + nfull * GR if NGRP > 1 else as_expr(nfull * GR)
+            if amx:
+                kb.tile_config([(16, 64)] * 8)
             pack_rows(r0, rest)
 
             def body_rest(jb):
@@ -286,6 +344,8 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
                 if rest % R:
                     tile(r0 + (rest // R) * R, (rest // R) * R, rest % R, jb, grp)
             panels(part, body_rest)
+            if amx:
+                kb.tile_release()
 
 
 def _pack_b_at_run_time(ctx: LowerCtx, io, form, K: int, N: int, Kq: int, blk: int, NBLK: int, NGRP: int):

@@ -1,0 +1,207 @@
+"""matmul_int8 on AMX tiles (knob ``int8_engine`` = "amx", the default on targets with
+``amx-tile`` + ``amx-int8`` from 16 rows of A): the kernel IR's tile operations (``TileOp``),
+their LLVM lowering (LDTILECFG, TILELOADD, TDPBUSD, TILESTORED), their bounds checks, and exact
+results against onnxruntime / onnx.reference / the ONNX formula in numpy. The code runs where
+the host has AMX (Intel Sapphire Rapids and later) and the OS grants the tile data; elsewhere
+the assembly is checked for the instructions."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+import tensorfuse
+from oracle import node_model, ort_run
+from tensorfuse.compiler.pipeline import optimized_llvm
+from tensorfuse.ir.bounds import BoundsError, check_kernel_bounds
+from tensorfuse.ir.kernel import Buffer, DotAcc, For, If, KernelBuilder, Store, TileOp
+from tensorfuse.ir.schedule import expr_nodes
+from tensorfuse.ir.types import DType
+
+#: an AMX CPU (LLVM's sapphirerapids: amx-tile, amx-int8, AVX-512 VNNI)
+AMX = "llvm -mcpu=sapphirerapids"
+#: the same without AMX
+NO_AMX = "llvm -mcpu=x86-64-v4 -mattr=+avx512vnni"
+
+
+def _walk(stmts, out):
+    for s in stmts:
+        if isinstance(s, For):
+            _walk(s.body, out)
+        elif isinstance(s, If):
+            _walk(s.then, out), _walk(s.orelse, out)
+        else:
+            out.append(s)
+    return out
+
+
+def _tile_ops(mod) -> list[str]:
+    return [s.op for k in mod.kernels for s in _walk(k.body, []) if isinstance(s, TileOp)]
+
+
+def _has_dots(mod) -> bool:
+    return any(isinstance(e, DotAcc) for k in mod.kernels for s in _walk(k.body, []) if isinstance(s, Store)
+               for e in expr_nodes(s.value))
+
+
+def _fixed(**knobs):
+    from tensorfuse.compiler.tuning import TuningRecords
+
+    class Fixed(TuningRecords):
+        def knobs_for(self, key, *args, **kw):
+            return dict(knobs)
+
+        def for_target(self, *args, **kw):
+            return self
+    return Fixed([])
+
+
+def _q(shape, dtype, rng):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, size=shape).astype(dtype)
+
+
+def _check(mod, feeds, expected, atol=0):
+    """Run where the host can (exact, or within ``atol``), else check the assembly."""
+    if not mod.runs_here:
+        _, asm = optimized_llvm(mod.llvm_ir, mod.target)
+        assert re.search(r"tdpbusd\s", asm) and re.search(r"ldtilecfg\s", asm) and re.search(r"tileloadd\s", asm)
+        return
+    (got,) = mod.run(**feeds)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert np.abs(got.astype(np.int64) - expected.astype(np.int64)).max() <= atol
+
+
+MM_CASES = [
+    # A shape, B shape, A dtype, B dtype, a zero point, b zero point (None: absent)
+    ((16, 64), (64, 16), np.uint8, np.int8, 7, None),          # one tile, one K step
+    ((70, 30), (30, 33), np.uint8, np.uint8, 128, 131),        # K < 64 and not a multiple of 4; row and column tails
+    ((2, 24, 100), (100, 96), np.int8, np.int8, -3, 5),        # batch dims folded into the rows
+    ((33, 130), (130, 17), np.int8, np.uint8, 1, 200),
+    ((197, 768), (768, 80), np.uint8, np.int8, 0, 0),          # a ViT's rows
+]
+
+
+@pytest.mark.parametrize("ash,bsh,adt,bdt,az,bz", MM_CASES)
+def test_matmul_integer_on_amx_tiles(ash, bsh, adt, bdt, az, bz):
+    rng = np.random.default_rng(sum(ash) + sum(bsh))
+    a, b = _q(ash, adt, rng), _q(bsh, bdt, rng)
+    inits = {"b": b, "az": np.array(az, adt)}
+    names = ["a", "b", "az"]
+    if bz is not None:
+        inits["bz"] = np.array(bz, bdt)
+        names.append("bz")
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers=inits, input_names=names)
+    mod = tensorfuse.compile(m, target=AMX, cache=False)
+    (k,) = mod.kernels
+    assert k.knobs["int8_engine"] == "amx" and "amx tdpbusd" in k.comment, k.knobs
+    ops = _tile_ops(mod)
+    assert {"config", "zero", "load", "dpbusd", "store", "release"} <= set(ops) and not _has_dots(mod)
+    u8s8 = (adt, bdt) == (np.uint8, np.int8)          # onnxruntime's x86 kernels saturate there
+    want = ReferenceEvaluator(m).run(None, {"a": a})[0] if u8s8 else ort_run(m, {"a": a})[0]
+    _check(mod, {"a": a}, want)
+
+
+def test_amx_per_column_b_zero_points_and_saturation_edge():
+    """b_zero_point [N], and the largest products (255 x -128 over K = 200: exact in int32)."""
+    rng = np.random.default_rng(3)
+    a, b = _q((40, 21), np.int8, rng), _q((21, 35), np.uint8, rng)
+    bz = _q((35,), np.uint8, rng)
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b, "az": np.array(-7, np.int8), "bz": bz},
+                   input_names=["a", "b", "az", "bz"])
+    exp = ((a.astype(np.int64) + 7) @ (b.astype(np.int64) - bz)).astype(np.int32)
+    _check(tensorfuse.compile(m, target=AMX, cache=False), {"a": a}, exp)
+    a = np.full((20, 200), 255, np.uint8)
+    b = np.where(np.arange(200 * 24).reshape(200, 24) % 3 == 0, 127, -128).astype(np.int8)
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b}, input_names=["a", "b"])
+    exp = a.astype(np.int64) @ b.astype(np.int64)
+    assert exp.min() < -255 * 128 * 100
+    mod = tensorfuse.compile(m, target=AMX, cache=False)
+    assert "dpbusd" in _tile_ops(mod)
+    _check(mod, {"a": a}, exp.astype(np.int32))
+
+
+@pytest.mark.parametrize("per_column", [False, True])
+def test_qlinear_matmul_on_amx_tiles(per_column):
+    """The requantizing finish reads the tile products back from the accumulator block
+    (per-column scales and zero points as vectors); against onnxruntime within 1."""
+    rng = np.random.default_rng(4)
+    a, b = _q((50, 90), np.uint8, rng), _q((90, 37), np.uint8, rng)
+    bs = np.linspace(0.01, 0.02, 37).astype(np.float32) if per_column else np.array(0.01, np.float32)
+    bz = rng.integers(100, 151, 37).astype(np.uint8) if per_column else np.array(131, np.uint8)
+    inits = {"as": np.array(0.02, np.float32), "az": np.array(120, np.uint8), "b": b, "bs": bs, "bz": bz,
+             "ys": np.array(0.9, np.float32), "yz": np.array(100, np.uint8)}
+    m = node_model("QLinearMatMul", {"a": a}, {}, initializers=inits,
+                   input_names=["a", "as", "az", "b", "bs", "bz", "ys", "yz"])
+    mod = tensorfuse.compile(m, target=AMX, cache=False)
+    assert "dpbusd" in _tile_ops(mod)
+    _check(mod, {"a": a}, ort_run(m, {"a": a})[0], atol=1)
+
+
+@pytest.mark.parametrize("knobs", [{"int8_tile": (16, 1)}, {"int8_tile": (32, 1), "col_split": 2},
+                                   {"int8_tile": (16, 2), "sweep_rows": 2}, {"int8_tile": (32, 2), "sweep_rows": 2}])
+def test_amx_tile_knobs(knobs):
+    rng = np.random.default_rng(12)
+    a, b = _q((100, 140), np.uint8, rng), _q((140, 90), np.uint8, rng)
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b, "az": np.array(3, np.uint8),
+                                                                "bz": np.array(200, np.uint8)},
+                   input_names=["a", "b", "az", "bz"])
+    mod = tensorfuse.compile(m, target=AMX, tuning=_fixed(int8_engine="amx", **knobs), cache=False)
+    (k,) = mod.kernels
+    assert {n: k.knobs[n] for n in knobs} == knobs, k.knobs
+    # each tile of R rows x NB vectors: R / 16 x NB accumulator tiles, zeroed and multiplied
+    ops, per = _tile_ops(mod), (knobs["int8_tile"][0] // 16) * knobs["int8_tile"][1]
+    assert ops.count("zero") % per == 0 and ops.count("dpbusd") == ops.count("zero") == ops.count("store") > 0
+    _check(mod, {"a": a}, ort_run(m, {"a": a})[0])
+
+
+def test_amx_not_taken_where_it_must_not():
+    """Without AMX in the target, with fewer than 16 rows (the default; the knob still offers
+    it), and for a B computed at run time, the GEMM stays on the vector dot product."""
+    rng = np.random.default_rng(5)
+    a, b = _q((64, 128), np.uint8, rng), _q((128, 64), np.int8, rng)
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b}, input_names=["a", "b"])
+    mod = tensorfuse.compile(m, target=NO_AMX, cache=False)
+    assert not _tile_ops(mod) and _has_dots(mod) and "int8_engine" not in mod.kernels[0].knobs
+    a8 = a[:8]
+    m8 = node_model("MatMulInteger", {"a": a8}, {}, initializers={"b": b}, input_names=["a", "b"])
+    mod8 = tensorfuse.compile(m8, target=AMX, cache=False)
+    assert mod8.kernels[0].knobs["int8_engine"] == "dot" and not _tile_ops(mod8) and _has_dots(mod8)
+    forced = tensorfuse.compile(m8, target=AMX, tuning=_fixed(int8_engine="amx"), cache=False)
+    assert "dpbusd" in _tile_ops(forced)
+    _check(forced, {"a": a8}, ReferenceEvaluator(m8).run(None, {"a": a8})[0])
+    mr = node_model("MatMulInteger", {"a": a, "b": b}, {}, input_names=["a", "b"])
+    modr = tensorfuse.compile(mr, target=AMX, cache=False)
+    assert not _tile_ops(modr) and _has_dots(modr)
+    if modr.runs_here:
+        np.testing.assert_array_equal(modr.run(a=a, b=b)[0], ReferenceEvaluator(mr).run(None, {"a": a, "b": b})[0])
+
+
+def test_tile_ops_in_the_kernel_text():
+    rng = np.random.default_rng(6)
+    a, b = _q((32, 64), np.uint8, rng), _q((64, 32), np.int8, rng)
+    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b}, input_names=["a", "b"])
+    text = str(tensorfuse.compile(m, target=AMX, cache=False).kernels[0])
+    assert "tile_config tmm0=16x64B" in text and "tmm0 += dpbusd(tmm4, tmm6)" in text
+    assert re.search(r"tile_load tmm6 <- \w*bint8\w*\[.*\+ r\*32\] \(16 x 64B\)", text), text
+    assert re.search(r"tile_store tmm\d -> acc\w*\[.*\] \(16 x 64B\)", text) and "tile_release" in text
+
+
+def test_tile_load_and_store_bounds():
+    """Debug mode's bounds check takes a tile load or store as the access of its first and
+    last rows: a tile reaching past its buffer stops the compile."""
+    def kernel(rows, stride):
+        a = Buffer("a", DType.u8, (16 * 64,))
+        y = Buffer("y", DType.i32, (16 * 16,))
+        kb = KernelBuilder("k", [a, y])
+        kb.tile_config([(16, 64)] * 8)
+        kb.tile_load(0, a, 0, stride, rows, 64)
+        kb.tile_store(0, y, 0, 16, 16, 64)
+        return kb.kernel
+    check_kernel_bounds(kernel(16, 64))
+    with pytest.raises(BoundsError, match=r"load of a \[1024 elements.*at elements 1020\.\.1083"):
+        check_kernel_bounds(kernel(16, 68))
+    with pytest.raises(ValueError, match="AMX tile shapes"):
+        KernelBuilder("k", []).tile_config([(17, 64)])
