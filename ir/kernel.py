@@ -673,7 +673,7 @@ class Prefetch(Stmt):
 
 
 #: AMX tile operations (:class:`TileOp`)
-TILE_OPS = ("config", "zero", "load", "store", "dpbusd", "release")
+TILE_OPS = ("config", "zero", "load", "store", "dpbusd", "dpbsud", "release")
 #: x86 AMX: tile registers tmm0..tmm7, each at most 16 rows of 64 bytes
 AMX_TILES, AMX_MAX_ROWS, AMX_MAX_COLSB = 8, 16, 64
 
@@ -693,6 +693,7 @@ class TileOp(Stmt):
     - ``dpbusd``: for tiles (c, a, b): c[m, n] += sum over k < colsb(a) of u8 a[m, k] * s8
       b[k // 4, 4 n + k % 4] (int32 lanes, wrapping), the 16 x 16 int32 product of an u8
       [16, 64] tile and an s8 [64, 16] one packed four k to a 32-bit lane.
+    - ``dpbsud``: as ``dpbusd`` with a signed (s8) and b unsigned (u8): TDPBSUD.
     - ``release``: the tiles back to their initial state (the thread's extended state small
       again).
     Bounds checking treats a load as a read and a store as a write of each row."""
@@ -891,6 +892,10 @@ class KernelBuilder:
     def tile_dpbusd(self, c: int, a: int, b: int) -> None:
         """A :class:`TileOp` ``dpbusd``: tile c += tile a (u8) x tile b (s8, four k per lane)."""
         self._emit(TileOp("dpbusd", (c, a, b)))
+
+    def tile_dpbsud(self, c: int, a: int, b: int) -> None:
+        """A :class:`TileOp` ``dpbsud``: tile c += tile a (s8) x tile b (u8, four k per lane)."""
+        self._emit(TileOp("dpbsud", (c, a, b)))
 
     def tile_release(self) -> None:
         """A :class:`TileOp` ``release``."""

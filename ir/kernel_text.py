@@ -81,9 +81,9 @@ def _print_body(stmts, depth, out):
                 arrow = "<-" if s.op == "load" else "->"
                 out.append(f"{pad}tile_{s.op} tmm{s.tiles[0]} {arrow} {s.buf.name}[{print_expr(s.index)} + r*{s.stride}] "
                            f"({s.rows} x {s.colsb}B)")
-            elif s.op == "dpbusd":
+            elif s.op in ("dpbusd", "dpbsud"):
                 c, a, b = s.tiles
-                out.append(f"{pad}tmm{c} += dpbusd(tmm{a}, tmm{b})")
+                out.append(f"{pad}tmm{c} += {s.op}(tmm{a}, tmm{b})")
             else:
                 out.append(f"{pad}tile_{s.op}{' tmm%d' % s.tiles[0] if s.tiles else ''}")
         else:

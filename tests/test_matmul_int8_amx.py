@@ -205,3 +205,67 @@ def test_tile_load_and_store_bounds():
         check_kernel_bounds(kernel(16, 68))
     with pytest.raises(ValueError, match="AMX tile shapes"):
         KernelBuilder("k", []).tile_config([(17, 64)])
+
+
+# ----------------------------------------------------------------------------- conv2d_int8 on AMX
+def _qconv(**kw):
+    from test_int8_schedules import _qconv_model, _unfused_ort
+    m, feeds = _qconv_model(**kw)
+    return m, feeds, _unfused_ort(m, feeds)
+
+
+def _conv_kernel(mod):
+    return next(k for k in mod.kernels if "int8_layout" in k.knobs)
+
+
+@pytest.mark.parametrize("case", [
+    dict(c=64, m=40, hw=9, k=3),                       # rows of 9 (a partial pixel vector), 40 channels: a tile half used
+    dict(c=64, m=64, hw=7, k=1),                       # a 7x7 plane: the flat layout
+    dict(c=128, m=32, hw=15, k=3, stride=2),           # stride 2: the panel's phase copies
+    dict(c=64, m=80, hw=6, k=1, residual=True),        # the residual Add read at the pixels' offsets
+    dict(c=64, m=48, hw=12, k=3, pads=[0, 1, 2, 0], dil=2, bias=False),
+])
+@pytest.mark.parametrize("knobs", [{}, {"int8_tile": (1, 16)}, {"int8_tile": (2, 16), "oc_split": 2},
+                                   {"int8_tile": (1, 32), "int8_stage": "none"}])
+def test_conv_int8_on_amx_tiles(case, knobs):
+    """QDQ convolutions (u8 activations, s8 per-channel weights) on TDPBSUD tiles: exact int32
+    sums as VPDPBUSD's, so the result is onnxruntime's unfused QDQ one within 1 (its float
+    rounding of the requantisation)."""
+    m, feeds, want = _qconv(**case)
+    mod = tensorfuse.compile(m, target=AMX, tuning=_fixed(**knobs) if knobs else None, cache=False)
+    k = _conv_kernel(mod)
+    assert k.knobs["int8_engine"] == "amx" and k.knobs["int8_layout"] in ("rows", "flat"), k.knobs
+    assert {n: k.knobs[n] for n in knobs} == knobs, k.knobs
+    assert "dpbsud" in _tile_ops(mod) and "amx tdpbsud" in k.comment
+    if mod.runs_here:
+        got = mod.run(**feeds)[0]
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    else:
+        _, asm = optimized_llvm(mod.llvm_ir, mod.target)
+        assert re.search(r"tdpbsud\s", asm)
+
+
+def test_conv_int8_amx_not_taken_where_it_must_not():
+    """Channels that do not fill 64-byte tile rows (C = 48), weights whose zero point needs the
+    pixels' sums (u8 weights), and a target without AMX keep the vector dot product; the
+    knob still chooses it where AMX applies."""
+    for case, target in ((dict(c=48, m=32, hw=8, k=3), AMX), (dict(c=64, m=32, hw=8, k=3), NO_AMX)):
+        m, feeds, want = _qconv(**case)
+        mod = tensorfuse.compile(m, target=target, cache=False)
+        assert not _tile_ops(mod) and _conv_kernel(mod).knobs.get("int8_engine", "dot") == "dot"
+        if mod.runs_here:
+            assert np.abs(mod.run(**feeds)[0].astype(int) - want.astype(int)).max() <= 1
+    rng = np.random.default_rng(8)
+    x, w = _q((1, 64, 8, 8), np.uint8, rng), _q((32, 64, 3, 3), np.uint8, rng)
+    m = node_model("ConvInteger", {"x": x}, {"pads": [1, 1, 1, 1]},
+                   initializers={"w": w, "xz": np.array(3, np.uint8), "wz": np.array(100, np.uint8)},
+                   input_names=["x", "w", "xz", "wz"])
+    mod = tensorfuse.compile(m, target=AMX, cache=False)
+    assert not _tile_ops(mod)
+    if mod.runs_here:
+        np.testing.assert_array_equal(mod.run(x=x)[0], ort_run(m, {"x": x})[0])
+    m2, feeds2, want2 = _qconv(c=64, m=32, hw=8, k=3)
+    dot = tensorfuse.compile(m2, target=AMX, tuning=_fixed(int8_engine="dot"), cache=False)
+    assert not _tile_ops(dot) and _has_dots(dot)
+    if dot.runs_here:
+        assert np.abs(dot.run(**feeds2)[0].astype(int) - want2.astype(int)).max() <= 1

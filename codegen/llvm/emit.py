@@ -486,7 +486,7 @@ class _FnEmitter:
     def tile_op(self, s: TileOp) -> None:
         """:class:`TileOp` as LLVM's x86 AMX intrinsics with the tile numbers as immediates
         (``llvm.x86.ldtilecfg`` of a 64-byte configuration held in a private constant,
-        ``tilezero``, ``tileloadd64``, ``tilestored64`` with the row stride in bytes, ``tdpbusd``,
+        ``tilezero``, ``tileloadd64``, ``tilestored64`` with the row stride in bytes, ``tdpbusd`` / ``tdpbsud``,
         ``tilerelease``)."""
         b = self.b
         i8, void = ir.IntType(8), ir.VoidType()
@@ -515,8 +515,8 @@ class _FnEmitter:
             stride = ir.Constant(I64, s.stride * s.buf.dtype.itemsize)
             name = "llvm.x86.tileloadd64" if s.op == "load" else "llvm.x86.tilestored64"
             b.call(self._decl(name, void, [i8, PTR, I64]), [imm(s.tiles[0]), b.bitcast(p, PTR), stride])
-        elif s.op == "dpbusd":
-            b.call(self._decl("llvm.x86.tdpbusd", void, [i8, i8, i8]), [imm(t) for t in s.tiles])
+        elif s.op in ("dpbusd", "dpbsud"):
+            b.call(self._decl(f"llvm.x86.t{s.op}", void, [i8, i8, i8]), [imm(t) for t in s.tiles])
         elif s.op == "release":
             b.call(self._decl("llvm.x86.tilerelease", void, []), [])
         else:

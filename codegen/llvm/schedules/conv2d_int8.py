@@ -144,6 +144,8 @@ def _flat_vectors(geo, L: int, rb: int) -> int:
 #: kernels of at most this many taps run all of them in one step of the channel loop (larger
 #: ones one kernel row per step)
 MAX_UNROLLED_TAPS = 16
+#: packed 32-bit words (4 channels each) of one AMX tile row: 64 bytes
+AMX_KQ = 16
 #: default bound of the flat layout's panel (a whole small plane: resnet's 7x7 x 512 channels
 #: takes 59 KiB, in L2)
 FLAT_PANEL_BYTES = 96 * 1024
@@ -362,14 +364,15 @@ def _pixel_addressable(ctx: LowerCtx, y) -> bool:
     return all(probe.addresses(b.shape) for b in ctx.epilogue_inputs)
 
 
-def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: bool = False):
+def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: bool = False, amx: bool = False):
     """(flat, form, band_rows): the flat layout where a stride-1 (or 1x1) convolution's short rows leave
     too many lanes of the row layout idle (7-column rows: 7 of 8 lanes per 8-lane vector in
     rows, 12.25 of 16 per 16-lane vector flat), or (``prefer_flat``: a contiguous flat band
     whose epilogue reads tensors, :func:`_contiguous_flat`) as many, the lanes, and the band of
-    output rows."""
+    output rows. ``amx``: AMX tiles may take the conv, whose rows are 16 pixels: the widest
+    vector only."""
     OH, OW = geo.out_shape
-    widths = _widths(ctx)
+    widths = _widths(ctx)[:1] if amx else _widths(ctx)
     split = ctx.target.datapath_bits < ctx.target.vector_bits
     flat_ok = _flat_geometry(geo)
 
@@ -390,7 +393,7 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
         rb = flat_band(Lf)
         return rb * OW / _flat_vectors(geo, Lf, rb) / vector_cost(ctx.target, Lf)
 
-    row_L = _row_lanes(ctx, OW)
+    row_L = widths[0] if amx else _row_lanes(ctx, OW)
     # the flat layout at the widest vector; where the target splits wide vectors, at the width
     # that computes most output pixels per issue slot (a 7x7 plane: seven 8-lane vectors, not
     # four 16-lane ones with 15 lanes computing nothing)
@@ -493,8 +496,11 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     pw0 = int8.offset_weights(wv.reshape(G * M, K), wz, form0, w.dtype)
     chan_ok = (form0.isa == "vnni" and form0.lanes == 16 and G == 1 and M >= 16
                and not pw0.need_rowsum and _pixel_addressable(ctx, y))
+    # where AMX tiles can take the conv (pixel layouts only), the channel layout is not offered
+    amx_pre = (int8.has_amx(ctx.target) and form0.isa == "vnni" and form0.lanes == 16 and not pw0.need_rowsum
+               and Cq % AMX_KQ == 0 and M >= 16)
     layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
-                               chan_ok=chan_ok)
+                               chan_ok=chan_ok and not amx_pre, amx=amx_pre)
     flat, chan = layout == "flat", layout == "channels"
     contiguous = contiguous and flat
     L = form.lanes
@@ -514,6 +520,13 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         ocn = min(M, (regs - 2 - slots * (2 if rowsum else 1)) // slots, 16)
         if ocn >= 2:
             tile0 = (slots, ocn)
+    # AMX tiles (TDPBSUD: the packed weights, s8, as the 16-row A tiles, one output channel a
+    # row; the panel's words of 16 pixels as the B tiles, one channel word a row; the same
+    # exact sums as VPDPBUSD's) where the channels fill whole 64-byte tile rows
+    amx_ok = (int8.has_amx(ctx.target) and not chan and form.isa == "vnni" and L == 16 and not rowsum
+              and Cq % AMX_KQ == 0 and M >= 16)
+    amx = amx_ok and knob("int8_engine", ["dot", "amx"], "amx",
+                          doc="dot: VPDPBUSD on registers; amx: AMX tiles (TDPBSUD, 16 channels x 16 pixels a tile)") == "amx"
     if chan:
         # RP pixels x OCV vectors of 16 output channels; the weights packed per vector (OCn 16)
         slots = RB * OW
@@ -524,6 +537,11 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         shuffled = not RP & (RP - 1) and knob(
             "int8_transpose", ["shuffle", "scatter"], "shuffle",
             doc="channel layout: the tile transposed by register shuffles or stored lane by lane") == "shuffle"
+    elif amx:
+        # RP pixel vectors x OCn channels: RP * OCn / 16 accumulator tiles, OCn / 16 weight
+        # tiles and RP panel tiles (at most 8)
+        RP, OCn = knob("int8_tile", [(rp, ocn) for rp in (1, 2) for ocn in (16, 32) if rp <= slots],
+                       (min(2, slots), 32 if M > 16 else 16), doc="AMX tile: pixel vectors x output channels")
     else:
         RP, OCn = knob("int8_tile", _tiles(regs, rowsum, M, slots), tile0,
                        doc="register tile: pixel vectors x output channels")
@@ -539,7 +557,12 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     wpad = np.zeros((G, MBP, Cq * g, KH, KW), np.int64)
     wpad[:, :M, :C] = pw_.w_p.reshape(G, M, C, KH, KW)
     # [G, MB, OCn, Cq, g, KH, KW] -> [G, MB, Cq, KH, KW, OCn, g]
-    wt = wpad.reshape(G, MB, OCn, Cq, g, KH, KW).transpose(0, 1, 3, 5, 6, 2, 4)
+    if amx:
+        # [G, MB, OCn, Cq/16, 16, g, KH, KW] -> [G, MB, KH, KW, Cq/16, OCn, 16, g]: an A tile
+        # (16 channels x 16 words of one tap) is 1 KB in one piece
+        wt = wpad.reshape(G, MB, OCn, Cq // AMX_KQ, AMX_KQ, g, KH, KW).transpose(0, 1, 6, 7, 3, 2, 4, 5)
+    else:
+        wt = wpad.reshape(G, MB, OCn, Cq, g, KH, KW).transpose(0, 1, 3, 5, 6, 2, 4)
     wp = ctx.pack(int8.pack_lanes(wt, form), "wint8")
     corr = np.zeros((2, G, MBP), np.int32)
     corr[0, :, :M] = pw_.corr.reshape(G, M)
@@ -569,7 +592,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         kb0 = ctx.kernel("pack", params=[x] + ([x_zero] if x_zero is not None else []) + [xps])
         kb0.kernel.comment += f"  [int8 panels of {PB} band(s) packed for {form.isa} {form.packing}: {[PB, Cq, PL]} words]"
     kb = ctx.kernel(params=params_ + ([xps] if shared else []))
-    kb.kernel.comment += (f"  [int8 {form.isa} {form.packing} x{L}: "
+    kb.kernel.comment += (f"  [int8 {'amx tdpbsud' if amx else form.isa} {form.packing} x{L}: "
                           + (f"channels as lanes, tile {RP} pixels x {OCV} vectors of {L} channels, " if chan else
                              f"tile {RP} pixel vectors x {OCn} channels, ")
                           + f"{'flat ' if flat else ''}band {RB} rows, panel {[Cq_, NR, KR, COLS]}"
@@ -787,6 +810,8 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         band = rest / SPLIT if SPLIT > 1 else rest
         part = rest % SPLIT if SPLIT > 1 else as_expr(0)
         oh0 = band * RB
+        if amx:
+            kb.tile_config([(16, 64)] * 8)
         zx = zero_point()
         a_corr = zx.cast(i32) + s_off                 # a of the correction
         if shared:
@@ -868,6 +893,31 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 kr = phases.index(kw * dw % sw)
                 coff = kw * dw // sw
                 return pbase + cq * PL + ((rows[p] * RS + kh * KS) * KR + kr) * COLS + vecs[p] * L + coff
+            if amx:
+                # accumulator tile p * NT + h: pixel vector p x channels h*16 ..; weight tiles
+                # 4 + h, panel tiles 6 + p; stored to the accumulator block as the register
+                # tile's (p, j) vectors, then the same epilogue
+                NT = OCn // 16
+                for q in range(rp * NT):
+                    kb.tile_zero(q)
+                with kb.reduce(Cq // AMX_KQ, hint="cs") as cs:
+                    for kh in range(KH):
+                        for kw in range(KW):
+                            for h in range(NT):
+                                wo = (((((gi * MB + mb) * KH + kh) * KW + kw) * (Cq // AMX_KQ) + cs) * OCn + h * 16) * AMX_KQ
+                                kb.tile_load(4 + h, wp, wo, AMX_KQ, 16, 64)
+                            for p in range(rp):
+                                kb.tile_load(6 + p, xp, xaddr(cs * AMX_KQ, p, kh, kw), PL, 16, 64)
+                            for p in range(rp):
+                                for h in range(NT):
+                                    kb.tile_dpbsud(p * NT + h, 4 + h, 6 + p)
+                src = accs if epi_loop else acc
+                for p in range(rp):
+                    for h in range(NT):
+                        kb.tile_store(p * NT + h, src, (p * (OCn + 1) + h * 16) * L, L, 16, 64)
+                for mode[0] in (("compute", "copy") if staged else ("compute",)):
+                    epilogue(mb, s0, rp, rows, vecs, src, epi_loop)
+                return
             for q in range(rp * (OCn + 1)):
                 kb.store(acc, q * L, zero)
             def taps(cq, kh):
@@ -1067,6 +1117,8 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                         tile(mb, st * RP, RP)
                 if slots % RP:
                     tile(mb, as_expr(full * RP), slots % RP)
+        if amx:
+            kb.tile_release()
     return kb
 
 
