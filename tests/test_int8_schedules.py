@@ -280,9 +280,9 @@ MM_CASES = [
 ]
 
 
-@pytest.mark.parametrize("form", list(FORMS))
-@pytest.mark.parametrize("ash,bsh,adt,bdt,az,bz", MM_CASES)
-def test_matmul_integer(form, ash, bsh, adt, bdt, az, bz):
+def _mm_integer_model(ash, bsh, adt, bdt, az, bz):
+    """A MatMulInteger of a random A (the input) and a constant B with the zero points given
+    (bz None: absent); returns (model, a)."""
     rng = np.random.default_rng(sum(ash) + sum(bsh))
     a, b = _q(ash, adt, rng), _q(bsh, bdt, rng)
     inits = {"b": b, "az": np.array(az, adt)}
@@ -290,7 +290,13 @@ def test_matmul_integer(form, ash, bsh, adt, bdt, az, bz):
     if bz is not None:
         inits["bz"] = np.array(bz, bdt)
         names.append("bz")
-    m = node_model("MatMulInteger", {"a": a}, {}, initializers=inits, input_names=names)
+    return node_model("MatMulInteger", {"a": a}, {}, initializers=inits, input_names=names), a
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("ash,bsh,adt,bdt,az,bz", MM_CASES)
+def test_matmul_integer(form, ash, bsh, adt, bdt, az, bz):
+    m, a = _mm_integer_model(ash, bsh, adt, bdt, az, bz)
     exp = _oracle(m, {"a": a}, (adt, bdt) == (np.uint8, np.int8))
     _compile_check(m, {"a": a}, form, exp, "matmul_int8")
 

@@ -14,6 +14,7 @@ from onnx.reference import ReferenceEvaluator
 
 import tensorfuse
 from oracle import node_model, ort_run
+from test_int8_schedules import _fixed, _mm_integer_model
 from tensorfuse.compiler.pipeline import optimized_llvm
 from tensorfuse.ir.bounds import BoundsError, check_kernel_bounds
 from tensorfuse.ir.kernel import Buffer, DotAcc, For, If, KernelBuilder, Store, TileOp
@@ -46,18 +47,6 @@ def _has_dots(mod) -> bool:
                for e in expr_nodes(s.value))
 
 
-def _fixed(**knobs):
-    from tensorfuse.compiler.tuning import TuningRecords
-
-    class Fixed(TuningRecords):
-        def knobs_for(self, key, *args, **kw):
-            return dict(knobs)
-
-        def for_target(self, *args, **kw):
-            return self
-    return Fixed([])
-
-
 def _q(shape, dtype, rng):
     info = np.iinfo(dtype)
     return rng.integers(info.min, info.max + 1, size=shape).astype(dtype)
@@ -86,14 +75,7 @@ MM_CASES = [
 
 @pytest.mark.parametrize("ash,bsh,adt,bdt,az,bz", MM_CASES)
 def test_matmul_integer_on_amx_tiles(ash, bsh, adt, bdt, az, bz):
-    rng = np.random.default_rng(sum(ash) + sum(bsh))
-    a, b = _q(ash, adt, rng), _q(bsh, bdt, rng)
-    inits = {"b": b, "az": np.array(az, adt)}
-    names = ["a", "b", "az"]
-    if bz is not None:
-        inits["bz"] = np.array(bz, bdt)
-        names.append("bz")
-    m = node_model("MatMulInteger", {"a": a}, {}, initializers=inits, input_names=names)
+    m, a = _mm_integer_model(ash, bsh, adt, bdt, az, bz)
     mod = tensorfuse.compile(m, target=AMX, cache=False)
     (k,) = mod.kernels
     assert k.knobs["int8_engine"] == "amx" and "amx tdpbusd" in k.comment, k.knobs
@@ -143,11 +125,7 @@ def test_qlinear_matmul_on_amx_tiles(per_column):
 @pytest.mark.parametrize("knobs", [{"int8_tile": (16, 1)}, {"int8_tile": (32, 1), "col_split": 2},
                                    {"int8_tile": (16, 2), "sweep_rows": 2}, {"int8_tile": (32, 2), "sweep_rows": 2}])
 def test_amx_tile_knobs(knobs):
-    rng = np.random.default_rng(12)
-    a, b = _q((100, 140), np.uint8, rng), _q((140, 90), np.uint8, rng)
-    m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b, "az": np.array(3, np.uint8),
-                                                                "bz": np.array(200, np.uint8)},
-                   input_names=["a", "b", "az", "bz"])
+    m, a = _mm_integer_model((100, 140), (140, 90), np.uint8, np.uint8, 3, 200)
     mod = tensorfuse.compile(m, target=AMX, tuning=_fixed(int8_engine="amx", **knobs), cache=False)
     (k,) = mod.kernels
     assert {n: k.knobs[n] for n in knobs} == knobs, k.knobs
