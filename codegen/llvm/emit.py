@@ -497,7 +497,7 @@ class _FnEmitter:
             for t, (rows, colsb) in enumerate(s.shapes):
                 cfg[16 + 2 * t:18 + 2 * t] = int(colsb).to_bytes(2, "little")
                 cfg[48 + t] = rows
-            name = "tf.tilecfg." + bytes(cfg).hex()[:64] + bytes(cfg[48:56]).hex()
+            name = "tf.tilecfg." + bytes(cfg).hex()
             g = self.m.globals.get(name)
             if g is None:
                 at = ir.ArrayType(i8, 64)

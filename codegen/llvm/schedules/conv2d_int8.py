@@ -144,8 +144,6 @@ def _flat_vectors(geo, L: int, rb: int) -> int:
 #: kernels of at most this many taps run all of them in one step of the channel loop (larger
 #: ones one kernel row per step)
 MAX_UNROLLED_TAPS = 16
-#: packed 32-bit words (4 channels each) of one AMX tile row: 64 bytes
-AMX_KQ = 16
 #: default bound of the flat layout's panel (a whole small plane: resnet's 7x7 x 512 channels
 #: takes 59 KiB, in L2)
 FLAT_PANEL_BYTES = 96 * 1024
@@ -498,7 +496,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                and not pw0.need_rowsum and _pixel_addressable(ctx, y))
     # where AMX tiles can take the conv (pixel layouts only), the channel layout is not offered
     amx_pre = (int8.has_amx(ctx.target) and form0.isa == "vnni" and form0.lanes == 16 and not pw0.need_rowsum
-               and Cq % AMX_KQ == 0 and M >= 16)
+               and Cq % int8.AMX_KQ == 0 and M >= 16)
     layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
                                chan_ok=chan_ok and not amx_pre, amx=amx_pre)
     flat, chan = layout == "flat", layout == "channels"
@@ -522,10 +520,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             tile0 = (slots, ocn)
     # AMX tiles (TDPBSUD: the packed weights, s8, as the 16-row A tiles, one output channel a
     # row; the panel's words of 16 pixels as the B tiles, one channel word a row; the same
-    # exact sums as VPDPBUSD's) where the channels fill whole 64-byte tile rows
-    amx_ok = (int8.has_amx(ctx.target) and not chan and form.isa == "vnni" and L == 16 and not rowsum
-              and Cq % AMX_KQ == 0 and M >= 16)
-    amx = amx_ok and knob("int8_engine", ["dot", "amx"], "amx",
+    # exact sums as VPDPBUSD's) where the channels fill whole 64-byte tile rows; amx_pre left
+    # out the channel layout and narrower lanes, so form is form0 and needs no row sums
+    amx = amx_pre and knob("int8_engine", ["dot", "amx"], "amx",
                           doc="dot: VPDPBUSD on registers; amx: AMX tiles (TDPBSUD, 16 channels x 16 pixels a tile)") == "amx"
     if chan:
         # RP pixels x OCV vectors of 16 output channels; the weights packed per vector (OCn 16)
@@ -560,7 +557,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     if amx:
         # [G, MB, OCn, Cq/16, 16, g, KH, KW] -> [G, MB, KH, KW, Cq/16, OCn, 16, g]: an A tile
         # (16 channels x 16 words of one tap) is 1 KB in one piece
-        wt = wpad.reshape(G, MB, OCn, Cq // AMX_KQ, AMX_KQ, g, KH, KW).transpose(0, 1, 6, 7, 3, 2, 4, 5)
+        wt = wpad.reshape(G, MB, OCn, Cq // int8.AMX_KQ, int8.AMX_KQ, g, KH, KW).transpose(0, 1, 6, 7, 3, 2, 4, 5)
     else:
         wt = wpad.reshape(G, MB, OCn, Cq, g, KH, KW).transpose(0, 1, 3, 5, 6, 2, 4)
     wp = ctx.pack(int8.pack_lanes(wt, form), "wint8")
@@ -900,14 +897,14 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 NT = OCn // 16
                 for q in range(rp * NT):
                     kb.tile_zero(q)
-                with kb.reduce(Cq // AMX_KQ, hint="cs") as cs:
+                with kb.reduce(Cq // int8.AMX_KQ, hint="cs") as cs:
                     for kh in range(KH):
                         for kw in range(KW):
                             for h in range(NT):
-                                wo = (((((gi * MB + mb) * KH + kh) * KW + kw) * (Cq // AMX_KQ) + cs) * OCn + h * 16) * AMX_KQ
-                                kb.tile_load(4 + h, wp, wo, AMX_KQ, 16, 64)
+                                wo = (((((gi * MB + mb) * KH + kh) * KW + kw) * (Cq // int8.AMX_KQ) + cs) * OCn + h * 16) * int8.AMX_KQ
+                                kb.tile_load(4 + h, wp, wo, int8.AMX_KQ, 16, 64)
                             for p in range(rp):
-                                kb.tile_load(6 + p, xp, xaddr(cs * AMX_KQ, p, kh, kw), PL, 16, 64)
+                                kb.tile_load(6 + p, xp, xaddr(cs * int8.AMX_KQ, p, kh, kw), PL, 16, 64)
                             for p in range(rp):
                                 for h in range(NT):
                                     kb.tile_dpbsud(p * NT + h, 4 + h, 6 + p)

@@ -87,6 +87,11 @@ def dot_forms(target) -> list[DotForm]:
     return out
 
 
+#: packed 32-bit words of one AMX tile row (64 bytes: 64 u8 / s8 values, four to a word): the
+#: reduction step of the tile products
+AMX_KQ = 16
+
+
 def has_amx(target) -> bool:
     """Whether ``target`` has AMX tiles with the int8 dot product (``amx-tile`` and
     ``amx-int8``: Intel Sapphire Rapids and later) beside AVX-512 VNNI (whose 16-lane u8s8

@@ -48,8 +48,6 @@ MIN_TASKS = 8
 #: rows of A (per group) from which ``int8_engine`` defaults to AMX tiles where the target has
 #: them (a 16-row tile half empty below)
 AMX_MIN_ROWS = 16
-#: packed 32-bit words of K per AMX tile step (64 bytes: 64 k of u8 / s8)
-AMX_KQ = 16
 
 
 def _applies(ctx: LowerCtx, mm: MatMulSpec) -> bool:
@@ -96,11 +94,10 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     NGRP = b.numel // (K * N) if runtime_b else 1
     RG = rows // NGRP
     forms = int8.dot_forms(ctx.target)
-    engines = ["dot", "amx"] if int8.has_amx(ctx.target) and not runtime_b else ["dot"]
-    ENGINE = knob("int8_engine", engines, "amx" if len(engines) > 1 and RG >= AMX_MIN_ROWS else "dot",
-                  doc="dot: the vector dot product (VPDPBUSD / VPMADDWD) on registers; amx: AMX "
-                      "tiles (TDPBUSD on 16 x 64-byte tiles)") if len(engines) > 1 else "dot"
-    amx = ENGINE == "amx"
+    amx = int8.has_amx(ctx.target) and not runtime_b and knob(
+        "int8_engine", ["dot", "amx"], "amx" if RG >= AMX_MIN_ROWS else "dot",
+        doc="dot: the vector dot product (VPDPBUSD / VPMADDWD) on registers; amx: AMX tiles "
+            "(TDPBUSD on 16 x 64-byte tiles)") == "amx"
     if amx:
         forms = [f for f in forms if f.isa == "vnni" and f.lanes == 16]
     widths = [f.lanes for f in forms]
@@ -113,7 +110,7 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     if amx:
         # tiles of 16 rows: R / 16 A tiles and NB B tiles feed R / 16 * NB accumulator tiles,
         # at most 8 tiles in all; K in steps of 64 (16 packed words), zero beyond K
-        Kq = -(-Kq // AMX_KQ) * AMX_KQ
+        Kq = -(-Kq // int8.AMX_KQ) * int8.AMX_KQ
         tiles = [(r, nb) for r in (16, 32) for nb in (1, 2) if nb <= nvec]
         tile0 = (32 if RG >= 32 else 16, min(2, nvec))
     else:
@@ -239,11 +236,11 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
         nt = R // 16
         for q in range(nt * NB):
             kb.tile_zero(q)
-        with kb.reduce(Kq // AMX_KQ, hint="ks") as ks:
+        with kb.reduce(Kq // int8.AMX_KQ, hint="ks") as ks:
             for ti in range(nt):
-                kb.tile_load(4 + ti, ap, (lr0 + ti * 16) * Kq + ks * AMX_KQ, Kq, 16, 64)
+                kb.tile_load(4 + ti, ap, (lr0 + ti * 16) * Kq + ks * int8.AMX_KQ, Kq, 16, 64)
             for v in range(NB):
-                kb.tile_load(6 + v, bp, (jb * Kq + ks * AMX_KQ) * blk + v * L, blk, 16, 64)
+                kb.tile_load(6 + v, bp, (jb * Kq + ks * int8.AMX_KQ) * blk + v * L, blk, 16, 64)
             for ti in range(nt):
                 for v in range(NB):
                     kb.tile_dpbusd(ti * NB + v, 4 + ti, 6 + v)
