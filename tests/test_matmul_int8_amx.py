@@ -1,5 +1,6 @@
-"""matmul_int8 on AMX tiles (knob ``int8_engine`` = "amx", the default on targets with
-``amx-tile`` + ``amx-int8`` from 16 rows of A): the kernel IR's tile operations (``TileOp``),
+"""matmul_int8 and conv2d_int8 on AMX tiles (knob ``int8_engine`` = "amx", the default on
+targets with ``amx-tile`` + ``amx-int8`` from 16 rows of A and two 64-byte steps of the
+reduction): the kernel IR's tile operations (``TileOp``),
 their LLVM lowering (LDTILECFG, TILELOADD, TDPBUSD, TILESTORED), their bounds checks, and exact
 results against onnxruntime / onnx.reference / the ONNX formula in numpy. The code runs where
 the host has AMX (Intel Sapphire Rapids and later) and the OS grants the tile data; elsewhere
@@ -15,6 +16,7 @@ from onnx.reference import ReferenceEvaluator
 import tensorfuse
 from oracle import node_model, ort_run
 from test_int8_schedules import _fixed, _mm_integer_model
+from tensorfuse.codegen.llvm.schedules import int8 as _int8
 from tensorfuse.compiler.pipeline import optimized_llvm
 from tensorfuse.ir.bounds import BoundsError, check_kernel_bounds
 from tensorfuse.ir.kernel import Buffer, DotAcc, For, If, KernelBuilder, Store, TileOp
@@ -76,7 +78,9 @@ MM_CASES = [
 @pytest.mark.parametrize("ash,bsh,adt,bdt,az,bz", MM_CASES)
 def test_matmul_integer_on_amx_tiles(ash, bsh, adt, bdt, az, bz):
     m, a = _mm_integer_model(ash, bsh, adt, bdt, az, bz)
-    mod = tensorfuse.compile(m, target=AMX, cache=False)
+    # the default from two 64-byte steps of K (test_amx_default_needs_two_reduction_steps)
+    one_step = ash[-1] <= 64
+    mod = tensorfuse.compile(m, target=AMX, tuning=_fixed(int8_engine="amx") if one_step else None, cache=False)
     (k,) = mod.kernels
     assert k.knobs["int8_engine"] == "amx" and "amx tdpbusd" in k.comment, k.knobs
     ops = _tile_ops(mod)
@@ -159,7 +163,7 @@ def test_amx_not_taken_where_it_must_not():
 
 def test_tile_ops_in_the_kernel_text():
     rng = np.random.default_rng(6)
-    a, b = _q((32, 64), np.uint8, rng), _q((64, 32), np.int8, rng)
+    a, b = _q((32, 128), np.uint8, rng), _q((128, 32), np.int8, rng)
     m = node_model("MatMulInteger", {"a": a}, {}, initializers={"b": b}, input_names=["a", "b"])
     text = str(tensorfuse.compile(m, target=AMX, cache=False).kernels[0])
     assert "tile_config tmm0=16x64B" in text and "tmm0 += dpbusd(tmm4, tmm6)" in text
@@ -210,6 +214,8 @@ def test_conv_int8_on_amx_tiles(case, knobs):
     sums as VPDPBUSD's, so the result is onnxruntime's unfused QDQ one within 1 (its float
     rounding of the requantisation)."""
     m, feeds, want = _qconv(**case)
+    if case["k"] == 1 and case["c"] == 64:      # one tile step: AMX only when asked for
+        knobs = {**knobs, "int8_engine": "amx"}
     mod = tensorfuse.compile(m, target=AMX, tuning=_fixed(**knobs) if knobs else None, cache=False)
     k = _conv_kernel(mod)
     assert k.knobs["int8_engine"] == "amx" and k.knobs["int8_layout"] in ("rows", "flat"), k.knobs
@@ -247,3 +253,29 @@ def test_conv_int8_amx_not_taken_where_it_must_not():
     assert not _tile_ops(dot) and _has_dots(dot)
     if dot.runs_here:
         assert np.abs(dot.run(**feeds2)[0].astype(int) - want2.astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("kind,size,engine", [
+    ("matmul", 64, "dot"), ("matmul", 65, "amx"), ("matmul", 256, "amx"),
+    ("conv1x1", 64, "dot"), ("conv1x1", 128, "amx"), ("conv3x3", 64, "amx"),
+])
+def test_amx_default_needs_two_reduction_steps(kind, size, engine):
+    """int8_engine defaults to AMX tiles only from int8.AMX_MIN_STEPS (2) 64-byte steps of the
+    reduction per accumulator tile (K of a GEMM, KH * KW * C of a conv): with one step the tile
+    store and reload per 16 x 16 outputs cost more than the tile product saves. Either way the
+    result is exact (the GEMM) or onnxruntime's unfused QDQ within 1 (the conv)."""
+    rng = np.random.default_rng(9)
+    if kind == "matmul":
+        m, a = _mm_integer_model((48, size), (size, 40), np.uint8, np.int8, 5, None)
+        mod = tensorfuse.compile(m, target=AMX, cache=False)
+        k, feeds, want, atol = mod.kernels[0], {"a": a}, ReferenceEvaluator(m).run(None, {"a": a})[0], 0
+    else:
+        m, feeds, want = _qconv(c=size, m=32, hw=8, k=1 if kind == "conv1x1" else 3)
+        mod = tensorfuse.compile(m, target=AMX, cache=False)
+        k, atol = _conv_kernel(mod), 1
+    assert k.knobs["int8_engine"] == engine, k.knobs
+    assert ("amx tdpb" in k.comment) == (engine == "amx") and bool(_tile_ops(mod)) == (engine == "amx")
+    assert _int8.AMX_MIN_STEPS == 2
+    if mod.runs_here:
+        got = mod.run(**feeds)[0]
+        assert np.abs(got.astype(np.int64) - want.astype(np.int64)).max() <= atol

@@ -494,11 +494,19 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     pw0 = int8.offset_weights(wv.reshape(G * M, K), wz, form0, w.dtype)
     chan_ok = (form0.isa == "vnni" and form0.lanes == 16 and G == 1 and M >= 16
                and not pw0.need_rowsum and _pixel_addressable(ctx, y))
-    # where AMX tiles can take the conv (pixel layouts only), the channel layout is not offered
-    amx_pre = (int8.has_amx(ctx.target) and form0.isa == "vnni" and form0.lanes == 16 and not pw0.need_rowsum
-               and Cq % int8.AMX_KQ == 0 and M >= 16)
+    # AMX tiles (TDPBSUD: the packed weights, s8, as the 16-row A tiles, one output channel a
+    # row; the panel's words of 16 pixels as the B tiles, one channel word a row; the same
+    # exact sums as VPDPBUSD's) where the channels fill whole 64-byte tile rows and the weights
+    # need no row sums; by default from AMX_MIN_STEPS tile products per accumulator tile. On
+    # AMX the channel layout is not offered and the pixel layouts take the widest vector, so
+    # form is form0
+    amx_ok = (int8.has_amx(ctx.target) and form0.isa == "vnni" and form0.lanes == 16 and not pw0.need_rowsum
+              and Cq % int8.AMX_KQ == 0 and M >= 16)
+    amx = amx_ok and knob("int8_engine", ["dot", "amx"],
+                          "amx" if KH * KW * Cq // int8.AMX_KQ >= int8.AMX_MIN_STEPS else "dot",
+                          doc="dot: VPDPBUSD on registers; amx: AMX tiles (TDPBSUD, 16 channels x 16 pixels a tile)") == "amx"
     layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
-                               chan_ok=chan_ok and not amx_pre, amx=amx_pre)
+                               chan_ok=chan_ok and not amx, amx=amx)
     flat, chan = layout == "flat", layout == "channels"
     contiguous = contiguous and flat
     L = form.lanes
@@ -518,12 +526,6 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         ocn = min(M, (regs - 2 - slots * (2 if rowsum else 1)) // slots, 16)
         if ocn >= 2:
             tile0 = (slots, ocn)
-    # AMX tiles (TDPBSUD: the packed weights, s8, as the 16-row A tiles, one output channel a
-    # row; the panel's words of 16 pixels as the B tiles, one channel word a row; the same
-    # exact sums as VPDPBUSD's) where the channels fill whole 64-byte tile rows; amx_pre left
-    # out the channel layout and narrower lanes, so form is form0 and needs no row sums
-    amx = amx_pre and knob("int8_engine", ["dot", "amx"], "amx",
-                          doc="dot: VPDPBUSD on registers; amx: AMX tiles (TDPBSUD, 16 channels x 16 pixels a tile)") == "amx"
     if chan:
         # RP pixels x OCV vectors of 16 output channels; the weights packed per vector (OCn 16)
         slots = RB * OW
