@@ -12,6 +12,7 @@
 * ``shared_models`` fixture: the folder ../shared/models beside the checkout. Tests that need it
   skip with a visible reason where it is absent (a user's own clone) and fail instead when
   ``TENSORFUSE_REQUIRE_SHARED=1`` (which .ci/run sets).
+* :data:`HEAVY_IDS`: fixture-parametrised tests marked ``heavy`` by id (out of ``make test``).
 """
 from __future__ import annotations
 
@@ -157,3 +158,21 @@ def width_target(name: str, monkeypatch):
 def vector_width(request, monkeypatch):
     """(Target, f32 lanes) at each of :data:`VECTOR_WIDTHS`."""
     return width_target(request.param, monkeypatch)
+
+
+#: single parametrisations moved to the heavy run (``make test-heavy``, which CI runs after the
+#: default suite) where the parameters come from a fixture and a ``pytest.param`` mark cannot
+#: name them: test node ids without the file part
+HEAVY_IDS = {
+    # the MLP's GELU epilogues on 16-lane register tiles take LLVM several seconds; the 4-lane
+    # run stays in the default suite and conv_net / wino_net run at every width
+    "test_blocked_schedules_at_each_vector_width[host-mlp]",
+    "test_blocked_schedules_at_each_vector_width[avx512-16-lanes-mlp]",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of :data:`HEAVY_IDS` ``heavy``."""
+    for item in items:
+        if item.name in HEAVY_IDS:
+            item.add_marker(pytest.mark.heavy)

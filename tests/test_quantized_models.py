@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 CASES = [
     ("squeezenet1_1.onnx", "qdq_u8s8", []),
-    ("squeezenet1_1.onnx", "qdq_s8s8", []),
+    ("squeezenet1_1.onnx", "qdq_s8s8", [pytest.mark.heavy]),
     ("bert_mini.unfolded.onnx", "dynamic", []),
     ("resnet18.unfolded.onnx", "qdq_u8s8", [pytest.mark.heavy]),
 ]

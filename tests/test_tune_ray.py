@@ -16,6 +16,7 @@ from test_tune import _vi, assert_tuned_matches_ort, plugin  # noqa: F401 - the 
 ray = pytest.importorskip("ray", reason="the ray executor needs the extra: pip install 'tensorfuse[ray]'")
 
 
+@pytest.mark.heavy
 def test_tune_through_a_local_ray_instance(tmp_path, plugin, monkeypatch):  # noqa: F811
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     g = helper.make_graph([helper.make_node("MatMul", ["c", "d"], ["y"])], "mm",

@@ -279,6 +279,7 @@ def test_explain_says_which_records_were_used_and_why_others_were_ignored(conv, 
     assert "tuning records" not in str(tensorfuse.explain_report(path))
 
 
+@pytest.mark.heavy
 def test_cli_tuning_on_compile_run_bench_verify_explain(conv, tmp_path):
     model, path, (key, name, value, default) = conv
     rec_path = tmp_path / "r.jsonl"

@@ -59,7 +59,7 @@ def test_rules_under_test_checks():
         tensorfuse.verify(bn_chain(1), rules=[Bad])
 
 
-@pytest.mark.parametrize("n_biased", [1, 6])
+@pytest.mark.parametrize("n_biased", [1, pytest.param(6, marks=pytest.mark.heavy)])
 def test_wrong_rule_is_named_with_its_onnx_nodes(n_biased):
     # the wrong fold fires only on the last (bias-free) Conv: after n_biased correct folds
     m = bn_chain(n_biased)
