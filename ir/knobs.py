@@ -137,6 +137,13 @@ def knob(name: str, candidates: Iterable, default: Any, doc: str = "") -> Any:
     return cfg.resolve(Knob(name, cands, default, doc))
 
 
+def schedules_in_use() -> list[str]:
+    """The schedule names recorded so far (:func:`use_schedule`) for the node being lowered;
+    empty for a node on the generic lowering, or outside a lowering."""
+    cfg = _CONFIG.get()
+    return list(cfg.schedules) if cfg is not None else []
+
+
 def use_schedule(name: str) -> None:
     """Record that the node being lowered uses the schedule ``name`` (e.g.
     ``"llvm.conv2d_rows"``); the kernels then carry it."""

@@ -9,7 +9,10 @@ team size is a run-time value.
 """
 from __future__ import annotations
 
-from .kernel import Bin, Broadcast, Cast, DotAcc, FMA, For, If, Kernel, Load, Lookup, Ramp, Select, Shuffle, Store, Un, Var
+from dataclasses import fields, is_dataclass, replace
+
+from .kernel import (I64, Barrier, Bin, Broadcast, Cast, Const, DotAcc, Expr, FMA, For, If, Kernel, Load, Lookup, Prefetch,
+                     Ramp, Select, Shuffle, Store, TileOp, Un, Var, binop)
 
 #: a nest whose estimated iteration count is below this stays on one thread (benchmarks/
 #: dispatch.py measured 3-6 microseconds per parallel kernel at 2 threads on a 2-core Zen 3;
@@ -265,3 +268,225 @@ def all_loops(stmts):
         elif isinstance(s, If):
             yield from all_loops(s.then)
             yield from all_loops(s.orelse)
+
+
+# ----------------------------------------------------------------------------- loop collapsing
+def collapse_loops(kernel: Kernel) -> int:
+    """Collapse each serial loop whose body is one serial loop into one loop, in place, where
+    the two walk one contiguous range of every index that reads their variables (OpenMP's
+    ``collapse``, TVM's ``fuse`` of two axes whose strides line up); returns the number of
+    loops removed.
+
+    Outer ``u`` in 0..A and inner ``w`` in 0..B (constant bounds, the same role) collapse when
+    every integer index expression is affine in them with ``u``'s coefficient B times ``w``'s
+    (:func:`_collapsible`): then ``u * B + w`` runs over 0..A*B as the one loop's variable does,
+    and the body is the same function of it with ``u`` set to 0 and ``w`` the collapsed
+    variable. A loop of one iteration goes whatever its variable indexes (it is 0). A copy of
+    ``[1, 3, 28, 192]`` elements becomes one loop of 16128 instead of a nest whose 28-iteration
+    loop LLVM unrolls after vectorising the 192 (each copy with its own aliasing checks: ten
+    times the compile time). Parallel, vectorize and unroll loops are left as they are."""
+    removed = 0
+
+    def visit(stmts):
+        nonlocal removed
+        for s in stmts:
+            if isinstance(s, For):
+                while _collapse_pair(s):
+                    removed += 1
+                visit(s.body)
+            elif isinstance(s, If):
+                visit(s.then)
+                visit(s.orelse)
+    visit(kernel.body)
+    return removed
+
+
+def _collapse_pair(outer: For) -> bool:
+    """Collapse ``outer`` with the one loop its body holds, in place (:func:`collapse_loops`);
+    False when they cannot be."""
+    if len(outer.body) != 1 or not isinstance(outer.body[0], For):
+        return False
+    inner = outer.body[0]
+    if not (outer.kind == inner.kind == "serial" and outer.role == inner.role
+            and _zero_based(outer) and _zero_based(inner)):
+        return False
+    a, b = int(outer.extent.value), int(inner.extent.value)
+    if a == 1:
+        zero, keep = outer.var, inner.var          # u is 0: w's loop as it is
+    elif b == 1:
+        zero, keep = inner.var, outer.var          # w is 0: u's loop as it is
+    elif _collapsible(inner.body, outer.var, inner.var, b):
+        zero, keep = outer.var, inner.var          # u * B + w = the collapsed variable
+    else:
+        return False
+    body = _substitute_stmts(inner.body, {id(zero): Const(0, I64)})
+    if body is None:
+        return False
+    outer.var, outer.extent, outer.body = keep, Const(a * b, I64), body
+    outer.comment = outer.comment or inner.comment
+    return True
+
+
+def _zero_based(f: For) -> bool:
+    """Whether ``f`` runs 0..n for a constant n >= 1."""
+    return (isinstance(f.start, Const) and isinstance(f.extent, Const) and f.start.value == 0
+            and f.extent.value >= 1)
+
+
+def _stmt_exprs(s):
+    """The expressions a statement reads directly (not those of nested statements); None for a
+    statement kind this walk does not know."""
+    if isinstance(s, Store):
+        return [s.index, s.value]
+    if isinstance(s, For):
+        return [s.start, s.extent]
+    if isinstance(s, If):
+        return [s.cond]
+    if isinstance(s, Prefetch):
+        return [s.index]
+    if isinstance(s, TileOp):
+        return [s.index] if s.index is not None else []
+    if isinstance(s, Barrier):
+        return []
+    return None
+
+
+def _nested(s) -> list:
+    if isinstance(s, For):
+        return s.body
+    if isinstance(s, If):
+        return s.then + s.orelse
+    return []
+
+
+def _expr_fields(e) -> list | None:
+    """The sub-expressions held in ``e``'s fields; None when ``e`` is not a dataclass (an
+    expression kind whose operands this walk cannot see)."""
+    if not is_dataclass(e):
+        return None
+    return [getattr(e, f.name) for f in fields(e) if isinstance(getattr(e, f.name), Expr)]
+
+
+def _is_index_arith(e) -> bool:
+    """Whether ``e`` is a node of integer index arithmetic: a scalar i64 variable, constant,
+    sum, difference, or product with a constant."""
+    if isinstance(e, (Var, Const)):
+        return e.dtype == I64
+    if isinstance(e, Bin) and e.dtype == I64 and e.lanes == 1:
+        if e.op in ("add", "sub"):
+            return True
+        return e.op == "mul" and (isinstance(e.a, Const) or isinstance(e.b, Const))
+    return False
+
+
+def _collapsible(stmts, u: Var, w: Var, extent: int) -> bool:
+    """Whether in every maximal tree of index arithmetic (:func:`_is_index_arith`) that
+    ``stmts`` hold, the coefficient of ``u`` is ``extent`` times that of ``w`` (trees inside a
+    load's index, a division's operands, a comparison ... each count on their own; a
+    variable elsewhere, as a comparison's operand or a cast's, is such a tree by itself)."""
+    forms: dict[int, tuple[int, int]] = {}      # id(index node) -> (coefficient of u, of w)
+    seen: set[int] = set()                      # ids of the non-index nodes walked
+    pending: list = []
+
+    def form(e) -> tuple[int, int]:
+        r = forms.get(id(e))
+        if r is not None:
+            return r
+        if isinstance(e, Var):
+            r = (1 if e is u else 0, 1 if e is w else 0)
+        elif isinstance(e, Const):
+            r = (0, 0)
+        elif e.op == "mul":
+            k, x = (e.a.value, e.b) if isinstance(e.a, Const) else (e.b.value, e.a)
+            cu, cw = part(x)
+            r = (k * cu, k * cw)
+        else:
+            (au, aw), (bu, bw) = part(e.a), part(e.b)
+            r = (au + bu, aw + bw) if e.op == "add" else (au - bu, aw - bw)
+        forms[id(e)] = r
+        return r
+
+    def part(e) -> tuple[int, int]:
+        if _is_index_arith(e):
+            return form(e)
+        pending.append(e)           # an opaque term: its own operands are checked as roots
+        return (0, 0)
+
+    for s in _walk_stmts(stmts):
+        roots = _stmt_exprs(s)
+        if roots is None:
+            return False
+        pending.extend(roots)
+        while pending:
+            e = pending.pop()
+            if _is_index_arith(e):
+                cu, cw = form(e)
+                if cu != extent * cw:
+                    return False
+                continue
+            if id(e) in seen:
+                continue
+            seen.add(id(e))
+            ch = _expr_fields(e)
+            if ch is None:
+                return False
+            pending.extend(ch)
+    return True
+
+
+def _walk_stmts(stmts):
+    for s in stmts:
+        yield s
+        yield from _walk_stmts(_nested(s))
+
+
+def _substitute_stmts(stmts, m: dict) -> list | None:
+    """Copies of ``stmts`` with each Var whose id is a key of ``m`` replaced by ``m[id]``
+    (integer arithmetic on constants folded, as the builder folds it); None when a statement
+    or expression kind is unknown to this walk."""
+    memo: dict[int, object] = {}
+
+    def sub(x):
+        r = memo.get(id(x))
+        if r is not None:
+            return r
+        if isinstance(x, Var):
+            r = m.get(id(x), x)
+        elif isinstance(x, Const):
+            r = x
+        else:
+            if not is_dataclass(x):
+                raise _Unknown
+            ch = {f.name: sub(getattr(x, f.name)) for f in fields(x) if isinstance(getattr(x, f.name), Expr)}
+            if all(ch[k] is getattr(x, k) for k in ch):
+                r = x
+            elif isinstance(x, Bin):
+                r = binop(x.op, ch["a"], ch["b"])
+            else:
+                r = replace(x, **ch)
+        memo[id(x)] = r
+        return r
+
+    def stmt(s):
+        if isinstance(s, Store):
+            return Store(s.buf, sub(s.index), sub(s.value), s.stride)
+        if isinstance(s, For):
+            return For(s.var, sub(s.extent), [stmt(c) for c in s.body], s.kind, sub(s.start), s.comment, s.role)
+        if isinstance(s, If):
+            return If(sub(s.cond), [stmt(c) for c in s.then], [stmt(c) for c in s.orelse])
+        if isinstance(s, Prefetch):
+            return Prefetch(s.buf, sub(s.index), s.locality)
+        if isinstance(s, TileOp):
+            return replace(s, index=sub(s.index)) if s.index is not None else s
+        if isinstance(s, Barrier):
+            return s
+        raise _Unknown
+
+    try:
+        return [stmt(s) for s in stmts]
+    except _Unknown:
+        return None
+
+
+class _Unknown(Exception):
+    """A statement or expression kind the loop collapsing walks do not know."""

@@ -1,6 +1,8 @@
 """Schedules and threads (ir/schedule.py, codegen/llvm/emit.py, runtime/threads.py).
 
 * default_schedule / parallel_violations / verify_schedule on hand-built and lowered kernels.
+* collapse_loops (serial nests walking contiguous ranges become one loop) on hand-built kernels
+  run natively.
 * What codegen produced (module.llvm_ir and the optimised IR, never the printed kernel):
   vector types of the target's width and llvm.fmuladd in the register-blocked kernels, the team
   handed to parallel kernels, phases, unrolled loops, errors for loop kinds codegen lacks.
@@ -28,7 +30,7 @@ from codegen_util import (calls_fmuladd, entry_calls, float_vectors, function_ir
                           parallel_kernels, run_on_team)
 from tensorfuse.ir.target import Target
 from tensorfuse.ir.kernel import Const, For, KernelBuilder, Buffer, Store, Var, select
-from tensorfuse.ir.schedule import (MIN_PARALLEL_EXTENT, ScheduleError, default_schedule, parallel_violations,
+from tensorfuse.ir.schedule import (MIN_PARALLEL_EXTENT, ScheduleError, collapse_loops, default_schedule, parallel_violations,
                          verify_schedule)
 from tensorfuse.ir.types import DType
 from oracle import ort_run
@@ -661,3 +663,108 @@ def test_emitter_reuses_load_free_subexpressions_within_a_block_but_not_loads():
     bv = np.zeros(8, np.int64)
     _call(fn, [av, bv])
     assert bv[0] == 10 and bv[1] == 5 and bv[2] == 4 * 11
+
+
+# ----------------------------------------------------------------------------- collapse_loops
+def _copy_kernel(src_shape, dst_shape, index, name="copy"):
+    """``y[idx] = x[index(idx)]`` over ``dst_shape``: a serial nest, as kb.grid makes it."""
+    x, y = Buffer("x", F32, tuple(src_shape)), Buffer("y", F32, tuple(dst_shape))
+    kb = KernelBuilder(name, [x, y])
+    with kb.grid(dst_shape) as idx:
+        kb.store(y, idx, x[index(idx)])
+    return kb.kernel
+
+
+def _extents(kernel) -> list[int]:
+    return [f.extent.value for f in loops(kernel.body)]
+
+
+def _run_native(kernel, arrays, threads: int = 1) -> None:
+    _text, fn, _lib = _native(kernel, len(arrays))
+    _call(fn, arrays, threads=threads)
+
+
+def _rand(*shape):
+    return np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+def test_collapse_loops_makes_a_contiguous_copy_one_loop():
+    # rows 2..4 of [1, 6, 5, 8]: each loop goes on where the one inside it stops, in x and y
+    k = _copy_kernel((1, 6, 5, 8), (1, 3, 5, 8), lambda i: [i[0], i[1] + 2, i[2], i[3]])
+    assert collapse_loops(k) == 3
+    assert _extents(k) == [120]
+    xa, ya = _rand(1, 6, 5, 8), np.full((1, 3, 5, 8), np.nan, np.float32)
+    _run_native(k, [xa, ya])
+    np.testing.assert_array_equal(ya, xa[:, 2:5])
+
+
+def test_collapse_loops_keeps_loops_whose_strides_do_not_line_up():
+    # every other column: x's column stride is twice the channel loop's extent, so the
+    # channel loop stays; rows and columns do walk on (x: 48 = 3 * 16, y: 24 = 3 * 8)
+    k = _copy_kernel((1, 4, 6, 8), (1, 4, 3, 8), lambda i: [i[0], i[1], i[2] * 2 + 1, i[3]])
+    assert collapse_loops(k) == 2
+    assert _extents(k) == [12, 8]
+    xa, ya = _rand(1, 4, 6, 8), np.full((1, 4, 3, 8), np.nan, np.float32)
+    _run_native(k, [xa, ya])
+    np.testing.assert_array_equal(ya, xa[:, :, 1::2])
+
+
+def test_collapse_loops_with_a_broadcast_operand():
+    # y[n, c, i, j] = a[c, i, j] + b[n, i, j]: (i, j) collapse in all three; c does not join
+    # them (b does not read it), nor n with c (a does not read n)
+    a, b, y = Buffer("a", F32, (3, 4, 5)), Buffer("b", F32, (2, 4, 5)), Buffer("y", F32, (2, 3, 4, 5))
+    kb = KernelBuilder("bcast", [a, b, y])
+    with kb.grid((2, 3, 4, 5)) as (n, c, i, j):
+        kb.store(y, [n, c, i, j], a[[c, i, j]] + b[[n, i, j]])
+    k = kb.kernel
+    assert collapse_loops(k) == 1
+    assert _extents(k) == [2, 3, 20]
+    aa, ba, ya = _rand(3, 4, 5), _rand(2, 4, 5), np.full((2, 3, 4, 5), np.nan, np.float32)
+    _run_native(k, [aa, ba, ya])
+    np.testing.assert_array_equal(ya, aa[None] + ba[:, None])
+
+
+def test_collapse_loops_keeps_a_variable_read_outside_index_arithmetic():
+    x, y = Buffer("x", F32, (4, 8)), Buffer("y", F32, (4, 8))
+    kb = KernelBuilder("cast_var", [x, y])
+    with kb.grid((4, 8)) as (i, j):
+        kb.store(y, [i, j], x[[i, j]] + i.cast(F32))          # i as a value, not an index
+    assert collapse_loops(kb.kernel) == 0
+    kb = KernelBuilder("if_var", [x, y])
+    with kb.grid((4, 8)) as (i, j):
+        with kb.if_(j < 5):                                   # j compared
+            kb.store(y, [i, j], x[[i, j]])
+    assert collapse_loops(kb.kernel) == 0
+    kb = KernelBuilder("div_var", [x, y])
+    with kb.grid((4, 8)) as (i, j):
+        kb.store(y, [i, j], x.flat((i * 8 + j) / 2 * 2))      # a division of a collapsible index
+    k = kb.kernel
+    assert collapse_loops(k) == 1 and _extents(k) == [32]
+    xa, ya = _rand(4, 8), np.full((4, 8), np.nan, np.float32)
+    _run_native(k, [xa, ya])
+    np.testing.assert_array_equal(ya.ravel(), xa.ravel()[np.arange(32) // 2 * 2])
+
+
+def test_collapse_loops_sees_a_shared_term_used_alone():
+    # t = i * 8 is both a whole index (y's first column) and a term of i * 8 + j: no collapse
+    x, y, z = Buffer("x", F32, (4, 8)), Buffer("y", F32, (4, 8)), Buffer("z", F32, (4, 8))
+    kb = KernelBuilder("shared", [x, y, z])
+    with kb.grid((4, 8)) as (i, j):
+        t = i * 8
+        kb.store(y, t + j, x.flat(t + j))
+        kb.store(z, t + j, x.flat(t))
+    assert collapse_loops(kb.kernel) == 0
+
+
+def test_collapse_loops_leaves_parallel_loops_and_their_chunks():
+    k = default_schedule(_copy_kernel((1, 56, 56, 96), (1, 53, 56, 96), lambda i: [i[0], i[1] + 3, i[2], i[3]]))
+    (par,) = parallel_loops(k)
+    assert collapse_loops(k) == 1
+    assert parallel_loops(k) == [par] and _extents(k) == [1, 53, 56 * 96]
+    verify_schedule(k)
+    xa = _rand(1, 56, 56, 96)
+    for n in (1, 2, 3):
+        ya = np.full((1, 53, 56, 96), np.nan, np.float32)
+        _run_native(k, [xa, ya], threads=n)
+        np.testing.assert_array_equal(ya, xa[:, 3:])
+

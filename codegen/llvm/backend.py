@@ -162,6 +162,19 @@ class LLVMBackend(Backend):
         return {"target": str(target), "triple": target.triple, "cpu": target.cpu, "features": target.features,
                 "l1d_bytes": target.l1d_bytes, "l2_bytes": target.l2_bytes}
 
+    def schedule_kernel(self, kernel, target):
+        """The generic schedule (``Backend.schedule_kernel``), then, for a kernel of the
+        generic lowering (its node used no named schedule, ``ir.knobs.schedules_in_use``), its
+        serial loops collapsed where they walk contiguous ranges (``ir.schedule.collapse_loops``):
+        LLVM vectorises one long loop instead of unrolling a nest of short ones around a
+        vectorised innermost loop, each copy with its own aliasing checks."""
+        from tensorfuse.ir.knobs import schedules_in_use
+        from tensorfuse.ir.schedule import collapse_loops
+        super().schedule_kernel(kernel, target)
+        if not schedules_in_use():
+            collapse_loops(kernel)
+        return kernel
+
     def build(self, lowered, graph, input_names, output_names, target, *, log=None):
         """Emit every kernel and the ``tf_run`` entry as one LLVM module, compile and link it;
         (the :class:`~runtime.module.Module`, the LLVM IR text). Raises CompileError when LLVM
