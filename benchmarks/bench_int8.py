@@ -6,6 +6,11 @@ For each shape, two one-node models compiled by tensorfuse for the same target s
 * int8: ``ConvInteger`` (x u8 [1, C, H, W] with a nonzero scalar zero point, w s8 constant) or
   ``MatMulInteger`` (A u8 [M, K] with a nonzero zero point, B s8 [K, N] constant): int32
   output, the schedules ``conv2d_int8`` / ``matmul_int8``;
+* for each conv shape also its QDQ form, rows ``qconv``: DequantizeLinear (u8, per tensor) ->
+  Conv (s8 weights per output channel, int32 bias) -> Relu -> QuantizeLinear (u8), as
+  onnxruntime's quantizer writes a quantized model's convolutions; tensorfuse fuses it into one
+  ``conv2d_int8`` kernel with the requantizing epilogue (u8 output: a quarter of the bytes an
+  int32 or float32 output writes), beside the fp32 ``Conv`` + bias + ``Relu`` (one fused kernel);
 * fp32: ``Conv`` / ``MatMul`` with the same shapes and a constant float32 weight. Where its
   default schedule is Winograd (fewer multiplies than the GOP/s count), the fastest direct fp32
   schedule (:data:`DIRECT_CONV`, chosen by the ``schedule`` knob) is timed too: the "direct"
@@ -21,7 +26,7 @@ comments name the schedule and form actually used (printed with ``--verbose``).
 Usage::
 
     .venv/bin/python benchmarks/bench_int8.py [--target llvm] [--repeat 20] [--blocks 5]
-        [--only conv|gemm] [--json FILE] [--verbose]
+        [--only conv|qconv|gemm] [--json FILE] [--verbose]
 """
 from __future__ import annotations
 
@@ -68,6 +73,38 @@ def conv_models(c, m, h, k, s, p, rng):
                [helper.make_tensor_value_info("x", TensorProto.FLOAT, xf.shape)],
                [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, m, oh, oh))],
                [numpy_helper.from_array(wf, "w")])
+    return (q, {"x": x8}), (f, {"x": xf}), 2.0 * m * oh * oh * c * k * k
+
+
+def qdq_conv_models(c, m, h, k, s, p, rng):
+    """The QDQ convolution (u8 activations per tensor, s8 symmetric per-channel weights, int32
+    bias, Relu, u8 output) and its fp32 Conv + bias + Relu, as ``conv_models``."""
+    oh = (h + 2 * p - k) // s + 1
+    attrs = dict(pads=[p] * 4, strides=[s, s])
+    w8 = rng.integers(-127, 128, (m, c, k, k)).astype(np.int8)
+    ws = (rng.random(m) * 0.004 + 0.001).astype(np.float32)
+    inits = [numpy_helper.from_array(w8, "w"), numpy_helper.from_array(ws, "ws"),
+             numpy_helper.from_array(np.zeros(m, np.int8), "wz"), numpy_helper.from_array(np.array(0.02, np.float32), "xs"),
+             numpy_helper.from_array(np.array(131, np.uint8), "xz"), numpy_helper.from_array(np.array(0.05, np.float32), "ys"),
+             numpy_helper.from_array(np.array(3, np.uint8), "yz"),
+             numpy_helper.from_array(rng.integers(-3000, 3000, m).astype(np.int32), "b"),
+             numpy_helper.from_array(ws * np.float32(0.02), "bs"), numpy_helper.from_array(np.zeros(m, np.int32), "bz")]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], **attrs),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["y"])]
+    q = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.UINT8, (1, c, h, h))],
+               [helper.make_tensor_value_info("y", TensorProto.UINT8, (1, m, oh, oh))], inits)
+    x8 = rng.integers(0, 256, (1, c, h, h)).astype(np.uint8)
+    xf = rng.standard_normal((1, c, h, h)).astype(np.float32)
+    wf = (rng.standard_normal((m, c, k, k)) * 0.05).astype(np.float32)
+    bf = rng.standard_normal(m).astype(np.float32)
+    f = _model([helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])],
+               [helper.make_tensor_value_info("x", TensorProto.FLOAT, xf.shape)],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, m, oh, oh))],
+               [numpy_helper.from_array(wf, "w"), numpy_helper.from_array(bf, "b")])
     return (q, {"x": x8}), (f, {"x": xf}), 2.0 * m * oh * oh * c * k * k
 
 
@@ -173,16 +210,19 @@ def main(argv=None) -> int:
     ap.add_argument("--target", default="llvm")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--blocks", type=int, default=5)
-    ap.add_argument("--only", choices=("conv", "gemm"))
+    ap.add_argument("--only", choices=("conv", "qconv", "gemm"))
     ap.add_argument("--json")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     pairs = []
-    if args.only != "gemm":
+    if args.only in (None, "conv"):
         for c, m, h, k, s, p in CONV_SHAPES:
             pairs.append((f"conv {c}->{m} {h}x{h} k{k} s{s}", *conv_models(c, m, h, k, s, p, rng)))
-    if args.only != "conv":
+    if args.only in (None, "qconv"):
+        for c, m, h, k, s, p in CONV_SHAPES:
+            pairs.append((f"qconv {c}->{m} {h}x{h} k{k} s{s}", *qdq_conv_models(c, m, h, k, s, p, rng)))
+    if args.only in (None, "gemm"):
         for mm, k, n in GEMM_SHAPES:
             pairs.append((f"gemm {mm}x{k}x{n}", *gemm_models(mm, k, n, rng)))
     print(f"target {args.target!r}, 1 thread; median ms over {args.blocks} blocks of {args.repeat} runs")
