@@ -135,3 +135,42 @@ def test_kernels_emitted_in_parts_give_one_module_text(split_everything, monkeyp
     np.testing.assert_array_equal(mod.run(_feeds())[0], tensorfuse.compile(_model(), cache=False).run(_feeds())[0])
     monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "1")
     assert len(kernel_groups(mod.kernels, 1)) == 1
+
+
+def _strided_slices_model(n: int = 4) -> onnx.ModelProto:
+    """``n`` strided Slices of x (every other column from offset i): generic kernels whose
+    loop around the innermost one carries loop metadata (``!llvm.loop``), one per part."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 10, 32])
+    ys = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [4, 4, 32]) for i in range(n)]
+    ints = lambda name, v: onnx.numpy_helper.from_array(np.asarray(v, np.int64), name)     # noqa: E731
+    inits = [ints("axes", [1]), ints("steps", [2]), ints("ends", [10])]
+    nodes = []
+    for i in range(n):
+        inits.append(ints(f"start{i}", [i]))
+        nodes.append(helper.make_node("Slice", ["x", f"start{i}", "ends", "axes", "steps"], [f"s{i}"]))
+        nodes.append(helper.make_node("Slice", [f"s{i}", "zero", "four", "axes"], [f"y{i}"]))
+    inits += [ints("zero", [0]), ints("four", [4])]
+    g = helper.make_graph(nodes, "strided", [x], ys, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_loop_metadata_of_parts_is_renumbered_in_the_module_text(split_everything, monkeypatch):
+    """Each part numbers its metadata from !0: the merged ``llvm_ir`` renumbers them, so it
+    parses, and every loop keeps its own loop ID (as many as one part's text has)."""
+    m = _strided_slices_model()
+    monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "1")
+    one = tensorfuse.compile(m, cache=False)
+    monkeypatch.setenv("TENSORFUSE_COMPILE_JOBS", "3")
+    many = tensorfuse.compile(m, cache=False)
+    assert len(jit.unpack_objects(many._object_code)) == 3 + 1
+    ids = re.findall(r", !llvm\.loop (!\d+)", many.llvm_ir)
+    assert len(ids) == len(re.findall(r", !llvm\.loop (!\d+)", one.llvm_ir)) >= 3
+    assert len(set(ids)) == len(ids)                 # a loop ID of its own each
+    for i in ids:                                    # each defined once, referring to itself
+        assert len(re.findall(r"^%s = !\{ %s, " % (i, i), many.llvm_ir, re.M)) == 1
+    jit.parse_and_verify(many.llvm_ir, "merged")
+    x = np.random.default_rng(2).standard_normal((4, 10, 32)).astype(np.float32)
+    for u, v in zip(one.run(x), many.run(x)):
+        np.testing.assert_array_equal(u, v)
+    for i, u in enumerate(many.run(x)):
+        np.testing.assert_array_equal(u, x[:, i::2][:, :4])

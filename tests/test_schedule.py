@@ -2,7 +2,7 @@
 
 * default_schedule / parallel_violations / verify_schedule on hand-built and lowered kernels.
 * collapse_loops (serial nests walking contiguous ranges become one loop) on hand-built kernels
-  run natively.
+  run natively, and on generic lowered kernels, whose loops holding loops LLVM must not unroll.
 * What codegen produced (module.llvm_ir and the optimised IR, never the printed kernel):
   vector types of the target's width and llvm.fmuladd in the register-blocked kernels, the team
   handed to parallel kernels, phases, unrolled loops, errors for loop kinds codegen lacks.
@@ -768,3 +768,39 @@ def test_collapse_loops_leaves_parallel_loops_and_their_chunks():
         _run_native(k, [xa, ya], threads=n)
         np.testing.assert_array_equal(ya, xa[:, 3:])
 
+
+def _slices_model() -> onnx.ModelProto:
+    """x [1, 6, 10, 32] -> rows 2..4 (contiguous), every other column (strided), and x @ w."""
+    i64 = lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)     # noqa: E731
+    w = numpy_helper.from_array(_rand(32, 48), "w")
+    nodes = [helper.make_node("Slice", ["x", "s0", "e0", "a0"], ["rows"]),
+             helper.make_node("Slice", ["x", "s1", "e1", "a1", "st1"], ["cols"]),
+             helper.make_node("MatMul", ["x", "w"], ["mm"])]
+    inits = [w, i64("s0", [2]), i64("e0", [5]), i64("a0", [1]),
+             i64("s1", [1]), i64("e1", [10]), i64("a1", [2]), i64("st1", [2])]
+    return _model(nodes, "slices", [("x", [1, 6, 10, 32])],
+                  [("rows", [1, 3, 10, 32]), ("cols", [1, 6, 5, 32]), ("mm", [1, 6, 10, 48])], inits)
+
+
+def test_generic_kernels_are_collapsed_and_their_outer_loops_not_unrolled():
+    """Compiled for llvm: the contiguous Slice is one loop; the strided one keeps two loops,
+    and a loop that holds a loop carries ``llvm.loop.unroll.disable`` (LLVM unrolled such short
+    outer loops around vectorised copies: many times the compile time, no faster code); the
+    hand-scheduled MatMul's loops carry no loop metadata. Results against onnxruntime."""
+    m = _slices_model()
+    mod = tensorfuse.compile(m, cache=False)
+    by_op = {c.ops[0]: next(k for k in mod.kernels if k.name == c.kernel) for c in mod.calls
+             if c.ops and c.ops[0] in ("Slice", "MatMul")}
+    rows, cols = [next(k for k in mod.kernels if k.name == c.kernel) for c in mod.calls if c.ops == ["Slice"]]
+    assert rows.schedule == cols.schedule == "generic"
+    assert _extents(rows) == [3 * 10 * 32]
+    assert _extents(cols) == [6 * 5, 32]          # rows and every other column walk on; channels not
+    text = mod.llvm_ir
+    assert "!llvm.loop" not in function_ir(text, rows.name)
+    assert function_ir(text, cols.name).count("!llvm.loop") == 1     # the loop around the innermost
+    assert '!"llvm.loop.unroll.disable"' in text
+    mm = by_op["MatMul"]
+    assert mm.schedule != "generic" and "!llvm.loop" not in function_ir(text, mm.name)
+    x = _rand(1, 6, 10, 32)
+    for u, r in zip(mod.run(x=x), ort_run(m, {"x": x})):
+        np.testing.assert_allclose(u, r, rtol=RTOL, atol=ATOL)

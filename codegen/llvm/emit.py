@@ -120,6 +120,10 @@ class _FnEmitter:
         self.b = ir.IRBuilder(entry)
         self.split_ok = False
         self.chunk = None
+        #: the generic schedule's loops that hold loops (other than ``unroll`` ones, which
+        #: leave no loop) are not unrolled by LLVM (:meth:`_loop_id`); hand schedules unroll
+        #: what they mean to themselves
+        self.keep_outer_loops = kernel.schedule == "generic"
         self.ptrs: dict[int, ir.Value] = {}
         self.vars: dict[int, ir.Value] = {}
         self._memo: dict[int, tuple] = {}       # id(expr) -> (expr, value) in _memo_block
@@ -140,6 +144,20 @@ class _FnEmitter:
         self.nth, self.cpt = _team_shape(self.b, self.fn.args[1])   # after the allocas: entry block
 
     # -- helpers --------------------------------------------------------------------------
+    def _loop_id(self, *options: str) -> ir.values.MDValue:
+        """A new loop ID (LLVM LangRef "'llvm.loop'": a metadata node whose first operand is
+        itself) carrying the string ``options``, e.g. ``llvm.loop.unroll.disable``.
+
+        The generic schedule's loops that hold loops get ``llvm.loop.unroll.disable``: after
+        vectorising an inner loop over a buffer LLVM cannot prove distinct from the one it
+        writes, LLVM fully unrolled a short outer loop around it (28 rows of a [28, 576] copy:
+        28 vectorised copies, each with its run-time overlap check and scalar fallback loop),
+        over ten times the optimisation and instruction selection time of the loop as written,
+        for the same work per row. The inner loops are vectorised and unrolled as before."""
+        md = _LoopID(self.m, [], name=str(len(self.m.metadata)))
+        md.operands = (md, *(self.m.add_metadata([ir.MetaDataString(self.m, o)]) for o in options))
+        return md
+
     def _decl(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
         f = self.m.globals.get(name)
         if f is None:
@@ -832,7 +850,9 @@ class _FnEmitter:
             self.stmts(s.body)
             nxt = b.add(iv, ir.Constant(I64, 1))
             iv.add_incoming(nxt, b.block)
-            b.branch(header)
+            latch = b.branch(header)
+            if self.keep_outer_loops and any(isinstance(x, For) and x.kind != "unroll" for x in _nested_stmts(s.body)):
+                latch.set_metadata("llvm.loop", self._loop_id("llvm.loop.unroll.disable"))
             b.position_at_end(exit_)
         elif isinstance(s, If):
             cond = self.expr(s.cond)
@@ -928,6 +948,30 @@ def _team_shape(b: ir.IRBuilder, team: ir.Value) -> tuple[ir.Value, ir.Value]:
 def _field(b: ir.IRBuilder, team: ir.Value, name: str) -> ir.Value:
     """The address of a team record field (:data:`TEAM_FIELDS`)."""
     return b.gep(team, [ir.Constant(I64, TEAM_FIELDS.index(name))], source_etype=I64)
+
+
+class _LoopID(ir.values.MDValue):
+    """A loop ID node (it is its own first operand): compared and hashed by identity, as
+    llvmlite's operand-wise comparison of metadata would recurse into itself."""
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    __hash__ = object.__hash__
+
+
+def _nested_stmts(stmts):
+    """Every statement in ``stmts`` and in the bodies and branches nested in them."""
+    for s in stmts:
+        yield s
+        if isinstance(s, For):
+            yield from _nested_stmts(s.body)
+        elif isinstance(s, If):
+            yield from _nested_stmts(s.then)
+            yield from _nested_stmts(s.orelse)
 
 
 def _perfect_nest(s) -> list:

@@ -311,14 +311,47 @@ def _chunks(ir_text: str):
 _DECLARE = re.compile(r'^declare [^@]*@(?P<name>"[^"]*"|[-\w.$]+)')
 
 
+_MD_DEFINITION = re.compile(r"^!(\d+) = ")
+#: a numbered metadata node attached to an instruction: ``, !llvm.loop !3``
+_MD_ATTACHMENT = re.compile(r"(, ![A-Za-z_][-\w.]* )!(\d+)")
+
+
+def _renumber_metadata(text: str, base: int) -> tuple[str, int]:
+    """``text`` (LLVM IR as llvmlite prints it) with each numbered metadata node ``!N`` (its
+    definition, the nodes it refers to, the instructions it is attached to) renumbered
+    ``!(base + N)``; and the first number above them. Strings (``!"..."``, ``c"..."``) are
+    left alone."""
+    top = base
+
+    def node(m) -> str:
+        return f"!{base + int(m.group(1))}"
+
+    out = []
+    for line in text.split("\n"):
+        d = _MD_DEFINITION.match(line)
+        if d:
+            top = max(top, base + int(d.group(1)) + 1)
+            pieces = line.split('"')         # the even pieces lie outside strings
+            line = '"'.join(re.sub(r"!(\d+)", node, p) if i % 2 == 0 else p for i, p in enumerate(pieces))
+        elif ", !" in line:
+            line = _MD_ATTACHMENT.sub(lambda m: m.group(1) + f"!{base + int(m.group(2))}", line)
+        out.append(line)
+    return "\n".join(out), top
+
+
 def merge_modules(texts: list[str]) -> str:
     """Module texts that define disjoint sets of external functions (the parts of one module)
     as the text of one module: the first text's header, each external function's definition,
     each internal/private function, global and declaration once (a declaration only where no
-    part defines the function), in the order they first appear."""
+    part defines the function), in the order they first appear; each part's numbered metadata
+    (loop IDs) renumbered after the earlier parts' (:func:`_renumber_metadata`)."""
     if len(texts) == 1:
         return texts[0]
-    chunks = [list(_chunks(t)) for t in texts]
+    renumbered, base = [], 0
+    for t in texts:
+        t, base = _renumber_metadata(t, base)
+        renumbered.append(t)
+    chunks = [list(_chunks(t)) for t in renumbered]
     defined = {name for cs in chunks for kind, name, local, _ in cs if kind == "define" and not local}
     out, seen = [], set()
     for i, cs in enumerate(chunks):
