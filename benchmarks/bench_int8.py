@@ -7,8 +7,9 @@ For each shape, two one-node models compiled by tensorfuse for the same target s
   ``MatMulInteger`` (A u8 [M, K] with a nonzero zero point, B s8 [K, N] constant): int32
   output, the schedules ``conv2d_int8`` / ``matmul_int8``;
 * for each conv shape also its QDQ form, rows ``qconv``: DequantizeLinear (u8, per tensor) ->
-  Conv (s8 weights per output channel, int32 bias) -> Relu -> QuantizeLinear (u8), as
-  onnxruntime's quantizer writes a quantized model's convolutions; tensorfuse fuses it into one
+  Conv (s8 weights per output channel, int32 bias) -> Relu -> QuantizeLinear (u8, zero point 0:
+  the range onnxruntime's quantizer gives a Relu's output), as it writes a quantized model's
+  convolutions; tensorfuse fuses it into one
   ``conv2d_int8`` kernel with the requantizing epilogue (u8 output: a quarter of the bytes an
   int32 or float32 output writes), beside the fp32 ``Conv`` + bias + ``Relu`` (one fused kernel);
 * fp32: ``Conv`` / ``MatMul`` with the same shapes and a constant float32 weight. Where its
@@ -86,7 +87,7 @@ def qdq_conv_models(c, m, h, k, s, p, rng):
     inits = [numpy_helper.from_array(w8, "w"), numpy_helper.from_array(ws, "ws"),
              numpy_helper.from_array(np.zeros(m, np.int8), "wz"), numpy_helper.from_array(np.array(0.02, np.float32), "xs"),
              numpy_helper.from_array(np.array(131, np.uint8), "xz"), numpy_helper.from_array(np.array(0.05, np.float32), "ys"),
-             numpy_helper.from_array(np.array(3, np.uint8), "yz"),
+             numpy_helper.from_array(np.array(0, np.uint8), "yz"),
              numpy_helper.from_array(rng.integers(-3000, 3000, m).astype(np.int32), "b"),
              numpy_helper.from_array(ws * np.float32(0.02), "bs"), numpy_helper.from_array(np.zeros(m, np.int32), "bz")]
     nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
