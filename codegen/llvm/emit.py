@@ -999,14 +999,7 @@ def _statement_kind(s) -> str:
 
 
 def _stores_in(stmts):
-    for s in stmts:
-        if isinstance(s, Store):
-            yield s
-        elif isinstance(s, For):
-            yield from _stores_in(s.body)
-        elif isinstance(s, If):
-            yield from _stores_in(s.then)
-            yield from _stores_in(s.orelse)
+    return (s for s in _nested_stmts(stmts) if isinstance(s, Store))
 
 
 def _loads_in(stmts):
