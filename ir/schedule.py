@@ -67,13 +67,7 @@ def _vars(e) -> set:
 
 
 def _stores(stmts, out: list) -> list:
-    for s in stmts:
-        if isinstance(s, Store):
-            out.append(s)
-        elif isinstance(s, For):
-            _stores(s.body, out)
-        elif isinstance(s, If):
-            _stores(s.then, out), _stores(s.orelse, out)
+    out.extend(s for s in walk_stmts(stmts) if isinstance(s, Store))
     return out
 
 
@@ -259,15 +253,25 @@ def verify_schedule(kernel: Kernel) -> None:
                                     + "; ".join(why))
 
 
+def walk_stmts(stmts):
+    """Every statement in ``stmts`` and in the loop bodies and If branches nested in them, each
+    before the statements it holds (an If's then-branch before its else-branch)."""
+    for s in stmts:
+        yield s
+        yield from walk_stmts(_nested(s))
+
+
+def _nested(s) -> list:
+    if isinstance(s, For):
+        return s.body
+    if isinstance(s, If):
+        return s.then + s.orelse
+    return []
+
+
 def all_loops(stmts):
     """Every For in a statement list, outer before inner (both branches of an If)."""
-    for s in stmts:
-        if isinstance(s, For):
-            yield s
-            yield from all_loops(s.body)
-        elif isinstance(s, If):
-            yield from all_loops(s.then)
-            yield from all_loops(s.orelse)
+    return (s for s in walk_stmts(stmts) if isinstance(s, For))
 
 
 # ----------------------------------------------------------------------------- loop collapsing
@@ -351,14 +355,6 @@ def _stmt_exprs(s):
     return None
 
 
-def _nested(s) -> list:
-    if isinstance(s, For):
-        return s.body
-    if isinstance(s, If):
-        return s.then + s.orelse
-    return []
-
-
 def _expr_fields(e) -> list | None:
     """The sub-expressions held in ``e``'s fields; None when ``e`` is not a dataclass (an
     expression kind whose operands this walk cannot see)."""
@@ -412,7 +408,7 @@ def _collapsible(stmts, u: Var, w: Var, extent: int) -> bool:
         pending.append(e)           # an opaque term: its own operands are checked as roots
         return (0, 0)
 
-    for s in _walk_stmts(stmts):
+    for s in walk_stmts(stmts):
         roots = _stmt_exprs(s)
         if roots is None:
             return False
@@ -432,12 +428,6 @@ def _collapsible(stmts, u: Var, w: Var, extent: int) -> bool:
                 return False
             pending.extend(ch)
     return True
-
-
-def _walk_stmts(stmts):
-    for s in stmts:
-        yield s
-        yield from _walk_stmts(_nested(s))
 
 
 def _substitute_stmts(stmts, m: dict) -> list | None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, TileOp, Select, Shuffle, Store, Un, Var
-from tensorfuse.ir.schedule import expr_children, expr_nodes, runs_on_thread0_only, statement_is_parallel
+from tensorfuse.ir.schedule import expr_children, expr_nodes, runs_on_thread0_only, statement_is_parallel, all_loops, walk_stmts
 from tensorfuse.ir.types import DType
 # the team record and shared counters' layout belongs to the runtime (which loads saved modules
 # without importing codegen)
@@ -851,7 +851,7 @@ class _FnEmitter:
             nxt = b.add(iv, ir.Constant(I64, 1))
             iv.add_incoming(nxt, b.block)
             latch = b.branch(header)
-            if self.keep_outer_loops and any(isinstance(x, For) and x.kind != "unroll" for x in _nested_stmts(s.body)):
+            if self.keep_outer_loops and any(f.kind != "unroll" for f in all_loops(s.body)):
                 latch.set_metadata("llvm.loop", self._loop_id("llvm.loop.unroll.disable"))
             b.position_at_end(exit_)
         elif isinstance(s, If):
@@ -963,17 +963,6 @@ class _LoopID(ir.values.MDValue):
     __hash__ = object.__hash__
 
 
-def _nested_stmts(stmts):
-    """Every statement in ``stmts`` and in the bodies and branches nested in them."""
-    for s in stmts:
-        yield s
-        if isinstance(s, For):
-            yield from _nested_stmts(s.body)
-        elif isinstance(s, If):
-            yield from _nested_stmts(s.then)
-            yield from _nested_stmts(s.orelse)
-
-
 def _perfect_nest(s) -> list:
     """The loops of a top-level perfect nest down to its first parallel one."""
     out = []
@@ -999,7 +988,7 @@ def _statement_kind(s) -> str:
 
 
 def _stores_in(stmts):
-    return (s for s in _nested_stmts(stmts) if isinstance(s, Store))
+    return (s for s in walk_stmts(stmts) if isinstance(s, Store))
 
 
 def _loads_in(stmts):

@@ -503,7 +503,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     amx_ok = (int8.has_amx(ctx.target) and form0.isa == "vnni" and form0.lanes == 16 and not pw0.need_rowsum
               and Cq % int8.AMX_KQ == 0 and M >= 16)
     amx = amx_ok and knob("int8_engine", ["dot", "amx"],
-                          "amx" if KH * KW * Cq // int8.AMX_KQ >= int8.AMX_MIN_STEPS else "dot",
+                          "amx" if int8.amx_by_default(KH * KW * Cq) else "dot",
                           doc="dot: VPDPBUSD on registers; amx: AMX tiles (TDPBSUD, 16 channels x 16 pixels a tile)") == "amx"
     layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
                                chan_ok=chan_ok and not amx, amx=amx)

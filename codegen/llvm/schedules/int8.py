@@ -99,6 +99,13 @@ AMX_KQ = 16
 AMX_MIN_STEPS = 2
 
 
+def amx_by_default(words: int) -> bool:
+    """Whether ``int8_engine`` defaults to AMX tiles for a reduction of ``words`` packed 32-bit
+    words per output (four u8 / s8 values each: KH * KW * C / 4 of a convolution, K / 4 of a
+    GEMM, rounded up): from :data:`AMX_MIN_STEPS` tile steps of :data:`AMX_KQ` words."""
+    return -(-words // AMX_KQ) >= AMX_MIN_STEPS
+
+
 def has_amx(target) -> bool:
     """Whether ``target`` has AMX tiles with the int8 dot product (``amx-tile`` and
     ``amx-int8``: Intel Sapphire Rapids and later) beside AVX-512 VNNI (whose 16-lane u8s8

@@ -97,7 +97,7 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     forms = int8.dot_forms(ctx.target)
     amx = int8.has_amx(ctx.target) and not runtime_b and knob(
         "int8_engine", ["dot", "amx"],
-        "amx" if RG >= AMX_MIN_ROWS and -(-K // (4 * int8.AMX_KQ)) >= int8.AMX_MIN_STEPS else "dot",
+        "amx" if RG >= AMX_MIN_ROWS and int8.amx_by_default(-(-K // 4)) else "dot",
         doc="dot: the vector dot product (VPDPBUSD / VPMADDWD) on registers; amx: AMX tiles "
             "(TDPBUSD on 16 x 64-byte tiles)") == "amx"
     if amx:
