@@ -65,3 +65,40 @@ def test_runtime_b_with_a_fused_requantizing_epilogue():
     got, exp = mod.run(**feeds)[0], ort_run(m, feeds)[0]
     np.testing.assert_allclose(got, exp, rtol=0, atol=0.05 * 1.001)
     assert np.mean(got == exp) > 0.95
+
+
+@pytest.mark.parametrize("epilogue", ["loop", "unrolled"])
+def test_row_epilogue_loop_and_lane_tail(epilogue):
+    """The requantizing epilogue of a register tile (knob ``int8_epilogue``): one copy in a loop
+    over the tile's rows (default) or unrolled per row, and the row's last N % L columns
+    through a loop over those lanes (N = 37 at 16 or 8 lanes; the last panel's vectors past N
+    store nothing). Both within one quantization step of onnxruntime's unfused semantics,
+    and the loop form's kernel is the smaller (ViT's QDQ Q K^T kernels: 34k -> 2.7k lines of
+    LLVM IR)."""
+    from tests.oracle import ort_run
+    from tests.test_rules_quantize import _attention_qdq_model
+    from tensorfuse.compiler.tuning import TuningRecords
+
+    class Fixed(TuningRecords):
+        def __init__(self, k):
+            super().__init__([])
+            self.k = k
+
+        def knobs_for(self, *a, **kw):
+            return dict(self.k)
+
+        def for_target(self, *a, **kw):
+            return self
+
+    m, feeds = _attention_qdq_model(a_shape=(1, 2, 29, 16), b_shape=(1, 2, 16, 37))
+    sizes = {}
+    for e in ("loop", "unrolled"):
+        mod = tensorfuse.compile(m, cache=False, tuning=Fixed({"int8_epilogue": e, "int8_engine": "dot"}))
+        (gemm,) = [k for k in mod.kernels if k.schedule == "llvm.matmul_int8" and not k.name.endswith("_packb")]
+        assert gemm.knobs["int8_epilogue"] == e and gemm.knobs["int8_tile"][0] > 1
+        sizes[e] = len(str(gemm))
+        if e == epilogue:
+            got, exp = mod.run(**feeds)[0], ort_run(m, feeds)[0]
+            np.testing.assert_allclose(got, exp, rtol=0, atol=0.05 * 1.001)
+            assert np.mean(got == exp) > 0.95
+    assert sizes["loop"] < sizes["unrolled"] / 2, sizes

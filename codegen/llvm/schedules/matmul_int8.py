@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensorfuse.ir.kernel import Expr, Ramp, as_expr, binop, broadcast, dot_acc, minimum
+from tensorfuse.ir.kernel import Expr, Ramp, as_expr, binop, broadcast, dot_acc, maximum, minimum
 from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops.linalg import MatMulSpec, unravel
@@ -172,6 +172,10 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     ap = kb.local(i32, (GR * Kq,), hint="apanel")
     rs = kb.local(i32, (GR,), hint="rowsum")
     acc = kb.local(i32, (R * NB * L,), hint="acc")
+    epi_loop = not amx and R > 1 and knob(
+        "int8_epilogue", ["loop", "unrolled"], "loop",
+        doc="the tile's row epilogues in a loop over its rows (one copy of a fused epilogue), or unrolled") == "loop"
+    accs = kb.local(i32, (R * NB * L,), hint="accs") if epi_loop else None
     lanes_buf = kb.local(i32, (L,), hint="lanes")
     a_rank_batch = len(a.shape) - 2
     batch_dims = y.shape[:-2] if len(y.shape) >= 2 else ()
@@ -229,8 +233,17 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
                 for v in range(NB):
                     q = (r * NB + v) * L
                     kb.store(acc, q, dot_acc(acc.vload(q, L), av, bvs[v], form.packing, form.isa))
-        for r in range(nrows):
-            row_epilogue(r0, lr0, r, jb, grp)
+        if epi_loop and nrows > 1:
+            # the accumulators to a second local read at a run-time row (``acc`` keeps
+            # constant offsets, so it stays in registers through the reduction), then one
+            # copy of the row's epilogue in a loop over the rows
+            for q in range(nrows * NB):
+                kb.store(accs, q * L, acc.vload(q * L, L))
+            with kb.loop(nrows, hint="er") as r:
+                row_epilogue(r0, lr0, r, jb, grp, accs)
+        else:
+            for r in range(nrows):
+                row_epilogue(r0, lr0, r, jb, grp)
 
     def tile_amx(r0: Expr, lr0, nrows: int, jb: Expr, grp=0):
         """As :func:`tile` on AMX tiles: rows lr0 .. lr0+R-1 of the panel (those past nrows
@@ -252,15 +265,16 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
         with kb.loop(nrows, hint="er") as r:
             row_epilogue(r0, lr0, r, jb, grp)
 
-    def row_epilogue(r0: Expr, lr0, r, jb: Expr, grp):
-        """Row r of the tile in ``acc``: the zero-point correction, the op's finish, the fused
-        epilogue and the store of its NB vectors."""
+    def row_epilogue(r0: Expr, lr0, r, jb: Expr, grp, src=None):
+        """Row r of the tile in ``src`` (default ``acc``): the zero-point correction, the op's
+        finish, the fused epilogue and the store of its NB vectors."""
+        src = acc if src is None else src
         row = r0 + r
         bidx = unravel(row / M, batch_dims) if batch_dims else []
         i = row % M if batch_dims else row
         for v in range(NB):
             j0 = jb * blk + v * L
-            val = acc.vload((r * NB + v) * L, L)
+            val = src.vload((r * NB + v) * L, L)
             if runtime_b:
                 if rowsum:
                     val = val + rs.flat(lr0 + r) * d_expr
@@ -275,11 +289,15 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
                 kb.store(y, idx, ctx.apply_epilogue(mm.finish(val, bidx, i, Ramp(j0, L)), idx))
 
             def lane_stores(val=val, j0=j0, bidx=bidx, i=i):
+                # the row's last N % L columns: a loop over them with one copy of the finish
+                # and epilogue (unrolled over the L lanes, a QDQ attention's epilogue made
+                # 16 copies per vector: 34k lines of LLVM IR per QK^T kernel of ViT)
                 kb.store(lanes_buf, 0, val)
-                for ln in range(L):
-                    with kb.if_(j0 + ln < N):
-                        idx = mm.out_index(bidx, i, j0 + ln)
-                        kb.store(y, idx, ctx.apply_epilogue(mm.finish(lanes_buf[ln], bidx, i, j0 + ln), idx))
+                # the vector's columns before N: N % L in the row's last vector, none in the
+                # vectors of the last panel past it
+                with kb.loop(maximum(minimum(as_expr(N) - j0, as_expr(L)), as_expr(0)), hint="ln") as ln:
+                    idx = mm.out_index(bidx, i, j0 + ln)
+                    kb.store(y, idx, ctx.apply_epilogue(mm.finish(lanes_buf[ln], bidx, i, j0 + ln), idx))
             if N % blk == 0:
                 vector_store()
             elif N % L == 0:
