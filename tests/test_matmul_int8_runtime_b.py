@@ -14,7 +14,7 @@ import pytest
 import tensorfuse
 from tensorfuse.compiler.pipeline import optimized_llvm
 from tests.oracle import node_model
-from tests.test_int8_schedules import FORMS, _check_dots, _oracle, _q, _runs_here
+from tests.test_int8_schedules import FORMS, _check_dots, _fixed, _oracle, _q, _runs_here
 
 CASES = [
     # a shape, b shape, a dtype, b dtype, a zero point, b zero point (None: absent)
@@ -77,23 +77,11 @@ def test_row_epilogue_loop_and_lane_tail(epilogue):
     LLVM IR)."""
     from tests.oracle import ort_run
     from tests.test_rules_quantize import _attention_qdq_model
-    from tensorfuse.compiler.tuning import TuningRecords
-
-    class Fixed(TuningRecords):
-        def __init__(self, k):
-            super().__init__([])
-            self.k = k
-
-        def knobs_for(self, *a, **kw):
-            return dict(self.k)
-
-        def for_target(self, *a, **kw):
-            return self
 
     m, feeds = _attention_qdq_model(a_shape=(1, 2, 29, 16), b_shape=(1, 2, 16, 37))
     sizes = {}
     for e in ("loop", "unrolled"):
-        mod = tensorfuse.compile(m, cache=False, tuning=Fixed({"int8_epilogue": e, "int8_engine": "dot"}))
+        mod = tensorfuse.compile(m, cache=False, tuning=_fixed(int8_epilogue=e, int8_engine="dot"))
         (gemm,) = [k for k in mod.kernels if k.schedule == "llvm.matmul_int8" and not k.name.endswith("_packb")]
         assert gemm.knobs["int8_epilogue"] == e and gemm.knobs["int8_tile"][0] > 1
         sizes[e] = len(str(gemm))
