@@ -372,9 +372,10 @@ def _attention_rows_vector(ctx, kb, q, v, y, mask, fill, b, bidx, kt, scale: flo
     lanes scoring -inf so their exp is 0).
 
     Query rows in blocks of R (knob ``attention_rows``, default 6 with 32 vector registers, else
-    4), the sq % R rows left over as one smaller block. Per block: scores in tiles of key vectors held in registers over the d reduction
-    (each K^T vector loaded once for the R rows, Q[i, c] broadcast), scaled and masked on the
-    vectors (the last, partial vector lane by lane); per row the max as a vector max (exact),
+    4), the sq % R rows left over as one smaller block. Per block: scores in tiles of key
+    vectors held in registers over the d reduction (each K^T vector loaded once for the R rows,
+    Q[i, c] broadcast), scaled and masked on the vectors (the last, partial vector lane by
+    lane); per row the max as a vector max (exact),
     exp and the sum as vectors (the sum added up in L partial sums); then P @ V in tiles of value
     columns over the sk keys (each V vector loaded once for the R rows), times 1/sum at the
     store. A tile's vectors are chosen so the R x tile accumulators and the tile's loads fit
