@@ -196,26 +196,30 @@ def _pointwise_residual_model(x_shape, m):
     return model, x, z
 
 
-@pytest.mark.parametrize("x_shape,m,packed", [
-    ((1, 24, 7, 7), 44, True),     # 3 pixel tiles + a 1-pixel rest; channel blocks in groups (8 = 3+3+2)
-    ((2, 16, 13, 13), 50, True),   # two images, a 9-pixel rest of 2 vectors
-    ((1, 12, 40, 40), 30, True),   # many pixel tiles: one group of channel blocks each
-    ((1, 32, 4, 4), 60, True),     # one pixel tile, 10 blocks for 8 groups: 5 groups of 2 (wrote past Y)
-    ((1, 20, 2, 2), 12, False),    # fewer pixels than a vector: the lane-at-a-time tiles (too few
-                                   # channels for the flat tiles, which take such planes otherwise)
-    ((1, 1100, 3, 7), 30, False),  # C x one pixel tile above PACK_MAX_BYTES: X read in place
+@pytest.mark.parametrize("x_shape,m,packed,chunk", [
+    ((1, 24, 7, 7), 44, True, None),     # 3 pixel tiles + a 1-pixel rest; channel blocks in groups (8 = 3+3+2)
+    ((2, 16, 13, 13), 50, True, None),   # two images, a 9-pixel rest of 2 vectors
+    ((1, 12, 40, 40), 30, True, None),   # many pixel tiles: one group of channel blocks each
+    ((1, 32, 4, 4), 60, True, None),     # one pixel tile, 10 blocks for 8 groups: 5 groups of 2 (wrote past Y)
+    ((1, 20, 2, 2), 12, False, None),    # fewer pixels than a vector: the lane-at-a-time tiles (too few
+                                         # channels for the flat tiles, which take such planes otherwise)
+    ((1, 1100, 3, 7), 30, False, None),  # C x one pixel tile above PACK_MAX_BYTES: X read in place
+    # panels in chunks of input channels (knob panel_channels), partial sums carried between
+    ((1, 1100, 3, 7), 30, True, 367),    # 3 chunks (367, 367, 366): the loop over the middle ones
+    ((2, 40, 13, 13), 50, True, 20),     # 2 chunks, two images, a 9-pixel rest
+    ((2, 48, 13, 13), 50, True, 16),     # 3 chunks of 16
+    ((1, 32, 10, 16), 600, True, 16),    # 100 blocks over 10 tiles: two groups for their partial sums
 ])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, threads):
+def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, chunk, threads):
     """1x1 convs (the pixel-vector GEMM) with a residual Add and Relu fused: with enough
     channel blocks each pixel tile of X is copied into a per-thread panel read by every block
-    of its group; every tail and group split matches onnxruntime at 1 and 2 threads. (Where
-    X fits half of L2 the default runs unpacked blocks over every pixel tile instead, tested
-    below; here ``pack_pixels`` is fixed to the case's value.)"""
-    from tensorfuse.codegen.llvm.schedules.conv2d import PACK_MAX_BYTES
+    of its group, in chunks of ``chunk`` input channels where given (each chunk packed and run
+    through every block, the partial sums carried on the stack, the epilogue after the last);
+    every tail, chunk and group split matches onnxruntime at 1 and 2 threads. (Where X fits
+    half of L2 the default runs unpacked blocks over every pixel tile instead, tested below;
+    here ``pack_pixels`` is fixed to the case's value.)"""
     from tests.knob_util import Fixed
-    if not packed and x_shape[1] > 100:
-        assert x_shape[1] * 16 * 4 > PACK_MAX_BYTES
     model, x, z = _pointwise_residual_model(x_shape, m)
     from tensorfuse.compiler.driver import build_module
     from tensorfuse.compiler.frontend.onnx import import_onnx
@@ -225,11 +229,17 @@ def test_conv_pointwise_packed_pixel_tiles(x_shape, m, packed, threads):
     tgt = Target.parse(SCHEDULE_TARGET)
     graph = import_onnx(model)
     optimize(graph, 2, target=tgt)
-    low = lower_graph(graph, tgt, tuning=Fixed({"pack_pixels": packed}))
+    knobs = {"pack_pixels": packed} if chunk is None else {"pack_pixels": packed, "panel_channels": chunk}
+    low = lower_graph(graph, tgt, tuning=Fixed(knobs))
     mod = build_module(low, graph, ["x", "z"], ["y"], tgt)
     mod.num_threads = threads
     (k,) = [k for k in mod.kernels if "pointwise" in k.comment]
     assert ("pixel tiles packed" in k.comment) == packed, k.comment
+    if chunk is not None:
+        chunks = -(-x_shape[1] // chunk)
+        assert k.knobs["panel_channels"] == chunk
+        assert f"{chunks} chunks of the {x_shape[1]} input channels" in k.comment, k.comment
+        assert any(b.name.startswith("partial") for b in k.locals)
     assert any(b.name.startswith("xpanel") for b in k.locals) == packed
     np.testing.assert_allclose(mod.run(x=x, z=z)[0], ort_run(model, {"x": x, "z": z})[0], rtol=RT, atol=AT)
 
