@@ -257,18 +257,28 @@ def test_conv_int8_amx_not_taken_where_it_must_not():
 
 @pytest.mark.parametrize("kind,size,engine", [
     ("matmul", 64, "dot"), ("matmul", 65, "amx"), ("matmul", 256, "amx"),
-    ("conv1x1", 64, "dot"), ("conv1x1", 128, "amx"), ("conv3x3", 64, "amx"),
+    ("convinteger1x1", 64, "dot"), ("convinteger1x1", 128, "amx"),
+    ("conv1x1", 64, "amx"), ("conv1x1", 128, "amx"), ("conv3x3", 64, "amx"),
 ])
 def test_amx_default_needs_two_reduction_steps(kind, size, engine):
-    """int8_engine defaults to AMX tiles only from int8.AMX_MIN_STEPS (2) 64-byte steps of the
+    """int8_engine defaults to AMX tiles from int8.AMX_MIN_STEPS (2) 64-byte steps of the
     reduction per accumulator tile (K of a GEMM, KH * KW * C of a conv): with one step the tile
-    store and reload per 16 x 16 outputs cost more than the tile product saves. Either way the
-    result is exact (the GEMM) or onnxruntime's unfused QDQ within 1 (the conv)."""
+    store and reload per 16 x 16 outputs cost more than the tile product saves where the output
+    is int32 (MatMulInteger, ConvInteger). A QDQ conv's requantizing epilogue (u8 output) takes
+    AMX from one step: its float work then has the vector ports to itself. Either way the
+    result is exact (MatMulInteger, ConvInteger) or onnxruntime's unfused QDQ within 1 (the
+    QDQ conv)."""
     rng = np.random.default_rng(9)
     if kind == "matmul":
         m, a = _mm_integer_model((48, size), (size, 40), np.uint8, np.int8, 5, None)
         mod = tensorfuse.compile(m, target=AMX, cache=False)
         k, feeds, want, atol = mod.kernels[0], {"a": a}, ReferenceEvaluator(m).run(None, {"a": a})[0], 0
+    elif kind == "convinteger1x1":
+        x, w = _q((1, size, 8, 8), np.uint8, rng), _q((32, size, 1, 1), np.int8, rng)
+        m = node_model("ConvInteger", {"x": x}, {}, initializers={"w": w, "xz": np.array(7, np.uint8)},
+                       input_names=["x", "w", "xz"])
+        mod = tensorfuse.compile(m, target=AMX, cache=False)
+        k, feeds, want, atol = _conv_kernel(mod), {"x": x}, ReferenceEvaluator(m).run(None, {"x": x})[0], 0
     else:
         m, feeds, want = _qconv(c=size, m=32, hw=8, k=1 if kind == "conv1x1" else 3)
         mod = tensorfuse.compile(m, target=AMX, cache=False)

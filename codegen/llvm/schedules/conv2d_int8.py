@@ -87,6 +87,11 @@ PANEL_BYTES = 48 * 1024
 MAX_PANEL_BYTES = 256 * 1024
 #: parallel tasks the default ``oc_split`` aims at
 MIN_TASKS = 8
+#: the defaults of two choices for a module-level A/B (both measured, see emit_conv_int8 and
+#: _layout): a 1x1 conv takes the flat layout at equal lane use; a single AMX tile step is the
+#: default where Y is requantized or dequantized
+FLAT_1X1_AT_EQUAL_USE = True
+AMX_SINGLE_STEP_EPILOGUE = True
 
 
 def _geometry_ok(geo) -> bool:
@@ -412,7 +417,12 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
         else:
             # pixels per vector, a narrow vector counted as a whole wide one
             useful_rows = OW / -(-OW // row_L) * row_L / flat_L
-            flat0 = useful_flat >= useful_rows if prefer_flat else useful_flat > 1.15 * useful_rows
+            # a 1x1 conv's flat band has no padding columns, so it takes the flat band at equal
+            # use or better (Emerald Rapids, 1 thread, QDQ u8s8: 128->512 at 28x28 0.357 ->
+            # 0.212 ms, 256->1024 at 14x14 0.305 -> 0.248, 192->32 at 28x28 0.075 -> 0.054);
+            # a larger kernel only with a margin for its padded planes
+            one = tuple(geo.kernel) == (1, 1) and FLAT_1X1_AT_EQUAL_USE
+            flat0 = useful_flat >= useful_rows if (prefer_flat or one) else useful_flat > 1.15 * useful_rows
     # the channel layout: output channels as the lanes, so no lane waits on a short row; it
     # pays a transposition per tile, worth it where the rows leave lanes idle and the
     # reduction per output is long (CHAN_MIN_REDUCTION)
@@ -497,13 +507,17 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     # AMX tiles (TDPBSUD: the packed weights, s8, as the 16-row A tiles, one output channel a
     # row; the panel's words of 16 pixels as the B tiles, one channel word a row; the same
     # exact sums as VPDPBUSD's) where the channels fill whole 64-byte tile rows and the weights
-    # need no row sums; by default from AMX_MIN_STEPS tile products per accumulator tile. On
-    # AMX the channel layout is not offered and the pixel layouts take the widest vector, so
-    # form is form0
+    # need no row sums; by default from AMX_MIN_STEPS tile products per accumulator tile, or
+    # from one where the output is requantized or dequantized (Y not int32): that epilogue's
+    # float work then has the vector ports to itself instead of sharing them with VPDPBUSD
+    # (Emerald Rapids, 1 thread, QDQ u8s8 1x1 convs: 64->256 at 56x56 0.290 -> 0.209 ms in
+    # the flat layout, 64->64 0.084 -> 0.066; ConvInteger's int32 64->256 0.217 -> 0.251, so
+    # an int32 output keeps the dot products). On AMX the channel layout is not offered and
+    # the pixel layouts take the widest vector, so form is form0
     amx_ok = (int8.has_amx(ctx.target) and form0.isa == "vnni" and form0.lanes == 16 and not pw0.need_rowsum
               and Cq % int8.AMX_KQ == 0 and M >= 16)
-    amx = amx_ok and knob("int8_engine", ["dot", "amx"],
-                          "amx" if int8.amx_by_default(KH * KW * Cq) else "dot",
+    amx0 = int8.amx_by_default(KH * KW * Cq) or (AMX_SINGLE_STEP_EPILOGUE and y.dtype != DType.i32)
+    amx = amx_ok and knob("int8_engine", ["dot", "amx"], "amx" if amx0 else "dot",
                           doc="dot: VPDPBUSD on registers; amx: AMX tiles (TDPBSUD, 16 channels x 16 pixels a tile)") == "amx"
     layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
                                chan_ok=chan_ok and not amx, amx=amx)
