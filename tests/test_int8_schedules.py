@@ -843,24 +843,35 @@ def test_conv_int8_channels_default():
     assert layout(FORMS["avx2"][0], c=256, m=256, hw=14, k=3) != {"channels"}
 
 
-@pytest.mark.parametrize("hw,k,layout", [
-    (56, 1, "flat"),    # rows of 56 in 4 vectors of 16 (87.5%), the flat band 100%: a 1x1 conv takes it
-    (14, 1, "flat"),    # 196 pixels in 13 vectors (94%) against 87.5%
-    (56, 3, "rows"),    # a 3x3 conv needs the flat band's use over the rows' by a margin (padded planes)
+@pytest.mark.parametrize("hw,k,integer,layout", [
+    (56, 1, False, "flat"),   # rows of 56 in 4 vectors of 16 (87.5%), the flat band 100%: a QDQ 1x1 conv takes it
+    (14, 1, False, "flat"),   # 196 pixels in 13 vectors (94%) against 87.5%
+    (56, 3, False, "rows"),   # a 3x3 conv needs the flat band's use over the rows' by a margin (padded planes)
+    (56, 1, True, "rows"),    # ConvInteger's int32 output: the margin too
 ])
-def test_conv_int8_1x1_takes_the_flat_band_at_equal_use(hw, k, layout):
-    """On a target that does not split its vectors (an AVX-512 Sapphire Rapids), a 1x1 conv
-    takes the flat layout wherever its band's lanes hold as many output pixels as the rows'
-    (no padding columns: Emerald Rapids, QDQ u8s8 128->512 at 28x28 0.357 -> 0.212 ms); a 3x3
-    one keeps the rows unless the flat band wins by 15%. The result matches
-    onnxruntime's unfused QDQ within one step (run where the host has AVX-512 VNNI)."""
-    m, feeds = _qconv_model(c=16, m=20, hw=hw, k=k)
+def test_conv_int8_1x1_takes_the_flat_band_at_equal_use(hw, k, integer, layout):
+    """On a target that does not split its vectors (an AVX-512 Sapphire Rapids), a QDQ 1x1
+    conv (requantized output) takes the flat layout wherever its band's lanes hold as many
+    output pixels as the rows' (no padding columns: Emerald Rapids, QDQ u8s8 128->512 at 28x28
+    0.357 -> 0.212 ms); a 3x3 one, and a ConvInteger (int32 output, where flat lost on AMX
+    tiles), keep the rows unless the flat band wins by 15%. The result matches onnxruntime's
+    unfused QDQ within one step, ConvInteger exactly (run where the host has AVX-512 VNNI)."""
+    rng = np.random.default_rng(3)
+    if integer:
+        x, w = _q((1, 16, hw, hw), np.uint8, rng), _q((20, 16, k, k), np.int8, rng)
+        m = node_model("ConvInteger", {"x": x}, {}, initializers={"w": w, "xz": np.array(7, np.uint8)},
+                       input_names=["x", "w", "xz"])
+        feeds, tol = {"x": x}, 0
+    else:
+        m, feeds = _qconv_model(c=16, m=20, hw=hw, k=k)
+        tol = 1
     mod = tensorfuse.compile(m, target="llvm -mcpu=sapphirerapids", cache=False)
     conv = [kk for kk in mod.kernels if "int8_layout" in kk.knobs]
     assert [kk.knobs["int8_layout"] for kk in conv] == [layout], [kk.knobs for kk in conv]
     if {"avx512vnni", "avx512bw"} <= HOST.feature_set and mod.runs_here:
-        got, want = mod.run(**feeds)[0], _unfused_ort(m, feeds)
-        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+        got = mod.run(**feeds)[0]
+        want = ort_run(m, feeds)[0] if integer else _unfused_ort(m, feeds)
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= tol
 
 
 @pytest.mark.parametrize("hw,k,band,vectors", [
