@@ -911,8 +911,8 @@ def emit_conv_pointwise(ctx: LowerCtx, x: Buffer, w: Buffer, b: Buffer | None, y
     if strided:
         kb.kernel.comment += f"  [stride {sh}x{sw}: the panels gather the strided pixels]"
     l2 = int(getattr(ctx.target, "l2_bytes", 0) or 512 * 1024)
-    KC = knob("panel_channels", panel_channel_candidates(c_, panel_channels(ctx.target, c_, pix, R)),
-              panel_channels(ctx.target, c_, pix, R),
+    kc0 = panel_channels(ctx.target, c_, pix, R)
+    KC = knob("panel_channels", panel_channel_candidates(c_, kc0), kc0,
               doc="input channels per packed panel chunk: the pixel tile is packed and run through "
                   "every channel block of its group one chunk at a time, the partial sums kept "
                   "in a local buffer (default: a chunk and a block's weights fill at most "

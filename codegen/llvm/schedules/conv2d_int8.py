@@ -87,11 +87,6 @@ PANEL_BYTES = 48 * 1024
 MAX_PANEL_BYTES = 256 * 1024
 #: parallel tasks the default ``oc_split`` aims at
 MIN_TASKS = 8
-#: the defaults of two choices for a module-level A/B (both measured, see emit_conv_int8 and
-#: _layout): a 1x1 conv takes the flat layout at equal lane use; a single AMX tile step is the
-#: default where Y is requantized or dequantized
-FLAT_1X1_AT_EQUAL_USE = True
-AMX_SINGLE_STEP_EPILOGUE = True
 
 
 def _geometry_ok(geo) -> bool:
@@ -425,7 +420,7 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
             # 0.054); with an int32 output (ConvInteger) it lost on AMX tiles (128->512 at
             # 28x28 0.200 -> 0.279 ms) and was even on VPDPBUSD, so that keeps the margin a
             # larger kernel needs for its padded planes
-            one = tuple(geo.kernel) == (1, 1) and FLAT_1X1_AT_EQUAL_USE and float_epilogue
+            one = tuple(geo.kernel) == (1, 1) and float_epilogue
             flat0 = useful_flat >= useful_rows if (prefer_flat or one) else useful_flat > 1.15 * useful_rows
     # the channel layout: output channels as the lanes, so no lane waits on a short row; it
     # pays a transposition per tile, worth it where the rows leave lanes idle and the
@@ -520,11 +515,12 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     # the pixel layouts take the widest vector, so form is form0
     amx_ok = (int8.has_amx(ctx.target) and form0.isa == "vnni" and form0.lanes == 16 and not pw0.need_rowsum
               and Cq % int8.AMX_KQ == 0 and M >= 16)
-    amx0 = int8.amx_by_default(KH * KW * Cq) or (AMX_SINGLE_STEP_EPILOGUE and y.dtype != DType.i32)
+    float_epilogue = y.dtype != DType.i32
+    amx0 = int8.amx_by_default(KH * KW * Cq) or float_epilogue
     amx = amx_ok and knob("int8_engine", ["dot", "amx"], "amx" if amx0 else "dot",
                           doc="dot: VPDPBUSD on registers; amx: AMX tiles (TDPBSUD, 16 channels x 16 pixels a tile)") == "amx"
     layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
-                               chan_ok=chan_ok and not amx, amx=amx, float_epilogue=y.dtype != DType.i32)
+                               chan_ok=chan_ok and not amx, amx=amx, float_epilogue=float_epilogue)
     flat, chan = layout == "flat", layout == "channels"
     contiguous = contiguous and flat
     L = form.lanes
