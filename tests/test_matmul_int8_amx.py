@@ -229,11 +229,60 @@ def test_conv_int8_on_amx_tiles(case, knobs):
         assert re.search(r"tdpbsud\s", asm)
 
 
+@pytest.mark.parametrize("case", [
+    dict(c=3, m=64, hw=30, k=7, stride=2),              # resnet's stem: 49 taps x 1 word, 4 tile steps
+    dict(c=16, m=40, hw=11, k=3),                       # 36 words; 40 channels (a block half used), rows of 11
+    dict(c=24, m=32, hw=10, k=3, pads=[0, 1, 2, 0], dil=2, bias=False),
+    dict(c=8, m=32, hw=9, k=5, residual=True),          # 25 taps x 2 words; the residual Add
+])
+@pytest.mark.parametrize("knobs", [{}, {"int8_tile": (2, 16), "oc_split": 2}, {"int8_tile": (2, 32), "int8_stage": "none"},
+                                   {"int8_layout": "flat"}])
+def test_conv_int8_gathered_amx_tiles(case, knobs):
+    """Channel words that do not fill whole tile rows (C not a multiple of 64) on AMX: each
+    pixel vector's B tiles gathered from the (tap, channel word) rows of the panel, by default
+    from two tile steps and nine taps. The result is onnxruntime's unfused QDQ one within 1."""
+    m, feeds, want = _qconv(**case)
+    if knobs.get("int8_layout") == "flat" and (case.get("stride", 1) != 1 or case.get("dil", 1) != 1):
+        knobs = {}
+    mod = tensorfuse.compile(m, target=AMX, tuning=_fixed(**knobs) if knobs else None, cache=False)
+    k = _conv_kernel(mod)
+    assert k.knobs["int8_engine"] == "amx" and "amx tdpbsud" in k.comment, k.knobs
+    assert {n: k.knobs[n] for n in knobs} == knobs, k.knobs
+    if not knobs and case["m"] > 16:
+        assert k.knobs["int8_tile"] == (1, 32), k.knobs
+    assert "dpbsud" in _tile_ops(mod)
+    if mod.runs_here:
+        got = mod.run(**feeds)[0]
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    else:
+        _, asm = optimized_llvm(mod.llvm_ir, mod.target)
+        assert re.search(r"tdpbsud\s", asm)
+
+
+@pytest.mark.parametrize("xdt,group,c,m,k,stride", [(np.uint8, 1, 3, 64, 7, 2), (np.int8, 4, 64, 64, 3, 1),
+                                                    (np.uint8, 2, 24, 48, 3, 2)])
+def test_convinteger_gathered_amx_exact(xdt, group, c, m, k, stride):
+    """ConvInteger (int32 output, exact) through the gathered AMX tiles: u8 and s8 activations
+    (s8 offset to u8 and corrected), grouped convolutions (one group's channels a panel)."""
+    rng = np.random.default_rng(11)
+    x, w = _q((1, c, 13, 13), xdt, rng), _q((m, c // group, k, k), np.int8, rng)
+    xz = np.array(5 if xdt == np.uint8 else -7, xdt)
+    m_ = node_model("ConvInteger", {"x": x}, {"pads": [k // 2] * 4, "strides": [stride] * 2, "group": group},
+                    initializers={"w": w, "xz": xz}, input_names=["x", "w", "xz"])
+    mod = tensorfuse.compile(m_, target=AMX, tuning=_fixed(int8_engine="amx"), cache=False)
+    kern = _conv_kernel(mod)
+    assert kern.knobs["int8_engine"] == "amx" and "dpbsud" in _tile_ops(mod)
+    if mod.runs_here:
+        np.testing.assert_array_equal(mod.run(x=x)[0], ReferenceEvaluator(m_).run(None, {"x": x})[0])
+
+
 def test_conv_int8_amx_not_taken_where_it_must_not():
-    """Channels that do not fill 64-byte tile rows (C = 48), weights whose zero point needs the
+    """A 1x1 conv whose channels do not fill 64-byte tile rows (C = 48), a 3x3 stem whose 9
+    words are one tile step, weights whose zero point needs the
     pixels' sums (u8 weights), and a target without AMX keep the vector dot product; the
     knob still chooses it where AMX applies."""
-    for case, target in ((dict(c=48, m=32, hw=8, k=3), AMX), (dict(c=64, m=32, hw=8, k=3), NO_AMX)):
+    for case, target in ((dict(c=48, m=32, hw=8, k=1), AMX), (dict(c=3, m=32, hw=16, k=3, stride=2), AMX),
+                         (dict(c=64, m=32, hw=8, k=3), NO_AMX)):
         m, feeds, want = _qconv(**case)
         mod = tensorfuse.compile(m, target=target, cache=False)
         assert not _tile_ops(mod) and _conv_kernel(mod).knobs.get("int8_engine", "dot") == "dot"

@@ -80,6 +80,12 @@ from tensorfuse.ir.types import DType
 from . import int8
 from .conv2d import vector_registers
 
+#: most words (tile rows) of a reduction gathered into AMX B tiles (``int8_engine`` ``amx`` where
+#: the channel words do not fill whole tile rows): 16 KiB of stack per pixel vector
+AMX_GATHER = 256
+#: the gathered AMX tiles by default from this many kernel taps (resnet's 7x7 stem)
+AMX_GATHER_MIN_TAPS = 9
+
 #: default bound of a task's packed input panel (it lives on the thread's stack and should
 #: stay in L2 while every channel block reads it)
 PANEL_BYTES = 48 * 1024
@@ -514,9 +520,25 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     # an int32 output keeps the dot products). On AMX the channel layout is not offered and
     # the pixel layouts take the widest vector, so form is form0
     amx_ok = (int8.has_amx(ctx.target) and form0.isa == "vnni" and form0.lanes == 16 and not pw0.need_rowsum
-              and Cq % int8.AMX_KQ == 0 and M >= 16)
+              and M >= 16)
+    # a reduction whose channel words do not fill whole tile rows (resnet's stem: 3 channels,
+    # one word per tap) is gathered: the B tiles' rows are the (tap, channel word) pairs of the
+    # reduction, each tile's 16 pixel words copied from the panel into a stack block per pixel
+    # vector (:data:`AMX_GATHER` words at most), so 49 taps x 1 word take 4 tile products
+    # instead of 49 VPDPBUSD steps of one word
+    T = KH * KW * Cq
+    gathered = Cq % int8.AMX_KQ != 0
+    TS = -(-T // int8.AMX_KQ)                   # tile steps of the gathered reduction
+    amx_ok = amx_ok and (not gathered or TS * int8.AMX_KQ <= AMX_GATHER)
     float_epilogue = y.dtype != DType.i32
-    amx0 = int8.amx_by_default(KH * KW * Cq) or float_epilogue
+    if gathered:
+        # from AMX_MIN_STEPS tile products and AMX_GATHER_MIN_TAPS taps (Emerald Rapids, 1
+        # thread, QDQ u8s8: the 7x7 stem 3->64 at 112x112 0.685 -> 0.374 ms, 16->64 3x3 at
+        # 55x55 0.213 -> 0.147, regnet's grouped 3x3 of 16-channel groups 5-20% faster; the
+        # 3x3 stem 3->32, 9 words in one step, was even: it keeps the dot products)
+        amx0 = int8.amx_by_default(T) and KH * KW >= AMX_GATHER_MIN_TAPS
+    else:
+        amx0 = int8.amx_by_default(T) or float_epilogue
     amx = amx_ok and knob("int8_engine", ["dot", "amx"], "amx" if amx0 else "dot",
                           doc="dot: VPDPBUSD on registers; amx: AMX tiles (TDPBSUD, 16 channels x 16 pixels a tile)") == "amx"
     layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
@@ -553,8 +575,11 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     elif amx:
         # RP pixel vectors x OCn channels: RP * OCn / 16 accumulator tiles, OCn / 16 weight
         # tiles and RP panel tiles (at most 8)
+        # gathered: one pixel vector x 32 channels where M > 16 (the stems: (1, 32) 0.374 ms,
+        # (2, 32) 0.60, (1, 16) 0.45)
+        tile0 = ((1, 32) if gathered else (min(2, slots), 32)) if M > 16 else (min(2, slots), 16)
         RP, OCn = knob("int8_tile", [(rp, ocn) for rp in (1, 2) for ocn in (16, 32) if rp <= slots],
-                       (min(2, slots), 32 if M > 16 else 16), doc="AMX tile: pixel vectors x output channels")
+                       tile0, doc="AMX tile: pixel vectors x output channels")
     else:
         RP, OCn = knob("int8_tile", _tiles(regs, rowsum, M, slots), tile0,
                        doc="register tile: pixel vectors x output channels")
@@ -570,7 +595,13 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     wpad = np.zeros((G, MBP, Cq * g, KH, KW), np.int64)
     wpad[:, :M, :C] = pw_.w_p.reshape(G, M, C, KH, KW)
     # [G, MB, OCn, Cq, g, KH, KW] -> [G, MB, Cq, KH, KW, OCn, g]
-    if amx:
+    if amx and gathered:
+        # [G, MB, OCn, Cq, g, KH, KW] -> [G, MB, OCn, KH, KW, Cq, g] -> reduction words t =
+        # (kh * KW + kw) * Cq + cq, zero past T -> [G, MB, TS, OCn, 16, g]: one A tile a step
+        wt = wpad.reshape(G, MB, OCn, Cq, g, KH, KW).transpose(0, 1, 2, 5, 6, 3, 4).reshape(G, MB, OCn, T, g)
+        wt = np.concatenate([wt, np.zeros((G, MB, OCn, TS * int8.AMX_KQ - T, g), wt.dtype)], axis=3)
+        wt = wt.reshape(G, MB, OCn, TS, int8.AMX_KQ, g).transpose(0, 1, 3, 2, 4, 5)
+    elif amx:
         # [G, MB, OCn, Cq/16, 16, g, KH, KW] -> [G, MB, KH, KW, Cq/16, OCn, 16, g]: an A tile
         # (16 channels x 16 words of one tap) is 1 KB in one piece
         wt = wpad.reshape(G, MB, OCn, Cq // int8.AMX_KQ, int8.AMX_KQ, g, KH, KW).transpose(0, 1, 6, 7, 3, 2, 4, 5)
@@ -616,6 +647,8 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         # the tile transposed: [OCV*16 channels, RP pixels]
         ctr = kb.local(DType.i32, (OCV * L, RP), hint="tr")
     acc = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="acc") if not chan else None
+    # the gathered B tiles of the tile's pixel vectors: [RP, TS * 16 words, 16 pixels]
+    gat = kb.local(DType.i32, (RP * TS * int8.AMX_KQ * L,), hint="gather") if amx and gathered else None
     lanes_buf = kb.local(DType.i32, (L,), hint="lanes")
     # the tile's results go to a stage on the stack first and then to Y: with no store to Y
     # among the epilogues, LLVM loads each channel's scale, zero point and corrections (and
@@ -892,7 +925,11 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 put(idx, slot0 + off, wd, lambda val=val, idx=idx: ctx.apply_epilogue(finish(val, oc), idx))
                 off += wd
 
-        def tile(mb: Expr, s0, rp: int):
+        def tile(mb: Expr, s0, rp: int, gather: bool = True, compute: bool = True):
+            """The tile of ``rp`` pixel vectors from slot ``s0`` x channel block ``mb``: its
+            reduction and epilogue. Gathered AMX tiles: ``gather`` fills the tile's B tile
+            rows, ``compute`` (False: the gather alone, which the channel blocks then share)
+            runs the rest."""
             # slot s -> (band row, vector of the row); flat: s0 is a constant
             if flat:
                 rows = vecs = [as_expr(0)] * rp
@@ -911,19 +948,44 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 # 4 + h, panel tiles 6 + p; stored to the accumulator block as the register
                 # tile's (p, j) vectors, then the same epilogue
                 NT = OCn // 16
+                KQ = int8.AMX_KQ
+                if gathered and gather:
+                    # row t of pixel vector p's block: the 16 words of reduction word t
+                    # (tap t // Cq, channel word t % Cq) from the panel; rows past T zero
+                    for p in range(rp):
+                        for kh in range(KH):
+                            for kw in range(KW):
+                                for cq in range(Cq):
+                                    t = (kh * KW + kw) * Cq + cq
+                                    kb.store(gat, (p * TS * KQ + t) * L, xp.vload(xaddr(as_expr(cq), p, kh, kw), L))
+                        for t in range(T, TS * KQ):
+                            kb.store(gat, (p * TS * KQ + t) * L, zero)
+                if not compute:
+                    return
                 for q in range(rp * NT):
                     kb.tile_zero(q)
-                with kb.reduce(Cq // int8.AMX_KQ, hint="cs") as cs:
-                    for kh in range(KH):
-                        for kw in range(KW):
+                if gathered:
+                    with kb.reduce(TS, hint="ts") as ts:
+                        for h in range(NT):
+                            wo = ((((gi * MB + mb) * TS + ts) * OCn + h * 16) * KQ)
+                            kb.tile_load(4 + h, wp, wo, KQ, 16, 64)
+                        for p in range(rp):
+                            kb.tile_load(6 + p, gat, (p * TS + ts) * KQ * L, L, 16, 64)
+                        for p in range(rp):
                             for h in range(NT):
-                                wo = (((((gi * MB + mb) * KH + kh) * KW + kw) * (Cq // int8.AMX_KQ) + cs) * OCn + h * 16) * int8.AMX_KQ
-                                kb.tile_load(4 + h, wp, wo, int8.AMX_KQ, 16, 64)
-                            for p in range(rp):
-                                kb.tile_load(6 + p, xp, xaddr(cs * int8.AMX_KQ, p, kh, kw), PL, 16, 64)
-                            for p in range(rp):
+                                kb.tile_dpbsud(p * NT + h, 4 + h, 6 + p)
+                else:
+                    with kb.reduce(Cq // int8.AMX_KQ, hint="cs") as cs:
+                        for kh in range(KH):
+                            for kw in range(KW):
                                 for h in range(NT):
-                                    kb.tile_dpbsud(p * NT + h, 4 + h, 6 + p)
+                                    wo = (((((gi * MB + mb) * KH + kh) * KW + kw) * (Cq // int8.AMX_KQ) + cs) * OCn + h * 16) * int8.AMX_KQ
+                                    kb.tile_load(4 + h, wp, wo, int8.AMX_KQ, 16, 64)
+                                for p in range(rp):
+                                    kb.tile_load(6 + p, xp, xaddr(cs * int8.AMX_KQ, p, kh, kw), PL, 16, 64)
+                                for p in range(rp):
+                                    for h in range(NT):
+                                        kb.tile_dpbsud(p * NT + h, 4 + h, 6 + p)
                 src = accs if epi_loop else acc
                 for p in range(rp):
                     for h in range(NT):
@@ -1117,6 +1179,26 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
 
         mb_lo = part * mb_per if SPLIT > 1 else as_expr(0)
         mb_hi = minimum(mb_lo + mb_per, as_expr(MB)) if SPLIT > 1 else as_expr(MB)
+        if amx and gathered:
+            # pixel tiles outside, channel blocks inside: each tile's B tiles gathered once
+            def span(s0, rp: int):
+                tile(None, s0, rp, compute=False)
+                with kb.loop(mb_hi, start=mb_lo, hint="mb", role="spatial") as mb:
+                    tile(mb, s0, rp, gather=False)
+            full = slots // RP
+            if flat:
+                for st in range(full):
+                    span(st * RP, RP)
+                if slots % RP:
+                    span(full * RP, slots % RP)
+            else:
+                if full:
+                    with kb.loop(full, hint="s", role="spatial") as st:
+                        span(st * RP, RP)
+                if slots % RP:
+                    span(as_expr(full * RP), slots % RP)
+            kb.tile_release()
+            return kb
         with kb.loop(mb_hi, start=mb_lo, hint="mb", role="spatial") as mb:
             full = slots // RP
             if flat:
