@@ -176,6 +176,16 @@ def aligned_empty(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
     return raw[off:off + nbytes]
 
 
+def _aligned_output(shape, dtype) -> np.ndarray:
+    """A fresh uninitialised output array starting on a cache line (:data:`ALIGNMENT`): the
+    kernels' whole-vector stores then each fill one line instead of straddling two."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(n + ALIGNMENT, np.uint8)
+    off = (-raw.ctypes.data) % ALIGNMENT
+    return raw[off:off + n].view(dt).reshape(shape)
+
+
 def _in_mapping(a: np.ndarray) -> bool:
     """Whether ``a`` views memory of a :func:`aligned_empty` mapping (a loaded artifact's
     constants: already there, not copied again)."""
@@ -580,7 +590,7 @@ class Module(ModuleBase):
         before each call every value the kernel reads must be what its producer wrote (a CRC
         taken after the write); otherwise MemoryPlanError names the kernel and the values."""
         inputs = self._check_inputs(arrays, named)
-        outs = [np.empty(i.shape, i.dtype) for i in self.output_info]
+        outs = [_aligned_output(i.shape, i.dtype) for i in self.output_info]
         arena = self._acquire()
         try:
             self._bind(arena, inputs, outs)
