@@ -847,14 +847,15 @@ def test_conv_int8_channels_default():
     (56, 1, False, "flat"),   # rows of 56 in 4 vectors of 16 (87.5%), the flat band 100%: a QDQ 1x1 conv takes it
     (14, 1, False, "flat"),   # 196 pixels in 13 vectors (94%) against 87.5%
     (56, 3, False, "rows"),   # a 3x3 conv needs the flat band's use over the rows' by a margin (padded planes)
-    (56, 1, True, "rows"),    # ConvInteger's int32 output: the margin too
+    (56, 1, True, "flat"),    # ConvInteger's int32 output too
+    (56, 3, True, "rows"),
 ])
 def test_conv_int8_1x1_takes_the_flat_band_at_equal_use(hw, k, integer, layout):
-    """On a target that does not split its vectors (an AVX-512 Sapphire Rapids), a QDQ 1x1
-    conv (requantized output) takes the flat layout wherever its band's lanes hold as many
-    output pixels as the rows' (no padding columns: Emerald Rapids, QDQ u8s8 128->512 at 28x28
-    0.357 -> 0.212 ms); a 3x3 one, and a ConvInteger (int32 output, where flat lost on AMX
-    tiles), keep the rows unless the flat band wins by 15%. The result matches onnxruntime's
+    """On a target that does not split its vectors (an AVX-512 Sapphire Rapids), a 1x1 conv
+    (QDQ, requantized output, or ConvInteger, int32) takes the flat layout wherever its band's
+    lanes hold as many output pixels as the rows' (no padding columns, vectors on whole cache
+    lines: Emerald Rapids, QDQ u8s8 128->512 at 28x28 0.357 -> 0.212 ms); a 3x3 one keeps the
+    rows unless the flat band wins by 15%. The result matches onnxruntime's
     unfused QDQ within one step, ConvInteger exactly (run where the host has AVX-512 VNNI)."""
     rng = np.random.default_rng(3)
     if integer:

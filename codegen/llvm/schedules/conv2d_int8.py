@@ -368,15 +368,13 @@ def _pixel_addressable(ctx: LowerCtx, y) -> bool:
     return all(probe.addresses(b.shape) for b in ctx.epilogue_inputs)
 
 
-def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: bool = False, amx: bool = False,
-            float_epilogue: bool = False):
+def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: bool = False, amx: bool = False):
     """(flat, form, band_rows): the flat layout where a stride-1 (or 1x1) convolution's short rows leave
     too many lanes of the row layout idle (7-column rows: 7 of 8 lanes per 8-lane vector in
     rows, 12.25 of 16 per 16-lane vector flat), or (``prefer_flat``: a contiguous flat band
     whose epilogue reads tensors, :func:`_contiguous_flat`) as many, the lanes, and the band of
     output rows. ``amx``: AMX tiles may take the conv, whose rows are 16 pixels: the widest
-    vector only. ``float_epilogue``: Y is requantized or dequantized (not int32), where a 1x1
-    conv takes the flat band at equal use."""
+    vector only. A 1x1 conv takes the flat band at equal use."""
     OH, OW = geo.out_shape
     widths = _widths(ctx)[:1] if amx else _widths(ctx)
     split = ctx.target.datapath_bits < ctx.target.vector_bits
@@ -420,13 +418,13 @@ def _layout(ctx: LowerCtx, geo, Cq: int, prefer_flat: bool = False, chan_ok: boo
         else:
             # pixels per vector, a narrow vector counted as a whole wide one
             useful_rows = OW / -(-OW // row_L) * row_L / flat_L
-            # a 1x1 conv's flat band has no padding columns, so one with a float epilogue takes
-            # it at equal use or better (Emerald Rapids, 1 thread, QDQ u8s8: 128->512 at 28x28
-            # 0.357 -> 0.212 ms, 256->1024 at 14x14 0.305 -> 0.248, 192->32 at 28x28 0.075 ->
-            # 0.054); with an int32 output (ConvInteger) it lost on AMX tiles (128->512 at
-            # 28x28 0.200 -> 0.279 ms) and was even on VPDPBUSD, so that keeps the margin a
-            # larger kernel needs for its padded planes
-            one = tuple(geo.kernel) == (1, 1) and float_epilogue
+            # a 1x1 conv's flat band has no padding columns and its vectors lie on whole cache
+            # lines of Y (a 56-column row's do not), so it takes the band at equal use or
+            # better (Emerald Rapids, 1 thread, QDQ u8s8: 128->512 at 28x28 0.357 -> 0.212
+            # ms, 256->1024 at 14x14 0.305 -> 0.248, 192->32 at 28x28 0.075 -> 0.054;
+            # ConvInteger's int32 output, 64-byte aligned: 64->256 at 56x56 0.376 -> 0.331,
+            # 128->512 at 28x28 0.216 -> 0.147, 256->64 at 56x56 0.222 -> 0.133)
+            one = tuple(geo.kernel) == (1, 1)
             flat0 = useful_flat >= useful_rows if (prefer_flat or one) else useful_flat > 1.15 * useful_rows
     # the channel layout: output channels as the lanes, so no lane waits on a short row; it
     # pays a transposition per tile, worth it where the rows leave lanes idle and the
@@ -542,7 +540,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     amx = amx_ok and knob("int8_engine", ["dot", "amx"], "amx" if amx0 else "dot",
                           doc="dot: VPDPBUSD on registers; amx: AMX tiles (TDPBSUD, 16 channels x 16 pixels a tile)") == "amx"
     layout, form, RB = _layout(ctx, geo, Cq, prefer_flat=contiguous and not int8.epilogue_whole_vectors_ok(ctx, y),
-                               chan_ok=chan_ok and not amx, amx=amx, float_epilogue=float_epilogue)
+                               chan_ok=chan_ok and not amx, amx=amx)
     flat, chan = layout == "flat", layout == "channels"
     contiguous = contiguous and flat
     L = form.lanes
