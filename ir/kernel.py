@@ -796,13 +796,15 @@ class KernelBuilder:
             self._stack.pop()
 
     @contextlib.contextmanager
-    def grid(self, shape: Sequence[int], kind: str = "serial"):
-        """Nested loops over ``shape``; yields the list of index Vars (empty for a scalar)."""
+    def grid(self, shape: Sequence[int], kind: str = "serial", role: str = "spatial"):
+        """Nested loops over ``shape``; yields the list of index Vars (empty for a scalar).
+        ``role``: "spatial" (each point its own output) or "reduce" (the points accumulate into
+        the same values: never split across threads)."""
         with contextlib.ExitStack() as st:
             idx = []
             for d, n in enumerate(shape):
                 idx.append(st.enter_context(self.loop(n, kind if d == 0 else "serial", hint=f"i{d}_",
-                                                      role="spatial")))
+                                                      role=role)))
             yield idx
 
     @contextlib.contextmanager

@@ -84,6 +84,16 @@ def parallel_violations(kernel: Kernel, loop: For) -> list[str]:
     return bad
 
 
+def carried_locals(kernel: Kernel, loop: For) -> list[str]:
+    """Locals an iteration of ``loop`` reads before it writes them and also writes: values
+    carried from one iteration to the next (an accumulator), which a split across threads
+    would sum per thread and lose. (A hand-marked parallel loop may hold such a local on
+    purpose, a per-thread cache of what it packed; a loop the scheduler picks may not.)"""
+    stored = {id(st.buf) for st in _stores(loop.body, []) if st.buf.scope == "local"}
+    return [f"{b.name} is carried from one iteration of {loop.var.name} to the next"
+            for b in kernel.locals if id(b) in stored and _first_access(loop.body, b) == "load"]
+
+
 def _work(s) -> int:
     """Estimated element operations of a statement: a store counts its lanes (non-constant
     loop extents count as 8)."""
@@ -127,7 +137,9 @@ def default_schedule(kernel: Kernel) -> Kernel:
     A hand-marked ``parallel`` loop in the nest's perfect part is kept when it has at least
     :data:`MIN_PARALLEL_EXTENT` iterations; otherwise the first spatial loop of the perfect
     nest with that many (else the widest spatial one) becomes parallel, provided the nest does
-    at least :data:`MIN_PARALLEL_WORK` iterations and :func:`parallel_violations` finds nothing.
+    at least :data:`MIN_PARALLEL_WORK` iterations, :func:`parallel_violations` finds nothing
+    and (a loop not marked by hand) it carries no local from one iteration to the next
+    (:func:`carried_locals`).
     Parallel marks anywhere else are made serial (codegen splits only one loop per nest).
     A GPU kernel (one with a launch shape: a cuda hand schedule) is left as it is.
     Returns the kernel."""
@@ -147,7 +159,8 @@ def default_schedule(kernel: Kernel) -> Kernel:
             order = ([m for m in marked if m in wide] + wide +
                      sorted(cands, key=lambda f: -(f.extent.value - f.start.value)))
             for f in order:
-                if f.extent.value - f.start.value >= 2 and not parallel_violations(kernel, f):
+                if (f.extent.value - f.start.value >= 2 and not parallel_violations(kernel, f)
+                        and (f in marked or not carried_locals(kernel, f))):
                     chosen = f
                     break
         _demote([top], chosen)

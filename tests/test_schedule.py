@@ -30,8 +30,8 @@ from codegen_util import (calls_fmuladd, entry_calls, float_vectors, function_ir
                           parallel_kernels, run_on_team)
 from tensorfuse.ir.target import Target
 from tensorfuse.ir.kernel import Const, For, KernelBuilder, Buffer, Store, Var, select
-from tensorfuse.ir.schedule import (MIN_PARALLEL_EXTENT, ScheduleError, collapse_loops, default_schedule, parallel_violations,
-                         verify_schedule)
+from tensorfuse.ir.schedule import (MIN_PARALLEL_EXTENT, ScheduleError, carried_locals, collapse_loops, default_schedule,
+                                    parallel_violations, verify_schedule)
 from tensorfuse.ir.types import DType
 from oracle import ort_run
 from tensorfuse.runtime.threads import ThreadTeam
@@ -121,6 +121,55 @@ def test_reduction_written_with_grid_is_not_parallel():
     default_schedule(k)
     assert parallel_loops(k) == [] and not kernel_is_parallel(k)
     verify_schedule(k)
+
+
+def test_reduction_into_a_local_is_not_parallel():
+    """acc[0] += x[i] in a local, stored to out after the loop (the generic ReduceSum of an
+    int tensor to a scalar): the loop carries acc from one iteration to the next, so the
+    scheduler must not split it, whatever its role says (split at 2 threads, each thread summed
+    its half and the store took one of them). A loop marked parallel by hand is its author's
+    word (a per-thread cache of a packed panel reads and writes a local the same way)."""
+    def kernel(kind="serial"):
+        x, out = Buffer("x", DType.i32, (70000,)), Buffer("out", DType.i32, (1,))
+        kb = KernelBuilder("sum_in_local", [x, out])
+        acc = kb.local(DType.i32, (1,), hint="acc")
+        kb.store(acc, 0, Const(0, DType.i32))
+        with kb.loop(70000, kind=kind, hint="i", role="spatial") as i:
+            kb.store(acc, 0, acc[0] + x[i])
+        kb.store(out, 0, acc[0])
+        return kb.kernel
+    k = kernel()
+    loop = k.body[1]
+    assert parallel_violations(k, loop) == []
+    assert carried_locals(k, loop) == [f"{k.locals[0].name} is carried from one iteration of {loop.var.name} to the next"]
+    default_schedule(k)
+    assert parallel_loops(k) == [] and not kernel_is_parallel(k)
+    marked = default_schedule(kernel("parallel"))
+    assert [f.var.name for f in parallel_loops(marked)] == [marked.body[1].var.name]
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceSumSquare",
+                                "ReduceL1"])
+@pytest.mark.parametrize("np_dt,onnx_dt", [(np.int32, TensorProto.INT32), (np.int64, TensorProto.INT64)])
+@pytest.mark.parametrize("shape,axes", [((70000,), None), ((1, 64, 56, 56), None), ((3, 50000), [1])])
+def test_integer_reductions_at_two_threads(op, np_dt, onnx_dt, shape, axes):
+    """Integer reductions (the generic loop nest) to a scalar or along the last axis, at 1 and
+    2 threads, equal to onnx.reference: the reduction loops are never split across threads
+    (regression: ReduceSum of 70000 int32 at 2 threads gave about half the sum)."""
+    from onnx.reference import ReferenceEvaluator
+    rng = np.random.default_rng(5)
+    x = (rng.integers(1, 3, shape) * (rng.random(shape) < 0.0004) + (rng.random(shape) >= 0.0004)
+         if op == "ReduceProd" else rng.integers(-50, 50, shape)).astype(np_dt)
+    inputs = ["x"] + (["axes"] if axes else [])
+    inits = [numpy_helper.from_array(np.array(axes, np.int64), "axes")] if axes else []
+    oshape = [] if axes is None else [d for i, d in enumerate(shape) if i not in axes]
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node(op, inputs, ["y"], keepdims=0)], "g", [helper.make_tensor_value_info("x", onnx_dt, shape)],
+        [helper.make_tensor_value_info("y", onnx_dt, oshape)], inits), opset_imports=[helper.make_opsetid("", 18)])
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    for threads in (1, 2):
+        got = tensorfuse.compile(model, num_threads=threads, cache=False).run(x=x)[0]
+        np.testing.assert_array_equal(got, want)
 
 
 def test_hand_marked_parallel_outside_the_perfect_nest_is_made_serial():

@@ -129,7 +129,7 @@ def emit_reduction(kb: KernelBuilder, x: Buffer, y: Buffer | None, axes, acc: DT
             for p, ps in enumerate(passes):
                 with kb.loop(width, kind="vectorize", hint="t") as t:
                     kb.store(accs[p], t, ps.init(acc))
-                with kb.grid([shape[d] for d in axes]) as ridx:
+                with kb.grid([shape[d] for d in axes], role="reduce") as ridx:
                     off = xbase + t0
                     for d, i in zip(axes, ridx):
                         off = off + i * xs[d]
