@@ -755,6 +755,11 @@ class Kernel:
     schedule: str = ""
     knobs: dict = field(default_factory=dict)
     workload: str = ""
+    #: names of params whose stores may stream past the caches (non-temporal): a graph output
+    #: that no kernel reads and that is larger than L2 (set by ``compiler.lower.lower_graph``);
+    #: the CPU backend streams each whole 64-byte vector store into one at an offset it can
+    #: prove to be a multiple of 64 bytes (the runtime starts every output on a cache line)
+    stream: frozenset = frozenset()
 
     def __str__(self) -> str:
         from .kernel_text import print_kernel

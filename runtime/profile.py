@@ -150,7 +150,8 @@ def profile_module(mod, arrays, named, repeat: int = 10, warmup: int = 1, show: 
     """See ``Module.profile``."""
     _check_repeat(repeat)
     inputs = mod._check_inputs(arrays, named)
-    outs = [np.empty(i.shape, i.dtype) for i in mod.output_info]
+    from .module import _aligned_output
+    outs = [_aligned_output(i.shape, i.dtype) for i in mod.output_info]
     prog = mod._program
     arena = mod._acquire()
     try:

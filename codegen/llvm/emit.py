@@ -778,7 +778,15 @@ class _FnEmitter:
             self.split_ok = True
             self.stmt(s)
             self.split_ok = False
+            self.store_fence()
         self._phase(n, chunk)
+
+    def store_fence(self) -> None:
+        """SFENCE where the kernel may stream stores (:attr:`Kernel.stream`): its non-temporal
+        stores are weakly ordered, so each chunk's become visible before the chunk is reported
+        done (and the kernel's before it returns)."""
+        if self.k.stream:
+            self.b.call(self._decl("llvm.x86.sse.sfence", ir.VoidType(), []), [])
 
     def _phase(self, n: ir.Value, chunk) -> None:
         """Claim chunks of a phase of ``n`` until none is left, running ``chunk(i)`` (which
@@ -822,6 +830,8 @@ class _FnEmitter:
                 for ln in range(lanes):
                     q = b.gep(p, [ir.Constant(I64, ln * s.stride)], source_etype=et)
                     _store(b, b.extract_element(v, ir.Constant(ir.IntType(32), ln)), q, s.buf.dtype.itemsize)
+            elif s.buf.name in self.k.stream and _streams(s, lanes):
+                _store(b, v, p, lanes * s.buf.dtype.itemsize, nontemporal=True)
             else:
                 _store(b, v, p, s.buf.dtype.itemsize)
         elif isinstance(s, For):
@@ -1004,12 +1014,48 @@ def _loads_in(stmts):
             yield from _loads_in(s.orelse)
 
 
-def _store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, align: int) -> None:
+#: the narrowest vector store that streams past the caches (:attr:`Kernel.stream`): a half
+#: line (AVX2's 8 floats; two in a row fill the line's write-combining buffer)
+STREAM_MIN_BYTES = 32
+
+
+def _streams(s: Store, lanes: int) -> bool:
+    """Whether store ``s`` of a streamed buffer is non-temporal: a contiguous vector of a power
+    of two bytes, at least :data:`STREAM_MIN_BYTES` and at most a line, at an element offset
+    whose known factors of two make it a multiple of its own size (the buffer starts on a
+    cache line), so LLVM can give it the aligned VMOVNTPS / VMOVNTDQ."""
+    nbytes = lanes * s.buf.dtype.itemsize
+    return (s.stride == 1 and STREAM_MIN_BYTES <= nbytes <= 64 and not nbytes & (nbytes - 1)
+            and pow2_multiple(s.index) * s.buf.dtype.itemsize % nbytes == 0)
+
+
+def pow2_multiple(e, cap: int = 1 << 12) -> int:
+    """The largest power of two (at most ``cap``) that divides the integer index ``e`` for every
+    value of its variables: constants by their own factors of two, sums by the smaller of their
+    terms', products by the product, shifts left by a constant by the shift; anything else 1."""
+    if isinstance(e, Const):
+        v = int(e.value)
+        return cap if v == 0 else min(cap, v & -v)
+    if isinstance(e, Cast):
+        return pow2_multiple(e.a, cap)
+    if isinstance(e, Bin):
+        if e.op in ("add", "sub"):
+            return min(pow2_multiple(e.a, cap), pow2_multiple(e.b, cap))
+        if e.op == "mul":
+            return min(cap, pow2_multiple(e.a, cap) * pow2_multiple(e.b, cap))
+        if e.op == "shl" and isinstance(e.b, Const):
+            return min(cap, pow2_multiple(e.a, cap) << int(e.b.value))
+    return 1
+
+
+def _store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, align: int, nontemporal: bool = False) -> None:
     # IRBuilder.store compares typed pointees (an alloca's), which vector stores do not match
     from llvmlite.ir import instructions
     st = instructions.StoreInstr(b.block, value, ptr)
     st.align = align
     b._insert(st)
+    if nontemporal:
+        st.set_metadata("nontemporal", b.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
 
 
 def _store_atomic(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, ordering: str) -> None:
@@ -1498,6 +1544,7 @@ def emit_kernel(module: ir.Module, kernel: Kernel, avx512: bool = False) -> ir.F
     target has AVX-512F (``Target.has_avx512``), so the inline math may use its instructions."""
     em = _FnEmitter(module, kernel, avx512)
     em.top(kernel.body)
+    em.store_fence()
     em.b.ret_void()
     return em.fn
 
