@@ -196,6 +196,17 @@ def _qconv(**kw):
     return m, feeds, _unfused_ort(m, feeds)
 
 
+def _check_qconv(mod, feeds, want):
+    """onnxruntime's unfused QDQ result within 1 where the host runs AMX, else TDPBSUD in the
+    assembly."""
+    if mod.runs_here:
+        got = mod.run(**feeds)[0]
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    else:
+        _, asm = optimized_llvm(mod.llvm_ir, mod.target)
+        assert re.search(r"tdpbsud\s", asm)
+
+
 def _conv_kernel(mod):
     return next(k for k in mod.kernels if "int8_layout" in k.knobs)
 
@@ -221,12 +232,7 @@ def test_conv_int8_on_amx_tiles(case, knobs):
     assert k.knobs["int8_engine"] == "amx" and k.knobs["int8_layout"] in ("rows", "flat"), k.knobs
     assert {n: k.knobs[n] for n in knobs} == knobs, k.knobs
     assert "dpbsud" in _tile_ops(mod) and "amx tdpbsud" in k.comment
-    if mod.runs_here:
-        got = mod.run(**feeds)[0]
-        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
-    else:
-        _, asm = optimized_llvm(mod.llvm_ir, mod.target)
-        assert re.search(r"tdpbsud\s", asm)
+    _check_qconv(mod, feeds, want)
 
 
 @pytest.mark.parametrize("case", [
@@ -251,12 +257,7 @@ def test_conv_int8_gathered_amx_tiles(case, knobs):
     if not knobs and case["m"] > 16:
         assert k.knobs["int8_tile"] == (1, 32), k.knobs
     assert "dpbsud" in _tile_ops(mod)
-    if mod.runs_here:
-        got = mod.run(**feeds)[0]
-        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
-    else:
-        _, asm = optimized_llvm(mod.llvm_ir, mod.target)
-        assert re.search(r"tdpbsud\s", asm)
+    _check_qconv(mod, feeds, want)
 
 
 @pytest.mark.parametrize("xdt,group,c,m,k,stride", [(np.uint8, 1, 3, 64, 7, 2), (np.int8, 4, 64, 64, 3, 1),

@@ -128,6 +128,20 @@ def test_no_stream_where_it_must_not():
     assert not any(k.stream for k in amx_mod.kernels)
 
 
+def test_kernel_reading_its_output_keeps_plain_stores():
+    """Softmax over rows of an 8 MiB output: its kernel writes the exponentials to y and reads
+    them back to scale them, so y is not streamed; the values are onnx.reference's."""
+    x = np.random.default_rng(2).standard_normal((2048, 1024)).astype(np.float32)
+    model = _model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)])
+    mod = _compile(model, V4)
+    for k in mod.kernels:
+        assert not ({"y"} & set(k.stream) and "y" in lower._loaded(k)), (k.name, k.stream)
+    if mod.runs_here:
+        np.testing.assert_allclose(mod.run(x=x)[0], ReferenceEvaluator(model).run(None, {"x": x})[0], rtol=1e-5, atol=1e-7)
+
+
 def _amx_tuning():
     from test_int8_schedules import _fixed
     return _fixed(int8_engine="amx")

@@ -62,6 +62,13 @@ whole vectors (lanes past a row's end computed and dropped) where it reads only 
 stores no side output (:func:`int8.epilogue_whole_vectors_ok`), else the lanes of each row
 in runs.
 
+AMX tiles (``int8_engine`` ``amx``, targets with AMX-INT8): TDPBSUD with 16 output channels
+of packed weights as the A tile and 16 channel words of 16 pixels of the panel as the B tile;
+where the channel words do not fill the 16 tile rows (``Cq`` not a multiple of 16: resnet's
+stem, 3 channels in one word per tap), the B tiles are gathered: each pixel vector's (tap,
+channel word) rows of the panel copied into a stack block once, which every channel block then
+reads, the weights packed in the same (tap, channel word) order.
+
 Depthwise convolutions (``group == C == M``) take :mod:`.conv2d_int8_dw` where it applies.
 """
 from __future__ import annotations
