@@ -18,7 +18,7 @@ from tensorfuse.ir.kernel import Buffer, Kernel, KernelBuilder
 from tensorfuse.ir.knobs import KnobConfig, knob_config, workload_key, workload_summary
 from tensorfuse.ir.lowering import LowerCtx, lowering_target
 from tensorfuse.ir.registry import OpPatternKind, get_op, has_scalar
-from tensorfuse.ir.schedule import ScheduleError
+from tensorfuse.ir.schedule import ScheduleError, loaded_buffers
 from tensorfuse.ir.types import DType, TensorType
 
 
@@ -227,21 +227,6 @@ def _uses_amx(k: Kernel) -> bool:
     return any(isinstance(s, TileOp) for s in walk_stmts(k.body))
 
 
-def _loaded(k: Kernel) -> set[str]:
-    """Names of the buffers kernel ``k`` loads from (a kernel that reads its own output back, a
-    softmax normalising what it wrote, keeps plain stores: the lines stay in cache for it)."""
-    from tensorfuse.ir.kernel import For, If, Load, Store
-    from tensorfuse.ir.schedule import expr_nodes, walk_stmts
-    out = set()
-    for s in walk_stmts(k.body):
-        exprs = ([s.index, s.value] if isinstance(s, Store) else [s.start, s.extent] if isinstance(s, For)
-                 else [s.cond] if isinstance(s, If) else [getattr(s, "index", None)])
-        for e in exprs:
-            if e is not None:
-                out.update(x.buf.name for x in expr_nodes(e) if isinstance(x, Load))
-    return out
-
-
 #: a graph output (that no kernel reads) from this share of the target's L2 on is written by
 #: non-temporal stores (:attr:`~ir.kernel.Kernel.stream`): nothing in the run reads it back,
 #: and a plain store first reads each line for ownership and later writes it back through L3
@@ -346,7 +331,9 @@ def _lower_graph(graph: Graph, tuning, schedule, views: bool = False) -> Lowered
                    if lg.slots[slot_of[id(v)]].kind == "output" and id(v) not in read
                    and v.type.numel * v.dtype.storage.itemsize >= STREAM_MIN_L2_SHARE * ctx.target.l2_bytes}
             for k in ctx.kernels:
-                names = big & {p.name for p in k.params} - _loaded(k)
+                # (not one the kernel reads back, a softmax normalising what it wrote: those
+                # lines stay in cache for it)
+                names = big & {p.name for p in k.params} - loaded_buffers(k.body)
                 if names and not _uses_amx(k):
                     k.stream = frozenset(names)
         for sbuf in ctx.scratch_buffers:        # a lowering's scratch (split-K partials): temps

@@ -350,6 +350,13 @@ def _zero_based(f: For) -> bool:
             and f.extent.value >= 1)
 
 
+def loaded_buffers(stmts) -> set[str]:
+    """Names of the buffers ``stmts`` (and the statements nested in them) load from, in any
+    expression they read."""
+    return {x.buf.name for st in walk_stmts(stmts) for e in (_stmt_exprs(st) or [])
+            for x in expr_nodes(e) if isinstance(x, Load)}
+
+
 def _stmt_exprs(s):
     """The expressions a statement reads directly (not those of nested statements); None for a
     statement kind this walk does not know."""

@@ -171,6 +171,12 @@ def aligned_empty(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
             except OSError:          # a kernel without transparent huge pages: 4 KiB pages
                 pass
             return raw[off:off + nbytes]
+    return _aligned_heap(nbytes, alignment)
+
+
+def _aligned_heap(nbytes: int, alignment: int) -> np.ndarray:
+    """``nbytes`` uninitialised uint8 starting on an ``alignment``-byte boundary: a view into a
+    numpy allocation ``alignment`` bytes larger."""
     raw = np.empty(nbytes + alignment, np.uint8)
     off = (-raw.ctypes.data) % alignment
     return raw[off:off + nbytes]
@@ -178,12 +184,10 @@ def aligned_empty(nbytes: int, alignment: int = ALIGNMENT) -> np.ndarray:
 
 def _aligned_output(shape, dtype) -> np.ndarray:
     """A fresh uninitialised output array starting on a cache line (:data:`ALIGNMENT`): the
-    kernels' whole-vector stores then each fill one line instead of straddling two."""
+    kernels' whole-vector stores then each fill one line instead of straddling two. On the
+    heap, never a fresh mapping (:func:`aligned_empty`'s huge pages would fault in every run)."""
     dt = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    raw = np.empty(n + ALIGNMENT, np.uint8)
-    off = (-raw.ctypes.data) % ALIGNMENT
-    return raw[off:off + n].view(dt).reshape(shape)
+    return _aligned_heap(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, ALIGNMENT).view(dt).reshape(shape)
 
 
 def _in_mapping(a: np.ndarray) -> bool:
