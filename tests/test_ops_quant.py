@@ -44,6 +44,59 @@ def test_quantize_linear_per_tensor_with_ties_and_saturation(qt):
     _assert_equal_everywhere(m, {"x": x})
 
 
+def _rounding_edges(qt: str, scale: float, zp: int, n: int = 96) -> np.ndarray:
+    """x for QuantizeLinear at one scale and zero point: .5 ties on both sides of zero, ties
+    and near-ties at both ends of the output range, values whose quotient overflows int32,
+    +-inf, then random values over twice the range (``n`` in all, whole vectors and a tail)."""
+    info = np.iinfo(QTYPES[qt])
+    q = [k + 0.5 for k in range(-6, 6)]
+    for end in (info.min - zp, info.max - zp):
+        q += [end - 0.5, end + 0.5, end - 0.4999, end + 0.4999, end - 1.5, end + 1.5]
+    x = [v * scale for v in q] + [1e9, -1e9, 3e9 * scale, -3e9 * scale, np.inf, -np.inf]
+    rng = np.random.default_rng(7)
+    x += list(rng.uniform(2 * (info.min - zp), 2 * (info.max - zp), n - len(x)) * scale)
+    return np.array(x, np.float32)
+
+
+@pytest.mark.parametrize("target", ["llvm", "llvm -mcpu=haswell"])
+@pytest.mark.parametrize("qt", list(QTYPES))
+def test_quantize_linear_vector_rounding_at_the_edges(qt, target):
+    """The vector requantization (codegen/llvm/emit.py ``_round_narrow``: the quotient clamped
+    to [lo - zp, hi - zp], converted rounding half to even, the zero point added as an
+    integer; vector expressions only): equal to onnxruntime (and onnx.reference within int32) at ties, at both ends of the
+    range and past int32, with the zero point a runtime input (O0) and an immediate in a fused Mul ->
+    QuantizeLinear kernel (O2); NaN gives 0 (ir/semantics.py: the saturating cast)."""
+    info = np.iinfo(QTYPES[qt])
+    zp = int(info.min // 3 + info.max // 3) | 1            # odd, nonzero
+    scale = np.float32(0.25)
+    x = _rounding_edges(qt, float(scale), zp)
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "one"], ["m"]), helper.make_node("QuantizeLinear", ["m", "s", "z"], ["y"])], "q",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", onnx.helper.np_dtype_to_tensor_dtype(np.dtype(QTYPES[qt])), x.shape)],
+        [numpy_helper.from_array(np.float32(1.0), "one"), numpy_helper.from_array(scale, "s"),
+         numpy_helper.from_array(np.array(zp, QTYPES[qt]), "z")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    exp_ort = ort_run(m, {"x": x})[0]
+    # onnx.reference converts the rounded quotient to int32 before it saturates, so a quotient
+    # past int32 wraps there (1e9 / 0.25 -> 0, not 255): it is the oracle within int32 only
+    inside = np.abs(x / scale) < 2.0 ** 31
+    np.testing.assert_array_equal(ReferenceEvaluator(m).run(None, {"x": x})[0][inside], exp_ort[inside])
+    exp_ref = exp_ort
+    for lvl in (0, 2):
+        mod = tensorfuse.compile(m, target=target, opt_level=lvl, cache=False)
+        if lvl == 2 and qt in ("u8", "i8"):   # the fused kernel's 8-bit vectors take the vector form
+            assert "llvm.lrint.v" in mod.report.llvm_ir
+        np.testing.assert_array_equal(mod.run(x=x)[0], exp_ref)
+        xn = x.copy()
+        xn[::5] = np.nan
+        got = mod.run(x=xn)[0]
+        assert (got[::5] == 0).all()
+        keep = np.ones(x.size, bool)
+        keep[::5] = False
+        np.testing.assert_array_equal(got[keep], exp_ref[keep])
+
+
 @pytest.mark.parametrize("qt", ["u8", "i8"])
 def test_quantize_dequantize_per_axis(qt):
     rng = np.random.default_rng(0)

@@ -283,6 +283,11 @@ class _FnEmitter:
             if (isinstance(inner, Cast) and inner.dtype in (DType.u8, DType.u16) and e.dtype in (DType.f32, DType.f64)
                     and inner.a.dtype == e.dtype and e.lanes > 1):
                 return self._unsigned_round_trip(self.expr(inner.a), inner.dtype, _integral(inner.a))
+            if e.lanes > 1 and inner.dtype == DType.f32 and e.dtype in _NARROW_INTS:
+                parts = _rounded_plus_offset(inner)
+                if parts is not None:
+                    return self._round_narrow(self.expr(parts[0]), None if parts[1] is None else self.expr(parts[1]),
+                                              e.dtype)
             return self.cast(self.expr(e.a), e.a.dtype, e.dtype)
         if isinstance(e, Select):
             return b.select(self.expr(e.cond), self.expr(e.a), self.expr(e.b))
@@ -440,6 +445,37 @@ class _FnEmitter:
         x = b.select(b.fcmp_ordered(">", x, zero), x, zero)
         x = b.select(b.fcmp_ordered(">", x, hi), hi, x)
         return x if integral else b.call(self._intrinsic("trunc", x.type), [x])
+
+    def _round_narrow(self, a: ir.Value, c: ir.Value | None, dst: DType) -> ir.Value:
+        """saturate(round_half_even(a) + c) to the 8- or 16-bit integer ``dst``, for an f32
+        vector ``a`` and an integral f32 vector ``c`` of magnitude below 2^16 (None: 0): a
+        requantization's last steps (``ir.ops.quant.quantize_expr``; MLAS's order). ``a`` is
+        clamped to [lo - c, hi - c] (integers, exact in f32), converted to i32 rounding half to
+        even (``llvm.lrint``: CVTPS2DQ under the default MXCSR rounding), and ``c`` added as an
+        integer: the same value as rounding, adding, clamping and converting (rounding is
+        monotonic and keeps integers), in one conversion instead of a rounding and a
+        conversion. NaN -> 0, as the saturating cast gives."""
+        b = self.b
+        lo, hi = (-(1 << (8 * dst.itemsize - 1)), (1 << (8 * dst.itemsize - 1)) - 1) \
+            if dst.is_signed else (0, (1 << (8 * dst.itemsize)) - 1)
+        n = a.type.count
+        vi = ir.VectorType(ir.IntType(32), n)
+        lo_v = ir.Constant(a.type, [float(lo)] * n)
+        hi_v = ir.Constant(a.type, [float(hi)] * n)
+        low, high = (lo_v, hi_v) if c is None else (b.fsub(lo_v, c), b.fsub(hi_v, c))
+        nan_to = ir.Constant(a.type, [0.0] * n) if c is None else b.fneg(c)    # rounds to 0 after + c
+        if lo == 0:
+            # "a > -c ? a : -c": NaN and everything below to -c, which gives 0, in one compare
+            # (VMAXPS)
+            x = b.select(b.fcmp_ordered(">", a, low), a, low)
+        else:
+            x = b.select(b.fcmp_unordered("uno", a, a), nan_to, a)
+            x = b.select(b.fcmp_ordered("<", x, low), low, x)
+        x = b.select(b.fcmp_ordered(">", x, high), high, x)
+        v = b.call(self._decl(f"llvm.lrint.v{n}i32.v{n}f32", vi, [a.type]), [x])
+        if c is not None:
+            v = b.add(v, b.fptosi(c, vi))
+        return b.trunc(v, ir.VectorType(ltype(dst), n))
 
     def _narrow_sat_vector(self, x: ir.Value, dst: DType) -> ir.Value:
         """A float vector to an 8- or 16-bit integer vector, saturating, NaN -> 0 (what
@@ -1630,6 +1666,35 @@ def _integral(e) -> bool:
     if isinstance(e, Select):
         return _integral(e.a) and _integral(e.b)
     return False
+
+
+#: the integer types a float vector narrows to through the 32-bit conversion
+_NARROW_INTS = (DType.u8, DType.i8, DType.u16, DType.i16)
+
+
+def _small_integral(e) -> bool:
+    """Whether the f32 expression ``e`` is an integer of magnitude below 2^16 in every lane: an
+    8- or 16-bit integer cast to float (a zero point), or such a constant, or a broadcast of
+    one."""
+    if isinstance(e, Broadcast):
+        return _small_integral(e.a)
+    if isinstance(e, Const):
+        return float(e.value).is_integer() and abs(float(e.value)) < 65536
+    if isinstance(e, Cast):
+        return e.a.dtype.is_int and e.a.dtype.itemsize <= 2
+    return False
+
+
+def _rounded_plus_offset(e):
+    """(a, c) where the f32 expression ``e`` is ``round(a) + c`` (either order) with ``c`` a
+    small integer (:func:`_small_integral`), (a, None) where it is ``round(a)``, else None."""
+    if isinstance(e, Un) and e.op == "round":
+        return e.a, None
+    if isinstance(e, Bin) and e.op == "add":
+        for r, c in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(r, Un) and r.op == "round" and _small_integral(c):
+                return r.a, c
+    return None
 
 
 def _same_expr(a, b) -> bool:
