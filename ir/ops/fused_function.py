@@ -46,7 +46,7 @@ from tensorfuse.ir.registry import AttrSpec, OpPatternKind, ShapeError, get_op, 
 from tensorfuse.ir.types import DType
 
 #: dtypes of one-element constant inputs that are inlined as immediates
-_INLINE_DTYPES = (DType.f32, DType.f64, DType.i32, DType.i64)
+_INLINE_DTYPES = (DType.f32, DType.f64, DType.i32, DType.i64, DType.u8, DType.i8, DType.u16, DType.i16)
 
 
 class _Group:

@@ -998,8 +998,17 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 for mode[0] in (("compute", "copy") if staged else ("compute",)):
                     epilogue(mb, s0, rp, rows, vecs, src, epi_loop)
                 return
-            for q in range(rp * (OCn + 1)):
-                kb.store(acc, q * L, zero)
+            # each channel's accumulators start at minus its zero-point correction (the
+            # epilogue's subtraction, one VPSUBD per vector, done once per channel instead;
+            # the same wrapping int32 sums)
+            for j in range(OCn):
+                ocl = mb * OCn + j
+                start = broadcast(-(a_corr * cb.flat(gi * MBP + ocl if G > 1 else ocl)), L)
+                for p in range(rp):
+                    kb.store(acc, (p * (OCn + 1) + j) * L, start)
+            if rowsum:
+                for p in range(rp):
+                    kb.store(acc, (p * (OCn + 1) + OCn) * L, zero)
             def taps(cq, kh):
                 for kw in range(KW):
                     xv = [xp.vload(xaddr(cq, p, kh, kw), L) for p in range(rp)]
@@ -1022,9 +1031,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 for q in range(rp * (OCn + 1)):
                     kb.store(accs, q * L, acc.vload(q * L, L))
             for mode[0] in (("compute", "copy") if staged else ("compute",)):
-                epilogue(mb, s0, rp, rows, vecs, src, epi_loop)
+                epilogue(mb, s0, rp, rows, vecs, src, epi_loop, corrected=True)
 
-        def epilogue(mb: Expr, s0, rp: int, rows, vecs, src, looped: bool):
+        def epilogue(mb: Expr, s0, rp: int, rows, vecs, src, looped: bool, corrected: bool = False):
             """The tile's epilogues (the current ``mode`` pass) from the accumulators in
             ``src``: unrolled over channels and pixel vectors, or (``looped``) a loop over the
             OCn channels with the RP pixel vectors unrolled in it (one copy of the epilogue
@@ -1041,7 +1050,8 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 v = src.vload((p * (OCn + 1) + j) * L, L)
                 if rowsum:
                     v = v + rs * cb.flat(G * MBP + cix)
-                v = v - a_corr * cb.flat(cix)
+                if not corrected:                        # (AMX tiles start at zero)
+                    v = v - a_corr * cb.flat(cix)
                 if b is not None:
                     v = v + b.flat(oc).cast(i32)
 
