@@ -456,22 +456,15 @@ class _FnEmitter:
         monotonic and keeps integers), in one conversion instead of a rounding and a
         conversion. NaN -> 0, as the saturating cast gives."""
         b = self.b
-        lo, hi = (-(1 << (8 * dst.itemsize - 1)), (1 << (8 * dst.itemsize - 1)) - 1) \
-            if dst.is_signed else (0, (1 << (8 * dst.itemsize)) - 1)
+        lo, hi = _int_range(dst)
         n = a.type.count
         vi = ir.VectorType(ir.IntType(32), n)
         lo_v = ir.Constant(a.type, [float(lo)] * n)
         hi_v = ir.Constant(a.type, [float(hi)] * n)
         low, high = (lo_v, hi_v) if c is None else (b.fsub(lo_v, c), b.fsub(hi_v, c))
         nan_to = ir.Constant(a.type, [0.0] * n) if c is None else b.fneg(c)    # rounds to 0 after + c
-        if lo == 0:
-            # "a > -c ? a : -c": NaN and everything below to -c, which gives 0, in one compare
-            # (VMAXPS)
-            x = b.select(b.fcmp_ordered(">", a, low), a, low)
-        else:
-            x = b.select(b.fcmp_unordered("uno", a, a), nan_to, a)
-            x = b.select(b.fcmp_ordered("<", x, low), low, x)
-        x = b.select(b.fcmp_ordered(">", x, high), high, x)
+        # unsigned: NaN goes to low = -c, which gives 0 as well
+        x = self._clamp(a, low, high, nan_to, lo == 0)
         v = b.call(self._decl(f"llvm.lrint.v{n}i32.v{n}f32", vi, [a.type]), [x])
         if c is not None:
             v = b.add(v, b.fptosi(c, vi))
@@ -484,22 +477,26 @@ class _FnEmitter:
         NaN to 0, a clamp to the type's range (exact in f32 and f64), then an in-range
         conversion through i32 and a truncation, which stay vector instructions."""
         b = self.b
-        info_lo, info_hi = (-(1 << (8 * dst.itemsize - 1)), (1 << (8 * dst.itemsize - 1)) - 1) \
-            if dst.is_signed else (0, (1 << (8 * dst.itemsize)) - 1)
+        info_lo, info_hi = _int_range(dst)
         n = x.type.count
         zero = ir.Constant(x.type, [0.0] * n)
         lo = ir.Constant(x.type, [float(info_lo)] * n)
         hi = ir.Constant(x.type, [float(info_hi)] * n)
-        if info_lo == 0:
-            # unsigned: "x > 0 ? x : 0" sends NaN and the negatives to 0 in one compare (one
-            # vmaxps with x first: x86's max returns its second operand for NaN), instead of
-            # a NaN test and its blend before the clamp (u8 activations' requantization)
-            x = b.select(b.fcmp_ordered(">", x, zero), x, zero)
-        else:
-            x = b.select(b.fcmp_unordered("uno", x, x), zero, x)
-            x = b.select(b.fcmp_ordered("<", x, lo), lo, x)
-        x = b.select(b.fcmp_ordered(">", x, hi), hi, x)
+        x = self._clamp(x, lo, hi, zero, info_lo == 0)
         return b.trunc(b.fptosi(x, ir.VectorType(ir.IntType(32), n)), ir.VectorType(ltype(dst), n))
+
+    def _clamp(self, x: ir.Value, low: ir.Value, high: ir.Value, nan_to: ir.Value, nan_low: bool) -> ir.Value:
+        """x clamped to [low, high], NaN -> ``nan_to``; ``nan_low``: NaN may go to ``low``
+        (``nan_to`` is then unused): "x > low ? x : low" sends NaN and everything below to
+        low in one compare (one VMAXPS with x first: x86's max returns its second operand for
+        NaN), instead of a NaN test and its blend before the clamp (u8 requantization)."""
+        b = self.b
+        if nan_low:
+            x = b.select(b.fcmp_ordered(">", x, low), x, low)
+        else:
+            x = b.select(b.fcmp_unordered("uno", x, x), nan_to, x)
+            x = b.select(b.fcmp_ordered("<", x, low), low, x)
+        return b.select(b.fcmp_ordered(">", x, high), high, x)
 
     def dot_acc(self, e: DotAcc, acc: ir.Value, a: ir.Value, b: ir.Value) -> ir.Value:
         """:class:`DotAcc`: the instruction its ``isa`` names (Intel SDM: VPDPBUSD, whose
@@ -1666,6 +1663,12 @@ def _integral(e) -> bool:
     if isinstance(e, Select):
         return _integral(e.a) and _integral(e.b)
     return False
+
+
+def _int_range(dst: DType) -> tuple[int, int]:
+    """(min, max) of the integer type ``dst``."""
+    bits = 8 * dst.itemsize
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dst.is_signed else (0, (1 << bits) - 1)
 
 
 #: the integer types a float vector narrows to through the 32-bit conversion
