@@ -880,6 +880,10 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
         ones = broadcast(as_expr(int(int8.pack_lanes(np.ones((1, g), np.int64), form)[0]), i32), L)
         zero = broadcast(as_expr(0, i32), L)
 
+        def corr_index(ocl: Expr) -> Expr:
+            """The index into ``cb``'s rows of the group's channel ``ocl``."""
+            return gi * MBP + ocl if G > 1 else ocl
+
         mode = ["compute"]
 
         def reduction(taps):
@@ -999,11 +1003,10 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                     epilogue(mb, s0, rp, rows, vecs, src, epi_loop)
                 return
             # each channel's accumulators start at minus its zero-point correction (the
-            # epilogue's subtraction, one VPSUBD per vector, done once per channel instead;
-            # the same wrapping int32 sums)
+            # subtraction the AMX tiles' epilogue makes, one VPSUBD per vector, done once per
+            # channel instead; the same wrapping int32 sums)
             for j in range(OCn):
-                ocl = mb * OCn + j
-                start = broadcast(-(a_corr * cb.flat(gi * MBP + ocl if G > 1 else ocl)), L)
+                start = broadcast(-(a_corr * cb.flat(corr_index(mb * OCn + j))), L)
                 for p in range(rp):
                     kb.store(acc, (p * (OCn + 1) + j) * L, start)
             if rowsum:
@@ -1031,9 +1034,9 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 for q in range(rp * (OCn + 1)):
                     kb.store(accs, q * L, acc.vload(q * L, L))
             for mode[0] in (("compute", "copy") if staged else ("compute",)):
-                epilogue(mb, s0, rp, rows, vecs, src, epi_loop, corrected=True)
+                epilogue(mb, s0, rp, rows, vecs, src, epi_loop)
 
-        def epilogue(mb: Expr, s0, rp: int, rows, vecs, src, looped: bool, corrected: bool = False):
+        def epilogue(mb: Expr, s0, rp: int, rows, vecs, src, looped: bool):
             """The tile's epilogues (the current ``mode`` pass) from the accumulators in
             ``src``: unrolled over channels and pixel vectors, or (``looped``) a loop over the
             OCn channels with the RP pixel vectors unrolled in it (one copy of the epilogue
@@ -1046,11 +1049,11 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                 slot0 = (p * OCn + j) * L
                 ocl = mb * OCn + j                       # the group's channel
                 oc = gi * M + ocl if G > 1 else ocl      # Y's
-                cix = gi * MBP + ocl if G > 1 else ocl
+                cix = corr_index(ocl)
                 v = src.vload((p * (OCn + 1) + j) * L, L)
                 if rowsum:
                     v = v + rs * cb.flat(G * MBP + cix)
-                if not corrected:                        # (AMX tiles start at zero)
+                if amx:          # tiles start at zero; register accumulators at -correction
                     v = v - a_corr * cb.flat(cix)
                 if b is not None:
                     v = v + b.flat(oc).cast(i32)
