@@ -18,8 +18,11 @@ For each shape, two one-node models compiled by tensorfuse for the same target s
   column and ratio.
 
 The two are timed in interleaved blocks (``--blocks``) of ``--repeat`` runs each, so a slow
-stretch of the shared machine hits both alike; reported: the median ms, GOP/s (2 * MACs / time;
-int8 multiply-adds count as float ones do) and the ratio int8 / fp32. ``--target`` picks the
+stretch of the shared machine hits both alike; reported: the median ms of whole ``run()`` calls,
+GOP/s (2 * MACs / time; int8 multiply-adds count as float ones do) and the ratio int8 / fp32;
+then the same from the kernel times alone (``Module.profile`` in each block: the kernels called
+with the same output buffers, without the 10-20 us a ``run()`` adds for its input checks, a
+fresh output array and the buffer binding, which weigh more on the faster int8 kernel). ``--target`` picks the
 instruction form: this machine (``llvm``: VPDPBUSD where it has AVX-512 VNNI) or, e.g.,
 ``"llvm -mattr=-avx512f,-avxvnni"`` (the AVX2 form, VPMADDWD, on an AVX-512 host). The kernel
 comments name the schedule and form actually used (printed with ``--verbose``).
@@ -134,6 +137,14 @@ def _time(mod, feeds, repeat: int) -> list[float]:
     return ts
 
 
+def _kernel_time(mod, feeds, repeat: int) -> float:
+    """The module's kernel time in ms: the sum of its kernel calls' medians over ``repeat``
+    timed calls each (``Module.profile``: every kernel called on its own with the same output
+    buffers), without what a ``run()`` adds around the kernels (the input checks, a fresh
+    output array, binding the buffers: 10-20 us at these sizes)."""
+    return sum(r.median_ms for r in mod.profile(repeat=repeat, warmup=1, **feeds).rows)
+
+
 #: fp32 convolution schedules that compute the direct sum (every multiply-add the GOP/s count);
 #: where the default is a fast algorithm (Winograd: fewer multiplies than the count), the fastest
 #: of these that applies is timed as well, as the "direct" column
@@ -183,25 +194,34 @@ def bench(pairs, target: str, repeat: int, blocks: int, verbose: bool) -> list[d
         for mod, feeds in ((mq, qf), (mf, ff)) + (((md, ff),) if md else ()):
             _time(mod, feeds, 3)
         tq, tf, td = [], [], []
+        kq, kf, kd = [], [], []
         for _ in range(blocks):
             tq += _time(mq, qf, repeat)
             tf += _time(mf, ff, repeat)
             if md:
                 td += _time(md, ff, repeat)
+            kq.append(_kernel_time(mq, qf, repeat))
+            kf.append(_kernel_time(mf, ff, repeat))
+            if md:
+                kd.append(_kernel_time(md, ff, repeat))
         a, b = statistics.median(tq), statistics.median(tf)
+        ka, kb_ = statistics.median(kq), statistics.median(kf)
         rows.append({"shape": name, "int8_ms": a, "fp32_ms": b, "int8_gops": ops / a / 1e6,
                      "fp32_gflops": ops / b / 1e6, "ratio": b / a,
+                     "int8_kernel_ms": ka, "fp32_kernel_ms": kb_, "kernel_ratio": kb_ / ka,
                      "int8_schedule": "+".join(sorted({k.schedule for k in mq.kernels})),
                      "fp32_schedule": "+".join(sorted({k.schedule for k in mf.kernels}))})
         r = rows[-1]
         extra = ""
         if md:
-            d = statistics.median(td)
+            d, kd_ = statistics.median(td), statistics.median(kd)
             r.update({"fp32_direct_ms": d, "fp32_direct_gflops": ops / d / 1e6, "ratio_direct": d / a,
+                      "fp32_direct_kernel_ms": kd_, "kernel_ratio_direct": kd_ / ka,
                       "fp32_direct_schedule": "+".join(sorted({k.schedule for k in md.kernels}))})
             extra = (f"   direct fp32 {d:.3f} ms {r['fp32_direct_gflops']:.1f} GFLOP/s: "
-                     f"{r['ratio_direct']:.2f}x ({r['fp32_direct_schedule']})")
-        print(f"{name:34s} {a:8.3f} {b:8.3f} {r['int8_gops']:8.1f} {r['fp32_gflops']:8.1f} {r['ratio']:6.2f}x  "
+                     f"{r['ratio_direct']:.2f}x, kernels {r['kernel_ratio_direct']:.2f}x ({r['fp32_direct_schedule']})")
+        print(f"{name:34s} {a:8.3f} {b:8.3f} {r['int8_gops']:8.1f} {r['fp32_gflops']:8.1f} {r['ratio']:6.2f}x "
+              f"{ka:8.3f} {kb_:8.3f} {r['kernel_ratio']:6.2f}x  "
               f"{r['int8_schedule']} / {r['fp32_schedule']}{extra}", flush=True)
     return rows
 
@@ -227,7 +247,8 @@ def main(argv=None) -> int:
         for mm, k, n in GEMM_SHAPES:
             pairs.append((f"gemm {mm}x{k}x{n}", *gemm_models(mm, k, n, rng)))
     print(f"target {args.target!r}, 1 thread; median ms over {args.blocks} blocks of {args.repeat} runs")
-    print(f"{'shape':34s} {'int8 ms':>8s} {'fp32 ms':>8s} {'int8 GOP/s':>8s} {'fp32 GFLOP/s':>8s} {'ratio':>7s}  schedules")
+    print(f"{'shape':34s} {'int8 ms':>8s} {'fp32 ms':>8s} {'int8 GOP/s':>8s} {'fp32 GFLOP/s':>8s} {'ratio':>7s} "
+          f"{'int8 kern':>8s} {'fp32 kern':>8s} {'ratio':>7s}  schedules")
     rows = bench(pairs, args.target, args.repeat, args.blocks, args.verbose)
     rs = [r["ratio"] for r in rows]
     print(f"geometric mean int8/fp32: {float(np.exp(np.mean(np.log(rs)))):.2f}x  (min {min(rs):.2f}x, max {max(rs):.2f}x)")
@@ -235,6 +256,13 @@ def main(argv=None) -> int:
     if any("ratio_direct" in r for r in rows):
         print(f"against the direct fp32 kernel where the default is Winograd: geometric mean "
               f"{float(np.exp(np.mean(np.log(rd)))):.2f}x  (min {min(rd):.2f}x, max {max(rd):.2f}x)")
+    rk = [r["kernel_ratio"] for r in rows]
+    print(f"kernel times (Module.profile): geometric mean {float(np.exp(np.mean(np.log(rk)))):.2f}x  "
+          f"(min {min(rk):.2f}x, max {max(rk):.2f}x)")
+    rkd = [r.get("kernel_ratio_direct", r["kernel_ratio"]) for r in rows]
+    if any("kernel_ratio_direct" in r for r in rows):
+        print(f"kernel times against the direct fp32 kernel where the default is Winograd: geometric mean "
+              f"{float(np.exp(np.mean(np.log(rkd)))):.2f}x  (min {min(rkd):.2f}x, max {max(rkd):.2f}x)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"target": args.target, "rows": rows}, fh, indent=1)

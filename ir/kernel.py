@@ -389,6 +389,49 @@ def shuffle(a: Expr, b: Expr, mask) -> Shuffle:
     return Shuffle(a, b, mask)
 
 
+#: instruction forms of :class:`Concat` (its ``isa``): "" plain LLVM IR; "x86pack": where the
+#: parts are saturating float -> u8 / i8 :class:`Cast` s, they may narrow together through the
+#: x86 packs (Intel SDM: VPACKSSDW then VPACKUSWB or VPACKSSWB, and a VPERMD of the result's
+#: dwords) at 16 lanes a part (AVX-512BW) or 8 (AVX2)
+CONCAT_ISAS = ("", "x86pack")
+
+
+@dataclass(eq=False)
+class Concat(Expr):
+    """The lanes of ``parts`` one after another (all of one dtype and width n; the result has
+    len(parts) * n lanes), as one wide value a schedule stores with one store. ``isa``
+    (:data:`CONCAT_ISAS`): the instruction form the schedule chose from the target's
+    features; codegen honours it where the parts allow, the meaning does not depend on it."""
+    parts: tuple
+    isa: str = ""
+
+    @property
+    def dtype(self):
+        return self.parts[0].dtype
+
+    @property
+    def lanes(self):
+        return len(self.parts) * self.parts[0].lanes
+
+
+def concat(parts: Sequence[Expr], isa: str = "") -> Expr:
+    """:class:`Concat` of ``parts`` (2, 4 or 8 vectors of one dtype and width; one part is
+    returned as it is). Raises TypeError for scalars, mixed dtypes or widths, another number of
+    parts or an unknown ``isa``."""
+    ps = tuple(parts)
+    if isa not in CONCAT_ISAS:
+        raise TypeError(f"concat isa must be one of {CONCAT_ISAS}, got {isa!r}")
+    if len(ps) == 1:
+        return ps[0]
+    if len(ps) not in (2, 4, 8) or not all(isinstance(p, Expr) for p in ps):
+        raise TypeError(f"concat takes 2, 4 or 8 expressions, got {len(ps)}")
+    d, n = ps[0].dtype, ps[0].lanes
+    if n < 2 or any(p.dtype != d or p.lanes != n for p in ps):
+        raise TypeError(f"concat takes vectors of one dtype and width, got "
+                        f"{[(p.dtype.value, p.lanes) for p in ps]}")
+    return Concat(ps, isa)
+
+
 def interleave(vectors: Sequence[Expr]) -> Expr:
     """The lane-wise interleaving of k vectors of n lanes (k a power of two): lane ``c*k + p``
     of the result is lane c of ``vectors[p]`` (an [n, k] transposition of the [k, n] tile the

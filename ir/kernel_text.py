@@ -1,7 +1,7 @@
 """Printing kernel IR as a small Python-like script (docs/architecture.md, IR level 3)."""
 from __future__ import annotations
 
-from .kernel import FMA, DotAcc, Shuffle, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, TileOp, Select, Store, Un, Var
+from .kernel import FMA, Concat, DotAcc, Shuffle, Barrier, Bin, Broadcast, Ramp, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, TileOp, Select, Store, Un, Var
 
 _SYM = {"add": "+", "sub": "-", "mul": "*", "div": "/", "rem": "%", "lt": "<", "le": "<=",
         "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^",
@@ -24,6 +24,9 @@ def print_expr(e) -> str:
         return f"broadcast({print_expr(e.a)}, {e.lanes})"
     if isinstance(e, Shuffle):
         return f"shuffle({print_expr(e.a)}, {print_expr(e.b)}, [{', '.join(map(str, e.mask))}])"
+    if isinstance(e, Concat):
+        isa = f", {e.isa}" if e.isa else ""
+        return f"concat({', '.join(print_expr(p) for p in e.parts)}{isa})"
     if isinstance(e, DotAcc):
         isa = f", {e.isa}" if e.isa else ""
         return f"dot_{e.packing}({print_expr(e.acc)}, {print_expr(e.a)}, {print_expr(e.b)}{isa})"

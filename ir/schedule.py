@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass, replace
 
 from .kernel import (I64, Barrier, Bin, Broadcast, Cast, Const, DotAcc, Expr, FMA, For, If, Kernel, Load, Lookup, Prefetch,
-                     Ramp, Select, Shuffle, Store, TileOp, Un, Var, binop)
+                     Ramp, Select, Shuffle, Store, TileOp, Un, Var, binop, Concat)
 
 #: a nest whose estimated iteration count is below this stays on one thread (benchmarks/
 #: dispatch.py measured 3-6 microseconds per parallel kernel at 2 threads on a 2-core Zen 3;
@@ -46,6 +46,8 @@ def expr_children(e) -> tuple:
         return (e.acc, e.a, e.b)
     if isinstance(e, Shuffle):
         return (e.a, e.b)
+    if isinstance(e, Concat):
+        return e.parts
     if isinstance(e, Lookup):
         return (e.index,)
     if hasattr(e, "operands"):          # a backend's intrinsic expression (codegen/cuda/mma.py)
@@ -380,7 +382,14 @@ def _expr_fields(e) -> list | None:
     expression kind whose operands this walk cannot see)."""
     if not is_dataclass(e):
         return None
-    return [getattr(e, f.name) for f in fields(e) if isinstance(getattr(e, f.name), Expr)]
+    out = []
+    for f in fields(e):
+        v = getattr(e, f.name)
+        if isinstance(v, Expr):
+            out.append(v)
+        elif isinstance(v, tuple):          # a Concat's parts
+            out.extend(p for p in v if isinstance(p, Expr))
+    return out
 
 
 def _is_index_arith(e) -> bool:
@@ -468,7 +477,10 @@ def _substitute_stmts(stmts, m: dict) -> list | None:
             if not is_dataclass(x):
                 raise _Unknown
             ch = {f.name: sub(getattr(x, f.name)) for f in fields(x) if isinstance(getattr(x, f.name), Expr)}
-            if all(ch[k] is getattr(x, k) for k in ch):
+            ch.update({f.name: tuple(sub(p) for p in getattr(x, f.name)) for f in fields(x)
+                       if isinstance(getattr(x, f.name), tuple) and all(isinstance(p, Expr) for p in getattr(x, f.name))})
+            if all(ch[k] is getattr(x, k) or (isinstance(ch[k], tuple) and all(a is b for a, b in zip(ch[k], getattr(x, k))))
+                   for k in ch):
                 r = x
             elif isinstance(x, Bin):
                 r = binop(x.op, ch["a"], ch["b"])

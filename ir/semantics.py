@@ -69,6 +69,8 @@ DotAcc(acc, a, b)   i32 only: per lane, acc + sum_t a_t * b_t where a_t, b_t are
                     is exact, the add to acc wraps (VPDPBUSD, VPMADDWD + VPADDD)
 Shuffle(a, b, m)    any dtype: lane i is lane m[i] of the concatenation a ++ b (LLVM's
                     shufflevector with a constant mask); exact
+Concat(p0, p1 ..)   any dtype: the lanes of p0, then of p1 ...; exact (its isa is a codegen
+                    choice only)
 Cast(T <- S)        S == T: x. to bool: x != 0 (float: NaN -> true).
                     float -> float: widening exact; narrowing rounded once (f64 -> f16 is
                     NOT via f32: 1 + 2^-11 + 2^-40 -> 1 + 2^-10).
@@ -104,7 +106,7 @@ from fractions import Fraction
 import numpy as np
 
 from .kernel import (BINOPS_ARITH, BINOPS_CMP, DOT_PACKINGS, FMA, UNOPS, Bin, Broadcast, Buffer, Cast, Const, DotAcc, Expr,
-                     Load, Lookup, Ramp, Select, Shuffle, Un, Var)
+                     Concat, Load, Lookup, Ramp, Select, Shuffle, Un, Var)
 from .types import DType
 
 __all__ = ["evaluate", "reference64", "ulp_bound", "ulp_error", "is_approx", "fma_exact", "defined",
@@ -479,6 +481,8 @@ class _Eval:
         if isinstance(e, Shuffle):
             a, b = np.broadcast_arrays(self(e.a), self(e.b))
             return np.concatenate([a, b], axis=-1)[..., list(e.mask)]
+        if isinstance(e, Concat):
+            return np.concatenate(np.broadcast_arrays(*(self(p) for p in e.parts)), axis=-1)
         if isinstance(e, Load):
             if e.buf not in self.env:
                 raise KeyError(f"buffer {e.buf.name} has no array in the environment")

@@ -19,6 +19,7 @@ the largest number of simultaneous runs and keeps those arenas for reuse.
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import threading
@@ -187,7 +188,7 @@ def _aligned_output(shape, dtype) -> np.ndarray:
     kernels' whole-vector stores then each fill one line instead of straddling two. On the
     heap, never a fresh mapping (:func:`aligned_empty`'s huge pages would fault in every run)."""
     dt = np.dtype(dtype)
-    return _aligned_heap(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, ALIGNMENT).view(dt).reshape(shape)
+    return _aligned_heap(math.prod(shape) * dt.itemsize, ALIGNMENT).view(dt).reshape(shape)
 
 
 def _in_mapping(a: np.ndarray) -> bool:

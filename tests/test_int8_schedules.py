@@ -915,3 +915,102 @@ def test_conv_int8_short_reduction_takes_a_square_tile():
     if _runs_here("vnni512"):
         got, want = mod.run(**feeds)[0], _unfused_ort(m, feeds)
         assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+
+
+def _qdq_conv_int8_output_model(c, m, h, k, stride, ydt, relu, residual, rng):
+    """QDQ conv as onnxruntime's quantizer writes one (u8 x per tensor, s8 per-channel weights,
+    int32 bias), optionally Relu and a residual Add of a float input, then QuantizeLinear to
+    ``ydt`` as the graph output: the conv's fused kernel stores u8 / i8."""
+    from onnx import TensorProto, helper, numpy_helper
+    p = k // 2
+    oh = (h + 2 * p - k) // stride + 1
+    w8 = rng.integers(-127, 128, (m, c, k, k)).astype(np.int8)
+    ws = (rng.random(m) * 0.004 + 0.001).astype(np.float32)
+    yz = np.array(3 if ydt == np.uint8 else -9, ydt)
+    inits = [numpy_helper.from_array(w8, "w"), numpy_helper.from_array(ws, "ws"),
+             numpy_helper.from_array(np.zeros(m, np.int8), "wz"), numpy_helper.from_array(np.array(0.02, np.float32), "xs"),
+             numpy_helper.from_array(np.array(131, np.uint8), "xz"), numpy_helper.from_array(np.array(0.04, np.float32), "ys"),
+             numpy_helper.from_array(yz, "yz"),
+             numpy_helper.from_array(rng.integers(-3000, 3000, m).astype(np.int32), "b"),
+             numpy_helper.from_array(ws * np.float32(0.02), "bs"), numpy_helper.from_array(np.zeros(m, np.int32), "bz")]
+    nodes = [helper.make_node("DequantizeLinear", ["x", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "bd"], ["cv"], pads=[p] * 4, strides=[stride] * 2)]
+    last = "cv"
+    if relu:
+        nodes.append(helper.make_node("Relu", [last], ["rl"]))
+        last = "rl"
+    ins = [helper.make_tensor_value_info("x", TensorProto.UINT8, (1, c, h, h))]
+    feeds = {"x": rng.integers(0, 256, (1, c, h, h)).astype(np.uint8)}
+    if residual:
+        nodes.append(helper.make_node("Add", [last, "r"], ["ad"]))
+        last = "ad"
+        ins.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, (1, m, oh, oh)))
+        feeds["r"] = rng.uniform(-2, 2, (1, m, oh, oh)).astype(np.float32)
+    nodes.append(helper.make_node("QuantizeLinear", [last, "ys", "yz"], ["y"]))
+    yt = TensorProto.UINT8 if ydt == np.uint8 else TensorProto.INT8
+    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", yt, (1, m, oh, oh))], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, feeds
+
+
+def _concats(mod) -> set:
+    """(isa, parts, lanes) of every Concat the module's kernels store."""
+    from tensorfuse.ir.kernel import Concat
+    out = set()
+
+    def walk(stmts):
+        for s in stmts:
+            if isinstance(s, For):
+                walk(s.body)
+            elif isinstance(s, If):
+                walk(s.then)
+                walk(s.orelse)
+            elif isinstance(s, Store):
+                for e in expr_nodes(s.value):
+                    if isinstance(e, Concat):
+                        out.add((e.isa, len(e.parts), e.lanes))
+    for k in mod.kernels:
+        walk(k.body)
+    return out
+
+
+@pytest.mark.parametrize("form", ["vnni512", "avx2"])
+@pytest.mark.parametrize("ydt", [np.uint8, np.int8])
+@pytest.mark.parametrize("c,m,hw,k,stride,relu,residual", [
+    (24, 20, 20, 1, 1, True, False),     # flat 1x1 band, contiguous: 25 vectors, the last partial;
+                                         # 20 channels: a channel block past M
+    (16, 12, 32, 3, 1, False, False),    # rows of 32 pixels: whole vectors that cross rows
+    (12, 8, 32, 3, 2, True, True),       # stride 2, 16-pixel rows; a residual read per vector
+    (8, 16, 12, 1, 1, False, True),      # flat band with a residual (PixelIndex reads)
+])
+def test_int8_conv_packed_narrowing(form, ydt, c, m, hw, k, stride, relu, residual):
+    """u8 / i8 outputs of consecutive whole pixel vectors narrowed together (``int8_narrow``
+    ``pack``: ir.kernel.Concat "x86pack", VPACKSSDW / VPACKUSWB or VPACKSSWB / VPERMD, 4 or 2
+    vectors a store) equal the vector-by-vector form exactly and onnxruntime's unfused QDQ graph
+    within one output step, at 16 lanes (AVX-512BW) and 8 (AVX2), flat and row layouts, a
+    channel block past M, a residual read in the epilogue."""
+    rng = np.random.default_rng(c * m + hw)
+    model, feeds = _qdq_conv_int8_output_model(c, m, hw, k, stride, ydt, relu, residual, rng)
+    target = FORMS[form][0]
+    outs = {}
+    for narrow in ("pack", "vector"):
+        mod = tensorfuse.compile(model, target=target, tuning=_fixed(int8_narrow=narrow), cache=False)
+        ks = [k_ for k_ in mod.kernels if k_.schedule == "llvm.conv2d_int8"]
+        assert len(ks) == 1 and ks[0].knobs.get("int8_narrow") == narrow, [(k_.schedule, k_.knobs) for k_ in mod.kernels]
+        cc = _concats(mod)
+        if narrow == "pack":
+            lanes = 16 if form == "vnni512" else 8
+            assert cc and {(isa, n // p) for isa, p, n in cc} == {("x86pack", lanes)}, cc
+            assert "packssdw" in mod.report.llvm_ir
+        else:
+            assert not cc
+        if _runs_here(form):
+            outs[narrow] = mod.run(**feeds)[0]
+    if outs:
+        np.testing.assert_array_equal(outs["pack"], outs["vector"])
+        exp = ort_run(model, feeds)[0]
+        assert outs["pack"].dtype == exp.dtype
+        assert np.abs(outs["pack"].astype(np.int32) - exp.astype(np.int32)).max() <= 1

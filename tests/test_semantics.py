@@ -437,3 +437,82 @@ def test_llvm_shuffles_meet_the_spec(k, lanes, dt):
     got = run_llvm(kb.kernel, [data], [(y.shape, dt.numpy)])[0]
     want = data.reshape(n, k, lanes).transpose(0, 2, 1).reshape(n, k * lanes)
     np.testing.assert_array_equal(got, want)
+
+
+def _narrow_edges(dst: DType, zp: int) -> np.ndarray:
+    """f32 values at every rounding tie and its neighbours across ``dst``'s range less the zero
+    point, and far outside it (past int32, +-inf; NaN)."""
+    lo, hi = (0, 255) if dst == DType.u8 else (-128, 127)
+    ks = np.arange(lo - zp - 3, hi - zp + 4, dtype=np.float64)
+    vals = np.concatenate([ks, ks + 0.5, np.nextafter((ks + 0.5).astype(np.float32), np.float32(np.inf)),
+                           np.nextafter((ks + 0.5).astype(np.float32), np.float32(-np.inf)),
+                           [1e9, -1e9, 3e9, -3e9, 2.0 ** 31, -2.0 ** 31, -2.0 ** 31 - 512, np.inf, -np.inf, np.nan,
+                            -0.5, 0.5, -0.0]])
+    return vals.astype(np.float32)
+
+
+@pytest.mark.parametrize("dst", [DType.u8, DType.i8])
+@pytest.mark.parametrize("lanes,parts", [(16, 4), (16, 2), (8, 4), (8, 2)])
+@pytest.mark.parametrize("zp_kind", ["input", "const", "negative_const", "none", "plain_cast"])
+def test_llvm_packed_narrowing_meets_the_spec(dst, lanes, parts, zp_kind):
+    """``Concat`` of saturating f32 -> u8 / i8 casts with isa "x86pack" (codegen/llvm/emit.py
+    ``_pack_narrow``: VPACKSSDW, VPACKUSWB / VPACKSSWB, VPERMD; for u8 with a non-negative zero
+    point only the upper clamp before CVTPS2DQ) equals the spec's value (ir/semantics.py: the
+    casts one by one, concatenated) and numpy's saturate(round_half_even(x) + zp) at every tie,
+    past int32, at +-inf and NaN (-> 0), at 16 lanes (AVX-512BW) and 8 (AVX2), for a zero point
+    read at run time (u8: unsigned, the one-clamp form), a constant, a negative constant (both
+    clamps: the form for a possibly negative offset), none, and a plain cast (truncation)."""
+    from tensorfuse.codegen.llvm.jit import emit_assembly
+    from tensorfuse.ir.target import Target
+    from tensorfuse.ir.kernel import KernelBuilder, concat
+    zp = {"input": 3 if dst == DType.u8 else -3, "const": 7, "negative_const": -5, "none": 0, "plain_cast": 0}[zp_kind]
+    data = _narrow_edges(dst, zp)
+    w = lanes * parts
+    rows = -(-data.size // w)
+    data = np.resize(data, rows * w)
+    x = Buffer("x", DType.f32, (rows * w,))
+    z = Buffer("z", dst, (1,))
+    y = Buffer("y", dst, (rows * w,))
+    kb = KernelBuilder("packnarrow", [x, z, y])
+    exprs = []
+    for r in range(rows):
+        ps = []
+        for p in range(parts):
+            a = x.vload(r * w + p * lanes, lanes)
+            if zp_kind == "plain_cast":
+                v = a
+            elif zp_kind == "input":
+                v = unop("round", a) + broadcast(z.flat(0).cast(DType.f32), lanes)
+            elif zp_kind == "none":
+                v = unop("round", a)
+            else:
+                v = unop("round", a) + broadcast(Const(float(zp), DType.f32), lanes)
+            ps.append(v.cast(dst))
+        e = concat(ps, "x86pack")
+        exprs.append(e)
+        kb.store(y, r * w, e)
+    zdata = np.array([zp if zp_kind == "input" else 0], dst.numpy)
+    if zp_kind == "plain_cast":
+        want = np.where(np.isnan(data), 0, np.clip(np.trunc(np.nan_to_num(data, nan=0.0)), *_int_range(dst)))
+    else:
+        want = np.where(np.isnan(data), 0, np.clip(np.round(np.nan_to_num(data, nan=0.0).astype(np.float64)) + zp,
+                                                   *_int_range(dst)))
+    want = want.astype(dst.numpy)
+    spec = np.concatenate([sem.evaluate(e, {x: data, z: zdata}) for e in exprs])
+    np.testing.assert_array_equal(spec, want)
+    mod = lir.Module(name="pk")
+    emit_kernel(mod, kb.kernel)
+    text = str(mod)
+    assert f"llvm.x86.{'avx512' if lanes == 16 else 'avx2'}.packssdw" in text
+    assert ("packuswb" in text) == (dst == DType.u8)
+    feature = "avx512bw" if lanes == 16 else "avx2"
+    if feature not in Target.parse("llvm").feature_set:
+        asm = emit_assembly(text, "pk", target="llvm -mcpu=skylake-avx512")
+        assert "vpackssdw" in asm
+        pytest.skip(f"host lacks {feature}: compiled for skylake-avx512 only")
+    got = run_llvm(kb.kernel, [data, zdata], [((rows * w,), dst.numpy)])[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def _int_range(dst: DType):
+    return (0, 255) if dst == DType.u8 else (-128, 127)

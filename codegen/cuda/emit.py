@@ -39,7 +39,7 @@ import re
 
 from tensorfuse.ir.errors import CompileError
 from tensorfuse.ir.kernel import (DOT_PACKINGS, FMA, GPU_LOOP_KINDS, DotAcc, Barrier, Prefetch, TileOp, Bin, Broadcast, Buffer, Cast, Const, For, If,
-                                  Kernel, Load, Lookup, Ramp, Select, Shuffle, Store, Un, Var)
+                                  Kernel, Load, Lookup, Ramp, Select, Shuffle, Store, Un, Var, Concat)
 from tensorfuse.ir.schedule import expr_children
 from tensorfuse.ir.types import DType
 
@@ -213,6 +213,9 @@ class _Fn:
             return f"({b} + {lane})" if lane else b
         if isinstance(e, Broadcast):
             return self.ex(e.a, 0)
+        if isinstance(e, Concat):                 # lane ``lane`` is one lane of one part
+            n = e.parts[0].lanes
+            return self.ex(e.parts[lane // n], lane % n)
         if isinstance(e, Shuffle):                # lane ``lane`` is one lane of a or b
             m = e.mask[lane]
             return self.ex(e.a, m) if m < e.a.lanes else self.ex(e.b, m - e.a.lanes)

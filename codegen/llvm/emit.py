@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, TileOp, Select, Shuffle, Store, Un, Var
+from tensorfuse.ir.kernel import DOT_PACKINGS, GPU_LOOP_KINDS, FMA, Barrier, Concat, DotAcc, Bin, Broadcast, Buffer, Cast, Const, For, If, Kernel, Load, Lookup, Prefetch, TileOp, Select, Shuffle, Store, Un, Var
 from tensorfuse.ir.schedule import expr_children, expr_nodes, runs_on_thread0_only, statement_is_parallel, all_loops, walk_stmts
 from tensorfuse.ir.types import DType
 # the team record and shared counters' layout belongs to the runtime (which loads saved modules
@@ -217,7 +217,7 @@ class _FnEmitter:
             return hit[1]
         if isinstance(e, (Const, Var)):
             r = True
-        elif isinstance(e, (Bin, Un, Cast, Broadcast, Select, FMA, DotAcc, Shuffle)):
+        elif isinstance(e, (Bin, Un, Cast, Broadcast, Select, FMA, DotAcc, Shuffle, Concat)):
             r = all(self._load_free(c) for c in expr_children(e))
         else:                            # a Load, or anything else: emitted every time
             r = False
@@ -240,6 +240,8 @@ class _FnEmitter:
             return b.call(self._intrinsic("fmuladd", x.type, 3), [x, y, z])
         if isinstance(e, DotAcc):
             return self.dot_acc(e, self.expr(e.acc), self.expr(e.a), self.expr(e.b))
+        if isinstance(e, Concat):
+            return self.concat(e)
         if isinstance(e, Shuffle):
             return b.shuffle_vector(self.expr(e.a), self.expr(e.b),
                                     ir.Constant(ir.VectorType(ir.IntType(32), len(e.mask)), list(e.mask)))
@@ -455,6 +457,18 @@ class _FnEmitter:
         integer: the same value as rounding, adding, clamping and converting (rounding is
         monotonic and keeps integers), in one conversion instead of a rounding and a
         conversion. NaN -> 0, as the saturating cast gives."""
+        v = self._round_i32(a, c, dst, False)
+        return self.b.trunc(v, ir.VectorType(ltype(dst), a.type.count))
+
+    def _round_i32(self, a: ir.Value, c: ir.Value | None, dst: DType, packs_saturate: bool) -> ir.Value:
+        """:meth:`_round_narrow`'s value as i32 lanes before the truncation (within ``dst``'s
+        range). ``packs_saturate`` (x86 targets only; :meth:`_pack_narrow`): the lanes go on to
+        saturating packs, and where ``dst`` is unsigned and ``c`` is None or a non-negative
+        integer (:func:`_nonneg_integral`: a u8 zero point) only the upper clamp is applied:
+        CVTPS2DQ (its x86 intrinsic, not ``llvm.lrint``, whose result is undefined there) gives
+        0x80000000 for NaN and for values below -2^31, and that plus ``c`` stays negative, which
+        the packs saturate to 0, the value the clamp gives; any lane below the range saturates
+        to 0 the same way. Other types keep both clamps (an i8 NaN goes to 0, not -128)."""
         b = self.b
         lo, hi = _int_range(dst)
         n = a.type.count
@@ -462,13 +476,74 @@ class _FnEmitter:
         lo_v = ir.Constant(a.type, [float(lo)] * n)
         hi_v = ir.Constant(a.type, [float(hi)] * n)
         low, high = (lo_v, hi_v) if c is None else (b.fsub(lo_v, c), b.fsub(hi_v, c))
-        nan_to = ir.Constant(a.type, [0.0] * n) if c is None else b.fneg(c)    # rounds to 0 after + c
-        # unsigned: NaN goes to low = -c, which gives 0 as well
-        x = self._clamp(a, low, high, nan_to, lo == 0)
-        v = b.call(self._decl(f"llvm.lrint.v{n}i32.v{n}f32", vi, [a.type]), [x])
+        if packs_saturate and lo == 0 and n in (8, 16):
+            x = b.select(b.fcmp_ordered(">", a, high), high, a)
+            if n == 16:
+                f = self._decl("llvm.x86.avx512.mask.cvtps2dq.512", vi, [a.type, vi, ir.IntType(16), ir.IntType(32)])
+                v = b.call(f, [x, ir.Constant(vi, None), ir.Constant(ir.IntType(16), -1), ir.Constant(ir.IntType(32), 4)])
+            else:
+                v = b.call(self._decl("llvm.x86.avx.cvt.ps2dq.256", vi, [a.type]), [x])
+        else:
+            nan_to = ir.Constant(a.type, [0.0] * n) if c is None else b.fneg(c)    # rounds to 0 after + c
+            # unsigned: NaN goes to low = -c, which gives 0 as well
+            x = self._clamp(a, low, high, nan_to, lo == 0)
+            v = b.call(self._decl(f"llvm.lrint.v{n}i32.v{n}f32", vi, [a.type]), [x])
         if c is not None:
             v = b.add(v, b.fptosi(c, vi))
-        return b.trunc(v, ir.VectorType(ltype(dst), n))
+        return v
+
+    def concat(self, e: Concat) -> ir.Value:
+        """:class:`Concat`: the parts joined by shufflevectors; with ``isa`` "x86pack" and parts
+        that are vector casts f32 -> u8 / i8 of 16 or 8 lanes (a requantization's outputs),
+        narrowed together by :meth:`_pack_narrow` instead of one VPMOVDB each."""
+        ps = e.parts
+        n = ps[0].lanes
+        if (e.isa == "x86pack" and e.dtype in (DType.u8, DType.i8) and n in (8, 16) and len(ps) in (2, 4)
+                and all(isinstance(p, Cast) and p.a.dtype == DType.f32 for p in ps)):
+            return self._pack_narrow([p.a for p in ps], e.dtype)
+        vals = [self.expr(p) for p in ps]
+        while len(vals) > 1:
+            m = 2 * vals[0].type.count
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), m), list(range(m)))
+            vals = [self.b.shuffle_vector(vals[i], vals[i + 1], mask) for i in range(0, len(vals), 2)]
+        return vals[0]
+
+    def _pack_narrow(self, inners: list, dst: DType) -> ir.Value:
+        """The saturating casts to ``dst`` (u8 or i8) of the f32 vectors ``inners`` (2 or 4,
+        of n = 16 or 8 lanes), concatenated: each as i32 lanes (:meth:`_round_i32` where it is
+        ``round(a) + c``, else clamped and truncated toward zero), then narrowed together with
+        saturation (Intel SDM: VPACKSSDW pairs to i16, VPACKUSWB / VPACKSSWB to bytes, within
+        each 128-bit lane) and the dwords put in order with one VPERMD: per 4 vectors about 4
+        shuffles and one store, where a VPMOVDB each is a shuffle and a store of 16 bytes (the
+        clamps before the conversions shrink as :meth:`_round_i32` says)."""
+        b = self.b
+        n = inners[0].lanes
+        k = len(inners)
+        vs = []
+        for inner in inners:
+            parts = _rounded_plus_offset(inner)
+            if parts is not None:
+                c = parts[1]
+                if c is not None and not _nonneg_integral(c):
+                    vs.append(self._round_i32(self.expr(parts[0]), self.expr(c), dst, False))
+                else:
+                    vs.append(self._round_i32(self.expr(parts[0]), None if c is None else self.expr(c), dst, True))
+            else:
+                vs.append(self._sat_i32(self.expr(inner), dst))
+        i32v, i16v, i8v = (ir.VectorType(ir.IntType(w), n * 32 // w) for w in (32, 16, 8))
+        wide = "avx512." if n == 16 else "avx2."
+        sfx = ".512" if n == 16 else ""
+        pdw = self._decl(f"llvm.x86.{wide}packssdw{sfx}", i16v, [i32v, i32v])
+        pwb = self._decl(f"llvm.x86.{wide}pack{'us' if dst == DType.u8 else 'ss'}wb{sfx}", i8v, [i16v, i16v])
+        ab = b.call(pdw, [vs[0], vs[1]])
+        cd = b.call(pdw, [vs[2], vs[3]]) if k == 4 else ab
+        x = b.bitcast(b.call(pwb, [ab, cd]), i32v)
+        # 128-bit lane q of x holds 4 bytes of each of the parts (dword 4q + t: part t's lanes
+        # 4q .. 4q+3); output dword m takes part m // NQ's chunk m % NQ
+        nq = n // 4
+        order = [4 * (m % nq) + m // nq for m in range(k * nq)]
+        y = b.shuffle_vector(x, ir.Constant(i32v, None), ir.Constant(ir.VectorType(ir.IntType(32), len(order)), order))
+        return b.bitcast(y, ir.VectorType(ir.IntType(8), k * n))
 
     def _narrow_sat_vector(self, x: ir.Value, dst: DType) -> ir.Value:
         """A float vector to an 8- or 16-bit integer vector, saturating, NaN -> 0 (what
@@ -476,6 +551,10 @@ class _FnEmitter:
         it: each QuantizeLinear epilogue lane became a compare, a convert and an insert). Here:
         NaN to 0, a clamp to the type's range (exact in f32 and f64), then an in-range
         conversion through i32 and a truncation, which stay vector instructions."""
+        return self.b.trunc(self._sat_i32(x, dst), ir.VectorType(ltype(dst), x.type.count))
+
+    def _sat_i32(self, x: ir.Value, dst: DType) -> ir.Value:
+        """:meth:`_narrow_sat_vector`'s value as i32 lanes before the truncation."""
         b = self.b
         info_lo, info_hi = _int_range(dst)
         n = x.type.count
@@ -483,7 +562,7 @@ class _FnEmitter:
         lo = ir.Constant(x.type, [float(info_lo)] * n)
         hi = ir.Constant(x.type, [float(info_hi)] * n)
         x = self._clamp(x, lo, hi, zero, info_lo == 0)
-        return b.trunc(b.fptosi(x, ir.VectorType(ir.IntType(32), n)), ir.VectorType(ltype(dst), n))
+        return b.fptosi(x, ir.VectorType(ir.IntType(32), n))
 
     def _clamp(self, x: ir.Value, low: ir.Value, high: ir.Value, nan_to: ir.Value, nan_low: bool) -> ir.Value:
         """x clamped to [low, high], NaN -> ``nan_to``; ``nan_low``: NaN may go to ``low``
@@ -1685,6 +1764,19 @@ def _small_integral(e) -> bool:
         return float(e.value).is_integer() and abs(float(e.value)) < 65536
     if isinstance(e, Cast):
         return e.a.dtype.is_int and e.a.dtype.itemsize <= 2
+    return False
+
+
+def _nonneg_integral(e) -> bool:
+    """Whether the small integral f32 expression ``e`` (:func:`_small_integral`) is also
+    non-negative in every lane: an unsigned integer cast to float, a constant >= 0, or a
+    broadcast of one."""
+    if isinstance(e, Broadcast):
+        return _nonneg_integral(e.a)
+    if isinstance(e, Const):
+        return float(e.value) >= 0
+    if isinstance(e, Cast):
+        return e.a.dtype.is_int and not e.a.dtype.is_signed and e.a.dtype.itemsize <= 2
     return False
 
 

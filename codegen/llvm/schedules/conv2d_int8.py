@@ -44,9 +44,13 @@ epilogue runs on whole vectors, as in the float schedules.
   stores) to Y: with no store to Y among the epilogues LLVM loads (and divides) a channel's
   scales and zero points once per tile, where a store to Y, which may alias any parameter as
   far as it knows, made it reload them for every vector.
+- u8 / i8 outputs (a requantizing epilogue) of a channel's consecutive whole pixel vectors that
+  lie contiguous in Y (the contiguous flat band; rows of whole vectors) narrow 4 (or 2) at a
+  time: one :class:`~ir.kernel.Concat` "x86pack" of their epilogue values, one store.
 
 Knobs: ``int8_lanes`` (16 or 8: narrow rows waste fewer lanes at 8), ``int8_tile`` (RP, OCn),
-``band_rows`` (a divisor of OH; larger bands repack fewer overlapping input rows, the panel
+``int8_narrow`` (``pack``: the narrowing together above, where the target has AVX-512BW at 16
+lanes or AVX2 at 8; ``vector``: each vector by its own conversion), ``band_rows`` (a divisor of OH; larger bands repack fewer overlapping input rows, the panel
 stays under :data:`PANEL_BYTES` by default), ``oc_split`` (output-channel blocks split into
 this many parallel tasks: images x bands alone may be too few tasks), ``int8_pack`` (with
 ``oc_split`` > 1: ``task``, the default, a thread's first task of a band packs its panel on the
@@ -77,8 +81,8 @@ import contextlib
 
 import numpy as np
 
-from tensorfuse.ir.kernel import (Expr, KernelBuilder, PixelIndex, Ramp, as_expr, binop, broadcast, dot_acc, interleave,
-                                  minimum, shuffle)
+from tensorfuse.ir.kernel import (Expr, KernelBuilder, PixelIndex, Ramp, as_expr, binop, broadcast, concat, dot_acc,
+                                  interleave, minimum, shuffle)
 from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.strategy import register_schedule
@@ -669,6 +673,14 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     whole_vectors = staged and int8.epilogue_whole_vectors_ok(ctx, y)
     epi_loop = not chan and knob("int8_epilogue", ["loop", "unrolled"], "loop" if OCn > 1 else "unrolled",
                                  doc="the tile's epilogues in a loop over its channels, or unrolled") == "loop"
+    # u8 / i8 outputs of a channel's consecutive whole pixel vectors that lie contiguous in Y
+    # (the contiguous flat band; rows of whole vectors) narrow together, 4 (or 2) at a time,
+    # through the x86 packs (ir.kernel.Concat "x86pack") and store as one vector
+    pack_ok = (not chan and y.dtype in (DType.u8, DType.i8) and ((flat and contiguous) or (not flat and OW % L == 0))
+               and ("avx512bw" if L == 16 else "avx2") in int8._features(ctx.target))
+    narrow_pack = pack_ok and knob("int8_narrow", ["pack", "vector"], "pack",
+                                   doc="u8 / i8 outputs of 4 pixel vectors narrowed together by x86 packs, or each "
+                                       "by its own conversion") == "pack"
     accs = kb.local(DType.i32, (RP * (OCn + 1) * L,), hint="accs") if epi_loop else None
     i32 = DType.i32
     s_off = int8.activation_offset(form, x.dtype)
@@ -1042,21 +1054,48 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             OCn channels with the RP pixel vectors unrolled in it (one copy of the epilogue
             code per pixel vector instead of RP*OCn: LLVM's time on large tiles with fused
             epilogues; a channel's constants still load once per tile)."""
-            def one(p, j):
-                oh = oh0 + rows[p]
-                ow0 = vecs[p] * L
-                rs = src.vload((p * (OCn + 1) + OCn) * L, L) if rowsum else None
-                slot0 = (p * OCn + j) * L
+            def corrected(p, j):
+                """(pixel vector p of channel j's corrected int32 accumulators, its channel
+                in the group, in Y)"""
                 ocl = mb * OCn + j                       # the group's channel
                 oc = gi * M + ocl if G > 1 else ocl      # Y's
                 cix = corr_index(ocl)
                 v = src.vload((p * (OCn + 1) + j) * L, L)
                 if rowsum:
-                    v = v + rs * cb.flat(G * MBP + cix)
+                    v = v + src.vload((p * (OCn + 1) + OCn) * L, L) * cb.flat(G * MBP + cix)
                 if amx:          # tiles start at zero; register accumulators at -correction
                     v = v - a_corr * cb.flat(cix)
                 if b is not None:
                     v = v + b.flat(oc).cast(i32)
+                return v, ocl, oc
+
+            def packed(ps, j):
+                """Whole pixel vectors ``ps`` (consecutive, contiguous in Y) of channel j: each
+                through finish and the epilogue, the u8 / i8 results concatenated
+                (:class:`~ir.kernel.Concat` "x86pack") and stored, or staged and copied, as one
+                vector."""
+                ocl, oc = corrected(ps[0], j)[1:]
+                pix0 = oh0 * OW + (s0 + ps[0]) * L
+                idx = PixelIndex([n, oc, as_expr(0), Ramp(pix0, len(ps) * L)], (OH, OW))
+
+                def value():
+                    parts = []
+                    for p in ps:
+                        pidx = (PixelIndex([n, oc, as_expr(0), Ramp(oh0 * OW + (s0 + p) * L, L)], (OH, OW)) if flat
+                                else [n, oc, oh0 + rows[p], Ramp(vecs[p] * L, L)])
+                        parts.append(ctx.apply_epilogue(finish(corrected(p, j)[0], oc), pidx))
+                    return concat(parts, "x86pack")
+                if M % OCn == 0:
+                    put(idx, (j * RP + ps[0]) * L, len(ps) * L, value)
+                else:
+                    with kb.if_(ocl < M):
+                        put(idx, (j * RP + ps[0]) * L, len(ps) * L, value)
+
+            def one(p, j):
+                oh = oh0 + rows[p]
+                ow0 = vecs[p] * L
+                slot0 = (j * RP + p) * L                 # a channel's vectors consecutive
+                v, ocl, oc = corrected(p, j)
 
                 def store(v=v, oc=oc, oh=oh, ow0=ow0, p=p, slot0=slot0):
                     if whole_vectors and mode[0] == "compute":
@@ -1109,10 +1148,30 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                     with kb.if_(ocl < M):
                         store()
 
+            def whole(p) -> bool:
+                return not flat or min(L, RB * OW - (s0 + p) * L) == L
+
+            def groups():
+                """The tile's pixel vectors in runs that narrow together (4, 2 or 1)."""
+                out, p = [], 0
+                while p < rp:
+                    k = next((k for k in (4, 2) if narrow_pack and p + k <= rp and all(whole(q) for q in range(p, p + k))), 1)
+                    out.append(list(range(p, p + k)))
+                    p += k
+                return out
+
+            def channel(j):
+                for ps in groups():
+                    if len(ps) > 1:
+                        packed(ps, j)
+                    else:
+                        one(ps[0], j)
             if looped:
                 with kb.loop(OCn, hint="j") as jv:
-                    for p in range(rp):
-                        one(p, jv)
+                    channel(jv)
+            elif narrow_pack:
+                for j in range(OCn):
+                    channel(j)
             else:
                 for p in range(rp):
                     for j in range(OCn):
