@@ -516,3 +516,43 @@ def test_llvm_packed_narrowing_meets_the_spec(dst, lanes, parts, zp_kind):
 
 def _int_range(dst: DType):
     return (0, 255) if dst == DType.u8 else (-128, 127)
+
+
+@pytest.mark.parametrize("mid", [DType.u8, DType.i8, DType.u16, DType.i16])
+@pytest.mark.parametrize("zp_kind", ["input", "const"])
+def test_llvm_quantize_dequantize_grid_meets_the_spec(mid, zp_kind):
+    """``float(T(round(a) + c)) - c`` (a QuantizeLinear's value read back by the
+    DequantizeLinear after it, before its scale; codegen/llvm/emit.py
+    ``_round_trip_less_offset``: a clamp of round(a) to [lo - c, hi - c], NaN -> -c, without
+    the add and the subtraction) equals the spec's value at every tie across the range, past
+    it, past 2^24 and int32, at +-inf and NaN, for a zero point read at run time and a constant;
+    and the conversions are gone from the IR."""
+    lo, hi = {DType.u8: (0, 255), DType.i8: (-128, 127), DType.u16: (0, 65535), DType.i16: (-32768, 32767)}[mid]
+    zp = {DType.u8: 7, DType.i8: -9, DType.u16: 300, DType.i16: -1000}[mid]
+    ks = np.concatenate([np.arange(lo - zp - 3, lo - zp + 4), np.arange(hi - zp - 3, hi - zp + 4), np.arange(-5, 6)])
+    data = np.concatenate([ks, ks + 0.5, ks - 0.5, [1e9, -1e9, 2.0 ** 24 + 1, -2.0 ** 24 - 3, 3e9, np.inf, -np.inf,
+                                                     np.nan, -0.0]]).astype(np.float32)
+    data = np.resize(data, -(-data.size // 16) * 16)
+    x = Buffer("x", DType.f32, (data.size,))
+    z = Buffer("z", mid, (1,))
+    y = Buffer("y", DType.f32, (data.size,))
+    from tensorfuse.ir.kernel import KernelBuilder
+    kb = KernelBuilder("qdqgrid", [x, z, y])
+    exprs = []
+    for r in range(data.size // 16):
+        a = x.vload(r * 16, 16)
+        c = broadcast(z.flat(0).cast(DType.f32) if zp_kind == "input" else Const(float(zp), DType.f32), 16)
+        e = (unop("round", a) + c).cast(mid).cast(DType.f32) - c
+        exprs.append(e)
+        kb.store(y, r * 16, e)
+    zdata = np.array([zp], mid.numpy)
+    spec = np.concatenate([sem.evaluate(e, {x: data, z: zdata}) for e in exprs])
+    want = np.where(np.isnan(data), 0.0, np.clip(np.round(np.nan_to_num(data.astype(np.float64), nan=0.0)) + zp, lo, hi)) - zp
+    np.testing.assert_array_equal(spec, want.astype(np.float32))
+    mod = lir.Module(name="qg")
+    emit_kernel(mod, kb.kernel)
+    text = str(mod)
+    # no add of c (nor its subtraction after a conversion): only the two bounds less c
+    assert "llvm.roundeven" in text and "fadd" not in text and "fptosi" not in text and "fptoui" not in text
+    got = run_llvm(kb.kernel, [data, zdata], [((data.size,), np.float32)])[0]
+    np.testing.assert_array_equal(got, want.astype(np.float32))

@@ -277,6 +277,10 @@ class _FnEmitter:
                 v = self._byte_window(e)
                 if v is not None:
                     return v
+            if e.op == "sub" and e.dtype == DType.f32 and e.lanes > 1:
+                v = self._round_trip_less_offset(e)
+                if v is not None:
+                    return v
             return self.binop(e.op, e.a.dtype, self.expr(e.a), self.expr(e.b))
         if isinstance(e, Un):
             return self.unop(e.op, e.a.dtype, self.expr(e.a))
@@ -430,6 +434,30 @@ class _FnEmitter:
         if any(adds):
             v = b.add(v, ir.Constant(ir.VectorType(i8, 4 * lanes), adds))
         return b.bitcast(v, ir.VectorType(ir.IntType(32), lanes))
+
+    def _round_trip_less_offset(self, e: Bin) -> ir.Value | None:
+        """``float(T(round(a) + c)) - c`` for an f32 vector ``a``, an 8- or 16-bit integer type T
+        and the same small integer ``c`` on both sides (a QuantizeLinear's zero point and the
+        DequantizeLinear after it reading the same one: the fake-quantized value on its grid,
+        before the DQ's scale) as ``clamp(round(a), lo - c, hi - c)``, NaN -> -c: the same value
+        (integers within 2^24 are exact in f32, and a rounded value further out saturates to
+        the same bound either way), without the add and the subtraction of ``c``. None where
+        ``e`` is not of this form."""
+        rt = e.a
+        if not (isinstance(rt, Cast) and rt.dtype == DType.f32 and isinstance(rt.a, Cast)
+                and rt.a.dtype in _NARROW_INTS and rt.a.a.dtype == DType.f32):
+            return None
+        parts = _rounded_plus_offset(rt.a.a)
+        if parts is None or parts[1] is None or not _same_expr(parts[1], e.b):
+            return None
+        b = self.b
+        a, c = self.expr(parts[0]), self.expr(parts[1])
+        lo, hi = _int_range(rt.a.dtype)
+        n = a.type.count
+        r = b.call(self._intrinsic("roundeven", a.type), [a])
+        low = b.fsub(ir.Constant(a.type, [float(lo)] * n), c)
+        high = b.fsub(ir.Constant(a.type, [float(hi)] * n), c)
+        return self._clamp(r, low, high, b.fneg(c), lo == 0)
 
     def _unsigned_round_trip(self, x: ir.Value, mid: DType, integral: bool = False) -> ir.Value:
         """float(unsigned(x)) for a float vector x and an unsigned 8- or 16-bit ``mid``: the

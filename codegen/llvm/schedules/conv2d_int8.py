@@ -50,8 +50,9 @@ epilogue runs on whole vectors, as in the float schedules.
 
 Knobs: ``int8_lanes`` (16 or 8: narrow rows waste fewer lanes at 8), ``int8_tile`` (RP, OCn),
 ``int8_narrow`` (``pack``: the narrowing together above, where the target has AVX-512BW at 16
-lanes or AVX2 at 8; ``vector``: each vector by its own conversion), ``band_rows`` (a divisor of OH; larger bands repack fewer overlapping input rows, the panel
-stays under :data:`PANEL_BYTES` by default), ``oc_split`` (output-channel blocks split into
+lanes or AVX2 at 8; ``vector``: each vector by its own conversion), ``band_rows`` (a divisor of
+OH; larger bands repack fewer overlapping input rows, the panel stays under :data:`PANEL_BYTES`
+by default), ``oc_split`` (output-channel blocks split into
 this many parallel tasks: images x bands alone may be too few tasks), ``int8_pack`` (with
 ``oc_split`` > 1: ``task``, the default, a thread's first task of a band packs its panel on the
 thread's stack and the thread's later tasks of that band reuse it, so each band is packed once
