@@ -1014,3 +1014,74 @@ def test_int8_conv_packed_narrowing(form, ydt, c, m, hw, k, stride, relu, residu
         exp = ort_run(model, feeds)[0]
         assert outs["pack"].dtype == exp.dtype
         assert np.abs(outs["pack"].astype(np.int32) - exp.astype(np.int32)).max() <= 1
+
+
+def _qdq_matmul_int8_output_model(ash, n, ydt, runtime_b, rng):
+    """QDQ MatMul: DQ(a u8 per tensor) x DQ(b: s8 per-column constant [K, n], or with
+    ``runtime_b`` a second u8 input [..., K, n] per tensor, attention's Q K^T) -> Q to ``ydt``
+    as the graph output."""
+    from onnx import TensorProto, helper, numpy_helper
+    k = ash[-1]
+    yz = np.array(5 if ydt == np.uint8 else -7, ydt)
+    yshape = list(ash[:-1]) + [n]
+    inits = [numpy_helper.from_array(np.array(0.03, np.float32), "as"), numpy_helper.from_array(np.array(121, np.uint8), "az"),
+             numpy_helper.from_array(np.array(0.05 * np.sqrt(k), np.float32), "ys"), numpy_helper.from_array(yz, "yz")]
+    ins = [helper.make_tensor_value_info("a", TensorProto.UINT8, ash)]
+    feeds = {"a": rng.integers(0, 256, ash).astype(np.uint8)}
+    if runtime_b:
+        bsh = list(ash[:-2]) + [k, n]
+        ins.append(helper.make_tensor_value_info("b", TensorProto.UINT8, bsh))
+        feeds["b"] = rng.integers(0, 256, bsh).astype(np.uint8)
+        inits += [numpy_helper.from_array(np.array(0.02, np.float32), "bs"), numpy_helper.from_array(np.array(128, np.uint8), "bz")]
+        bdq = helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bd"])
+    else:
+        inits += [numpy_helper.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "b"),
+                  numpy_helper.from_array((rng.random(n) * 0.004 + 0.001).astype(np.float32), "bs"),
+                  numpy_helper.from_array(np.zeros(n, np.int8), "bz")]
+        bdq = helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bd"], axis=1)
+    nodes = [helper.make_node("DequantizeLinear", ["a", "as", "az"], ["ad"]), bdq,
+             helper.make_node("MatMul", ["ad", "bd"], ["mm"]),
+             helper.make_node("QuantizeLinear", ["mm", "ys", "yz"], ["y"])]
+    yt = TensorProto.UINT8 if ydt == np.uint8 else TensorProto.INT8
+    g = helper.make_graph(nodes, "g", ins, [helper.make_tensor_value_info("y", yt, yshape)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, feeds
+
+
+@pytest.mark.parametrize("form", ["vnni512", "avx2"])
+@pytest.mark.parametrize("ydt", [np.uint8, np.int8])
+@pytest.mark.parametrize("ash,n,runtime_b,tile", [
+    ((2, 9, 96), 128, False, None),          # the default tile's column vectors, batched rows
+    ((7, 40), 96, False, (3, 3)),            # 3 column vectors a row: a pair and a single
+    ((2, 6, 32), 64, True, None),            # B computed at run time (attention's Q K^T)
+])
+def test_int8_matmul_packed_narrowing(form, ydt, ash, n, runtime_b, tile):
+    """matmul_int8's u8 / i8 outputs of a row's column vectors narrowed together (``int8_narrow``
+    ``pack``: ir.kernel.Concat "x86pack") equal the vector-by-vector form exactly and
+    onnxruntime's unfused QDQ graph within one output step, at 16 lanes and 8, for a constant and
+    a run-time B, with a tile of 3 column vectors (a pair, then one vector alone)."""
+    rng = np.random.default_rng(n + len(ash))
+    model, feeds = _qdq_matmul_int8_output_model(ash, n, ydt, runtime_b, rng)
+    target = FORMS[form][0]
+    outs = {}
+    for narrow in ("pack", "vector"):
+        knobs = {"int8_narrow": narrow}
+        if tile:
+            knobs["int8_tile"] = tile
+        mod = tensorfuse.compile(model, target=target, tuning=_fixed(**knobs), cache=False)
+        ks = [k_ for k_ in mod.kernels if k_.schedule == "llvm.matmul_int8" and not k_.name.endswith("_packb")]
+        assert len(ks) == 1 and ks[0].knobs.get("int8_narrow") == narrow, [(k_.schedule, k_.knobs) for k_ in mod.kernels]
+        cc = _concats(mod)
+        if narrow == "pack":
+            lanes = 16 if form == "vnni512" else 8
+            assert cc and {(isa, w // p) for isa, p, w in cc} == {("x86pack", lanes)}, cc
+        else:
+            assert not cc
+        if _runs_here(form):
+            outs[narrow] = mod.run(**feeds)[0]
+    if outs:
+        np.testing.assert_array_equal(outs["pack"], outs["vector"])
+        exp = ort_run(model, feeds)[0]
+        assert outs["pack"].dtype == exp.dtype
+        assert np.abs(outs["pack"].astype(np.int32) - exp.astype(np.int32)).max() <= 1

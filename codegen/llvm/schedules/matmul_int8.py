@@ -20,9 +20,11 @@ A's batch dims and a per-tensor zero point; a target with an integer dot product
 - Micro-kernel: R rows x NB vectors of L columns, R*NB int32 accumulators in registers over
   Kq steps of NB vector loads of Bp, R broadcasts of Ap and R*NB ``DotAcc``.
 - Epilogue on registers: the zero-point correction, the op's ``finish(v, bidx, i, Ramp(j0, L))``,
-  ``ctx.apply_epilogue``, one vector store (lane by lane past N).
+  ``ctx.apply_epilogue``, one vector store (lane by lane past N); u8 / i8 outputs of a row's
+  column vectors narrowed 4 (or 2) at a time (``int8_narrow``, as in ``conv2d_int8``).
 
-Knobs: ``int8_tile`` (R, NB), ``sweep_rows`` (R-row tiles per task and packed panel),
+Knobs: ``int8_tile`` (R, NB), ``int8_narrow`` (``pack`` where N is a whole number of panels, the
+output u8 / i8 and the target has AVX-512BW at 16 lanes or AVX2 at 8; ``vector``), ``sweep_rows`` (R-row tiles per task and packed panel),
 ``col_split`` (panels split into this many parallel tasks), ``panel_major`` (tasks ordered part
 by part, the row blocks inside: a constant B over half of L2 is read from memory once, not once
 per row block; its default also sizes ``col_split`` so a part fits a quarter of L2).
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensorfuse.ir.kernel import Expr, Ramp, as_expr, binop, broadcast, dot_acc, maximum, minimum
+from tensorfuse.ir.kernel import Expr, Ramp, as_expr, binop, broadcast, concat, dot_acc, maximum, minimum
 from tensorfuse.ir.knobs import knob
 from tensorfuse.ir.lowering import LowerCtx
 from tensorfuse.ir.ops.linalg import MatMulSpec, unravel
@@ -177,6 +179,14 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
         doc="the tile's row epilogues in a loop over its rows (one copy of a fused epilogue), or unrolled") == "loop"
     accs = kb.local(i32, (R * NB * L,), hint="accs") if epi_loop else None
     lanes_buf = kb.local(i32, (L,), hint="lanes")
+    # u8 / i8 outputs of a row's NB column vectors (contiguous in Y, every panel whole) narrow
+    # together through the x86 packs (ir.kernel.Concat "x86pack"), 4 or 2 at a time, and store
+    # as one vector
+    narrow_pack = (y.dtype in (DType.u8, DType.i8) and NB > 1 and N % blk == 0
+                   and ("avx512bw" if L == 16 else "avx2") in int8._features(ctx.target)
+                   and knob("int8_narrow", ["pack", "vector"], "pack",
+                            doc="u8 / i8 outputs of a row's column vectors narrowed together by x86 packs, "
+                                "or each by its own conversion") == "pack")
     a_rank_batch = len(a.shape) - 2
     batch_dims = y.shape[:-2] if len(y.shape) >= 2 else ()
 
@@ -272,7 +282,8 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
         row = r0 + r
         bidx = unravel(row / M, batch_dims) if batch_dims else []
         i = row % M if batch_dims else row
-        for v in range(NB):
+
+        def corrected(v):
             j0 = jb * blk + v * L
             val = src.vload((r * NB + v) * L, L)
             if runtime_b:
@@ -283,6 +294,21 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
                 if rowsum:
                     val = val + rs.flat(lr0 + r) * cb.vload(NBLK * blk + j0, L)
                 val = val - a_of(row) * cb.vload(j0, L)
+            return val, j0
+        if narrow_pack:
+            k = 4 if NB % 4 == 0 else 2
+            for v0 in range(0, NB - NB % k, k):
+                parts = []
+                for v in range(v0, v0 + k):
+                    val, j0 = corrected(v)
+                    idx = mm.out_index(bidx, i, Ramp(j0, L))
+                    parts.append(ctx.apply_epilogue(mm.finish(val, bidx, i, Ramp(j0, L)), idx))
+                kb.store(y, mm.out_index(bidx, i, Ramp(jb * blk + v0 * L, k * L)), concat(parts, "x86pack"))
+            vs = range(NB - NB % k, NB)
+        else:
+            vs = range(NB)
+        for v in vs:
+            val, j0 = corrected(v)
 
             def vector_store(val=val, j0=j0, bidx=bidx, i=i):
                 idx = mm.out_index(bidx, i, Ramp(j0, L))
