@@ -19,8 +19,8 @@ from onnx.reference import ReferenceEvaluator
 import tensorfuse
 from oracle import node_model, ort_run
 from tensorfuse.compiler.pipeline import optimized_llvm
-from tensorfuse.ir.kernel import DotAcc, For, If, Store
-from tensorfuse.ir.schedule import expr_nodes
+from tensorfuse.ir.kernel import DotAcc, Store
+from tensorfuse.ir.schedule import expr_nodes, walk_stmts
 from tensorfuse.ir.target import Target
 
 HOST = Target.parse("llvm")
@@ -41,24 +41,17 @@ def _runs_here(form: str) -> bool:
     return FORMS[form][2] <= HOST.feature_set
 
 
+def _stored_nodes(mod):
+    """Every expression node of every stored value in the module's kernels."""
+    for k in mod.kernels:
+        for s in walk_stmts(k.body):
+            if isinstance(s, Store):
+                yield from expr_nodes(s.value)
+
+
 def _dots(mod) -> set:
     """(packing, isa, lanes) of every DotAcc in the module's kernels."""
-    out = set()
-
-    def walk(stmts):
-        for s in stmts:
-            if isinstance(s, For):
-                walk(s.body)
-            elif isinstance(s, If):
-                walk(s.then)
-                walk(s.orelse)
-            elif isinstance(s, Store):
-                for e in expr_nodes(s.value):
-                    if isinstance(e, DotAcc):
-                        out.add((e.packing, e.isa, e.lanes))
-    for k in mod.kernels:
-        walk(k.body)
-    return out
+    return {(e.packing, e.isa, e.lanes) for e in _stored_nodes(mod) if isinstance(e, DotAcc)}
 
 
 def _check_dots(mod, form: str) -> None:
@@ -959,22 +952,7 @@ def _qdq_conv_int8_output_model(c, m, h, k, stride, ydt, relu, residual, rng):
 def _concats(mod) -> set:
     """(isa, parts, lanes) of every Concat the module's kernels store."""
     from tensorfuse.ir.kernel import Concat
-    out = set()
-
-    def walk(stmts):
-        for s in stmts:
-            if isinstance(s, For):
-                walk(s.body)
-            elif isinstance(s, If):
-                walk(s.then)
-                walk(s.orelse)
-            elif isinstance(s, Store):
-                for e in expr_nodes(s.value):
-                    if isinstance(e, Concat):
-                        out.add((e.isa, len(e.parts), e.lanes))
-    for k in mod.kernels:
-        walk(k.body)
-    return out
+    return {(e.isa, len(e.parts), e.lanes) for e in _stored_nodes(mod) if isinstance(e, Concat)}
 
 
 @pytest.mark.parametrize("form", ["vnni512", "avx2"])
@@ -994,16 +972,23 @@ def test_int8_conv_packed_narrowing(form, ydt, c, m, hw, k, stride, relu, residu
     channel block past M, a residual read in the epilogue."""
     rng = np.random.default_rng(c * m + hw)
     model, feeds = _qdq_conv_int8_output_model(c, m, hw, k, stride, ydt, relu, residual, rng)
-    target = FORMS[form][0]
+    _check_packed_narrowing(model, feeds, form, "llvm.conv2d_int8")
+
+
+def _check_packed_narrowing(model, feeds, form: str, schedule: str, **knobs) -> None:
+    """Compile ``model`` for ``form`` with ``int8_narrow`` pack and vector (and ``knobs``): one
+    ``schedule`` kernel (a run-time B's packing kernel aside) with the knob; Concat "x86pack"
+    nodes of the form's lanes in the pack form's kernel IR only; where the host runs the form,
+    both outputs equal, and within one output step of onnxruntime."""
     outs = {}
     for narrow in ("pack", "vector"):
-        mod = tensorfuse.compile(model, target=target, tuning=_fixed(int8_narrow=narrow), cache=False)
-        ks = [k_ for k_ in mod.kernels if k_.schedule == "llvm.conv2d_int8"]
+        mod = tensorfuse.compile(model, target=FORMS[form][0], tuning=_fixed(int8_narrow=narrow, **knobs), cache=False)
+        ks = [k_ for k_ in mod.kernels if k_.schedule == schedule and not k_.name.endswith("_packb")]
         assert len(ks) == 1 and ks[0].knobs.get("int8_narrow") == narrow, [(k_.schedule, k_.knobs) for k_ in mod.kernels]
         cc = _concats(mod)
         if narrow == "pack":
             lanes = 16 if form == "vnni512" else 8
-            assert cc and {(isa, n // p) for isa, p, n in cc} == {("x86pack", lanes)}, cc
+            assert cc and {(isa, w // p) for isa, p, w in cc} == {("x86pack", lanes)}, cc
             assert "packssdw" in mod.report.llvm_ir
         else:
             assert not cc
@@ -1063,25 +1048,4 @@ def test_int8_matmul_packed_narrowing(form, ydt, ash, n, runtime_b, tile):
     a run-time B, with a tile of 3 column vectors (a pair, then one vector alone)."""
     rng = np.random.default_rng(n + len(ash))
     model, feeds = _qdq_matmul_int8_output_model(ash, n, ydt, runtime_b, rng)
-    target = FORMS[form][0]
-    outs = {}
-    for narrow in ("pack", "vector"):
-        knobs = {"int8_narrow": narrow}
-        if tile:
-            knobs["int8_tile"] = tile
-        mod = tensorfuse.compile(model, target=target, tuning=_fixed(**knobs), cache=False)
-        ks = [k_ for k_ in mod.kernels if k_.schedule == "llvm.matmul_int8" and not k_.name.endswith("_packb")]
-        assert len(ks) == 1 and ks[0].knobs.get("int8_narrow") == narrow, [(k_.schedule, k_.knobs) for k_ in mod.kernels]
-        cc = _concats(mod)
-        if narrow == "pack":
-            lanes = 16 if form == "vnni512" else 8
-            assert cc and {(isa, w // p) for isa, p, w in cc} == {("x86pack", lanes)}, cc
-        else:
-            assert not cc
-        if _runs_here(form):
-            outs[narrow] = mod.run(**feeds)[0]
-    if outs:
-        np.testing.assert_array_equal(outs["pack"], outs["vector"])
-        exp = ort_run(model, feeds)[0]
-        assert outs["pack"].dtype == exp.dtype
-        assert np.abs(outs["pack"].astype(np.int32) - exp.astype(np.int32)).max() <= 1
+    _check_packed_narrowing(model, feeds, form, "llvm.matmul_int8", **({"int8_tile": tile} if tile else {}))
