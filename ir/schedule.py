@@ -387,9 +387,15 @@ def _expr_fields(e) -> list | None:
         v = getattr(e, f.name)
         if isinstance(v, Expr):
             out.append(v)
-        elif isinstance(v, tuple):          # a Concat's parts
-            out.extend(p for p in v if isinstance(p, Expr))
+        elif _expr_tuple(v):
+            out.extend(v)
     return out
+
+
+def _expr_tuple(v) -> bool:
+    """Whether a field's value is a tuple of expressions (a Concat's parts; a Shuffle's mask
+    is a tuple of ints)."""
+    return isinstance(v, tuple) and bool(v) and all(isinstance(p, Expr) for p in v)
 
 
 def _is_index_arith(e) -> bool:
@@ -476,11 +482,15 @@ def _substitute_stmts(stmts, m: dict) -> list | None:
         else:
             if not is_dataclass(x):
                 raise _Unknown
-            ch = {f.name: sub(getattr(x, f.name)) for f in fields(x) if isinstance(getattr(x, f.name), Expr)}
-            ch.update({f.name: tuple(sub(p) for p in getattr(x, f.name)) for f in fields(x)
-                       if isinstance(getattr(x, f.name), tuple) and all(isinstance(p, Expr) for p in getattr(x, f.name))})
-            if all(ch[k] is getattr(x, k) or (isinstance(ch[k], tuple) and all(a is b for a, b in zip(ch[k], getattr(x, k))))
-                   for k in ch):
+            ch = {}
+            for f in fields(x):
+                v = getattr(x, f.name)
+                if isinstance(v, Expr):
+                    ch[f.name] = sub(v)
+                elif _expr_tuple(v):
+                    parts = tuple(sub(p) for p in v)
+                    ch[f.name] = v if all(a is b for a, b in zip(parts, v)) else parts
+            if all(ch[k] is getattr(x, k) for k in ch):
                 r = x
             elif isinstance(x, Bin):
                 r = binop(x.op, ch["a"], ch["b"])

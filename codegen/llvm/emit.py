@@ -452,12 +452,17 @@ class _FnEmitter:
             return None
         b = self.b
         a, c = self.expr(parts[0]), self.expr(parts[1])
-        lo, hi = _int_range(rt.a.dtype)
-        n = a.type.count
         r = b.call(self._intrinsic("roundeven", a.type), [a])
-        low = b.fsub(ir.Constant(a.type, [float(lo)] * n), c)
-        high = b.fsub(ir.Constant(a.type, [float(hi)] * n), c)
-        return self._clamp(r, low, high, b.fneg(c), lo == 0)
+        low, high = self._range_less(rt.a.dtype, c, a.type)
+        return self._clamp(r, low, high, b.fneg(c), _int_range(rt.a.dtype)[0] == 0)
+
+    def _range_less(self, dst: DType, c: ir.Value | None, t: ir.Type) -> tuple[ir.Value, ir.Value]:
+        """(lo - c, hi - c) of the integer type ``dst``'s range as float vectors of type ``t``
+        (c None: 0): the bounds of a value that ``c`` is added to afterwards."""
+        lo, hi = _int_range(dst)
+        lo_v = ir.Constant(t, [float(lo)] * t.count)
+        hi_v = ir.Constant(t, [float(hi)] * t.count)
+        return (lo_v, hi_v) if c is None else (self.b.fsub(lo_v, c), self.b.fsub(hi_v, c))
 
     def _unsigned_round_trip(self, x: ir.Value, mid: DType, integral: bool = False) -> ir.Value:
         """float(unsigned(x)) for a float vector x and an unsigned 8- or 16-bit ``mid``: the
@@ -490,20 +495,18 @@ class _FnEmitter:
 
     def _round_i32(self, a: ir.Value, c: ir.Value | None, dst: DType, packs_saturate: bool) -> ir.Value:
         """:meth:`_round_narrow`'s value as i32 lanes before the truncation (within ``dst``'s
-        range). ``packs_saturate`` (x86 targets only; :meth:`_pack_narrow`): the lanes go on to
-        saturating packs, and where ``dst`` is unsigned and ``c`` is None or a non-negative
-        integer (:func:`_nonneg_integral`: a u8 zero point) only the upper clamp is applied:
-        CVTPS2DQ (its x86 intrinsic, not ``llvm.lrint``, whose result is undefined there) gives
-        0x80000000 for NaN and for values below -2^31, and that plus ``c`` stays negative, which
-        the packs saturate to 0, the value the clamp gives; any lane below the range saturates
-        to 0 the same way. Other types keep both clamps (an i8 NaN goes to 0, not -128)."""
+        range). ``packs_saturate`` (x86 targets only; :meth:`_pack_narrow`, which passes it only
+        where ``c`` is None or a non-negative integer, :func:`_nonneg_integral`: a u8 zero
+        point): the lanes go on to saturating packs, and for an unsigned ``dst`` only the upper
+        clamp is applied: CVTPS2DQ (its x86 intrinsic, not ``llvm.lrint``, whose result is
+        undefined there) gives 0x80000000 for NaN and for values below -2^31, and that plus
+        ``c`` stays negative, which the packs saturate to 0, the value the clamp gives; any lane
+        below the range saturates to 0 the same way. Other types keep both clamps (an i8 NaN goes to 0, not -128)."""
         b = self.b
-        lo, hi = _int_range(dst)
+        lo = _int_range(dst)[0]
         n = a.type.count
         vi = ir.VectorType(ir.IntType(32), n)
-        lo_v = ir.Constant(a.type, [float(lo)] * n)
-        hi_v = ir.Constant(a.type, [float(hi)] * n)
-        low, high = (lo_v, hi_v) if c is None else (b.fsub(lo_v, c), b.fsub(hi_v, c))
+        low, high = self._range_less(dst, c, a.type)
         if packs_saturate and lo == 0 and n in (8, 16):
             x = b.select(b.fcmp_ordered(">", a, high), high, a)
             if n == 16:
@@ -551,11 +554,9 @@ class _FnEmitter:
         for inner in inners:
             parts = _rounded_plus_offset(inner)
             if parts is not None:
-                c = parts[1]
-                if c is not None and not _nonneg_integral(c):
-                    vs.append(self._round_i32(self.expr(parts[0]), self.expr(c), dst, False))
-                else:
-                    vs.append(self._round_i32(self.expr(parts[0]), None if c is None else self.expr(c), dst, True))
+                a, c = parts
+                vs.append(self._round_i32(self.expr(a), None if c is None else self.expr(c), dst,
+                                          c is None or _nonneg_integral(c)))
             else:
                 vs.append(self._sat_i32(self.expr(inner), dst))
         i32v, i16v, i8v = (ir.VectorType(ir.IntType(w), n * 32 // w) for w in (32, 16, 8))
@@ -583,14 +584,10 @@ class _FnEmitter:
 
     def _sat_i32(self, x: ir.Value, dst: DType) -> ir.Value:
         """:meth:`_narrow_sat_vector`'s value as i32 lanes before the truncation."""
-        b = self.b
-        info_lo, info_hi = _int_range(dst)
         n = x.type.count
-        zero = ir.Constant(x.type, [0.0] * n)
-        lo = ir.Constant(x.type, [float(info_lo)] * n)
-        hi = ir.Constant(x.type, [float(info_hi)] * n)
-        x = self._clamp(x, lo, hi, zero, info_lo == 0)
-        return b.fptosi(x, ir.VectorType(ir.IntType(32), n))
+        lo, hi = self._range_less(dst, None, x.type)
+        x = self._clamp(x, lo, hi, ir.Constant(x.type, [0.0] * n), _int_range(dst)[0] == 0)
+        return self.b.fptosi(x, ir.VectorType(ir.IntType(32), n))
 
     def _clamp(self, x: ir.Value, low: ir.Value, high: ir.Value, nan_to: ir.Value, nan_low: bool) -> ir.Value:
         """x clamped to [low, high], NaN -> ``nan_to``; ``nan_low``: NaN may go to ``low``

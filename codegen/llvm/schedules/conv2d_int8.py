@@ -678,7 +678,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
     # (the contiguous flat band; rows of whole vectors) narrow together, 4 (or 2) at a time,
     # through the x86 packs (ir.kernel.Concat "x86pack") and store as one vector
     pack_ok = (not chan and y.dtype in (DType.u8, DType.i8) and ((flat and contiguous) or (not flat and OW % L == 0))
-               and ("avx512bw" if L == 16 else "avx2") in int8._features(ctx.target))
+               and int8.packs_narrow(ctx.target, L))
     narrow_pack = pack_ok and knob("int8_narrow", ["pack", "vector"], "pack",
                                    doc="u8 / i8 outputs of 4 pixel vectors narrowed together by x86 packs, or each "
                                        "by its own conversion") == "pack"
@@ -1055,11 +1055,23 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
             OCn channels with the RP pixel vectors unrolled in it (one copy of the epilogue
             code per pixel vector instead of RP*OCn: LLVM's time on large tiles with fused
             epilogues; a channel's constants still load once per tile)."""
+            def channel_of(j):
+                """(tile channel j's channel in the group, in Y)"""
+                ocl = mb * OCn + j
+                return ocl, (gi * M + ocl if G > 1 else ocl)
+
+            def in_m(ocl, emit):
+                """``emit()``, inside a test that channel ``ocl`` exists where the last channel
+                block runs past M."""
+                if M % OCn == 0:
+                    emit()
+                else:
+                    with kb.if_(ocl < M):
+                        emit()
+
             def corrected(p, j):
-                """(pixel vector p of channel j's corrected int32 accumulators, its channel
-                in the group, in Y)"""
-                ocl = mb * OCn + j                       # the group's channel
-                oc = gi * M + ocl if G > 1 else ocl      # Y's
+                """Pixel vector p of channel j's corrected int32 accumulators."""
+                ocl, oc = channel_of(j)
                 cix = corr_index(ocl)
                 v = src.vload((p * (OCn + 1) + j) * L, L)
                 if rowsum:
@@ -1068,14 +1080,14 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                     v = v - a_corr * cb.flat(cix)
                 if b is not None:
                     v = v + b.flat(oc).cast(i32)
-                return v, ocl, oc
+                return v
 
             def packed(ps, j):
                 """Whole pixel vectors ``ps`` (consecutive, contiguous in Y) of channel j: each
                 through finish and the epilogue, the u8 / i8 results concatenated
                 (:class:`~ir.kernel.Concat` "x86pack") and stored, or staged and copied, as one
                 vector."""
-                ocl, oc = corrected(ps[0], j)[1:]
+                ocl, oc = channel_of(j)
                 pix0 = oh0 * OW + (s0 + ps[0]) * L
                 idx = PixelIndex([n, oc, as_expr(0), Ramp(pix0, len(ps) * L)], (OH, OW))
 
@@ -1084,19 +1096,16 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                     for p in ps:
                         pidx = (PixelIndex([n, oc, as_expr(0), Ramp(oh0 * OW + (s0 + p) * L, L)], (OH, OW)) if flat
                                 else [n, oc, oh0 + rows[p], Ramp(vecs[p] * L, L)])
-                        parts.append(ctx.apply_epilogue(finish(corrected(p, j)[0], oc), pidx))
+                        parts.append(ctx.apply_epilogue(finish(corrected(p, j), oc), pidx))
                     return concat(parts, "x86pack")
-                if M % OCn == 0:
-                    put(idx, (j * RP + ps[0]) * L, len(ps) * L, value)
-                else:
-                    with kb.if_(ocl < M):
-                        put(idx, (j * RP + ps[0]) * L, len(ps) * L, value)
+                in_m(ocl, lambda: put(idx, (j * RP + ps[0]) * L, len(ps) * L, value))
 
             def one(p, j):
                 oh = oh0 + rows[p]
                 ow0 = vecs[p] * L
                 slot0 = (j * RP + p) * L                 # a channel's vectors consecutive
-                v, ocl, oc = corrected(p, j)
+                ocl, oc = channel_of(j)
+                v = corrected(p, j)
 
                 def store(v=v, oc=oc, oh=oh, ow0=ow0, p=p, slot0=slot0):
                     if whole_vectors and mode[0] == "compute":
@@ -1143,11 +1152,7 @@ def emit_conv_int8(ctx: LowerCtx, *, x, w, b, y, group, geo, x_zero=None, w_zero
                             if mode[0] == "compute":
                                 kb.store(lanes_buf, 0, v)
                             store_run(0, OW % L, oc, oh, ow0, slot0)
-                if M % OCn == 0:
-                    store()
-                else:
-                    with kb.if_(ocl < M):
-                        store()
+                in_m(ocl, store)
 
             def whole(p) -> bool:
                 return not flat or min(L, RB * OW - (s0 + p) * L) == L

@@ -170,6 +170,12 @@ def const_input(ctx, buf: Buffer | None) -> np.ndarray | None:
     return None
 
 
+def packs_narrow(target, lanes: int) -> bool:
+    """Whether ``target`` has the x86 packs that narrow int32 vectors of ``lanes`` lanes to bytes
+    together (:class:`~ir.kernel.Concat` "x86pack": AVX-512BW at 16 lanes, AVX2 at 8)."""
+    return {16: "avx512bw", 8: "avx2"}.get(lanes) in _features(target)
+
+
 def epilogue_whole_vectors_ok(ctx, y: Buffer) -> bool:
     """Whether the fused epilogue may run on lanes past the valid outputs (a row's end, the
     flat layout's lanes between rows) whose results are then dropped: every tensor it reads

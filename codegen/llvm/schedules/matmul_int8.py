@@ -183,7 +183,7 @@ def emit_matmul_int8(ctx: LowerCtx, mm: MatMulSpec) -> None:
     # together through the x86 packs (ir.kernel.Concat "x86pack"), 4 or 2 at a time, and store
     # as one vector
     narrow_pack = (y.dtype in (DType.u8, DType.i8) and NB > 1 and N % blk == 0
-                   and ("avx512bw" if L == 16 else "avx2") in int8._features(ctx.target)
+                   and int8.packs_narrow(ctx.target, L)
                    and knob("int8_narrow", ["pack", "vector"], "pack",
                             doc="u8 / i8 outputs of a row's column vectors narrowed together by x86 packs, "
                                 "or each by its own conversion") == "pack")
